@@ -1,0 +1,58 @@
+//! The stage vocabulary: stage names in forward order, with each stage's inputs.
+//!
+//! The manifest carries the vocabulary of the engine that wrote it; the diff
+//! uses it to order rows and to tell an op that *originated* a divergence
+//! (its inputs agree) from one that inherited it.
+
+use serde::{Deserialize, Serialize};
+
+/// Whether a stage occurs once per layer or once per forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// Once per forward, before or after the layers (`embedding`, `logits`).
+    Global,
+    /// Once in every layer (`attn_norm`, `ffn_down`, ...).
+    Layer,
+}
+
+/// One stage of the vocabulary.
+///
+/// An input is written `stage` (the same layer for a per-layer stage, the one
+/// instance for a global stage), `stage@prev` (the previous layer's instance),
+/// or `stage@last` (the last layer's instance, for global stages after the
+/// layers). At layer 0, `@prev` inputs are replaced by `first_layer_inputs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageSpec {
+    pub name: String,
+    pub scope: Scope,
+    #[serde(default)]
+    pub inputs: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub first_layer_inputs: Vec<String>,
+}
+
+impl StageSpec {
+    pub fn global(name: &str, inputs: &[&str]) -> StageSpec {
+        StageSpec {
+            name: name.to_string(),
+            scope: Scope::Global,
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            first_layer_inputs: Vec::new(),
+        }
+    }
+
+    pub fn layer(name: &str, inputs: &[&str]) -> StageSpec {
+        StageSpec {
+            name: name.to_string(),
+            scope: Scope::Layer,
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            first_layer_inputs: Vec::new(),
+        }
+    }
+
+    pub fn with_first_layer_inputs(mut self, inputs: &[&str]) -> StageSpec {
+        self.first_layer_inputs = inputs.iter().map(|s| s.to_string()).collect();
+        self
+    }
+}

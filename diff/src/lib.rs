@@ -1,0 +1,1 @@
+//! Compare two taptree trees (being written).

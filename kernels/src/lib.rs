@@ -1,0 +1,1 @@
+//! Model loading and instrumented forwards (being written).

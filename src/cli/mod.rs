@@ -1,0 +1,54 @@
+//! Subcommands. Each lives in its own module with its `Args` and `run`.
+
+pub mod bisect;
+pub mod capture;
+pub mod diff;
+pub mod drift;
+pub mod ls;
+pub mod stat;
+pub mod verify;
+
+use clap::{Parser, Subcommand};
+
+/// Capture every intermediate tensor of an LLM forward into a content-hashed
+/// tree, and diff two trees.
+///
+/// Exit codes: 0 identical or within tolerance, 1 diverged, 2 could not
+/// compare (missing or incomplete tree, corrupt file, bad input).
+#[derive(Debug, Parser)]
+#[command(name = "taptree", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a forward of a model and write every tap into a tree.
+    Capture(capture::Args),
+    /// List a tree's taps in forward order.
+    Ls(ls::Args),
+    /// Check a tree's integrity, or whether two trees are bitwise identical.
+    Verify(verify::Args),
+    /// Compare two trees: first diverging op, metrics, truth.
+    Diff(diff::Args),
+    /// Statistics of a tree's taps: range, top dimensions, crushed blocks.
+    Stat(stat::Args),
+    /// Find the commit or the runtime switch that caused a divergence.
+    Bisect(bisect::Args),
+    /// Greedy answers under two configurations, prompt by prompt.
+    Drift(drift::Args),
+}
+
+/// Runs a parsed command line; returns the exit code.
+pub fn run(cli: Cli) -> anyhow::Result<u8> {
+    match cli.command {
+        Command::Capture(args) => capture::run(args),
+        Command::Ls(args) => ls::run(args),
+        Command::Verify(args) => verify::run(args),
+        Command::Diff(args) => diff::run(args),
+        Command::Stat(args) => stat::run(args),
+        Command::Bisect(args) => bisect::run(args),
+        Command::Drift(args) => drift::run(args),
+    }
+}
