@@ -1,0 +1,95 @@
+//! The model as the forwards see it: hyperparameters and (possibly quantized)
+//! weights, whatever file they came from.
+//!
+//! Conventions, shared by every loader and every forward:
+//! - A matrix is row-major `[rows, cols]` = `[out_features, in_features]`, as
+//!   GGUF stores it (`ne0 = cols`). `y = W x` dots each row with `x`.
+//! - Q and K projection rows are in GGUF order (permuted for interleaved-pair
+//!   RoPE: dimensions `(2i, 2i+1)` of a head rotate together). A loader of a
+//!   Hugging Face checkpoint permutes its Q/K rows into this order.
+//! - Quantized weights stay quantized here; a forward dequantizes what it needs.
+
+use crate::quant::GgmlType;
+
+/// A weight tensor, stored in its file's format.
+#[derive(Debug, Clone)]
+pub struct QTensor {
+    pub name: String,
+    pub ggml_type: GgmlType,
+    /// Outermost first: `[rows, cols]` for a matrix, `[len]` for a vector.
+    pub shape: Vec<usize>,
+    /// Raw bytes in `ggml_type`'s block layout, rows contiguous.
+    pub data: Vec<u8>,
+}
+
+impl QTensor {
+    pub fn rows(&self) -> usize {
+        if self.shape.len() >= 2 {
+            self.shape[..self.shape.len() - 1].iter().product()
+        } else {
+            1
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        *self.shape.last().unwrap_or(&0)
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// Hyperparameters of a llama-architecture decoder (Llama, SmolLM, Qwen2-like
+/// without biases).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaConfig {
+    /// `general.architecture` of the source (`llama`).
+    pub arch: String,
+    pub n_layer: usize,
+    /// Hidden size.
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// FFN inner size.
+    pub n_ff: usize,
+    pub vocab_size: usize,
+    pub rope_base: f32,
+    pub rms_eps: f32,
+    /// Maximum positions the model was trained for.
+    pub context_length: usize,
+}
+
+/// The weights of one decoder layer.
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    pub attn_norm: QTensor,
+    pub wq: QTensor,
+    pub wk: QTensor,
+    pub wv: QTensor,
+    pub wo: QTensor,
+    pub ffn_norm: QTensor,
+    pub w_gate: QTensor,
+    pub w_up: QTensor,
+    pub w_down: QTensor,
+}
+
+/// All weights of a llama-architecture model.
+#[derive(Debug, Clone)]
+pub struct ModelWeights {
+    pub config: LlamaConfig,
+    /// `[vocab, n_embd]`.
+    pub token_embd: QTensor,
+    pub layers: Vec<LayerWeights>,
+    pub output_norm: QTensor,
+    /// `[vocab, n_embd]`; `None` when the output is tied to `token_embd`.
+    pub output: Option<QTensor>,
+}
+
+impl ModelWeights {
+    /// The logits matrix: `output`, or the token embedding when tied.
+    pub fn output_matrix(&self) -> &QTensor {
+        self.output.as_ref().unwrap_or(&self.token_embd)
+    }
+}
