@@ -21,7 +21,8 @@ pub enum Scope {
 /// An input is written `stage` (the same layer for a per-layer stage, the one
 /// instance for a global stage), `stage@prev` (the previous layer's instance),
 /// or `stage@last` (the last layer's instance, for global stages after the
-/// layers). At layer 0, `@prev` inputs are replaced by `first_layer_inputs`.
+/// layers). At layer 0, a non-empty `first_layer_inputs` replaces `inputs`
+/// entirely (layer 0 has no previous layer; it reads the global stages).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageSpec {
     pub name: String,

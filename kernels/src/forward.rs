@@ -1,0 +1,91 @@
+//! What every forward (CPU, CUDA) offers: run rows of one sequence, or one
+//! decode step of several sequences, tapping every stage on the way.
+
+use crate::model::LlamaConfig;
+
+/// Activation precision of a forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// f32 activations against dequantized weights.
+    F32,
+    /// Activations quantized to int8 per block (the weight format's block
+    /// size) before each quantized matmul, as llama.cpp's integer dot products do.
+    Q8,
+    /// Every op in f64 from the dequantized weights: the truth.
+    F64,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Q8 => "q8",
+            Precision::F64 => "f64",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Precision> {
+        match s {
+            "f32" => Some(Precision::F32),
+            "q8" => Some(Precision::Q8),
+            "f64" => Some(Precision::F64),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a forward could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("position {end} exceeds the context length {context}")]
+    ContextOverflow { end: usize, context: usize },
+    #[error("token id {id} is outside the vocabulary (size {vocab})")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("device: {0}")]
+    Device(String),
+}
+
+/// A forward of a llama-architecture model with its own KV cache(s).
+///
+/// Each call taps every stage (through `capture`) with keys carrying the
+/// positions it ran, so the tree of a prefill-then-decode run and the tree of
+/// a one-token-at-a-time run diff position by position.
+pub trait Forward {
+    fn config(&self) -> &LlamaConfig;
+
+    /// `"cpu"` or `"cuda"`.
+    fn backend(&self) -> &'static str;
+
+    fn precision(&self) -> Precision;
+
+    /// Runs `tokens` at positions `start_pos..start_pos + tokens.len()` of the
+    /// single sequence, appending to its KV cache (batched prefill when more
+    /// than one token). Returns the logits of the last row.
+    fn forward(&mut self, tokens: &[u32], start_pos: usize) -> Result<Vec<f32>, ForwardError>;
+
+    /// One decode step of `tokens.len()` sequences together; sequence `i` is
+    /// at `positions[i]` and is tapped with slot `i`. Returns each sequence's
+    /// logits.
+    fn decode_batch(
+        &mut self,
+        tokens: &[u32],
+        positions: &[usize],
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        let _ = (tokens, positions);
+        Err(ForwardError::Unsupported(format!(
+            "batched decode is not available on the {} backend",
+            self.backend()
+        )))
+    }
+
+    /// Forgets every cached position (all sequences).
+    fn reset(&mut self);
+}
