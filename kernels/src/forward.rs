@@ -66,25 +66,26 @@ pub trait Forward {
 
     fn precision(&self) -> Precision;
 
-    /// Runs `tokens` at positions `start_pos..start_pos + tokens.len()` of the
-    /// single sequence, appending to its KV cache (batched prefill when more
-    /// than one token). Returns the logits of the last row.
-    fn forward(&mut self, tokens: &[u32], start_pos: usize) -> Result<Vec<f32>, ForwardError>;
+    /// Runs `tokens` at positions `start_pos..start_pos + tokens.len()` of one
+    /// sequence, appending to its KV cache (batched prefill when more than one
+    /// token). `slot` is `None` for a lone sequence, `Some(i)` for sequence `i`
+    /// of a batch; each has its own KV cache and its taps carry the slot.
+    /// Returns the logits of the last row.
+    fn forward(
+        &mut self,
+        slot: Option<u32>,
+        tokens: &[u32],
+        start_pos: usize,
+    ) -> Result<Vec<f32>, ForwardError>;
 
-    /// One decode step of `tokens.len()` sequences together; sequence `i` is
-    /// at `positions[i]` and is tapped with slot `i`. Returns each sequence's
-    /// logits.
+    /// One decode step of `tokens.len()` sequences in one batched forward:
+    /// sequence `i` (slot `i`, already prefilled with `forward(Some(i), ..)`)
+    /// takes `tokens[i]` at `positions[i]`. Returns each sequence's logits.
     fn decode_batch(
         &mut self,
         tokens: &[u32],
         positions: &[usize],
-    ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        let _ = (tokens, positions);
-        Err(ForwardError::Unsupported(format!(
-            "batched decode is not available on the {} backend",
-            self.backend()
-        )))
-    }
+    ) -> Result<Vec<Vec<f32>>, ForwardError>;
 
     /// Forgets every cached position (all sequences).
     fn reset(&mut self);
