@@ -1,0 +1,22 @@
+# taptree's common tasks. `just` lists them.
+
+# List the recipes.
+default:
+    @just --list
+
+# The main job: capture SmolLM2 in f32, q8, f64 and diff them (fetches the model once).
+demo out="runs":
+    bash scripts/demo.sh {{out}}
+
+# Everything CI runs: Python cross-check deps, then the whole test suite.
+test:
+    bash scripts/test.sh
+
+# Lints that must stay clean.
+lint:
+    cargo fmt --all -- --check
+    cargo clippy --all-targets -- -D warnings
+
+# Build with the CUDA forward (needs no CUDA toolkit to build; a driver to run).
+build-cuda:
+    cargo build --release --features cuda
