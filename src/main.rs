@@ -1,5 +1,6 @@
 //! The `taptree` command: parse, dispatch, map the outcome to an exit code.
 
+mod bisect;
 mod cli;
 mod exit;
 
