@@ -1,0 +1,45 @@
+//! Opening a forward by backend name.
+
+use crate::cpu::CpuForward;
+use crate::forward::{Forward, ForwardError, Precision};
+use crate::model::ModelWeights;
+use crate::switches::Switches;
+
+/// The backends this build knows, for `--backend`.
+pub const BACKENDS: [&str; 2] = ["cpu", "cuda"];
+
+/// Opens the `name` backend (`"cpu"` or `"cuda"`) over `weights`.
+pub fn open(
+    name: &str,
+    weights: &ModelWeights,
+    precision: Precision,
+    switches: &Switches,
+) -> Result<Box<dyn Forward>, ForwardError> {
+    match name {
+        "cpu" => Ok(Box::new(CpuForward::new(weights, precision, switches)?)),
+        "cuda" => open_cuda(weights, precision, switches),
+        other => Err(ForwardError::Unsupported(format!(
+            "{other}: unknown backend (expected cpu or cuda)"
+        ))),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda(
+    weights: &ModelWeights,
+    precision: Precision,
+    switches: &Switches,
+) -> Result<Box<dyn Forward>, ForwardError> {
+    crate::cuda::open(weights, precision, switches)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(
+    _: &ModelWeights,
+    _: Precision,
+    _: &Switches,
+) -> Result<Box<dyn Forward>, ForwardError> {
+    Err(ForwardError::Unsupported(
+        "cuda: taptree was built without CUDA support; rebuild with `cargo build --release --features cuda`".into(),
+    ))
+}

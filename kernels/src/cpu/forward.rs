@@ -1,0 +1,339 @@
+//! [`CpuForward`]: the instrumented reference forward of a llama-architecture
+//! decoder, in f32, q8 (int8 activations before quantized matmuls) or f64.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::attention::{attention, Heads};
+use super::embedding::embed;
+use super::ffn::swiglu;
+use super::matmul::{matmul, Act};
+use super::norm::rms_norm;
+use super::rope::rope;
+use super::weights::DenseWeights;
+use super::{tap, Real};
+use crate::forward::{Forward, ForwardError, Precision};
+use crate::model::{LlamaConfig, ModelWeights};
+use crate::stages as st;
+use crate::switches::{ActPrecision, Family, Switches};
+
+/// The activation handling of each matmul family, resolved once at open.
+#[derive(Debug, Clone, Copy)]
+struct Acts {
+    attn: Act,
+    ffn_up: Act,
+    ffn_down: Act,
+    logits: Act,
+}
+
+impl Acts {
+    fn resolve(precision: Precision, switches: &Switches) -> Acts {
+        let act = |f| match switches.resolve(f, precision) {
+            ActPrecision::F32 => Act::Float,
+            ActPrecision::Q8 => Act::Q8,
+        };
+        Acts {
+            attn: act(Family::Attn),
+            ffn_up: act(Family::FfnUp),
+            ffn_down: act(Family::FfnDown),
+            logits: act(Family::Logits),
+        }
+    }
+}
+
+/// Keys and values of every cached position of one sequence, per layer,
+/// `[len, n_head_kv * head_dim]`.
+#[derive(Debug)]
+struct KvCache<T> {
+    len: usize,
+    k: Vec<Vec<T>>,
+    v: Vec<Vec<T>>,
+}
+
+impl<T: Real> KvCache<T> {
+    fn new(n_layer: usize) -> KvCache<T> {
+        KvCache {
+            len: 0,
+            k: vec![Vec::new(); n_layer],
+            v: vec![Vec::new(); n_layer],
+        }
+    }
+
+    /// Drops positions `len..` so a sequence can be re-run from `len`.
+    fn truncate(&mut self, len: usize, kv_width: usize) {
+        self.len = len;
+        for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
+            buf.truncate(len * kv_width);
+        }
+    }
+}
+
+/// The forward in one activation type, with a KV cache per slot.
+struct Engine<T> {
+    caches: BTreeMap<Option<u32>, KvCache<T>>,
+}
+
+/// The CPU forward. Weights are dequantized once at [`CpuForward::new`];
+/// several forwards (say, one per precision) may share them through
+/// [`CpuForward::with_weights`].
+pub struct CpuForward {
+    config: LlamaConfig,
+    precision: Precision,
+    weights: Arc<DenseWeights>,
+    acts: Acts,
+    engine: EngineOf,
+}
+
+enum EngineOf {
+    F32(Engine<f32>),
+    F64(Engine<f64>),
+}
+
+impl CpuForward {
+    /// Dequantizes `weights` and opens a forward at `precision`, with
+    /// `switches` overriding the activation precision of op families.
+    pub fn new(
+        weights: &ModelWeights,
+        precision: Precision,
+        switches: &Switches,
+    ) -> Result<CpuForward, ForwardError> {
+        let dense = Arc::new(DenseWeights::new(weights)?);
+        CpuForward::with_weights(weights.config.clone(), dense, precision, switches)
+    }
+
+    /// Opens a forward over weights already dequantized.
+    pub fn with_weights(
+        config: LlamaConfig,
+        weights: Arc<DenseWeights>,
+        precision: Precision,
+        switches: &Switches,
+    ) -> Result<CpuForward, ForwardError> {
+        check_config(&config)?;
+        let engine = match precision {
+            Precision::F64 => EngineOf::F64(Engine {
+                caches: BTreeMap::new(),
+            }),
+            Precision::F32 | Precision::Q8 => EngineOf::F32(Engine {
+                caches: BTreeMap::new(),
+            }),
+        };
+        Ok(CpuForward {
+            config,
+            precision,
+            weights,
+            acts: Acts::resolve(precision, switches),
+            engine,
+        })
+    }
+
+    /// The dequantized weights, to share with another forward.
+    pub fn weights(&self) -> Arc<DenseWeights> {
+        Arc::clone(&self.weights)
+    }
+
+    fn cached_len(&self, slot: Option<u32>) -> usize {
+        match &self.engine {
+            EngineOf::F32(e) => e.caches.get(&slot).map_or(0, |c| c.len),
+            EngineOf::F64(e) => e.caches.get(&slot).map_or(0, |c| c.len),
+        }
+    }
+
+    /// Rejects a run before anything is computed or tapped.
+    fn check(
+        &self,
+        slot: Option<u32>,
+        tokens: &[u32],
+        start_pos: usize,
+    ) -> Result<(), ForwardError> {
+        if tokens.is_empty() {
+            return Err(ForwardError::Unsupported("no tokens to run".into()));
+        }
+        if let Some(&id) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(ForwardError::TokenOutOfRange {
+                id,
+                vocab: self.config.vocab_size,
+            });
+        }
+        let end = start_pos + tokens.len();
+        if end > self.config.context_length {
+            return Err(ForwardError::ContextOverflow {
+                end,
+                context: self.config.context_length,
+            });
+        }
+        let cached = self.cached_len(slot);
+        if start_pos > cached {
+            return Err(ForwardError::Unsupported(format!(
+                "position {start_pos}{}: only {cached} positions are cached",
+                slot.map(|s| format!(" of slot {s}")).unwrap_or_default()
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn check_config(c: &LlamaConfig) -> Result<(), ForwardError> {
+    let bad = |why: String| Err(ForwardError::Unsupported(format!("{}: {why}", c.arch)));
+    if c.n_head == 0 || c.n_head_kv == 0 || c.n_head % c.n_head_kv != 0 {
+        return bad(format!(
+            "{} query heads do not group over {} KV heads",
+            c.n_head, c.n_head_kv
+        ));
+    }
+    if c.head_dim % 2 != 0 {
+        return bad(format!(
+            "odd head size {} cannot take rotary embedding",
+            c.head_dim
+        ));
+    }
+    Ok(())
+}
+
+impl<T: Real> Engine<T> {
+    /// One forward of `tokens` at `start..start + n`; returns the last row's
+    /// logits. Taps every stage of `stages::llama()` in its order.
+    fn run(
+        &mut self,
+        cfg: &LlamaConfig,
+        w: &DenseWeights,
+        acts: Acts,
+        slot: Option<u32>,
+        tokens: &[u32],
+        start: usize,
+    ) -> Vec<f32> {
+        let n = tokens.len();
+        let d = cfg.n_embd;
+        let q_width = cfg.n_head * cfg.head_dim;
+        let kv_width = cfg.n_head_kv * cfg.head_dim;
+        let heads = Heads {
+            n_head: cfg.n_head,
+            n_head_kv: cfg.n_head_kv,
+            head_dim: cfg.head_dim,
+        };
+        let pos = start as u32..(start + n) as u32;
+        let cache = self
+            .caches
+            .entry(slot)
+            .or_insert_with(|| KvCache::new(cfg.n_layer));
+        cache.truncate(start, kv_width);
+
+        let mut x: Vec<T> = embed(&w.token_embd, tokens);
+        tap(st::EMBEDDING, None, pos.clone(), slot, d, &x);
+
+        for (l, lw) in w.layers.iter().enumerate() {
+            let li = Some(l as u32);
+            let h = rms_norm(&x, &lw.attn_norm, cfg.rms_eps);
+            tap(st::ATTN_NORM, li, pos.clone(), slot, d, &h);
+            let mut q = matmul(&h, n, &lw.wq, acts.attn);
+            tap(st::Q_PROJ, li, pos.clone(), slot, q_width, &q);
+            let mut k = matmul(&h, n, &lw.wk, acts.attn);
+            tap(st::K_PROJ, li, pos.clone(), slot, kv_width, &k);
+            let v = matmul(&h, n, &lw.wv, acts.attn);
+            tap(st::V_PROJ, li, pos.clone(), slot, kv_width, &v);
+            rope(&mut q, q_width, start, cfg.head_dim, cfg.rope_base);
+            tap(st::Q_ROPE, li, pos.clone(), slot, q_width, &q);
+            rope(&mut k, kv_width, start, cfg.head_dim, cfg.rope_base);
+            tap(st::K_ROPE, li, pos.clone(), slot, kv_width, &k);
+
+            cache.k[l].extend_from_slice(&k);
+            cache.v[l].extend_from_slice(&v);
+            let a = attention(&q, n, start, &cache.k[l], &cache.v[l], heads);
+            tap(st::ATTN, li, pos.clone(), slot, q_width, &a);
+            let o = matmul(&a, n, &lw.wo, acts.attn);
+            tap(st::O_PROJ, li, pos.clone(), slot, d, &o);
+            for (xi, oi) in x.iter_mut().zip(&o) {
+                *xi += *oi;
+            }
+            tap(st::POST_ATTN_RESIDUAL, li, pos.clone(), slot, d, &x);
+
+            let h = rms_norm(&x, &lw.ffn_norm, cfg.rms_eps);
+            tap(st::FFN_NORM, li, pos.clone(), slot, d, &h);
+            let g = matmul(&h, n, &lw.w_gate, acts.ffn_up);
+            tap(st::FFN_GATE, li, pos.clone(), slot, cfg.n_ff, &g);
+            let u = matmul(&h, n, &lw.w_up, acts.ffn_up);
+            tap(st::FFN_UP, li, pos.clone(), slot, cfg.n_ff, &u);
+            let s = swiglu(&g, &u);
+            tap(st::FFN_SWIGLU, li, pos.clone(), slot, cfg.n_ff, &s);
+            let dn = matmul(&s, n, &lw.w_down, acts.ffn_down);
+            tap(st::FFN_DOWN, li, pos.clone(), slot, d, &dn);
+            for (xi, di) in x.iter_mut().zip(&dn) {
+                *xi += *di;
+            }
+            tap(st::POST_FFN_RESIDUAL, li, pos.clone(), slot, d, &x);
+        }
+        cache.len = start + n;
+
+        let h = rms_norm(&x, &w.output_norm, cfg.rms_eps);
+        tap(st::FINAL_NORM, None, pos.clone(), slot, d, &h);
+        let logits = matmul(&h, n, &w.output, acts.logits);
+        tap(st::LOGITS, None, pos, slot, cfg.vocab_size, &logits);
+        logits[(n - 1) * cfg.vocab_size..]
+            .iter()
+            .map(|v| v.to_f32())
+            .collect()
+    }
+}
+
+impl Forward for CpuForward {
+    fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    fn backend(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    fn forward(
+        &mut self,
+        slot: Option<u32>,
+        tokens: &[u32],
+        start_pos: usize,
+    ) -> Result<Vec<f32>, ForwardError> {
+        self.check(slot, tokens, start_pos)?;
+        let (cfg, w, acts) = (&self.config, &*self.weights, self.acts);
+        Ok(match &mut self.engine {
+            EngineOf::F32(e) => e.run(cfg, w, acts, slot, tokens, start_pos),
+            EngineOf::F64(e) => e.run(cfg, w, acts, slot, tokens, start_pos),
+        })
+    }
+
+    /// Runs the slots' decode steps one after another: each slot's taps carry
+    /// its slot and position, so the tree matches a GPU's batched step key by
+    /// key.
+    fn decode_batch(
+        &mut self,
+        tokens: &[u32],
+        positions: &[usize],
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        if tokens.len() != positions.len() {
+            return Err(ForwardError::Unsupported(format!(
+                "decode batch of {} tokens for {} positions",
+                tokens.len(),
+                positions.len()
+            )));
+        }
+        for (i, (&t, &p)) in tokens.iter().zip(positions).enumerate() {
+            self.check(Some(i as u32), &[t], p)?;
+        }
+        tokens
+            .iter()
+            .zip(positions)
+            .enumerate()
+            .map(|(i, (&t, &p))| self.forward(Some(i as u32), &[t], p))
+            .collect()
+    }
+
+    fn reset(&mut self) {
+        match &mut self.engine {
+            EngineOf::F32(e) => e.caches.clear(),
+            EngineOf::F64(e) => e.caches.clear(),
+        }
+    }
+}

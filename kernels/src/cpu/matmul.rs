@@ -1,0 +1,157 @@
+//! `y = x W^T` over rows of activations, in float or with activations
+//! quantized to int8 per block (the `q8` mode).
+//!
+//! Weights are dequantized once to f32 ([`Matrix`]); rayon splits the work
+//! over output features, and each dot product runs in one fixed order, so the
+//! result does not depend on the thread count.
+//!
+//! ## The q8 path
+//!
+//! llama.cpp quantizes each activation row per block of the weight format's
+//! block size (32 for Q4_0/Q4_1/Q5_0/Q8_0, 256 for K-quants) with
+//! `d = amax / 127`, `q = round(x / d)`, then multiplies integer block sums by
+//! the two scales (plus the min term for Q4_1). We quantize the activations
+//! exactly that way — `d` rounded to f16 for the 32-blocks as `block_q8_0`
+//! stores it, kept f32 for the 256-blocks as `block_q8_K` does — and dot the
+//! integer activations with the dequantized weights block by block:
+//! `sum_b d_b * sum_{i in b} q_i * w_i`. That equals llama.cpp's
+//! `sum_b d_b * d_w * sum q_i * q_w_i (+ m_w * d_b * sum q_i)` up to the f32
+//! rounding of `w_i = d_w * q_w_i (+ m_w)`, which is far below the int8
+//! rounding it models: the error that matters (one massive activation
+//! crushing the rest of its block) is reproduced exactly.
+
+use super::Real;
+use rayon::prelude::*;
+
+/// A weight matrix `[rows, cols]` = `[out_features, in_features]`, dequantized.
+#[derive(Debug, Clone)]
+pub struct Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+    /// Block size of the source format; 1 for float formats, whose matmuls
+    /// llama.cpp runs without quantizing the activations.
+    pub block: usize,
+}
+
+impl Matrix {
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+/// How activations enter a matmul.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Act {
+    /// As they are (f32 or f64).
+    Float,
+    /// Quantized to int8 per block of the weight's block size.
+    Q8,
+}
+
+/// Dot product in a fixed order: eight independent lanes (so the compiler
+/// vectorizes without reassociating) summed pairwise at the end.
+#[inline(always)]
+pub fn dot<T: Real>(a: &[T], w: &[f32]) -> T {
+    debug_assert_eq!(a.len(), w.len());
+    let mut acc = [T::ZERO; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        let a8 = &a[c * 8..c * 8 + 8];
+        let w8 = &w[c * 8..c * 8 + 8];
+        for j in 0..8 {
+            acc[j] += a8[j] * T::from_f32(w8[j]);
+        }
+    }
+    for i in chunks * 8..a.len() {
+        acc[i % 8] += a[i] * T::from_f32(w[i]);
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}
+
+/// An activation row quantized per block: integer values (held as `T`, so the
+/// block dot reuses [`dot`] exactly) and one scale per block.
+#[derive(Debug, Clone)]
+pub struct QuantRow<T> {
+    pub q: Vec<T>,
+    pub d: Vec<T>,
+}
+
+/// Quantizes `x` to int8 per block of `block` elements, as llama.cpp's
+/// `quantize_row_q8_0` (block 32, f16 scale) and `quantize_row_q8_K`
+/// (block 256, f32 scale) do.
+pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
+    assert!(
+        block > 0 && x.len() % block == 0,
+        "row of {} is not a multiple of block {block}",
+        x.len()
+    );
+    let mut q = Vec::with_capacity(x.len());
+    let mut d = Vec::with_capacity(x.len() / block);
+    for b in x.chunks_exact(block) {
+        let amax = b.iter().fold(0.0f64, |m, v| m.max(v.to_f64().abs()));
+        let scale = amax / 127.0;
+        let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+        for v in b {
+            let r = (v.to_f64() * inv).round().clamp(-127.0, 127.0);
+            q.push(T::from_f64(r));
+        }
+        // block_q8_0 stores its scale as f16; block_q8_K keeps f32. The
+        // quantized values above use the unrounded scale, as llama.cpp does.
+        let stored = if block == 32 {
+            half::f16::from_f64(scale).to_f64()
+        } else {
+            scale as f32 as f64
+        };
+        d.push(T::from_f64(stored));
+    }
+    QuantRow { q, d }
+}
+
+/// `y[r, o] = sum_k x[r, k] * w[o, k]` for `n` rows of `x` (`[n, w.cols]`).
+/// Returns `[n, w.rows]`.
+pub fn matmul<T: Real>(x: &[T], n: usize, w: &Matrix, act: Act) -> Vec<T> {
+    assert_eq!(x.len(), n * w.cols, "matmul input is not [{n}, {}]", w.cols);
+    let quantized = act == Act::Q8 && w.block > 1;
+    let qrows: Vec<QuantRow<T>> = if quantized {
+        x.chunks_exact(w.cols)
+            .map(|r| quantize_row(r, w.block))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    // Output features in the outer loop: one weight row stays in cache while
+    // it meets every activation row. Results land transposed, `[w.rows, n]`.
+    const CHUNK: usize = 16;
+    let mut yt = vec![T::ZERO; w.rows * n];
+    yt.par_chunks_mut(CHUNK * n)
+        .enumerate()
+        .for_each(|(c, out)| {
+            for (i, o_out) in out.chunks_exact_mut(n).enumerate() {
+                let wr = w.row(c * CHUNK + i);
+                for (r, y) in o_out.iter_mut().enumerate() {
+                    *y = if quantized {
+                        let qr = &qrows[r];
+                        let mut acc = T::ZERO;
+                        for (b, d) in qr.d.iter().enumerate() {
+                            let span = b * w.block..(b + 1) * w.block;
+                            acc += *d * dot(&qr.q[span.clone()], &wr[span]);
+                        }
+                        acc
+                    } else {
+                        dot(&x[r * w.cols..(r + 1) * w.cols], wr)
+                    };
+                }
+            }
+        });
+    if n == 1 {
+        return yt;
+    }
+    let mut y = vec![T::ZERO; n * w.rows];
+    for o in 0..w.rows {
+        for r in 0..n {
+            y[r * w.rows + o] = yt[o * n + r];
+        }
+    }
+    y
+}

@@ -1,0 +1,120 @@
+//! The CPU reference forward: ndarray-free, rayon-parallel, bit-for-bit
+//! deterministic, generic over the activation type (`f32` or `f64`).
+//!
+//! One file per op family — [`norm`], [`matmul`], [`rope`], [`attention`],
+//! [`ffn`], [`embedding`] — and [`forward`] strings them together into
+//! [`CpuForward`], which implements [`crate::Forward`] and taps every stage of
+//! [`crate::stages::llama`] in forward order.
+//!
+//! Determinism: every reduction runs in a fixed order inside one task; rayon
+//! only splits work over independent outputs (matrix rows, attention heads),
+//! so the thread count never changes a bit of the result.
+
+pub mod attention;
+pub mod embedding;
+pub mod ffn;
+pub mod forward;
+pub mod matmul;
+pub mod norm;
+pub mod rope;
+pub mod weights;
+
+pub use forward::CpuForward;
+
+use std::fmt::Debug;
+use std::ops::{Add, AddAssign, Div, Mul, Neg, Sub};
+
+/// An activation element type: `f32` for the `f32`/`q8` modes, `f64` for the
+/// truth. Weights stay `f32` (dequantized once); `from_f32` widens them
+/// exactly in f64 mode.
+pub trait Real:
+    capture::TapElem
+    + Copy
+    + Default
+    + Debug
+    + PartialOrd
+    + Send
+    + Sync
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
+    + AddAssign
+    + 'static
+{
+    const ZERO: Self;
+    const ONE: Self;
+    fn from_f32(v: f32) -> Self;
+    fn from_f64(v: f64) -> Self;
+    fn to_f64(self) -> f64;
+    fn to_f32(self) -> f32;
+    fn exp(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn abs(self) -> Self;
+    fn round(self) -> Self;
+}
+
+macro_rules! impl_real {
+    ($t:ty) => {
+        impl Real for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            #[inline(always)]
+            fn from_f32(v: f32) -> Self {
+                v as $t
+            }
+            #[inline(always)]
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            #[inline(always)]
+            fn to_f32(self) -> f32 {
+                self as f32
+            }
+            #[inline(always)]
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            #[inline(always)]
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            #[inline(always)]
+            fn abs(self) -> Self {
+                <$t>::abs(self)
+            }
+            #[inline(always)]
+            fn round(self) -> Self {
+                <$t>::round(self)
+            }
+        }
+    };
+}
+
+impl_real!(f32);
+impl_real!(f64);
+
+/// Taps `data` (`[rows, width]`, rows = positions) when capture is armed.
+///
+/// The disarmed cost is one relaxed load and a branch: every caller passes a
+/// buffer the forward computed anyway, so nothing is built for the tap.
+#[inline(always)]
+pub(crate) fn tap<T: Real>(
+    stage: &str,
+    layer: Option<u32>,
+    pos: std::ops::Range<u32>,
+    slot: Option<u32>,
+    width: usize,
+    data: &[T],
+) {
+    if capture::is_armed() {
+        let rows = pos.len();
+        debug_assert_eq!(rows * width, data.len(), "{stage}: tap shape");
+        capture::tap(stage, layer, pos, slot, &[rows, width], data);
+    }
+}

@@ -1,0 +1,201 @@
+//! Precision switches per op family: which matmuls see int8-quantized
+//! activations, overriding `--precision` for that family.
+//!
+//! | variable               | matmuls                     |
+//! |------------------------|-----------------------------|
+//! | `TAPTREE_ACT_ATTN`     | q, k, v and o projections   |
+//! | `TAPTREE_ACT_FFN_UP`   | FFN gate and up             |
+//! | `TAPTREE_ACT_FFN_DOWN` | FFN down                    |
+//! | `TAPTREE_ACT_LOGITS`   | the output (logits) matmul  |
+//!
+//! Each takes `f32` (activations as they are: f32, or f64 in the f64 mode)
+//! or `q8` (quantized per block of the weight's block size). Unset means
+//! "as `--precision` says". The switches that are set are recorded in the
+//! manifest's `run.switches`, so `taptree bisect switches` can flip them.
+
+use std::collections::BTreeMap;
+
+use crate::forward::Precision;
+
+/// A family of matmuls that one switch controls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    Attn,
+    FfnUp,
+    FfnDown,
+    Logits,
+}
+
+impl Family {
+    pub const ALL: [Family; 4] = [Family::Attn, Family::FfnUp, Family::FfnDown, Family::Logits];
+
+    /// The environment variable that switches this family.
+    pub fn var(self) -> &'static str {
+        match self {
+            Family::Attn => "TAPTREE_ACT_ATTN",
+            Family::FfnUp => "TAPTREE_ACT_FFN_UP",
+            Family::FfnDown => "TAPTREE_ACT_FFN_DOWN",
+            Family::Logits => "TAPTREE_ACT_LOGITS",
+        }
+    }
+}
+
+/// Activation precision of one family's matmuls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ActPrecision {
+    /// Unquantized activations (the forward's float type).
+    F32,
+    /// Int8 per block, as llama.cpp's quantized dot products.
+    Q8,
+}
+
+impl ActPrecision {
+    pub fn name(self) -> &'static str {
+        match self {
+            ActPrecision::F32 => "f32",
+            ActPrecision::Q8 => "q8",
+        }
+    }
+}
+
+/// A switch variable that could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SwitchError {
+    #[error("{var}: bad value {value:?}: expected f32 or q8")]
+    BadValue { var: String, value: String },
+    #[error("{var}: unknown precision switch (known: TAPTREE_ACT_ATTN, TAPTREE_ACT_FFN_UP, TAPTREE_ACT_FFN_DOWN, TAPTREE_ACT_LOGITS)")]
+    Unknown { var: String },
+}
+
+/// The families whose activation precision is overridden.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Switches {
+    set: BTreeMap<Family, ActPrecision>,
+}
+
+impl Switches {
+    /// No overrides: every family follows `--precision`.
+    pub fn none() -> Switches {
+        Switches::default()
+    }
+
+    /// Reads the `TAPTREE_ACT_*` variables of this process.
+    pub fn from_env() -> Result<Switches, SwitchError> {
+        Switches::from_vars(
+            std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+        )
+    }
+
+    /// Reads switches from `(name, value)` pairs; names outside the
+    /// `TAPTREE_ACT_` prefix are ignored, a misspelt one is an error (a typo
+    /// must not silently leave a family unswitched).
+    pub fn from_vars<I, K, V>(vars: I) -> Result<Switches, SwitchError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let mut s = Switches::none();
+        for (k, v) in vars {
+            let (k, v) = (k.as_ref(), v.as_ref());
+            if !k.starts_with("TAPTREE_ACT_") {
+                continue;
+            }
+            let family = Family::ALL
+                .into_iter()
+                .find(|f| f.var() == k)
+                .ok_or_else(|| SwitchError::Unknown { var: k.to_string() })?;
+            let act = match v.trim() {
+                "f32" => ActPrecision::F32,
+                "q8" => ActPrecision::Q8,
+                _ => {
+                    return Err(SwitchError::BadValue {
+                        var: k.to_string(),
+                        value: v.to_string(),
+                    })
+                }
+            };
+            s.set.insert(family, act);
+        }
+        Ok(s)
+    }
+
+    /// Overrides one family.
+    pub fn with(mut self, family: Family, act: ActPrecision) -> Switches {
+        self.set.insert(family, act);
+        self
+    }
+
+    /// The override of `family`, if any.
+    pub fn get(&self, family: Family) -> Option<ActPrecision> {
+        self.set.get(&family).copied()
+    }
+
+    /// The activation precision `family` runs at under `precision`.
+    pub fn resolve(&self, family: Family, precision: Precision) -> ActPrecision {
+        self.get(family).unwrap_or(match precision {
+            Precision::Q8 => ActPrecision::Q8,
+            Precision::F32 | Precision::F64 => ActPrecision::F32,
+        })
+    }
+
+    /// `{"TAPTREE_ACT_ATTN": "q8", ...}` for the manifest's `run.switches`.
+    pub fn to_map(&self) -> BTreeMap<String, String> {
+        self.set
+            .iter()
+            .map(|(f, a)| (f.var().to_string(), a.name().to_string()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unset_follows_precision() {
+        let s = Switches::none();
+        assert_eq!(s.resolve(Family::Attn, Precision::Q8), ActPrecision::Q8);
+        assert_eq!(s.resolve(Family::Logits, Precision::F32), ActPrecision::F32);
+        assert_eq!(
+            s.resolve(Family::FfnDown, Precision::F64),
+            ActPrecision::F32
+        );
+        assert!(s.to_map().is_empty());
+    }
+
+    #[test]
+    fn overrides_and_records() {
+        let s = Switches::from_vars([
+            ("TAPTREE_ACT_FFN_DOWN", "q8"),
+            ("TAPTREE_ACT_ATTN", "f32"),
+            ("PATH", "/bin"),
+        ])
+        .unwrap();
+        assert_eq!(s.resolve(Family::FfnDown, Precision::F32), ActPrecision::Q8);
+        assert_eq!(s.resolve(Family::Attn, Precision::Q8), ActPrecision::F32);
+        assert_eq!(s.resolve(Family::FfnUp, Precision::Q8), ActPrecision::Q8);
+        let m = s.to_map();
+        assert_eq!(m.len(), 2);
+        assert_eq!(m["TAPTREE_ACT_FFN_DOWN"], "q8");
+        assert_eq!(m["TAPTREE_ACT_ATTN"], "f32");
+    }
+
+    #[test]
+    fn bad_value_names_the_variable() {
+        let e = Switches::from_vars([("TAPTREE_ACT_LOGITS", "int4")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "TAPTREE_ACT_LOGITS: bad value \"int4\": expected f32 or q8"
+        );
+    }
+
+    #[test]
+    fn misspelt_switch_is_an_error() {
+        let e = Switches::from_vars([("TAPTREE_ACT_FFN_GATE", "q8")]).unwrap_err();
+        assert!(e
+            .to_string()
+            .starts_with("TAPTREE_ACT_FFN_GATE: unknown precision switch"));
+    }
+}
