@@ -1,0 +1,17 @@
+//! Fetches the real model into the cache (once) and prints its path.
+//!
+//! `cargo run --release -p kernels --example fetch_model [smollm2|PATH]`
+
+fn main() -> std::process::ExitCode {
+    let spec = std::env::args().nth(1).unwrap_or_else(|| "smollm2".into());
+    match kernels::fetch::resolve(&spec) {
+        Ok(path) => {
+            println!("{}", path.display());
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("taptree: {e}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}

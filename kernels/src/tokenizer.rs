@@ -1,0 +1,356 @@
+//! The model's tokenizer, built from GGUF metadata (or an HF `tokenizer.json`),
+//! and its chat template.
+//!
+//! GGUF's `gpt2` tokenizer is byte-level BPE: the vocabulary and merges come
+//! from `tokenizer.ggml.tokens` / `tokenizer.ggml.merges`, control and
+//! user-defined tokens (`tokenizer.ggml.token_type` 3 and 4, e.g.
+//! `<|im_start|>`) become special added tokens matched verbatim in the input,
+//! and `tokenizer.ggml.pre` picks the pre-tokenizer regexes llama.cpp would
+//! use. The chat template is not run as Jinja: ChatML templates are
+//! recognised and rendered directly; any other template is refused by name.
+
+use std::path::Path;
+
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::{AddedToken, Tokenizer as HfTokenizer};
+
+use crate::gguf::{GgufFile, Value};
+
+/// GGUF token types that are matched verbatim rather than through BPE.
+const TOKEN_TYPE_CONTROL: i64 = 3;
+const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+
+/// Why a tokenizer could not be built or used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("{path}: tokenizer model {model:?} is not supported (supported: gpt2 byte-level BPE)")]
+    UnsupportedModel { path: String, model: String },
+    #[error("{path}: pre-tokenizer {pre:?} is not supported (supported: smollm, starcoder, refact, gpt-2, default)")]
+    UnsupportedPre { path: String, pre: String },
+    #[error("{path}: tokenizer metadata {key}: {reason}")]
+    BadMetadata {
+        path: String,
+        key: &'static str,
+        reason: String,
+    },
+    #[error("{path}: {message}")]
+    Build { path: String, message: String },
+    #[error("chat template is not ChatML and is not supported: {excerpt:?}")]
+    UnsupportedChatTemplate { excerpt: String },
+    #[error("the model carries no chat template")]
+    NoChatTemplate,
+    #[error("encoding {text:?}: {message}")]
+    Encode { text: String, message: String },
+    #[error("decoding {ids:?}: {message}")]
+    Decode { ids: Vec<u32>, message: String },
+}
+
+/// A ChatML chat template (`<|im_start|>role\ncontent<|im_end|>\n`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatTemplate {
+    /// The system turn the template inserts when the conversation has none.
+    pub default_system: Option<String>,
+}
+
+impl ChatTemplate {
+    /// Recognises a ChatML template and extracts its default system prompt.
+    pub fn parse(template: &str) -> Result<ChatTemplate, TokenizerError> {
+        let chatml = template.contains("<|im_start|>")
+            && template.contains("<|im_end|>")
+            && template.contains("add_generation_prompt")
+            && (template.contains("message['role']") || template.contains("message[\"role\"]"));
+        if !chatml {
+            return Err(TokenizerError::UnsupportedChatTemplate {
+                excerpt: template.chars().take(120).collect(),
+            });
+        }
+        // A default system turn is a literal inside a branch taken when the
+        // first message is not a system one.
+        let has_default_branch = template.contains("!= 'system'")
+            || template.contains("!= \"system\"")
+            || template.contains("!='system'");
+        let default_system = has_default_branch
+            .then(|| {
+                let start = template.find("<|im_start|>system")? + "<|im_start|>system".len();
+                let rest = &template[start..];
+                let body = rest
+                    .strip_prefix('\n')
+                    .or_else(|| rest.strip_prefix("\\n"))?;
+                let end = body.find("<|im_end|>")?;
+                Some(body[..end].replace("\\n", "\n"))
+            })
+            .flatten();
+        Ok(ChatTemplate { default_system })
+    }
+
+    /// One user turn, with the default system turn when the template has one,
+    /// and the generation prompt (`<|im_start|>assistant\n`).
+    pub fn render_user(&self, user: &str) -> String {
+        let mut s = String::new();
+        if let Some(system) = &self.default_system {
+            s.push_str(&format!("<|im_start|>system\n{system}<|im_end|>\n"));
+        }
+        s.push_str(&format!("<|im_start|>user\n{user}<|im_end|>\n"));
+        s.push_str("<|im_start|>assistant\n");
+        s
+    }
+}
+
+/// A tokenizer with its special ids and chat template.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: HfTokenizer,
+    pub bos_id: Option<u32>,
+    pub eos_id: Option<u32>,
+    /// Whether [`Tokenizer::encode`] prepends `bos_id`.
+    pub add_bos: bool,
+    /// The template's source text, when the model carries one.
+    pub chat_template_source: Option<String>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("bos_id", &self.bos_id)
+            .field("eos_id", &self.eos_id)
+            .field("add_bos", &self.add_bos)
+            .finish()
+    }
+}
+
+/// The pre-tokenizer llama.cpp uses for a `tokenizer.ggml.pre` value.
+fn pre_tokenizer(pre: &str) -> Option<PreTokenizerWrapper> {
+    let byte_level = ByteLevel::new(false, true, true);
+    Some(match pre {
+        // llama.cpp splits every digit off first (`\p{N}`), then applies the
+        // GPT-2 regex.
+        "smollm" | "starcoder" | "refact" => {
+            Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()
+        }
+        "gpt-2" | "gpt2" | "default" => byte_level.into(),
+        _ => return None,
+    })
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer a GGUF file describes; `Ok(None)` when it carries
+    /// no tokenizer at all.
+    pub fn from_gguf(gguf: &GgufFile) -> Result<Option<Tokenizer>, TokenizerError> {
+        let path = gguf.path().display().to_string();
+        let Some(model) = gguf.get("tokenizer.ggml.model") else {
+            return Ok(None);
+        };
+        let model = model.as_str().unwrap_or("");
+        if model != "gpt2" {
+            return Err(TokenizerError::UnsupportedModel {
+                path,
+                model: model.into(),
+            });
+        }
+        let bad = |key: &'static str, reason: &str| TokenizerError::BadMetadata {
+            path: path.clone(),
+            key,
+            reason: reason.into(),
+        };
+        let strings = |key: &'static str| -> Result<Vec<String>, TokenizerError> {
+            let arr = gguf
+                .get(key)
+                .and_then(Value::as_array)
+                .ok_or_else(|| bad(key, "missing or not an array"))?;
+            arr.iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| bad(key, "not an array of strings"))
+        };
+        let tokens = strings("tokenizer.ggml.tokens")?;
+        let merges: Vec<(String, String)> = strings("tokenizer.ggml.merges")?
+            .into_iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .ok_or_else(|| {
+                        bad(
+                            "tokenizer.ggml.merges",
+                            &format!("merge {m:?} has no space"),
+                        )
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        let types: Vec<i64> = match gguf.get("tokenizer.ggml.token_type") {
+            None => vec![1; tokens.len()],
+            Some(v) => v
+                .as_array()
+                .and_then(|a| a.iter().map(Value::as_i64).collect::<Option<Vec<_>>>())
+                .filter(|t| t.len() == tokens.len())
+                .ok_or_else(|| {
+                    bad(
+                        "tokenizer.ggml.token_type",
+                        "not an integer array as long as the token list",
+                    )
+                })?,
+        };
+        let pre = gguf
+            .get("tokenizer.ggml.pre")
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        let pre_tok = pre_tokenizer(pre).ok_or_else(|| TokenizerError::UnsupportedPre {
+            path: path.clone(),
+            pre: pre.into(),
+        })?;
+        let id_of = |key: &str| {
+            gguf.get(key)
+                .and_then(Value::as_u64)
+                .map(|v| v as u32)
+                .filter(|&v| (v as usize) < tokens.len())
+        };
+        let special: Vec<&str> = tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, &t)| t == TOKEN_TYPE_CONTROL || t == TOKEN_TYPE_USER_DEFINED)
+            .map(|(s, _)| s.as_str())
+            .collect();
+        let inner = build(&path, &tokens, merges, &special, pre_tok)?;
+        Ok(Some(Tokenizer {
+            inner,
+            bos_id: id_of("tokenizer.ggml.bos_token_id"),
+            eos_id: id_of("tokenizer.ggml.eos_token_id"),
+            add_bos: gguf
+                .get("tokenizer.ggml.add_bos_token")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            chat_template_source: gguf
+                .get("tokenizer.chat_template")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+        }))
+    }
+
+    /// Loads an HF `tokenizer.json`; `bos`/`eos` and the template come from
+    /// the checkpoint's `tokenizer_config.json` when the caller has it.
+    pub fn from_hf_file(
+        path: &Path,
+        bos_id: Option<u32>,
+        eos_id: Option<u32>,
+        add_bos: bool,
+        chat_template: Option<String>,
+    ) -> Result<Tokenizer, TokenizerError> {
+        let inner = HfTokenizer::from_file(path).map_err(|e| TokenizerError::Build {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Ok(Tokenizer {
+            inner,
+            bos_id,
+            eos_id,
+            add_bos,
+            chat_template_source: chat_template,
+        })
+    }
+
+    /// The underlying `tokenizers` tokenizer (e.g. to save as `tokenizer.json`).
+    pub fn inner(&self) -> &HfTokenizer {
+        &self.inner
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Token ids of `text`; special tokens written in the text (`<|im_start|>`)
+    /// are recognised; BOS is prepended when the model asks for it.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| TokenizerError::Encode {
+                text: text.into(),
+                message: e.to_string(),
+            })?;
+        let mut ids = Vec::with_capacity(enc.len() + 1);
+        if self.add_bos {
+            ids.extend(self.bos_id);
+        }
+        ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    /// Text of `ids`, special tokens included verbatim.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| TokenizerError::Decode {
+                ids: ids.to_vec(),
+                message: e.to_string(),
+            })
+    }
+
+    /// The parsed chat template.
+    pub fn chat_template(&self) -> Result<ChatTemplate, TokenizerError> {
+        ChatTemplate::parse(
+            self.chat_template_source
+                .as_deref()
+                .ok_or(TokenizerError::NoChatTemplate)?,
+        )
+    }
+
+    /// The prompt text of one user turn, ready for generation.
+    pub fn render_chat(&self, user: &str) -> Result<String, TokenizerError> {
+        Ok(self.chat_template()?.render_user(user))
+    }
+
+    /// Token ids of one user turn, ready for generation.
+    pub fn encode_chat(&self, user: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.encode(&self.render_chat(user)?)
+    }
+
+    /// Whether `id` ends generation (EOS, or `<|im_end|>` in a chat).
+    pub fn is_end(&self, id: u32) -> bool {
+        Some(id) == self.eos_id || self.token_to_id("<|im_end|>") == Some(id)
+    }
+}
+
+/// A byte-level BPE tokenizer over `tokens` (ids are list positions).
+pub(crate) fn build(
+    path: &str,
+    tokens: &[String],
+    merges: Vec<(String, String)>,
+    special: &[&str],
+    pre: PreTokenizerWrapper,
+) -> Result<HfTokenizer, TokenizerError> {
+    let vocab: tokenizers::models::bpe::Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect();
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| TokenizerError::Build {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
+    let mut inner = HfTokenizer::new(bpe);
+    inner.with_pre_tokenizer(Some(pre));
+    inner.with_decoder(Some(ByteLevelDecoder::default()));
+    let added: Vec<AddedToken> = special
+        .iter()
+        .map(|s| AddedToken::from(s.to_string(), true))
+        .collect();
+    inner.add_special_tokens(&added);
+    Ok(inner)
+}
