@@ -1,9 +1,63 @@
-//! The taptree tap API and tree format (being written).
+//! The taptree tap API and tree format.
+//!
+//! An instrumented forward calls [`tap`] at every op; while a [`Capture`] is
+//! armed, selected taps are copied to writer threads that hash them (blake3)
+//! and write one safetensors file each. [`Capture::finish`] writes the
+//! [`Manifest`] last and atomically: its presence means the tree is complete.
+//! [`TreeReader`] opens a tree, lists taps in forward order, maps a tap
+//! zero-copy ([`TensorView`]) and rehashes everything ([`TreeReader::verify`]);
+//! [`compare()`] tells whether two trees are bitwise identical from their
+//! manifests alone. Disarmed, [`tap`] is one relaxed atomic load and a branch;
+//! the `compile-out` feature removes even that.
+//!
+//! ```
+//! use capture::{Capture, CaptureOptions, RunInfo, Selection, StageSpec, TreeReader};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let out = dir.path().join("run");
+//! let cap = Capture::start(CaptureOptions {
+//!     out: out.clone(),
+//!     selection: Selection::parse("stage=ffn_*").unwrap(),
+//!     force: false,
+//!     stages: vec![StageSpec::layer("ffn_up", &[]), StageSpec::layer("attn", &[])],
+//!     run: RunInfo::default(),
+//! })
+//! .unwrap();
+//! // Two positions (rows) of a 3-wide activation, then a tap the selection drops.
+//! capture::tap("ffn_up", Some(0), 0..2, None, &[2, 3], &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]);
+//! capture::tap("attn", Some(0), 0..2, None, &[2, 1], &[0.5f32, 0.25]);
+//! let summary = cap.finish().unwrap();
+//! assert_eq!(summary.taps, 1);
+//!
+//! let tree = TreeReader::open(&out).unwrap();
+//! let entry = &tree.entries()[0];
+//! assert_eq!(entry.key.to_string(), "L0/ffn_up@0..2");
+//! let view = tree.read(entry).unwrap();
+//! assert_eq!(view.shape(), &[2, 3]);
+//! assert_eq!(view.as_slice::<f32>().unwrap()[4], 5.0);
+//! tree.verify().unwrap();
+//! ```
 
+mod arm;
+mod capture;
+pub mod compare;
 pub mod dtype;
+mod error;
 pub mod key;
+pub mod manifest;
+mod reader;
+pub mod select;
 pub mod stage;
+pub mod tapfile;
+mod writer;
 
+pub use arm::{is_armed, tap, wants};
+pub use capture::{Capture, CaptureOptions, Summary};
+pub use compare::{compare, Comparison, Difference};
 pub use dtype::{DType, TapElem};
+pub use error::{Error, Result};
 pub use key::Key;
+pub use manifest::{Entry, Manifest, RunInfo, FORMAT_VERSION};
+pub use reader::{TensorView, TreeReader, Verified};
+pub use select::Selection;
 pub use stage::{Scope, StageSpec};

@@ -1,0 +1,144 @@
+//! The hot path: `is_armed`, `wants`, `tap`.
+//!
+//! Disarmed, a tap is one relaxed atomic load and a branch. Armed, the
+//! selection is checked before anything is copied; a selected tap copies its
+//! rows once into a buffer that a writer thread hashes and writes.
+
+#![cfg_attr(feature = "compile-out", allow(dead_code, unused_imports))]
+
+use crate::dtype::{DType, TapElem};
+use crate::writer::Active;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+/// Set while a capture is armed. Relaxed is enough: a tap racing with
+/// arming may be missed or taken, and `ACTIVE` is the synchronised truth.
+static ARMED: AtomicBool = AtomicBool::new(false);
+static ACTIVE: RwLock<Option<Arc<Active>>> = RwLock::new(None);
+
+/// Whether a capture is armed in this process.
+#[cfg(not(feature = "compile-out"))]
+#[inline(always)]
+pub fn is_armed() -> bool {
+    ARMED.load(Ordering::Relaxed)
+}
+
+/// Whether a tap with this identity would be kept: armed, and selected.
+/// GPU code calls it before copying a device buffer to the host.
+#[cfg(not(feature = "compile-out"))]
+#[inline(always)]
+pub fn wants(stage: &str, layer: Option<u32>, pos: Range<u32>, slot: Option<u32>) -> bool {
+    is_armed() && wants_armed(stage, layer, pos, slot)
+}
+
+/// Records a tensor. `shape[0]` must equal `pos.len()` (rows are positions)
+/// and `data` must hold exactly the shape's element count. Call in forward
+/// order. A broken contract does not panic here: it fails the capture's
+/// `finish()` with a message naming the tap.
+#[cfg(not(feature = "compile-out"))]
+#[inline(always)]
+pub fn tap<T: TapElem>(
+    stage: &str,
+    layer: Option<u32>,
+    pos: Range<u32>,
+    slot: Option<u32>,
+    shape: &[usize],
+    data: &[T],
+) {
+    if is_armed() {
+        tap_armed(
+            stage,
+            layer,
+            pos,
+            slot,
+            shape,
+            bytemuck::cast_slice(data),
+            T::DTYPE,
+        );
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn wants_armed(stage: &str, layer: Option<u32>, pos: Range<u32>, slot: Option<u32>) -> bool {
+    match current() {
+        Some(active) => active.selection.wants(stage, layer, pos, slot),
+        None => false,
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn tap_armed(
+    stage: &str,
+    layer: Option<u32>,
+    pos: Range<u32>,
+    slot: Option<u32>,
+    shape: &[usize],
+    bytes: &[u8],
+    dtype: DType,
+) {
+    if let Some(active) = current() {
+        active.tap(stage, layer, pos, slot, shape, bytes, dtype);
+    }
+}
+
+fn current() -> Option<Arc<Active>> {
+    ACTIVE.read().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// Installs `active` as the one armed capture; hands it back if another is armed.
+pub(crate) fn arm(active: Arc<Active>) -> Result<(), Arc<Active>> {
+    let mut slot = ACTIVE.write().unwrap_or_else(|p| p.into_inner());
+    if slot.is_some() {
+        return Err(active);
+    }
+    *slot = Some(active);
+    ARMED.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The capture armed now, if any.
+pub(crate) fn armed_capture() -> Option<Arc<Active>> {
+    current()
+}
+
+/// Disarms `active` if it is the armed capture.
+pub(crate) fn disarm(active: &Arc<Active>) {
+    let mut slot = ACTIVE.write().unwrap_or_else(|p| p.into_inner());
+    if slot.as_ref().is_some_and(|a| Arc::ptr_eq(a, active)) {
+        ARMED.store(false, Ordering::Relaxed);
+        *slot = None;
+    }
+}
+
+// With `compile-out`, taps vanish at compile time: the baseline against which
+// "disarmed" is measured. Captures still start and finish, with no taps.
+
+/// Always false: taps are compiled out (feature `compile-out`).
+#[cfg(feature = "compile-out")]
+#[inline(always)]
+pub fn is_armed() -> bool {
+    false
+}
+
+/// Always false: taps are compiled out (feature `compile-out`).
+#[cfg(feature = "compile-out")]
+#[inline(always)]
+pub fn wants(_stage: &str, _layer: Option<u32>, _pos: Range<u32>, _slot: Option<u32>) -> bool {
+    false
+}
+
+/// Does nothing: taps are compiled out (feature `compile-out`).
+#[cfg(feature = "compile-out")]
+#[inline(always)]
+pub fn tap<T: TapElem>(
+    _stage: &str,
+    _layer: Option<u32>,
+    _pos: Range<u32>,
+    _slot: Option<u32>,
+    _shape: &[usize],
+    _data: &[T],
+) {
+}

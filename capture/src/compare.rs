@@ -1,0 +1,118 @@
+//! Bitwise comparison of two trees from their manifests: roots first, then
+//! per-directory hashes, then the entries of the directories that differ.
+//! No tensor is read; rehash first (`TreeReader::verify`) to distrust files.
+
+use crate::manifest::Entry;
+use crate::reader::TreeReader;
+use crate::Key;
+use std::collections::HashMap;
+
+/// How one tap differs between A and B.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Difference {
+    /// In both, with other bytes, dtype or shape.
+    Changed { a: Entry, b: Entry },
+    /// In A, not in B.
+    Missing(Entry),
+    /// In B, not in A.
+    Extra(Entry),
+}
+
+impl Difference {
+    pub fn key(&self) -> &Key {
+        match self {
+            Difference::Changed { a, .. } => &a.key,
+            Difference::Missing(e) | Difference::Extra(e) => &e.key,
+        }
+    }
+}
+
+/// The outcome of comparing two trees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Comparison {
+    pub identical: bool,
+    /// The first difference in A's forward order (extras, in B's order, after).
+    pub first: Option<Difference>,
+    pub changed: usize,
+    pub missing: usize,
+    pub extra: usize,
+    /// Directories whose hashes were equal and were not looked into.
+    pub dirs_skipped: usize,
+    /// Directories with a difference (present on one side counts).
+    pub dirs_differing: usize,
+}
+
+/// Compares A and B, trusting both manifests.
+pub fn compare(a: &TreeReader, b: &TreeReader) -> Comparison {
+    let (ma, mb) = (a.manifest(), b.manifest());
+    let mut out = Comparison {
+        identical: false,
+        first: None,
+        changed: 0,
+        missing: 0,
+        extra: 0,
+        dirs_skipped: 0,
+        dirs_differing: 0,
+    };
+    if ma.root == mb.root {
+        out.identical = true;
+        out.dirs_skipped = ma.dirs.len();
+        return out;
+    }
+    let mut differing = std::collections::HashSet::new();
+    for (dir, hash) in &ma.dirs {
+        if mb.dirs.get(dir) == Some(hash) {
+            out.dirs_skipped += 1;
+        } else {
+            differing.insert(dir.as_str());
+        }
+    }
+    for dir in mb.dirs.keys() {
+        if !ma.dirs.contains_key(dir) {
+            differing.insert(dir.as_str());
+        }
+    }
+    out.dirs_differing = differing.len();
+    let in_differing = |e: &&Entry| {
+        let dir = e.path.split('/').next().unwrap_or("");
+        differing.contains(dir)
+    };
+    let b_index: HashMap<&Key, &Entry> = mb
+        .entries
+        .iter()
+        .filter(in_differing)
+        .map(|e| (&e.key, e))
+        .collect();
+    let mut seen_in_a = std::collections::HashSet::new();
+    for ea in ma.entries.iter().filter(in_differing) {
+        seen_in_a.insert(&ea.key);
+        let diff = match b_index.get(&ea.key) {
+            Some(eb) if eb.blake3 == ea.blake3 && eb.dtype == ea.dtype && eb.shape == ea.shape => {
+                continue
+            }
+            Some(eb) => {
+                out.changed += 1;
+                Difference::Changed {
+                    a: ea.clone(),
+                    b: (*eb).clone(),
+                }
+            }
+            None => {
+                out.missing += 1;
+                Difference::Missing(ea.clone())
+            }
+        };
+        out.first.get_or_insert(diff);
+    }
+    for eb in mb.entries.iter().filter(in_differing) {
+        if !seen_in_a.contains(&eb.key) {
+            out.extra += 1;
+            out.first
+                .get_or_insert_with(|| Difference::Extra(eb.clone()));
+        }
+    }
+    // The same tensors captured in another order give other directory
+    // hashes, yet every tap is equal: that is identical.
+    out.identical = out.changed == 0 && out.missing == 0 && out.extra == 0;
+    out
+}

@@ -1,0 +1,265 @@
+//! The manifest (`manifest.json`): what a complete tree holds, and the hashes
+//! that make two trees comparable without reading their tensors.
+//!
+//! The per-directory hash covers, in capture order, one line per tap of that
+//! directory: `stage \t layer \t pos_start \t pos_end \t slot \t dtype \t shape \t blake3 \n`
+//! (`-` for an absent layer or slot, shape as comma-separated dimensions).
+//! The root hash covers `dir \t dir_hash \n` for every directory in byte
+//! order of its name. Nothing else — no time, host, path or run metadata —
+//! enters either hash, so equal roots mean bitwise-equal tensors under equal
+//! keys. docs/FORMAT.md is the normative description.
+
+use crate::dtype::DType;
+use crate::key::Key;
+use crate::stage::StageSpec;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// The format version this crate writes, `major.minor`. A reader refuses a
+/// different major version; a newer minor only adds fields it may ignore.
+pub const FORMAT_VERSION: &str = "1.0";
+/// The major version this crate reads.
+pub const FORMAT_MAJOR: u32 = 1;
+/// The manifest's file name at the root of a tree.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// Marker written when a capture starts: a directory holding it is a tree
+/// (complete only once the manifest exists).
+pub const MARKER_FILE: &str = ".taptree";
+/// The directory of the taps without a layer.
+pub const GLOBAL_DIR: &str = "global";
+
+/// Where and how a run was made. None of it enters a hash: it is there for
+/// people, for `diff` headers and for `bisect`. Empty `host`, `argv` and
+/// `time` are filled in by [`crate::Capture::start`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunInfo {
+    pub model: String,
+    pub model_blake3: Option<String>,
+    pub backend: String,
+    pub precision: String,
+    pub switches: BTreeMap<String, String>,
+    pub prompt_tokens: Vec<u32>,
+    pub git_rev: Option<String>,
+    pub host: String,
+    pub argv: Vec<String>,
+    /// UTC, RFC 3339.
+    pub time: String,
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// One tap of the tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub key: Key,
+    /// Relative to the tree root, `/`-separated: `L003/ffn_down.p0-7.safetensors`.
+    pub path: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// blake3 of the tensor bytes (not of the file), lowercase hex.
+    pub blake3: String,
+    /// Tensor bytes: element count × dtype size.
+    pub bytes: u64,
+}
+
+/// The whole manifest, as written at the end of a capture.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always `"taptree"`.
+    pub format: String,
+    /// `major.minor`.
+    pub format_version: String,
+    pub root: String,
+    pub run: RunInfo,
+    /// The selection the capture used (`all` for everything).
+    #[serde(default)]
+    pub selection: String,
+    /// The stage vocabulary in forward order, with each stage's inputs.
+    pub stages: Vec<StageSpec>,
+    /// Per-directory hash, by directory name.
+    pub dirs: BTreeMap<String, String>,
+    /// One per tap, in capture order (= forward order).
+    pub entries: Vec<Entry>,
+}
+
+impl Manifest {
+    /// Total tensor bytes.
+    pub fn bytes(&self) -> u64 {
+        self.entries.iter().map(|e| e.bytes).sum()
+    }
+}
+
+/// The directory a key's file lives in: `L007` (per layer) or `global`.
+pub fn dir_of(key: &Key) -> String {
+    match key.layer {
+        Some(layer) => format!("L{layer:03}"),
+        None => GLOBAL_DIR.to_string(),
+    }
+}
+
+/// The relative path a writer gives a key's file.
+pub fn path_of(key: &Key) -> String {
+    let mut p = format!(
+        "{}/{}.p{}-{}",
+        dir_of(key),
+        key.stage,
+        key.pos.start,
+        key.pos.end
+    );
+    if let Some(slot) = key.slot {
+        let _ = write!(p, ".s{slot}");
+    }
+    p.push_str(".safetensors");
+    p
+}
+
+/// Whether `stage` may be used as a stage name: it becomes part of a file
+/// name and of the hashed line, so it must not hold separators.
+pub fn valid_stage_name(stage: &str) -> bool {
+    !stage.is_empty()
+        && !stage.starts_with('.')
+        && stage.len() <= 128
+        && stage
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-' || c == b'.')
+}
+
+/// The line an entry contributes to its directory's hash.
+pub fn hash_line(out: &mut String, key: &Key, dtype: DType, shape: &[usize], blake3: &str) {
+    let opt = |v: Option<u32>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
+    let _ = write!(
+        out,
+        "{}\t{}\t{}\t{}\t{}\t{}\t",
+        key.stage,
+        opt(key.layer),
+        key.pos.start,
+        key.pos.end,
+        opt(key.slot),
+        dtype.name()
+    );
+    for (i, d) in shape.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, "{d}");
+    }
+    let _ = writeln!(out, "\t{blake3}");
+}
+
+/// Per-directory hashes and the root hash of `entries` (in capture order).
+pub fn tree_hashes(entries: &[Entry]) -> (BTreeMap<String, String>, String) {
+    let mut lines: BTreeMap<String, String> = BTreeMap::new();
+    for e in entries {
+        let text = lines
+            .entry(dir_of(&e.key))
+            .or_insert_with(|| "taptree dir v1\n".to_string());
+        hash_line(text, &e.key, e.dtype, &e.shape, &e.blake3);
+    }
+    let dirs: BTreeMap<String, String> = lines
+        .into_iter()
+        .map(|(dir, text)| (dir, blake3::hash(text.as_bytes()).to_hex().to_string()))
+        .collect();
+    let mut root = String::from("taptree root v1\n");
+    for (dir, hash) in &dirs {
+        let _ = writeln!(root, "{dir}\t{hash}");
+    }
+    (dirs, blake3::hash(root.as_bytes()).to_hex().to_string())
+}
+
+/// Splits `"1.3"` into (1, 3).
+pub fn parse_version(v: &str) -> Option<(u32, u32)> {
+    let (major, minor) = v.split_once('.')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(stage: &str, layer: Option<u32>, hash: &str) -> Entry {
+        let key = Key::new(stage, layer, 0..2);
+        Entry {
+            path: path_of(&key),
+            key,
+            dtype: DType::F32,
+            shape: vec![2, 3],
+            blake3: hash.to_string(),
+            bytes: 24,
+        }
+    }
+
+    #[test]
+    fn paths() {
+        assert_eq!(
+            path_of(&Key::new("ffn_down", Some(3), 0..7)),
+            "L003/ffn_down.p0-7.safetensors"
+        );
+        assert_eq!(
+            path_of(&Key::new("logits", None, 5..6).with_slot(Some(2))),
+            "global/logits.p5-6.s2.safetensors"
+        );
+        assert_eq!(dir_of(&Key::new("x", Some(1234), 0..1)), "L1234");
+    }
+
+    #[test]
+    fn stage_names() {
+        assert!(valid_stage_name("post_ffn_residual"));
+        assert!(valid_stage_name("my-stage.v2"));
+        for bad in ["", "a/b", "..", ".hidden", "a b", "a\tb", "ü"] {
+            assert!(!valid_stage_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn hashes_see_only_tensor_identity() {
+        let a = vec![
+            entry("attn_norm", Some(0), "aa"),
+            entry("logits", None, "bb"),
+        ];
+        let (dirs, root) = tree_hashes(&a);
+        assert_eq!(dirs.len(), 2);
+        // Same content, other run metadata: same root (the run never enters).
+        assert_eq!(tree_hashes(&a.clone()).1, root);
+        // A changed tensor changes its directory's hash and the root, not the other directory.
+        let mut b = a.clone();
+        b[1].blake3 = "cc".into();
+        let (dirs_b, root_b) = tree_hashes(&b);
+        assert_ne!(root_b, root);
+        assert_eq!(dirs_b["L000"], dirs["L000"]);
+        assert_ne!(dirs_b["global"], dirs["global"]);
+        // Shape and dtype are part of the identity too.
+        let mut c = a.clone();
+        c[0].shape = vec![3, 2];
+        assert_ne!(tree_hashes(&c).1, root);
+        let mut d = a.clone();
+        d[0].dtype = DType::I32;
+        assert_ne!(tree_hashes(&d).1, root);
+        let mut e = a.clone();
+        e[0].key.slot = Some(0);
+        assert_ne!(tree_hashes(&e).1, root);
+    }
+
+    #[test]
+    fn golden_root() {
+        // The hash definition is part of the format: a change here is a
+        // format change (bump the major version in FORMAT_VERSION and FORMAT.md).
+        let a = vec![
+            entry("attn_norm", Some(0), "aa"),
+            entry("logits", None, "bb"),
+        ];
+        let mut text = String::new();
+        hash_line(&mut text, &a[0].key, a[0].dtype, &a[0].shape, &a[0].blake3);
+        assert_eq!(text, "attn_norm\t0\t0\t2\t-\tF32\t2,3\taa\n");
+        let dir = blake3::hash(format!("taptree dir v1\n{text}").as_bytes()).to_hex();
+        assert_eq!(tree_hashes(&a).0["L000"], dir.as_str());
+    }
+
+    #[test]
+    fn versions() {
+        assert_eq!(parse_version("1.0"), Some((1, 0)));
+        assert_eq!(parse_version("12.34"), Some((12, 34)));
+        assert_eq!(parse_version("1"), None);
+        assert_eq!(parse_version("x.y"), None);
+    }
+}

@@ -1,0 +1,246 @@
+//! Off the hot path: a byte-bounded queue feeding writer threads that hash
+//! each tap with blake3 and write it as one safetensors file.
+
+use crate::dtype::DType;
+use crate::error::Error;
+use crate::key::Key;
+use crate::manifest::{self, Entry};
+use crate::select::Selection;
+use crate::tapfile;
+use std::collections::HashSet;
+use std::io::Write;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+/// At most this many tap bytes wait in the queue; a tap beyond it blocks the
+/// forward until a writer catches up (memory stays bounded on long runs).
+pub const QUEUE_BYTES: u64 = 256 << 20;
+
+struct Job {
+    seq: u64,
+    key: Key,
+    dtype: DType,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+/// Bytes in flight between the forward and the writers.
+struct Budget {
+    used: Mutex<u64>,
+    freed: Condvar,
+    limit: u64,
+}
+
+impl Budget {
+    fn acquire(&self, n: u64) {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        // A tap larger than the whole budget still goes through, alone.
+        while *used > 0 && *used + n > self.limit {
+            used = self.freed.wait(used).unwrap_or_else(|p| p.into_inner());
+        }
+        *used += n;
+    }
+
+    fn release(&self, n: u64) {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        *used -= n;
+        self.freed.notify_all();
+    }
+}
+
+/// An armed capture: what the hot path talks to.
+pub(crate) struct Active {
+    /// Where files are written (the tree, or its staging directory under --force).
+    pub dir: PathBuf,
+    pub selection: Selection,
+    tx: Mutex<Option<Sender<Job>>>,
+    budget: Arc<Budget>,
+    seq: AtomicU64,
+    /// The first broken tap contract, reported by `finish()`.
+    misuse: Mutex<Option<Error>>,
+}
+
+/// What the writer threads hand back when joined.
+pub(crate) struct Written {
+    pub entries: Vec<(u64, Entry)>,
+    pub errors: Vec<(u64, Error)>,
+}
+
+impl Active {
+    /// Starts `threads` writers into `dir`.
+    pub fn start(
+        dir: PathBuf,
+        selection: Selection,
+        threads: usize,
+    ) -> (Arc<Active>, Vec<JoinHandle<Written>>) {
+        let (tx, rx) = channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let budget = Arc::new(Budget {
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+            limit: QUEUE_BYTES,
+        });
+        let handles = (0..threads.max(1))
+            .map(|i| {
+                let rx = Arc::clone(&rx);
+                let budget = Arc::clone(&budget);
+                let dir = dir.clone();
+                std::thread::Builder::new()
+                    .name(format!("taptree-writer-{i}"))
+                    .spawn(move || write_loop(&dir, &rx, &budget))
+                    .expect("spawning a writer thread")
+            })
+            .collect();
+        let active = Arc::new(Active {
+            dir,
+            selection,
+            tx: Mutex::new(Some(tx)),
+            budget,
+            seq: AtomicU64::new(0),
+            misuse: Mutex::new(None),
+        });
+        (active, handles)
+    }
+
+    /// Closes the queue: writers drain what is queued and exit.
+    pub fn close(&self) {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    pub fn take_misuse(&self) -> Option<Error> {
+        self.misuse.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    fn misuse(&self, key: &Key, reason: String) {
+        let mut slot = self.misuse.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(Error::BadTap {
+                path: self.dir.clone(),
+                key: key.to_string(),
+                reason,
+            });
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn tap(
+        &self,
+        stage: &str,
+        layer: Option<u32>,
+        pos: Range<u32>,
+        slot: Option<u32>,
+        shape: &[usize],
+        bytes: &[u8],
+        dtype: DType,
+    ) {
+        if !self.selection.matches_identity(stage, layer, slot) {
+            return;
+        }
+        let key = Key::new(stage, layer, pos.clone()).with_slot(slot);
+        if !manifest::valid_stage_name(stage) {
+            return self.misuse(
+                &key,
+                "stage names are [A-Za-z0-9_.-], not starting with '.'".into(),
+            );
+        }
+        let rows = pos.end.saturating_sub(pos.start) as usize;
+        if pos.start >= pos.end {
+            return self.misuse(&key, "empty or reversed position range".into());
+        }
+        if shape.first() != Some(&rows) {
+            return self.misuse(
+                &key,
+                format!("shape {shape:?}: axis 0 must be the {rows} positions of {pos:?}"),
+            );
+        }
+        let elements = match tapfile::element_count(shape) {
+            Ok(n) => n,
+            Err(reason) => return self.misuse(&key, reason),
+        };
+        if elements * dtype.size() != bytes.len() {
+            return self.misuse(
+                &key,
+                format!(
+                    "shape {shape:?} holds {elements} elements, data has {}",
+                    bytes.len() / dtype.size()
+                ),
+            );
+        }
+        let row_bytes = bytes.len() / rows;
+        for run in self.selection.selected_runs(pos.clone()) {
+            let first = (run.start - pos.start) as usize;
+            let count = (run.end - run.start) as usize;
+            let data = bytes[first * row_bytes..(first + count) * row_bytes].to_vec();
+            let mut shape = shape.to_vec();
+            shape[0] = count;
+            let job = Job {
+                seq: self.seq.fetch_add(1, Ordering::Relaxed),
+                key: Key::new(stage, layer, run).with_slot(slot),
+                dtype,
+                shape,
+                data,
+            };
+            self.budget.acquire(job.data.len() as u64);
+            let len = job.data.len() as u64;
+            let sent = match &*self.tx.lock().unwrap_or_else(|p| p.into_inner()) {
+                Some(tx) => tx.send(job).is_ok(),
+                None => false,
+            };
+            if !sent {
+                self.budget.release(len);
+            }
+        }
+    }
+}
+
+fn write_loop(dir: &Path, rx: &Mutex<Receiver<Job>>, budget: &Budget) -> Written {
+    let mut out = Written {
+        entries: Vec::new(),
+        errors: Vec::new(),
+    };
+    let mut made_dirs: HashSet<String> = HashSet::new();
+    loop {
+        // The lock is held only while waiting for one job.
+        let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
+            Ok(job) => job,
+            Err(_) => return out,
+        };
+        let len = job.data.len() as u64;
+        let seq = job.seq;
+        match write_one(dir, &job, &mut made_dirs) {
+            Ok(entry) => out.entries.push((seq, entry)),
+            Err(e) => out.errors.push((seq, e)),
+        }
+        drop(job);
+        budget.release(len);
+    }
+}
+
+fn write_one(dir: &Path, job: &Job, made_dirs: &mut HashSet<String>) -> Result<Entry, Error> {
+    let rel = manifest::path_of(&job.key);
+    let sub = manifest::dir_of(&job.key);
+    if !made_dirs.contains(&sub) {
+        let d = dir.join(&sub);
+        std::fs::create_dir_all(&d).map_err(|e| Error::io(&d, e))?;
+        made_dirs.insert(sub);
+    }
+    let path = dir.join(&rel);
+    let hash = blake3::hash(&job.data).to_hex().to_string();
+    let header = tapfile::encode_header(&job.key, job.dtype, &job.shape, job.data.len());
+    let mut file = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
+    file.write_all(&header)
+        .and_then(|_| file.write_all(&job.data))
+        .map_err(|e| Error::io(&path, e))?;
+    Ok(Entry {
+        key: job.key.clone(),
+        path: rel,
+        dtype: job.dtype,
+        shape: job.shape.clone(),
+        blake3: hash,
+        bytes: job.data.len() as u64,
+    })
+}

@@ -1,0 +1,617 @@
+//! Capture a tree, read it back, and damage it in every way the format must
+//! catch. Captures are process-global, so tests that arm take `serial()`.
+
+// With `compile-out` nothing is ever tapped; these tests need real taps.
+#![cfg(not(feature = "compile-out"))]
+
+use capture::{
+    compare, Capture, CaptureOptions, DType, Difference, Error, RunInfo, Selection, StageSpec,
+    TreeReader,
+};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn opts(out: &Path, selection: &str) -> CaptureOptions {
+    CaptureOptions {
+        out: out.to_path_buf(),
+        selection: Selection::parse(selection).unwrap(),
+        force: false,
+        stages: vec![
+            StageSpec::global("embedding", &[]),
+            StageSpec::layer("attn_norm", &[]),
+            StageSpec::layer("ffn_down", &["attn_norm"]),
+            StageSpec::global("logits", &[]),
+        ],
+        run: RunInfo {
+            model: "toy".into(),
+            ..RunInfo::default()
+        },
+    }
+}
+
+/// A small forward: 2 layers, 3 positions in one batch, a few dtypes.
+/// `bump` changes one value of layer 1's ffn_down.
+fn forward(bump: f32) {
+    let rows = 3usize;
+    let width = 5usize;
+    let act =
+        |seed: f32| -> Vec<f32> { (0..rows * width).map(|i| seed + i as f32 * 0.25).collect() };
+    capture::tap("embedding", None, 0..3, None, &[rows, width], &act(0.0));
+    for layer in 0..2u32 {
+        capture::tap(
+            "attn_norm",
+            Some(layer),
+            0..3,
+            None,
+            &[rows, width],
+            &act(layer as f32),
+        );
+        let mut down = act(10.0 + layer as f32);
+        if layer == 1 {
+            down[7] += bump;
+        }
+        capture::tap("ffn_down", Some(layer), 0..3, None, &[rows, width], &down);
+    }
+    let logits: Vec<half::bf16> = (0..rows * 4)
+        .map(|i| half::bf16::from_f32(i as f32))
+        .collect();
+    capture::tap("logits", None, 0..3, None, &[rows, 4], &logits);
+}
+
+fn capture_tree(out: &Path, selection: &str, bump: f32) -> capture::Summary {
+    let _guard = serial();
+    let cap = Capture::start(opts(out, selection)).unwrap();
+    forward(bump);
+    cap.finish().unwrap()
+}
+
+#[test]
+fn round_trip_every_dtype() {
+    let _guard = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t");
+    let cap = Capture::start(opts(&out, "")).unwrap();
+    assert!(capture::is_armed());
+    capture::tap(
+        "f32",
+        None,
+        0..1,
+        None,
+        &[1, 3],
+        &[1.0f32, -0.0, f32::INFINITY],
+    );
+    capture::tap("f64", None, 1..2, None, &[1, 2], &[1e300f64, -2.5]);
+    capture::tap(
+        "f16",
+        None,
+        2..3,
+        None,
+        &[1, 2],
+        &[half::f16::from_f32(0.5), half::f16::MAX],
+    );
+    capture::tap(
+        "bf16",
+        None,
+        3..4,
+        None,
+        &[1, 1],
+        &[half::bf16::from_f32(-3.0)],
+    );
+    capture::tap("i8", None, 4..5, None, &[1, 3], &[-128i8, 0, 127]);
+    capture::tap(
+        "i32",
+        Some(7),
+        5..6,
+        Some(2),
+        &[1, 2],
+        &[i32::MIN, i32::MAX],
+    );
+    capture::tap("empty", None, 6..7, None, &[1, 0], &[] as &[f32]);
+    let summary = cap.finish().unwrap();
+    assert!(!capture::is_armed());
+    assert_eq!(summary.taps, 7);
+    assert_eq!(summary.bytes, 12 + 16 + 4 + 2 + 3 + 8);
+
+    let tree = TreeReader::open(&out).unwrap();
+    assert_eq!(tree.root(), summary.root);
+    let names: Vec<_> = tree
+        .entries()
+        .iter()
+        .map(|e| e.key.stage.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["f32", "f64", "f16", "bf16", "i8", "i32", "empty"],
+        "capture order"
+    );
+    let values: Vec<Vec<f64>> = tree
+        .entries()
+        .iter()
+        .map(|e| tree.read(e).unwrap().to_f64())
+        .collect();
+    assert_eq!(values[0], [1.0, 0.0, f64::INFINITY]);
+    assert!(values[0][1].is_sign_negative());
+    assert_eq!(values[1], [1e300, -2.5]);
+    assert_eq!(values[2], [0.5, 65504.0]);
+    assert_eq!(values[3], [-3.0]);
+    assert_eq!(values[4], [-128.0, 0.0, 127.0]);
+    assert_eq!(values[5], [i32::MIN as f64, i32::MAX as f64]);
+    assert!(values[6].is_empty());
+    let i32_entry = &tree.entries()[5];
+    assert_eq!(i32_entry.key.to_string(), "L7/i32@5 slot 2");
+    assert_eq!(i32_entry.dtype, DType::I32);
+    assert_eq!(
+        tree.read(i32_entry).unwrap().as_slice::<i32>().unwrap(),
+        &[i32::MIN, i32::MAX]
+    );
+    assert!(tree.read(i32_entry).unwrap().as_slice::<f32>().is_none());
+    assert_eq!(tree.verify().unwrap().taps, 7);
+}
+
+#[test]
+fn disarmed_taps_write_nothing() {
+    let _guard = serial();
+    assert!(!capture::is_armed());
+    assert!(!capture::wants("x", None, 0..1, None));
+    // A tap with a broken shape is not even looked at while disarmed.
+    capture::tap("x", None, 0..1, None, &[9, 9], &[1.0f32]);
+}
+
+#[test]
+fn same_computation_same_root_whatever_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = capture_tree(&dir.path().join("a"), "", 0.0);
+    let b = {
+        let _guard = serial();
+        let mut o = opts(&dir.path().join("b"), "");
+        o.run.host = "another-host".into();
+        o.run.time = "1999-01-01T00:00:00Z".into();
+        let cap = Capture::start(o).unwrap();
+        forward(0.0);
+        cap.finish().unwrap()
+    };
+    assert_eq!(a.root, b.root);
+    assert_eq!(a.taps, 6);
+    let c = capture_tree(&dir.path().join("c"), "", 1.0);
+    assert_ne!(a.root, c.root);
+    let ta = TreeReader::open(dir.path().join("a")).unwrap();
+    assert_eq!(ta.manifest().run.model, "toy");
+    assert!(!ta.manifest().run.time.is_empty(), "time is filled in");
+    assert_eq!(ta.manifest().stages.len(), 4);
+}
+
+#[test]
+fn selection_filters_and_slices_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t");
+    capture_tree(&out, "stage=ffn_*,logits;layer=1,none;pos=0,2", 0.0);
+    let tree = TreeReader::open(&out).unwrap();
+    let keys: Vec<String> = tree.entries().iter().map(|e| e.key.to_string()).collect();
+    assert_eq!(
+        keys,
+        ["L1/ffn_down@0", "L1/ffn_down@2", "logits@0", "logits@2"]
+    );
+    // Row 2 of layer 1's ffn_down is seed 11 + (10..15) * 0.25.
+    let row2 = tree.read(&tree.entries()[1]).unwrap();
+    assert_eq!(row2.shape(), &[1, 5]);
+    assert_eq!(row2.to_f64(), [13.5, 13.75, 14.0, 14.25, 14.5]);
+    assert_eq!(
+        tree.manifest().selection,
+        "stage=ffn_*,logits;layer=1,none;pos=0,2"
+    );
+}
+
+#[test]
+fn wants_follows_the_selection() {
+    let _guard = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let cap = Capture::start(opts(&dir.path().join("t"), "stage=k_*;pos=3..")).unwrap();
+    assert!(capture::wants("k_rope", Some(0), 0..4, None));
+    assert!(!capture::wants("k_rope", Some(0), 0..3, None));
+    assert!(!capture::wants("q_rope", Some(0), 5..6, None));
+    cap.finish().unwrap();
+    assert!(!capture::wants("k_rope", Some(0), 0..4, None));
+}
+
+#[test]
+fn one_capture_at_a_time() {
+    let _guard = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let first = Capture::start(opts(&dir.path().join("a"), "")).unwrap();
+    let err = Capture::start(opts(&dir.path().join("b"), ""))
+        .err()
+        .unwrap();
+    assert!(matches!(err, Error::AlreadyArmed { .. }), "{err}");
+    first.finish().unwrap();
+    Capture::start(opts(&dir.path().join("b"), ""))
+        .unwrap()
+        .finish()
+        .unwrap();
+}
+
+#[test]
+fn broken_tap_contracts_fail_finish_and_leave_no_manifest() {
+    type BadTap = Box<dyn Fn()>;
+    let cases: Vec<(&str, BadTap)> = vec![
+        (
+            "axis 0",
+            Box::new(|| capture::tap("x", None, 0..2, None, &[3, 1], &[0f32; 3])),
+        ),
+        (
+            "holds 4 elements",
+            Box::new(|| capture::tap("x", None, 0..2, None, &[2, 2], &[0f32; 3])),
+        ),
+        (
+            "stage names",
+            Box::new(|| capture::tap("../x", None, 0..1, None, &[1], &[0f32])),
+        ),
+        (
+            "empty or reversed",
+            Box::new(|| capture::tap("x", None, 2..2, None, &[0], &[] as &[f32])),
+        ),
+        (
+            "tapped twice",
+            Box::new(|| {
+                capture::tap("x", Some(1), 0..1, None, &[1], &[0f32]);
+                capture::tap("x", Some(1), 0..1, None, &[1], &[1f32]);
+            }),
+        ),
+    ];
+    for (expected, bad) in cases {
+        let _guard = serial();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("t");
+        let cap = Capture::start(opts(&out, "")).unwrap();
+        bad();
+        let err = cap.finish().unwrap_err();
+        assert!(err.to_string().contains(expected), "{err}");
+        assert!(matches!(
+            TreeReader::open(&out),
+            Err(Error::Incomplete { .. })
+        ));
+    }
+}
+
+#[test]
+fn writer_errors_surface_from_finish() {
+    let _guard = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t");
+    let cap = Capture::start(opts(&out, "")).unwrap();
+    // A file where the layer directory must go: the writer cannot create it.
+    std::fs::write(out.join("L000"), b"in the way").unwrap();
+    capture::tap("x", Some(0), 0..1, None, &[1], &[0f32]);
+    let err = cap.finish().unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err}");
+    assert!(err.to_string().contains("L000"), "{err}");
+    assert!(!out.join("manifest.json").exists());
+}
+
+#[test]
+fn a_dropped_capture_reads_as_incomplete() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t");
+    {
+        let _guard = serial();
+        let _cap = Capture::start(opts(&out, "")).unwrap();
+        forward(0.0);
+    }
+    assert!(!capture::is_armed());
+    let err = TreeReader::open(&out).unwrap_err();
+    assert!(matches!(err, Error::Incomplete { .. }));
+    assert!(err.to_string().contains("incomplete capture"), "{err}");
+}
+
+#[test]
+fn refuses_a_non_empty_directory_that_is_not_a_tree() {
+    let _guard = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("precious");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("thesis.tex"), b"years of work").unwrap();
+    for force in [false, true] {
+        let mut o = opts(&out, "");
+        o.force = force;
+        let err = Capture::start(o).err().unwrap();
+        assert!(matches!(err, Error::NotATree { .. }), "{err}");
+    }
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    assert!(matches!(
+        Capture::start(opts(&file, "")).err().unwrap(),
+        Error::NotATree { .. }
+    ));
+    assert_eq!(
+        std::fs::read(out.join("thesis.tex")).unwrap(),
+        b"years of work"
+    );
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 1);
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+}
+
+#[test]
+fn an_existing_tree_needs_force_and_survives_a_failed_replacement() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t");
+    let old = capture_tree(&out, "", 0.0);
+    {
+        let _guard = serial();
+        let err = Capture::start(opts(&out, "")).err().unwrap();
+        assert!(matches!(err, Error::TreeExists { .. }), "{err}");
+        assert!(err.to_string().contains("--force"));
+        // A forced capture that dies before finishing leaves the old tree.
+        let mut o = opts(&out, "");
+        o.force = true;
+        let cap = Capture::start(o).unwrap();
+        forward(5.0);
+        drop(cap);
+    }
+    let tree = TreeReader::open(&out).unwrap();
+    assert_eq!(tree.root(), old.root);
+    tree.verify().unwrap();
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "no staging left"
+    );
+    // A forced capture that finishes replaces it, and leaves nothing beside it.
+    let new = {
+        let _guard = serial();
+        let mut o = opts(&out, "");
+        o.force = true;
+        let cap = Capture::start(o).unwrap();
+        forward(5.0);
+        cap.finish().unwrap()
+    };
+    assert_ne!(new.root, old.root);
+    assert_eq!(TreeReader::open(&out).unwrap().root(), new.root);
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(leftovers, ["t"]);
+}
+
+#[test]
+fn from_env_arms_and_selects() {
+    let _guard = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("env");
+    // Environment changes are serialised by `serial()`; no other test of
+    // this binary reads these variables.
+    std::env::remove_var("TAPTREE_OUT");
+    assert!(Capture::from_env(vec![], RunInfo::default())
+        .unwrap()
+        .is_none());
+    std::env::set_var("TAPTREE_OUT", &out);
+    std::env::set_var("TAPTREE_SELECT", "layer=0");
+    let cap = Capture::from_env(vec![], RunInfo::default())
+        .unwrap()
+        .unwrap();
+    forward(0.0);
+    assert_eq!(cap.finish().unwrap().taps, 2);
+    std::env::set_var("TAPTREE_SELECT", "layer=zero");
+    let err = Capture::from_env(vec![], RunInfo::default()).err().unwrap();
+    assert!(err.to_string().contains("\"zero\""), "{err}");
+    std::env::remove_var("TAPTREE_OUT");
+    std::env::remove_var("TAPTREE_SELECT");
+}
+
+// ---- reading damaged trees -------------------------------------------------
+
+fn fresh_tree(dir: &Path) -> PathBuf {
+    let out = dir.join("t");
+    capture_tree(&out, "", 0.0);
+    out
+}
+
+fn edit_manifest(tree: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = tree.join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut m);
+    std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
+}
+
+#[test]
+fn a_flipped_byte_is_an_integrity_failure_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fresh_tree(dir.path());
+    let file = out.join("L001/ffn_down.p0-3.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&file, bytes).unwrap();
+    let tree = TreeReader::open(&out).unwrap();
+    let err = tree.verify().unwrap_err();
+    assert!(matches!(err, Error::HashMismatch { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(msg.starts_with(&file.display().to_string()), "{msg}");
+    assert!(msg.contains("integrity failure"), "{msg}");
+}
+
+#[test]
+fn truncated_and_foreign_tap_files_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fresh_tree(dir.path());
+    let file = out.join("L000/attn_norm.p0-3.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() - 3]).unwrap();
+    let tree = TreeReader::open(&out).unwrap();
+    for err in [
+        tree.verify().unwrap_err(),
+        tree.read(&tree.entries()[1]).unwrap_err(),
+    ] {
+        assert!(matches!(err, Error::CorruptTap { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .contains("attn_norm.p0-3.safetensors: truncated"),
+            "{err}"
+        );
+    }
+    std::fs::write(&file, b"#!/bin/sh\necho this is not a tensor\n").unwrap();
+    let err = tree.verify().unwrap_err();
+    assert!(err.to_string().contains("not a safetensors file"), "{err}");
+    // A valid tap file holding another key is caught too.
+    std::fs::copy(out.join("L000/ffn_down.p0-3.safetensors"), &file).unwrap();
+    let err = tree.verify().unwrap_err();
+    assert!(
+        err.to_string().contains("file and manifest disagree"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unsafe_manifest_paths_are_refused() {
+    for (bad, expect) in [
+        ("/etc/passwd", "absolute"),
+        ("L000/../../outside.safetensors", "escapes"),
+        ("../t/L000/attn_norm.p0-3.safetensors", "escapes"),
+        ("L001/attn_norm.p0-3.safetensors", "expected L000/"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = fresh_tree(dir.path());
+        edit_manifest(&out, |m| m["entries"][1]["path"] = bad.into());
+        let err = TreeReader::open(&out).unwrap_err();
+        assert!(matches!(err, Error::UnsafePath { .. }), "{bad}: {err}");
+        assert!(err.to_string().contains(expect), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn a_symlink_out_of_the_tree_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fresh_tree(dir.path());
+    let outside = dir.path().join("outside.safetensors");
+    let file = out.join("L000/attn_norm.p0-3.safetensors");
+    std::fs::rename(&file, &outside).unwrap();
+    std::os::unix::fs::symlink(&outside, &file).unwrap();
+    let tree = TreeReader::open(&out).unwrap();
+    for err in [
+        tree.verify().unwrap_err(),
+        tree.read(&tree.entries()[1]).unwrap_err(),
+    ] {
+        assert!(matches!(err, Error::UnsafePath { .. }), "{err}");
+        assert!(err.to_string().contains("outside the tree"), "{err}");
+    }
+    // A link that stays inside the tree is fine.
+    std::fs::remove_file(&file).unwrap();
+    std::fs::rename(&outside, out.join("L000/real.safetensors")).unwrap();
+    std::os::unix::fs::symlink("real.safetensors", &file).unwrap();
+    tree.verify().unwrap();
+}
+
+#[test]
+fn bad_shapes_in_the_manifest_are_refused() {
+    for (shape, bytes, expect) in [
+        (serde_json::json!([3, usize::MAX]), 60u64, "overflows"),
+        (serde_json::json!([3, 6]), 60, "are 72 bytes, entry says 60"),
+        (serde_json::json!([2, 5]), 40, "axis 0"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = fresh_tree(dir.path());
+        edit_manifest(&out, |m| {
+            m["entries"][1]["shape"] = shape.clone();
+            m["entries"][1]["bytes"] = bytes.into();
+        });
+        let err = TreeReader::open(&out).unwrap_err();
+        assert!(matches!(err, Error::BadShape { .. }), "{err}");
+        assert!(err.to_string().contains(expect), "{err}");
+        assert!(err.to_string().contains("manifest.json"), "{err}");
+    }
+}
+
+#[test]
+fn an_edited_manifest_does_not_match_its_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fresh_tree(dir.path());
+    edit_manifest(&out, |m| {
+        m["entries"][1]["blake3"] = "00".repeat(32).into();
+    });
+    let err = TreeReader::open(&out).unwrap_err();
+    assert!(
+        err.to_string().contains("does not match its entries"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_major_versions_are_refused_naming_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fresh_tree(dir.path());
+    edit_manifest(&out, |m| m["format_version"] = "2.0".into());
+    let err = TreeReader::open(&out).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::UnsupportedVersion { .. }));
+    assert!(msg.contains("2.0") && msg.contains("1.x"), "{msg}");
+    // A newer minor version with fields this reader does not know is read.
+    edit_manifest(&out, |m| {
+        m["format_version"] = "1.7".into();
+        m["future_field"] = serde_json::json!({"x": 1});
+    });
+    TreeReader::open(&out).unwrap();
+    std::fs::write(out.join("manifest.json"), b"{\"format\": \"taptree\", ").unwrap();
+    let err = TreeReader::open(&out).unwrap_err();
+    assert!(err.to_string().contains("not valid JSON"), "{err}");
+}
+
+#[test]
+fn empty_and_missing_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        TreeReader::open(dir.path()).unwrap_err(),
+        Error::EmptyDir { .. }
+    ));
+    let err = TreeReader::open(dir.path().join("nope")).unwrap_err();
+    assert!(err.to_string().contains("nope"), "{err}");
+}
+
+// ---- comparing ---------------------------------------------------------------
+
+#[test]
+fn compare_names_the_first_difference_in_forward_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    let c = dir.path().join("c");
+    let d = dir.path().join("d");
+    capture_tree(&a, "", 0.0);
+    capture_tree(&b, "", 0.0);
+    capture_tree(&c, "", 1.0);
+    capture_tree(&d, "layer=0,none", 0.0);
+    let open = |p: &Path| TreeReader::open(p).unwrap();
+
+    let same = compare(&open(&a), &open(&b));
+    assert!(same.identical && same.first.is_none());
+    assert_eq!(same.dirs_skipped, 3);
+
+    let changed = compare(&open(&a), &open(&c));
+    assert!(!changed.identical);
+    assert_eq!((changed.changed, changed.missing, changed.extra), (1, 0, 0));
+    assert_eq!(
+        changed.dirs_skipped, 2,
+        "L000 and global are skipped unread"
+    );
+    match changed.first.unwrap() {
+        Difference::Changed { a, b } => {
+            assert_eq!(a.key.to_string(), "L1/ffn_down@0..3");
+            assert_ne!(a.blake3, b.blake3);
+        }
+        other => panic!("{other:?}"),
+    }
+
+    let missing = compare(&open(&a), &open(&d));
+    assert_eq!((missing.changed, missing.missing, missing.extra), (0, 2, 0));
+    assert!(
+        matches!(&missing.first, Some(Difference::Missing(e)) if e.key.to_string() == "L1/attn_norm@0..3")
+    );
+    let extra = compare(&open(&d), &open(&a));
+    assert_eq!((extra.changed, extra.missing, extra.extra), (0, 0, 2));
+    assert!(
+        matches!(&extra.first, Some(Difference::Extra(e)) if e.key.to_string() == "L1/attn_norm@0..3")
+    );
+}
