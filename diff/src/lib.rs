@@ -1,1 +1,69 @@
-//! Compare two taptree trees (being written).
+//! Compare two taptree trees and say, with evidence, where they first stop
+//! agreeing and which side is wrong.
+//!
+//! [`diff`] walks two trees ([`Tree`], usually [`capture::TreeReader`]) and
+//! returns a [`Report`]: one [`report::Row`] per (layer, stage) in forward
+//! order, with per-position [`Metrics`], a verdict under a [`Tolerance`], the
+//! first diverging op, origin vs inherited, error growth and, with a truth
+//! tree, which side is inaccurate. [`controls`] check the comparator itself;
+//! [`stat`] describes one tree. The renderers in [`render`] only format.
+//!
+//! ```no_run
+//! use capture::TreeReader;
+//! let a = TreeReader::open("runs/cpu-f32")?;
+//! let b = TreeReader::open("runs/cpu-q8")?;
+//! let report = diff::diff(&a, &b, None, &diff::Options::default())?;
+//! if let Some(i) = report.first_divergence {
+//!     println!("first diverging op: {}", report.rows[i].name());
+//! }
+//! print!("{}", diff::render::table::render(&report, &Default::default()));
+//! std::process::exit(report.outcome.exit_code() as i32);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod controls;
+pub mod divergence;
+pub mod graph;
+pub mod metrics;
+pub mod render;
+pub mod report;
+pub mod stat;
+pub mod tolerance;
+pub mod tree;
+pub mod walk;
+
+pub use metrics::Metrics;
+pub use report::{Outcome, Report};
+pub use tolerance::Tolerance;
+pub use tree::Tree;
+pub use walk::{diff, Options, Progress};
+
+use std::path::PathBuf;
+
+/// Why a diff could not be made. Every one maps to exit code 2.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Opening or reading a tree failed (missing, incomplete, corrupt).
+    #[error(transparent)]
+    Capture(#[from] capture::Error),
+
+    /// A tap's shape does not hold one row per position of its key.
+    #[error("{}: {key}: shape {shape:?} does not hold one row per position", path.display())]
+    BadRows {
+        path: PathBuf,
+        key: String,
+        shape: Vec<usize>,
+    },
+
+    /// Two taps of one tree hold the same position.
+    #[error("{}: position {pos} of {key} is held by two taps", path.display())]
+    DuplicatePosition {
+        path: PathBuf,
+        key: String,
+        pos: u32,
+    },
+
+    /// `--at` or a control named a tap the tree does not hold.
+    #[error("{}: no tap {key:?}", path.display())]
+    NoSuchTap { path: PathBuf, key: String },
+}

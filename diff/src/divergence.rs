@@ -1,0 +1,143 @@
+//! The first diverging op, origin vs inherited, and error growth.
+//!
+//! Rows arrive sorted in forward order. The first divergence is the first red
+//! row: whatever is red downstream of it is never the answer. A red row is an
+//! *origin* when every row it reads is within tolerance, *inherited* when one
+//! is red. Inputs that were not tapped are looked through: their own inputs
+//! stand in for them.
+
+use crate::graph::{RowId, StageGraph};
+use crate::report::{Cause, Growth, Row};
+use std::collections::{HashMap, HashSet};
+
+/// The index of the first red row in forward order.
+pub fn first_divergence(rows: &[Row]) -> Option<usize> {
+    rows.iter().position(|r| r.status.is_red())
+}
+
+/// The rows (indices) a row reads, looking through untapped stages.
+pub fn input_rows(rows: &[Row], graph: &StageGraph, at: usize) -> Vec<usize> {
+    let index: HashMap<RowId, usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| ((r.layer, r.stage.clone()), i))
+        .collect();
+    resolve(&index, graph, (rows[at].layer, rows[at].stage.clone()))
+}
+
+fn resolve(index: &HashMap<RowId, usize>, graph: &StageGraph, row: RowId) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    let mut todo = graph.inputs(row.0, &row.1);
+    while let Some(id) = todo.pop() {
+        if !seen.insert(id.clone()) {
+            continue;
+        }
+        match index.get(&id) {
+            Some(&i) => out.push(i),
+            None => todo.extend(graph.inputs(id.0, &id.1)),
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Sets `cause` on every red row.
+pub fn classify(rows: &mut [Row], graph: &StageGraph) {
+    let index: HashMap<RowId, usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| ((r.layer, r.stage.clone()), i))
+        .collect();
+    for i in 0..rows.len() {
+        if !rows[i].status.is_red() {
+            continue;
+        }
+        let inputs = resolve(&index, graph, (rows[i].layer, rows[i].stage.clone()));
+        let red: Vec<String> = inputs
+            .iter()
+            .filter(|&&j| rows[j].status.is_red())
+            .map(|&j| rows[j].name())
+            .collect();
+        rows[i].cause = Some(if red.is_empty() {
+            Cause::Origin
+        } else {
+            Cause::Inherited { from: red }
+        });
+    }
+}
+
+/// Fills each row's [`Growth`] and returns the rows ranked by it, largest
+/// increase first (rows that add no error are left out).
+pub fn growth(rows: &mut [Row], graph: &StageGraph) -> Vec<usize> {
+    let index: HashMap<RowId, usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| ((r.layer, r.stage.clone()), i))
+        .collect();
+    let mut computed = Vec::with_capacity(rows.len());
+    for i in 0..rows.len() {
+        let inputs = resolve(&index, graph, (rows[i].layer, rows[i].stage.clone()));
+        let mut best: Option<Growth> = None;
+        for p in &rows[i].positions {
+            let out = p.metrics.rel_rms;
+            if !out.is_finite() {
+                // A zero reference or nonfinite values: no meaningful ratio.
+                continue;
+            }
+            let input = inputs
+                .iter()
+                .map(|&j| input_error(&rows[j], p.pos, p.slot))
+                .fold(0.0f64, f64::max);
+            let delta = out - input;
+            if best.as_ref().is_none_or(|b| delta > b.delta) {
+                best = Some(Growth {
+                    pos: p.pos,
+                    slot: p.slot,
+                    input_error: input,
+                    output_error: out,
+                    delta,
+                    ratio: if input > 0.0 {
+                        out / input
+                    } else {
+                        f64::INFINITY
+                    },
+                });
+            }
+        }
+        computed.push(best);
+    }
+    let mut ranking: Vec<usize> = (0..rows.len())
+        .filter(|&i| computed[i].as_ref().is_some_and(|g| g.delta > 0.0))
+        .collect();
+    ranking.sort_by(|&x, &y| {
+        let (gx, gy) = (computed[x].as_ref().unwrap(), computed[y].as_ref().unwrap());
+        gy.delta.total_cmp(&gx.delta).then(x.cmp(&y))
+    });
+    for (row, g) in rows.iter_mut().zip(computed) {
+        row.growth = g;
+    }
+    ranking
+}
+
+/// An input row's error at the same position (and slot), or its worst error
+/// when it does not hold that position.
+fn input_error(row: &Row, pos: u32, slot: Option<u32>) -> f64 {
+    let at = row
+        .positions
+        .iter()
+        .find(|q| q.pos == pos && q.slot == slot)
+        .map(|q| q.metrics.rel_rms);
+    let e = at.unwrap_or_else(|| {
+        row.positions
+            .iter()
+            .map(|q| q.metrics.rel_rms)
+            .fold(0.0, f64::max)
+    });
+    if e.is_finite() {
+        e
+    } else {
+        0.0
+    }
+}

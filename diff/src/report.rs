@@ -1,0 +1,244 @@
+//! The result of a diff. It holds values only; the renderers in
+//! [`crate::render`] format it and never recompute a metric.
+//!
+//! The JSON rendering is this structure serialized (schema in docs/GUIDE.md);
+//! `schema` is bumped on any incompatible change.
+
+use crate::metrics::{Degeneracy, Metrics};
+use serde::{Deserialize, Serialize};
+
+/// Version of the JSON schema of [`Report`].
+pub const SCHEMA: u32 = 1;
+
+/// Everything a diff found.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub schema: u32,
+    pub a: TreeInfo,
+    pub b: TreeInfo,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub truth: Option<TreeInfo>,
+    pub tolerance: String,
+    pub outcome: Outcome,
+    /// One line saying why, for any outcome.
+    pub summary: String,
+    /// One row per (layer, stage), in forward order (empty when identical).
+    pub rows: Vec<Row>,
+    /// Index into `rows` of the first diverging op.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_divergence: Option<usize>,
+    /// Rows ranked by error growth, largest jump first (indices into `rows`).
+    pub growth_ranking: Vec<usize>,
+    /// Keys (one per position) present in only one tree: never compared.
+    pub only_in_a: Vec<String>,
+    pub only_in_b: Vec<String>,
+    pub counts: Counts,
+    pub controls: Vec<Control>,
+}
+
+/// What the diff concluded; maps to the exit code 0, 1 or 2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Equal roots: every tensor bitwise identical (nothing was read).
+    Identical,
+    /// Every compared position within tolerance.
+    WithinTolerance,
+    /// At least one row fails tolerance (or mismatches in dtype/shape).
+    Diverged,
+    /// Nothing red, but a compared row is degenerate or nothing was comparable:
+    /// agreement here proves nothing.
+    Inconclusive,
+    /// A control failed: the comparator itself cannot be trusted here.
+    ControlFailed,
+}
+
+impl Outcome {
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Outcome::Identical | Outcome::WithinTolerance => 0,
+            Outcome::Diverged => 1,
+            Outcome::Inconclusive | Outcome::ControlFailed => 2,
+        }
+    }
+}
+
+/// Who a tree is.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TreeInfo {
+    pub path: String,
+    pub root: String,
+    pub taps: usize,
+    pub bytes: u64,
+    pub model: String,
+    pub backend: String,
+    pub precision: String,
+}
+
+/// How much work the diff did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Counts {
+    /// Position pairs matched by key.
+    pub positions: u64,
+    /// Taps of A skipped as equal by hash, unread.
+    pub taps_skipped: u64,
+    /// Taps of A read and compared.
+    pub taps_compared: u64,
+    /// Tensor bytes read (A, B and truth).
+    pub bytes_read: u64,
+    pub rows_red: u64,
+    pub rows_degenerate: u64,
+}
+
+/// A row's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Every element bitwise equal.
+    Equal,
+    /// Within tolerance.
+    Pass,
+    /// Some position fails tolerance.
+    Fail,
+    /// dtype or shape differ: never green.
+    Mismatch,
+    /// Within tolerance, but a side is degenerate (all zero, all nonfinite,
+    /// constant): not agreement.
+    Degenerate,
+}
+
+impl Status {
+    pub fn is_red(self) -> bool {
+        matches!(self, Status::Fail | Status::Mismatch)
+    }
+}
+
+/// Why a red row is red.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Cause {
+    /// Its inputs are within tolerance: this op made the error.
+    Origin,
+    /// An input is already red (`from` names them, `L3/ffn_down`).
+    Inherited { from: Vec<String> },
+}
+
+/// One (layer, stage) of the forward.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Row {
+    pub layer: Option<u32>,
+    pub stage: String,
+    pub status: Status,
+    /// The failing comparisons at the worst position, or the mismatch.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<Cause>,
+    /// Index into `positions` of the worst one: among failing positions (or
+    /// all, if none fails) the lowest cosine, ties broken by the highest NMSE.
+    pub worst: usize,
+    /// All positions merged.
+    pub total: Metrics,
+    pub positions: Vec<Position>,
+    /// Whether every compared tap of this row was skipped as equal by hash.
+    pub skipped: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub growth: Option<Growth>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub truth: Option<TruthVerdict>,
+}
+
+impl Row {
+    /// `L3/ffn_down` or `logits`.
+    pub fn name(&self) -> String {
+        match self.layer {
+            Some(l) => format!("L{l}/{}", self.stage),
+            None => self.stage.clone(),
+        }
+    }
+
+    pub fn worst(&self) -> &Position {
+        &self.positions[self.worst]
+    }
+}
+
+/// One position of a row.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Position {
+    pub pos: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u32>,
+    pub pass: bool,
+    pub metrics: Metrics,
+}
+
+impl Position {
+    /// `@3` or `@3 slot 1`.
+    pub fn label(&self) -> String {
+        match self.slot {
+            Some(s) => format!("@{} slot {s}", self.pos),
+            None => format!("@{}", self.pos),
+        }
+    }
+}
+
+/// How much error an op adds to what its inputs carry, at its worst position.
+///
+/// Error is the relative RMS error `sqrt(NMSE)`. `delta` is the output's
+/// error minus the largest input error at the same position (an absolute
+/// increase, so the first quantized matmul, whose inputs are exact, does not
+/// dwarf a real jump later); `ratio` the same as a quotient.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Growth {
+    pub pos: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u32>,
+    pub input_error: f64,
+    pub output_error: f64,
+    pub delta: f64,
+    pub ratio: f64,
+}
+
+/// Which side is wrong, against a higher-precision truth T.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TruthVerdict {
+    pub pos: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u32>,
+    /// Relative RMS error of A against T (T is the reference).
+    pub error_a: f64,
+    pub error_b: f64,
+    pub max_abs_a: f64,
+    pub max_abs_b: f64,
+    pub closer: Closer,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Closer {
+    A,
+    B,
+    /// Within 10% of each other: neither is clearly the inaccurate side.
+    Neither,
+    /// T has no tap for this position.
+    Unknown,
+}
+
+/// A check of the comparator itself.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Control {
+    pub name: String,
+    pub passed: bool,
+    pub detail: String,
+    /// Degenerate taps found (FIXTURE VALIDITY).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub flagged: Vec<Flagged>,
+}
+
+/// A degenerate tap position.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Flagged {
+    pub tree: String,
+    pub key: String,
+    pub what: Degeneracy,
+}

@@ -1,0 +1,590 @@
+//! Walking two trees: identity, key matching per position, hash skipping,
+//! the parallel metric pass, and assembling the [`Report`].
+
+use crate::divergence;
+use crate::graph::StageGraph;
+use crate::metrics::{compare, Acc};
+use crate::report::{
+    Closer, Counts, Outcome, Position, Report, Row, Status, TreeInfo, TruthVerdict, SCHEMA,
+};
+use crate::tolerance::Tolerance;
+use crate::tree::{Tensor, Tree};
+use crate::Error;
+use capture::{Entry, Manifest};
+use rayon::prelude::*;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// How to compare.
+#[derive(Default)]
+pub struct Options<'p> {
+    pub tolerance: Tolerance,
+    /// Compare only this slot of A (`Some(None)`: the taps without a slot)
+    /// against `slot_b` of B, whatever their slot numbers.
+    pub slot_a: Option<Option<u32>>,
+    pub slot_b: Option<Option<u32>>,
+    /// Told how many tensor bytes are to be read, then each read as it ends.
+    pub progress: Option<&'p (dyn Progress + Sync)>,
+}
+
+/// Progress of the metric pass (the CLI draws a bar; the library draws nothing).
+pub trait Progress {
+    fn start(&self, total_bytes: u64);
+    fn advance(&self, bytes: u64);
+    fn finish(&self);
+}
+
+/// One position of one tree: `(stage, layer, slot, pos)`.
+type PosKey = (String, Option<u32>, Option<u32>, u32);
+
+/// A position's A-vs-B accumulator and, with a truth, (T-vs-A, T-vs-B).
+type Computed = (usize, Acc, Option<(Acc, Acc)>);
+
+/// The matched positions of one row: (index into the matched list, key).
+type Members<'k> = Vec<(usize, &'k PosKey)>;
+
+#[derive(Clone, Copy)]
+struct Loc {
+    entry: usize,
+    row: usize,
+}
+
+/// Every position a tree holds, by key, after the slot pick.
+fn index(tree: &dyn Tree, pick: Option<Option<u32>>) -> Result<BTreeMap<PosKey, Loc>, Error> {
+    let m = tree.manifest();
+    let mut out = BTreeMap::new();
+    for (i, e) in m.entries.iter().enumerate() {
+        let slot = match pick {
+            Some(want) if e.key.slot != want => continue,
+            // Picked slots are paired with each other whatever their numbers.
+            Some(_) => None,
+            None => e.key.slot,
+        };
+        let rows = e.key.rows() as usize;
+        if e.shape.first().copied() != Some(rows) && !(rows == 1 && e.shape.is_empty()) {
+            return Err(Error::BadRows {
+                path: tree.path().join(&e.path),
+                key: e.key.to_string(),
+                shape: e.shape.clone(),
+            });
+        }
+        for (row, pos) in e.key.pos.clone().enumerate() {
+            let k = (e.key.stage.clone(), e.key.layer, slot, pos);
+            if out.insert(k, Loc { entry: i, row }).is_some() {
+                return Err(Error::DuplicatePosition {
+                    path: tree.path().to_path_buf(),
+                    key: e.key.to_string(),
+                    pos,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn info(tree: &dyn Tree) -> TreeInfo {
+    let m = tree.manifest();
+    TreeInfo {
+        path: tree.path().display().to_string(),
+        root: m.root.clone(),
+        taps: m.entries.len(),
+        bytes: m.entries.iter().map(|e| e.bytes).sum(),
+        model: m.run.model.clone(),
+        backend: m.run.backend.clone(),
+        precision: m.run.precision.clone(),
+    }
+}
+
+fn row_elems(e: &Entry) -> usize {
+    let rows = e.shape.first().copied().unwrap_or(1).max(1);
+    e.shape.iter().product::<usize>() / rows
+}
+
+fn row_bytes<'t>(t: &'t Tensor, e: &Entry, row: usize) -> &'t [u8] {
+    let len = row_elems(e) * e.dtype.size();
+    &t.bytes()[row * len..(row + 1) * len]
+}
+
+/// Why two taps cannot be compared element for element, if they cannot.
+fn mismatch(a: &Entry, b: &Entry) -> Option<String> {
+    let (sa, sb) = (
+        a.shape.get(1..).unwrap_or(&[]),
+        b.shape.get(1..).unwrap_or(&[]),
+    );
+    if sa != sb {
+        Some(format!("shape mismatch: row shape {sa:?} vs {sb:?}"))
+    } else if a.dtype != b.dtype {
+        Some(format!("dtype mismatch: {} vs {}", a.dtype, b.dtype))
+    } else {
+        None
+    }
+}
+
+/// The result at one matched position.
+struct PosResult {
+    acc: Acc,
+    /// Equal by hash, never read.
+    skipped: bool,
+    mismatch: Option<String>,
+    truth: Option<(Acc, Acc)>,
+}
+
+/// Compares `a` with `b` (and, for red rows, both with `truth`).
+pub fn diff(
+    a: &dyn Tree,
+    b: &dyn Tree,
+    truth: Option<&dyn Tree>,
+    opts: &Options,
+) -> Result<Report, Error> {
+    let (ma, mb) = (a.manifest(), b.manifest());
+    let mut report = Report {
+        schema: SCHEMA,
+        a: info(a),
+        b: info(b),
+        truth: truth.map(info),
+        tolerance: opts.tolerance.to_string(),
+        outcome: Outcome::Identical,
+        summary: String::new(),
+        rows: Vec::new(),
+        first_divergence: None,
+        growth_ranking: Vec::new(),
+        only_in_a: Vec::new(),
+        only_in_b: Vec::new(),
+        counts: Counts::default(),
+        controls: Vec::new(),
+    };
+    let picking = opts.slot_a.is_some() || opts.slot_b.is_some();
+    if ma.root == mb.root && !picking {
+        report.summary = format!(
+            "bitwise identical: {} tensors, {} bytes, root {}",
+            ma.entries.len(),
+            report.a.bytes,
+            short_hash(&ma.root)
+        );
+        return Ok(report);
+    }
+
+    let (ia, ib) = (index(a, opts.slot_a)?, index(b, opts.slot_b)?);
+    report.only_in_a = ia
+        .keys()
+        .filter(|k| !ib.contains_key(*k))
+        .map(pos_label)
+        .collect();
+    report.only_in_b = ib
+        .keys()
+        .filter(|k| !ia.contains_key(*k))
+        .map(pos_label)
+        .collect();
+
+    // Directories whose hashes agree hold only equal taps: skipped wholesale.
+    let equal_dirs: BTreeSet<&String> = ma
+        .dirs
+        .iter()
+        .filter(|(d, h)| mb.dirs.get(*d) == Some(*h))
+        .map(|(d, _)| d)
+        .collect();
+    let equal_by_hash = |ea: &Entry, eb: &Entry| {
+        ea.key.pos == eb.key.pos
+            && ea.dtype == eb.dtype
+            && ea.shape == eb.shape
+            && (ea.blake3 == eb.blake3
+                || (!picking
+                    && ea.key == eb.key
+                    && equal_dirs.contains(&capture::manifest::dir_of(&ea.key))))
+    };
+
+    // Matched positions, and the entry pairs that must be read.
+    let matched: Vec<(&PosKey, Loc, Loc)> = ia
+        .iter()
+        .filter_map(|(k, la)| ib.get(k).map(|lb| (k, *la, *lb)))
+        .collect();
+    let mut results: Vec<Option<PosResult>> = Vec::with_capacity(matched.len());
+    let mut groups: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
+    let mut skipped_taps = BTreeSet::new();
+    let mut compared_taps = BTreeSet::new();
+    for (i, (_, la, lb)) in matched.iter().enumerate() {
+        let (ea, eb) = (&ma.entries[la.entry], &mb.entries[lb.entry]);
+        if let Some(why) = mismatch(ea, eb) {
+            results.push(Some(PosResult {
+                acc: Acc::default(),
+                skipped: false,
+                mismatch: Some(why),
+                truth: None,
+            }));
+            // Same element count per row: the metrics still say something.
+            if row_elems(ea) == row_elems(eb) {
+                groups.entry((la.entry, lb.entry)).or_default().push(i);
+            }
+            compared_taps.insert(la.entry);
+        } else if equal_by_hash(ea, eb) {
+            results.push(Some(PosResult {
+                acc: Acc::identical(row_elems(ea) as u64, 1),
+                skipped: true,
+                mismatch: None,
+                truth: None,
+            }));
+            skipped_taps.insert(la.entry);
+        } else {
+            results.push(None);
+            groups.entry((la.entry, lb.entry)).or_default().push(i);
+            compared_taps.insert(la.entry);
+        }
+    }
+
+    let truth_index = match truth {
+        Some(t) => Some(index(t, None)?),
+        None => None,
+    };
+    let total: u64 = groups
+        .keys()
+        .map(|(x, y)| ma.entries[*x].bytes + mb.entries[*y].bytes)
+        .sum();
+    if let Some(p) = opts.progress {
+        p.start(total);
+    }
+    let groups: Vec<((usize, usize), Vec<usize>)> = groups.into_iter().collect();
+    let computed: Vec<Vec<Computed>> = groups
+        .par_iter()
+        .map(|&((xa, xb), ref members)| {
+            let (ea, eb) = (&ma.entries[xa], &mb.entries[xb]);
+            let (ta, tb) = (a.read(xa)?, b.read(xb)?);
+            let mut out = Vec::with_capacity(members.len());
+            let mut truth_cache: HashMap<usize, Tensor> = HashMap::new();
+            for &i in members {
+                let (k, la, lb) = &matched[i];
+                let (ra, rb) = (row_bytes(&ta, ea, la.row), row_bytes(&tb, eb, lb.row));
+                let acc = compare(ra, ea.dtype, rb, eb.dtype);
+                let mut t_pair = None;
+                if let (Some(t), Some(ti)) = (truth, truth_index.as_ref()) {
+                    let tk = (k.0.clone(), k.1, k.2, k.3);
+                    let lt = ti
+                        .get(&tk)
+                        .or_else(|| ti.get(&(k.0.clone(), k.1, None, k.3)));
+                    if let Some(lt) = lt {
+                        let et = &t.manifest().entries[lt.entry];
+                        if row_elems(et) == row_elems(ea) {
+                            if let std::collections::hash_map::Entry::Vacant(v) =
+                                truth_cache.entry(lt.entry)
+                            {
+                                v.insert(t.read(lt.entry)?);
+                            }
+                            let tt = &truth_cache[&lt.entry];
+                            let rt = row_bytes(tt, et, lt.row);
+                            t_pair = Some((
+                                compare(rt, et.dtype, ra, ea.dtype),
+                                compare(rt, et.dtype, rb, eb.dtype),
+                            ));
+                        }
+                    }
+                }
+                out.push((i, acc, t_pair));
+            }
+            if let Some(p) = opts.progress {
+                p.advance(ea.bytes + eb.bytes);
+            }
+            Ok(out)
+        })
+        .collect::<Result<_, Error>>()?;
+    if let Some(p) = opts.progress {
+        p.finish();
+    }
+    for (i, acc, t) in computed.into_iter().flatten() {
+        match &mut results[i] {
+            Some(r) => {
+                r.acc = acc;
+                r.truth = t;
+            }
+            slot @ None => {
+                *slot = Some(PosResult {
+                    acc,
+                    skipped: false,
+                    mismatch: None,
+                    truth: t,
+                })
+            }
+        }
+    }
+    report.counts.positions = matched.len() as u64;
+    report.counts.taps_skipped = skipped_taps.difference(&compared_taps).count() as u64;
+    report.counts.taps_compared = compared_taps.len() as u64;
+    report.counts.bytes_read = total;
+
+    // Rows, in forward order.
+    let layers: BTreeSet<u32> = ma
+        .entries
+        .iter()
+        .chain(&mb.entries)
+        .filter_map(|e| e.key.layer)
+        .collect();
+    let graph = StageGraph::new(&vocabulary(ma, mb), &layers);
+    let mut by_row: BTreeMap<(Option<u32>, String), Members> = BTreeMap::new();
+    for (i, (k, _, _)) in matched.iter().enumerate() {
+        by_row.entry((k.1, k.0.clone())).or_default().push((i, *k));
+    }
+    let mut rows: Vec<Row> = by_row
+        .into_iter()
+        .map(|((layer, stage), members)| {
+            build_row(
+                layer,
+                stage,
+                &members,
+                &results,
+                &matched,
+                ma,
+                &opts.tolerance,
+                truth.is_some(),
+            )
+        })
+        .collect();
+    rows.sort_by_key(|r| graph.order(r.layer, &r.stage));
+    divergence::classify(&mut rows, &graph);
+    report.growth_ranking = divergence::growth(&mut rows, &graph);
+    report.first_divergence = divergence::first_divergence(&rows);
+    report.counts.rows_red = rows.iter().filter(|r| r.status.is_red()).count() as u64;
+    report.counts.rows_degenerate = rows
+        .iter()
+        .filter(|r| r.status == Status::Degenerate)
+        .count() as u64;
+    report.rows = rows;
+    report.outcome = Outcome::WithinTolerance;
+    conclude(&mut report);
+    Ok(report)
+}
+
+/// Sets the outcome and its one-line summary from the rows.
+pub(crate) fn conclude(report: &mut Report) {
+    let missing = match (report.only_in_a.len(), report.only_in_b.len()) {
+        (0, 0) => String::new(),
+        (x, y) => format!(" ({x} positions only in A, {y} only in B, not compared)"),
+    };
+    if report.controls.iter().any(|c| !c.passed) {
+        report.outcome = Outcome::ControlFailed;
+        let failed: Vec<&str> = report
+            .controls
+            .iter()
+            .filter(|c| !c.passed)
+            .map(|c| c.name.as_str())
+            .collect();
+        report.summary = format!(
+            "control {} failed: this comparison cannot be trusted",
+            failed.join(", ")
+        );
+        return;
+    }
+    if report.outcome == Outcome::Identical {
+        return;
+    }
+    if let Some(i) = report.first_divergence {
+        let r = &report.rows[i];
+        let w = r.worst();
+        report.outcome = Outcome::Diverged;
+        report.summary = format!(
+            "diverged: first diverging op {}{} (cos {}, {} of {} rows red){missing}",
+            r.name(),
+            w.label(),
+            crate::tolerance::short(w.metrics.cos),
+            report.counts.rows_red,
+            report.rows.len()
+        );
+    } else if report.counts.positions == 0 {
+        report.outcome = Outcome::Inconclusive;
+        report.summary = format!("no tap in common: nothing was compared{missing}");
+    } else if report.counts.rows_degenerate > 0 {
+        report.outcome = Outcome::Inconclusive;
+        report.summary = format!(
+            "inconclusive: {} rows agree only as degenerate tensors (all zero, all nonfinite or constant){missing}",
+            report.counts.rows_degenerate
+        );
+    } else {
+        report.outcome = Outcome::WithinTolerance;
+        let equal = report.rows.iter().all(|r| r.status == Status::Equal);
+        report.summary = if equal {
+            format!(
+                "bitwise equal by content: {} positions in {} rows{missing}",
+                report.counts.positions,
+                report.rows.len()
+            )
+        } else {
+            format!(
+                "within tolerance ({}): {} positions in {} rows{missing}",
+                report.tolerance,
+                report.counts.positions,
+                report.rows.len()
+            )
+        };
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_row(
+    layer: Option<u32>,
+    stage: String,
+    members: &[(usize, &PosKey)],
+    results: &[Option<PosResult>],
+    matched: &[(&PosKey, Loc, Loc)],
+    ma: &Manifest,
+    tol: &Tolerance,
+    has_truth: bool,
+) -> Row {
+    let mut positions = Vec::with_capacity(members.len());
+    let mut total = Acc::default();
+    let mut mismatch = None;
+    let mut truths = Vec::with_capacity(members.len());
+    let mut skipped = true;
+    for &(i, k) in members {
+        let r = results[i]
+            .as_ref()
+            .expect("every matched position has a result");
+        total.merge(&r.acc);
+        let m = r.acc.metrics();
+        let pass = r.mismatch.is_none() && tol.passes(&m);
+        if r.mismatch.is_some() {
+            mismatch = r.mismatch.clone();
+        }
+        let (_, la, _) = matched[i];
+        // Reports name A's own slot even when slots were paired.
+        let slot = ma.entries[la.entry].key.slot;
+        skipped &= r.skipped;
+        positions.push(Position {
+            pos: k.3,
+            slot,
+            pass,
+            metrics: m,
+        });
+        truths.push(r.truth.clone());
+    }
+    // The worst position: failing first, then lowest cosine, then highest NMSE.
+    let worst = (0..positions.len())
+        .min_by(|&x, &y| {
+            let (px, py) = (&positions[x], &positions[y]);
+            px.pass
+                .cmp(&py.pass)
+                .then(px.metrics.cos.total_cmp(&py.metrics.cos))
+                .then(py.metrics.nmse.total_cmp(&px.metrics.nmse))
+                .then(x.cmp(&y))
+        })
+        .unwrap_or(0);
+    let any_fail = positions.iter().any(|p| !p.pass);
+    let degenerate = positions
+        .iter()
+        .any(|p| p.metrics.degenerate_a.is_some() || p.metrics.degenerate_b.is_some());
+    let all_equal = mismatch.is_none() && positions.iter().all(|p| p.metrics.bitwise());
+    let status = if mismatch.is_some() {
+        Status::Mismatch
+    } else if any_fail {
+        Status::Fail
+    } else if degenerate {
+        Status::Degenerate
+    } else if all_equal {
+        Status::Equal
+    } else {
+        Status::Pass
+    };
+    let mut reasons = Vec::new();
+    if let Some(m) = mismatch {
+        reasons.push(m);
+    }
+    if status == Status::Fail {
+        reasons.extend(tol.failing(&positions[worst].metrics));
+    }
+    if status == Status::Degenerate {
+        let p = positions
+            .iter()
+            .find(|p| p.metrics.degenerate_a.is_some() || p.metrics.degenerate_b.is_some())
+            .unwrap();
+        let side =
+            |d: Option<crate::metrics::Degeneracy>| d.map_or("ok".to_string(), |d| d.to_string());
+        reasons.push(format!(
+            "degenerate at {}: A {}, B {}",
+            p.label(),
+            side(p.metrics.degenerate_a),
+            side(p.metrics.degenerate_b)
+        ));
+    }
+    let truth = if status.is_red() && has_truth {
+        let w = &positions[worst];
+        Some(match &truths[worst] {
+            Some((ta, tb)) => verdict(w.pos, w.slot, &ta.metrics(), &tb.metrics()),
+            None => TruthVerdict {
+                pos: w.pos,
+                slot: w.slot,
+                error_a: f64::NAN,
+                error_b: f64::NAN,
+                max_abs_a: f64::NAN,
+                max_abs_b: f64::NAN,
+                closer: Closer::Unknown,
+            },
+        })
+    } else {
+        None
+    };
+    Row {
+        layer,
+        stage,
+        status,
+        reasons,
+        cause: None,
+        worst,
+        total: total.metrics(),
+        positions,
+        skipped,
+        growth: None,
+        truth,
+    }
+}
+
+fn verdict(
+    pos: u32,
+    slot: Option<u32>,
+    ta: &crate::metrics::Metrics,
+    tb: &crate::metrics::Metrics,
+) -> TruthVerdict {
+    let (ea, eb) = (ta.rel_rms, tb.rel_rms);
+    let closer = if !(ea.is_finite() && eb.is_finite()) {
+        match (ea.is_finite(), eb.is_finite()) {
+            (true, false) => Closer::A,
+            (false, true) => Closer::B,
+            _ => Closer::Neither,
+        }
+    } else if ea.max(eb) <= 1.1 * ea.min(eb) {
+        Closer::Neither
+    } else if ea < eb {
+        Closer::A
+    } else {
+        Closer::B
+    };
+    TruthVerdict {
+        pos,
+        slot,
+        error_a: ea,
+        error_b: eb,
+        max_abs_a: ta.max_abs,
+        max_abs_b: tb.max_abs,
+        closer,
+    }
+}
+
+/// A's vocabulary, then any stage only B declares.
+fn vocabulary(ma: &Manifest, mb: &Manifest) -> Vec<capture::StageSpec> {
+    let mut v = ma.stages.clone();
+    for s in &mb.stages {
+        if !v.iter().any(|t| t.name == s.name) {
+            v.push(s.clone());
+        }
+    }
+    v
+}
+
+fn pos_label(k: &PosKey) -> String {
+    let mut s = match k.1 {
+        Some(l) => format!("L{l}/{}@{}", k.0, k.3),
+        None => format!("{}@{}", k.0, k.3),
+    };
+    if let Some(slot) = k.2 {
+        s.push_str(&format!(" slot {slot}"));
+    }
+    s
+}
+
+pub(crate) fn short_hash(h: &str) -> &str {
+    &h[..h.len().min(12)]
+}
