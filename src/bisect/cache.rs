@@ -55,10 +55,6 @@ impl TreeCache {
         }
     }
 
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     fn tree_path(&self, key: &str) -> PathBuf {
         self.root.join(key).join(&self.command_hash)
     }

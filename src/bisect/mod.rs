@@ -6,15 +6,18 @@
 //!   script (exit 125 = skip);
 //! - [`cache`]: trees cached by commit (or by arm) and command;
 //! - [`search`]: binary search for the first red commit, with skips;
-//! - [`ddmin`]: delta debugging for a minimal set of switches.
-//!
-//! The CLI (`src/cli/bisect.rs`) decides green or red with the `diff` crate.
-
-// Until the CLI drives every part of it.
-#![allow(dead_code)]
+//! - [`ddmin`]: delta debugging for a minimal set of switches;
+//! - [`judge`]: green or red against the reference, by the `diff` crate;
+//! - [`runner`]: one step, from the cache or a fresh capture;
+//! - [`commits`] and [`switches`]: the two bisects, each computing a `Report`
+//!   that `src/cli/bisect.rs` renders.
 
 pub mod cache;
 pub mod command;
+pub mod commits;
 pub mod ddmin;
 pub mod git;
+pub mod judge;
+pub mod runner;
 pub mod search;
+pub mod switches;

@@ -1,0 +1,243 @@
+//! `bisect commits`: the first commit whose tree leaves tolerance of the
+//! reference, with the op where it shows.
+
+use super::cache::TreeCache;
+use super::command::CaptureCommand;
+use super::git::{Commit, GitError, Repo};
+use super::judge::{FirstOp, Judge, JudgeError};
+use super::runner::{Got, Runner, StepError, Workdir};
+use super::search::{self, Outcome, Probe};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// What to bisect.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub repo: Repo,
+    pub good: String,
+    pub bad: String,
+    pub judge: Judge,
+    pub command: String,
+    /// Default: `<git common dir>/taptree/trees`.
+    pub cache: Option<PathBuf>,
+}
+
+/// Why a bisect stopped without an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum BisectError {
+    #[error(transparent)]
+    Git(#[from] GitError),
+    #[error(transparent)]
+    Step(#[from] StepError),
+    #[error(transparent)]
+    Judge(#[from] JudgeError),
+    #[error("{path}: could not create a directory for worktrees: {source}")]
+    Tempdir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// The verdict of one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepVerdict {
+    Green,
+    Red,
+    Skip,
+}
+
+/// One probed commit, in the order probed.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    pub commit: String,
+    pub subject: String,
+    pub verdict: StepVerdict,
+    /// No command ran for it in this bisect.
+    pub cached: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_op: Option<FirstOp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logits_min_cos: Option<f64>,
+}
+
+/// A commit named in an answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct Named {
+    pub commit: String,
+    pub subject: String,
+}
+
+impl From<&Commit> for Named {
+    fn from(c: &Commit) -> Named {
+        Named {
+            commit: c.id.clone(),
+            subject: c.subject.clone(),
+        }
+    }
+}
+
+/// The answer.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Answer {
+    /// The first bad commit: red, its first-parent predecessor green.
+    FirstBad {
+        #[serde(flatten)]
+        commit: Named,
+        first_op: Option<FirstOp>,
+    },
+    /// Skipped commits hide the boundary: the first bad commit is one of these.
+    Ambiguous { candidates: Vec<Named> },
+    /// --good diverges from the reference already.
+    GoodIsRed {
+        #[serde(flatten)]
+        commit: Named,
+        first_op: Option<FirstOp>,
+    },
+    /// --bad is within tolerance of the reference.
+    BadIsGreen {
+        #[serde(flatten)]
+        commit: Named,
+    },
+    /// An endpoint the answer rests on exits 125.
+    EndpointSkipped {
+        #[serde(flatten)]
+        commit: Named,
+    },
+}
+
+/// Everything a bisect over commits found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub good: Named,
+    pub bad: Named,
+    pub reference: PathBuf,
+    pub tolerance: String,
+    /// Commits in the first-parent range, endpoints included.
+    pub range: usize,
+    pub steps: Vec<Step>,
+    pub answer: Answer,
+    /// Capture commands run now (skips included).
+    pub captures_run: usize,
+    /// Steps answered from the cache.
+    pub cache_hits: usize,
+    pub cache: PathBuf,
+}
+
+/// Runs the bisect; `on_step` sees each step as it completes (the log).
+pub fn bisect(req: &Request, mut on_step: impl FnMut(&Step)) -> Result<Report, BisectError> {
+    let commits = req.repo.first_parent_range(&req.good, &req.bad)?;
+    let cache_dir = req
+        .cache
+        .clone()
+        .unwrap_or_else(|| req.repo.common_dir.join("taptree").join("trees"));
+    let mut runner = Runner {
+        cache: TreeCache::new(&cache_dir, &req.command),
+        command: CaptureCommand::new(&req.command),
+        env: BTreeMap::new(),
+        runs: 0,
+        hits: 0,
+        complete: tree_is_complete,
+    };
+    // Worktrees live outside the repository so that no tool run inside the
+    // user's checkout ever sees them.
+    let tmp = std::env::temp_dir();
+    let worktrees = tempfile::Builder::new()
+        .prefix("taptree-bisect-")
+        .tempdir()
+        .map_err(|source| BisectError::Tempdir { path: tmp, source })?;
+    let mut steps: Vec<Step> = Vec::new();
+
+    let outcome = search::first_bad(commits.len(), |i| -> Result<Probe, BisectError> {
+        let commit = &commits[i];
+        let wt_path = worktrees.path().join(commit.short());
+        let repo = &req.repo;
+        let got = runner.get(&commit.id, &describe(commit), &BTreeMap::new(), || {
+            Ok(Workdir::Worktree(repo.add_worktree(&commit.id, &wt_path)?))
+        })?;
+        let step = match got {
+            Got::Skip { cached } => Step {
+                commit: commit.id.clone(),
+                subject: commit.subject.clone(),
+                verdict: StepVerdict::Skip,
+                cached,
+                first_op: None,
+                logits_min_cos: None,
+            },
+            Got::Tree { path, cached } => {
+                let v = req.judge.judge(&path)?;
+                Step {
+                    commit: commit.id.clone(),
+                    subject: commit.subject.clone(),
+                    verdict: if v.red {
+                        StepVerdict::Red
+                    } else {
+                        StepVerdict::Green
+                    },
+                    cached,
+                    first_op: v.first_op,
+                    logits_min_cos: v.logits_min_cos,
+                }
+            }
+        };
+        on_step(&step);
+        let probe = match step.verdict {
+            StepVerdict::Green => Probe::Green,
+            StepVerdict::Red => Probe::Red,
+            StepVerdict::Skip => Probe::Skip,
+        };
+        steps.push(step);
+        Ok(probe)
+    })?;
+
+    let first_op_of = |id: &str| {
+        steps
+            .iter()
+            .find(|s| s.commit == id)
+            .and_then(|s| s.first_op.clone())
+    };
+    let answer = match outcome {
+        Outcome::FirstBad { index } => Answer::FirstBad {
+            commit: (&commits[index]).into(),
+            first_op: first_op_of(&commits[index].id),
+        },
+        Outcome::Ambiguous { candidates } => Answer::Ambiguous {
+            candidates: candidates.iter().map(|&i| (&commits[i]).into()).collect(),
+        },
+        Outcome::GoodIsRed => Answer::GoodIsRed {
+            commit: (&commits[0]).into(),
+            first_op: first_op_of(&commits[0].id),
+        },
+        Outcome::BadIsGreen => Answer::BadIsGreen {
+            commit: commits.last().expect("range has endpoints").into(),
+        },
+        Outcome::EndpointSkipped { index } => Answer::EndpointSkipped {
+            commit: (&commits[index]).into(),
+        },
+    };
+    Ok(Report {
+        good: (&commits[0]).into(),
+        bad: commits.last().expect("range has endpoints").into(),
+        reference: req.judge.reference.clone(),
+        tolerance: req.judge.tolerance.to_string(),
+        range: commits.len(),
+        steps,
+        answer,
+        captures_run: runner.runs,
+        cache_hits: runner.hits,
+        cache: cache_dir,
+    })
+}
+
+fn describe(c: &Commit) -> String {
+    format!("commit {} ({})", c.short(), c.subject)
+}
+
+/// A capture counts only once its tree opens: manifest present and sound.
+pub fn tree_is_complete(path: &std::path::Path) -> Result<(), String> {
+    capture::TreeReader::open(path)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,130 @@
+//! Green or red: a candidate's tree against the reference, by the `diff`
+//! crate (its tolerance, its first divergence, its logits metrics).
+
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// The op where a candidate first leaves tolerance.
+#[derive(Debug, Clone, Serialize)]
+pub struct FirstOp {
+    /// `L3/ffn_down` or `logits`.
+    pub op: String,
+    /// The worst position, `@0` or `@2 slot 1`.
+    pub at: String,
+    /// `origin` or `inherited`.
+    pub cause: String,
+    /// Cosine at the worst position.
+    pub cos: f64,
+    /// The failing comparisons there (`cos 0.87 < 0.999`).
+    pub reasons: Vec<String>,
+}
+
+impl std::fmt::Display for FirstOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}{} ({}, cos {:.6})",
+            self.op, self.at, self.cause, self.cos
+        )
+    }
+}
+
+/// A candidate's verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    pub red: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_op: Option<FirstOp>,
+    /// The lowest cosine of the final logits over positions (1 when the
+    /// trees are bitwise identical; none when no logits were tapped).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logits_min_cos: Option<f64>,
+    /// The diff's one-line summary.
+    pub summary: String,
+}
+
+/// Why a tree could not be judged: never a verdict.
+#[derive(Debug, thiserror::Error)]
+pub enum JudgeError {
+    #[error("{tree}: could not compare with the reference: {reason}")]
+    Diff { tree: PathBuf, reason: String },
+    /// The diff ran, but its outcome is not green or red (inconclusive, a
+    /// failed control).
+    #[error("{tree}: the diff against the reference is not a verdict ({outcome}): {summary}")]
+    NoVerdict {
+        tree: PathBuf,
+        outcome: String,
+        summary: String,
+    },
+}
+
+/// Compares trees against one reference with one tolerance.
+#[derive(Debug, Clone)]
+pub struct Judge {
+    pub reference: PathBuf,
+    pub tolerance: diff::Tolerance,
+}
+
+impl Judge {
+    pub fn judge(&self, tree: &Path) -> Result<Verdict, JudgeError> {
+        let fail = |reason: String| JudgeError::Diff {
+            tree: tree.to_path_buf(),
+            reason,
+        };
+        let reference =
+            capture::TreeReader::open(&self.reference).map_err(|e| fail(e.to_string()))?;
+        let candidate = capture::TreeReader::open(tree).map_err(|e| fail(e.to_string()))?;
+        let opts = diff::Options {
+            tolerance: self.tolerance.clone(),
+            ..Default::default()
+        };
+        let report =
+            diff::diff(&reference, &candidate, None, &opts).map_err(|e| fail(e.to_string()))?;
+        verdict(tree, &report)
+    }
+}
+
+fn verdict(tree: &Path, report: &diff::Report) -> Result<Verdict, JudgeError> {
+    use diff::Outcome;
+    let red = match report.outcome {
+        Outcome::Identical | Outcome::WithinTolerance => false,
+        Outcome::Diverged => true,
+        other => {
+            return Err(JudgeError::NoVerdict {
+                tree: tree.to_path_buf(),
+                outcome: format!("{other:?}").to_lowercase(),
+                summary: report.summary.clone(),
+            })
+        }
+    };
+    let first_op = report.first_divergence.map(|i| {
+        let row = &report.rows[i];
+        let worst = row.worst();
+        FirstOp {
+            op: row.name(),
+            at: worst.label(),
+            cause: match &row.cause {
+                Some(diff::report::Cause::Inherited { .. }) => "inherited".into(),
+                _ => "origin".into(),
+            },
+            cos: worst.metrics.cos,
+            reasons: row.reasons.clone(),
+        }
+    });
+    let logits_min_cos = if report.outcome == Outcome::Identical {
+        Some(1.0)
+    } else {
+        report
+            .rows
+            .iter()
+            .filter(|r| r.layer.is_none() && r.stage == "logits")
+            .flat_map(|r| r.positions.iter().map(|p| p.metrics.cos))
+            .reduce(f64::min)
+    };
+    Ok(Verdict {
+        red,
+        first_op,
+        logits_min_cos,
+        summary: report.summary.clone(),
+    })
+}

@@ -1,0 +1,572 @@
+//! `taptree bisect commits` and `taptree bisect switches`, end to end.
+//!
+//! The capture commands run this test binary itself in a helper mode
+//! (`capture_helper`, a no-op unless TAPTREE_TEST_HELPER is set), which writes
+//! a small llama-vocabulary tree with the capture API. Its parameters come
+//! from a file of the checked-out commit (`model.cfg`: which op family runs
+//! at q8) and from switch variables (`SW_*`), so the tests know exactly which
+//! commit and which op must be named.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const TAPTREE: &str = env!("CARGO_BIN_EXE_taptree");
+
+const LAYERS: u32 = 2;
+const POSITIONS: u32 = 3;
+const WIDTH: usize = 16;
+const VOCAB: usize = 32;
+
+fn value(stage: usize, layer: u32, pos: u32, i: usize) -> f32 {
+    ((i as f32) * 0.37 + (pos as f32) * 1.3 + (layer as f32) * 0.71 + (stage as f32) * 0.13).sin()
+}
+
+/// Writes the helper's tree to $TAPTREE_OUT. Perturbations:
+/// - `model.cfg` in the working directory, line `ffn_down=q8` (any llama
+///   stage): that stage, in every layer, plus the logits, are coarsely
+///   rounded; a line `broken` makes the "build" fail (exit 125);
+/// - SW_A=1 and SW_B=1 together: L1/ffn_up and the logits are far off;
+/// - SW_C=1: L0/attn moves by 3e-7 relative (within any tolerance);
+/// - SW_E=1: L0/q_proj and the logits are far off.
+#[test]
+fn capture_helper() {
+    if std::env::var_os("TAPTREE_TEST_HELPER").is_none() {
+        return;
+    }
+    let cfg = std::fs::read_to_string("model.cfg").unwrap_or_default();
+    if cfg.lines().any(|l| l.trim() == "broken") {
+        std::process::exit(125);
+    }
+    let q8: Vec<String> = cfg
+        .lines()
+        .filter_map(|l| l.trim().strip_suffix("=q8"))
+        .map(str::to_string)
+        .collect();
+    let on = |name: &str| std::env::var(name).as_deref() == Ok("1");
+    let pair = on("SW_A") && on("SW_B");
+    let nudge = on("SW_C");
+    let single = on("SW_E");
+
+    let stages = kernels::stages::llama();
+    let out = PathBuf::from(std::env::var_os("TAPTREE_OUT").expect("TAPTREE_OUT"));
+    let capture = capture::Capture::start(capture::CaptureOptions {
+        out,
+        selection: capture::Selection::all(),
+        force: false,
+        stages: stages.clone(),
+        run: capture::RunInfo::default(),
+    })
+    .expect("start capture");
+    let far = |v: f32, i: usize| v + 0.6 * ((i as f32) * 2.9).cos();
+    let coarse = |v: f32| (v * 4.0).round() / 4.0;
+    for pos in 0..POSITIONS {
+        // Forward order within a position: embedding, the layers, then
+        // final_norm and logits.
+        let mut order: Vec<(usize, Option<u32>)> = vec![(0, None)];
+        for layer in 0..LAYERS {
+            for (si, spec) in stages.iter().enumerate() {
+                if spec.scope == capture::Scope::Layer {
+                    order.push((si, Some(layer)));
+                }
+            }
+        }
+        for (si, spec) in stages.iter().enumerate().skip(1) {
+            if spec.scope == capture::Scope::Global {
+                order.push((si, None));
+            }
+        }
+        for (si, layer) in order {
+            let stage = stages[si].name.as_str();
+            let width = if stage == "logits" { VOCAB } else { WIDTH };
+            let data: Vec<f32> = (0..width)
+                .map(|i| {
+                    let mut v = value(si, layer.unwrap_or(0), pos, i);
+                    if !q8.is_empty() && (stage == "logits" || q8.iter().any(|s| s == stage)) {
+                        v = coarse(v);
+                    }
+                    if pair && (stage == "logits" || (stage == "ffn_up" && layer == Some(1))) {
+                        v = far(v, i);
+                    }
+                    if single && (stage == "logits" || (stage == "q_proj" && layer == Some(0))) {
+                        v = far(v, i);
+                    }
+                    if nudge && stage == "attn" && layer == Some(0) {
+                        v *= 1.0 + 3e-7;
+                    }
+                    v
+                })
+                .collect();
+            capture::tap(stage, layer, pos..pos + 1, None, &[1, width], &data);
+        }
+    }
+    capture.finish().expect("finish capture");
+}
+
+/// The command line that runs `capture_helper` in the current directory,
+/// appending one line to `log` per run.
+fn helper_command(log: &Path) -> String {
+    let exe = std::env::current_exe().unwrap();
+    format!(
+        "grep -qx broken model.cfg 2>/dev/null && exit 125; \
+         echo run >> '{}'; \
+         TAPTREE_TEST_HELPER=1 '{}' capture_helper --exact --quiet --test-threads=1 >/dev/null",
+        log.display(),
+        exe.display()
+    )
+}
+
+fn runs_logged(log: &Path) -> usize {
+    std::fs::read_to_string(log).map_or(0, |s| s.lines().count())
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .args(args)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        .output()
+        .expect("git");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A repository of 32 commits, `commit 1` .. `commit 32`: from commit 19 on,
+/// model.cfg runs ffn_down at q8; commit 24 does not build. Returns the ids.
+fn make_repo(dir: &Path) -> Vec<String> {
+    git(dir, &["init", "-q", "-b", "main"]);
+    let mut ids = Vec::new();
+    for k in 1..=32 {
+        let mut cfg = String::from("attn=f32\n");
+        cfg += if k >= 19 {
+            "ffn_down=q8\n"
+        } else {
+            "ffn_down=f32\n"
+        };
+        if k == 24 {
+            cfg += "broken\n";
+        }
+        std::fs::write(dir.join("model.cfg"), cfg).unwrap();
+        std::fs::write(dir.join("history.txt"), format!("{k}\n")).unwrap();
+        git(dir, &["add", "model.cfg", "history.txt"]);
+        git(dir, &["commit", "-q", "-m", &format!("commit {k}")]);
+        ids.push(git(dir, &["rev-parse", "HEAD"]));
+    }
+    ids
+}
+
+/// Captures a reference tree with the helper under `cfg`.
+fn reference(dir: &Path, cfg: &str, env: &[(&str, &str)]) -> PathBuf {
+    let work = dir.join("refwork");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("model.cfg"), cfg).unwrap();
+    let tree = dir.join("reference");
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(helper_command(&dir.join("reflog")))
+        .current_dir(&work)
+        .env("TAPTREE_OUT", &tree)
+        .envs(env.iter().copied())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    tree
+}
+
+fn taptree(dir: &Path, args: &[&str]) -> Output {
+    Command::new(TAPTREE)
+        .current_dir(dir)
+        .args(args)
+        .env_remove("TAPTREE_OUT")
+        .output()
+        .expect("run taptree")
+}
+
+fn text(o: &[u8]) -> String {
+    String::from_utf8_lossy(o).into_owned()
+}
+
+#[test]
+fn bisect_commits_names_commit_19_and_its_op_in_at_most_6_captures() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    let ids = make_repo(&repo);
+    let reference = reference(tmp.path(), "attn=f32\nffn_down=f32\n", &[]);
+    let log = tmp.path().join("captures.log");
+    let cmd = helper_command(&log);
+    let args = [
+        "bisect",
+        "commits",
+        "--good",
+        &ids[0],
+        "--bad",
+        "main",
+        "--reference",
+        reference.to_str().unwrap(),
+        "--capture",
+        &cmd,
+        "--json",
+    ];
+
+    let out = taptree(&repo, &args);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr:\n{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["answer"]["kind"], "first_bad", "{report:#}");
+    assert_eq!(report["answer"]["commit"], ids[18].as_str());
+    assert_eq!(report["answer"]["subject"], "commit 19");
+    assert_eq!(report["answer"]["first_op"]["op"], "L0/ffn_down");
+    assert_eq!(report["answer"]["first_op"]["cause"], "origin");
+
+    // At most 6 runs of the capture command, the skipped one included.
+    let runs = runs_logged(&log);
+    assert!(runs <= 6, "{runs} captures:\n{stderr}");
+    assert_eq!(
+        report["captures_run"].as_u64(),
+        Some(runs as u64 + 1),
+        "{report:#}"
+    );
+    // Commit 24 does not build: it was probed, skipped, and logged as such.
+    let steps = report["steps"].as_array().unwrap();
+    assert!(
+        steps
+            .iter()
+            .any(|s| s["subject"] == "commit 24" && s["verdict"] == "skip"),
+        "{report:#}"
+    );
+    assert!(stderr.contains("commit 24: skip"), "{stderr}");
+    assert!(
+        stderr.contains("commit 19: red at L0/ffn_down@"),
+        "{stderr}"
+    );
+
+    // The user's checkout, index and branch are as they were; no worktree left.
+    assert_eq!(git(&repo, &["status", "--porcelain"]), "");
+    assert_eq!(git(&repo, &["rev-parse", "--abbrev-ref", "HEAD"]), "main");
+    assert_eq!(git(&repo, &["rev-parse", "HEAD"]), ids[31]);
+    assert_eq!(
+        git(&repo, &["worktree", "list", "--porcelain"])
+            .matches("worktree ")
+            .count(),
+        1
+    );
+
+    // A second run recaptures nothing and gives the same answer.
+    let again = taptree(&repo, &args);
+    assert_eq!(again.status.code(), Some(1), "{}", text(&again.stderr));
+    assert_eq!(runs_logged(&log), runs, "the second run captured again");
+    let report2: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(report2["captures_run"], 0);
+    assert_eq!(report2["answer"], report["answer"]);
+    assert!(text(&again.stderr).contains("[cached]"));
+
+    // The report for people, again from the cache.
+    let text_out = taptree(&repo, &args[..args.len() - 1]);
+    assert_eq!(text_out.status.code(), Some(1));
+    let human = text(&text_out.stdout);
+    assert!(
+        human.contains(&format!("first bad commit: {} commit 19", ids[18])),
+        "{human}"
+    );
+    assert!(
+        human.contains("first diverging op: L0/ffn_down@"),
+        "{human}"
+    );
+}
+
+#[test]
+fn bisect_commits_refuses_a_good_commit_that_is_already_red() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    let ids = make_repo(&repo);
+    // A reference made at q8: the good commit (f32) diverges from it.
+    let reference = reference(tmp.path(), "attn=f32\nffn_down=q8\n", &[]);
+    let cmd = helper_command(&tmp.path().join("captures.log"));
+    let out = taptree(
+        &repo,
+        &[
+            "bisect",
+            "commits",
+            "--good",
+            &ids[0],
+            "--bad",
+            &ids[10],
+            "--reference",
+            reference.to_str().unwrap(),
+            "--capture",
+            &cmd,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("is already red against the reference"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("commit 1"), "{stdout}");
+}
+
+#[test]
+fn bisect_commits_refuses_a_bad_commit_that_is_green() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    let ids = make_repo(&repo);
+    let reference = reference(tmp.path(), "attn=f32\nffn_down=f32\n", &[]);
+    let cmd = helper_command(&tmp.path().join("captures.log"));
+    let out = taptree(
+        &repo,
+        &[
+            "bisect",
+            "commits",
+            "--good",
+            &ids[0],
+            "--bad",
+            &ids[9],
+            "--reference",
+            reference.to_str().unwrap(),
+            "--capture",
+            &cmd,
+            "--json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["answer"]["kind"], "bad_is_green");
+    assert_eq!(report["answer"]["subject"], "commit 10");
+}
+
+#[test]
+fn bisect_commits_stops_on_a_failing_capture_naming_commit_status_and_stderr() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    let ids = make_repo(&repo);
+    let reference = reference(tmp.path(), "attn=f32\nffn_down=f32\n", &[]);
+    let out = taptree(
+        &repo,
+        &[
+            "bisect",
+            "commits",
+            "--good",
+            &ids[0],
+            "--bad",
+            &ids[31],
+            "--reference",
+            reference.to_str().unwrap(),
+            "--capture",
+            "echo linker exploded >&2; exit 3",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("capture command failed (exit status 3)"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("linker exploded"), "{stderr}");
+    assert!(stderr.contains("commit 16"), "{stderr}");
+    // Nothing was cached for it, and no worktree is left behind.
+    assert_eq!(
+        git(&repo, &["worktree", "list", "--porcelain"])
+            .matches("worktree ")
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn bisect_commits_rejects_a_command_that_writes_no_tree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    let ids = make_repo(&repo);
+    let reference = reference(tmp.path(), "attn=f32\nffn_down=f32\n", &[]);
+    let out = taptree(
+        &repo,
+        &[
+            "bisect",
+            "commits",
+            "--good",
+            &ids[0],
+            "--bad",
+            &ids[31],
+            "--reference",
+            reference.to_str().unwrap(),
+            "--capture",
+            "mkdir -p \"$TAPTREE_OUT\"; touch \"$TAPTREE_OUT/x\"",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("exited 0 but wrote no complete tree"),
+        "{stderr}"
+    );
+}
+
+fn switch_args<'a>(reference: &'a str, cmd: &'a str, switches: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "bisect",
+        "switches",
+        "--reference",
+        reference,
+        "--capture",
+        cmd,
+    ];
+    for s in switches {
+        args.push("--switch");
+        args.push(s);
+    }
+    args
+}
+
+#[test]
+fn bisect_switches_names_a_pair_that_only_diverges_together() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = reference(tmp.path(), "", &[]);
+    let log = tmp.path().join("captures.log");
+    let cmd = helper_command(&log);
+    let cache = tmp.path().join("arms");
+    let mut args = switch_args(
+        reference.to_str().unwrap(),
+        &cmd,
+        &["SW_C=0,1", "SW_A=0,1", "SW_D=0,1", "SW_B=0,1"],
+    );
+    args.extend(["--cache", cache.to_str().unwrap()]);
+
+    let out = taptree(tmp.path(), &args);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    // The arms table: all off and every single switch green, all on red.
+    let row = |label: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{label} ")))
+            .unwrap_or_else(|| panic!("no arm {label:?} in\n{stdout}"))
+            .to_string()
+    };
+    for label in ["all off", "SW_C=1", "SW_A=1", "SW_D=1", "SW_B=1"] {
+        assert!(row(label).contains(" green "), "{}", row(label));
+    }
+    assert!(row("all on").contains(" red "), "{stdout}");
+    assert!(row("all on").contains("L1/ffn_up@"), "{stdout}");
+    assert!(
+        stdout.contains("no single switch diverges alone"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "minimal culprit set (delta debugging): SW_A=1 SW_B=1 (first diverging op: L1/ffn_up@"
+        ),
+        "{stdout}"
+    );
+
+    // JSON, from the cache: nothing is captured again.
+    let runs = runs_logged(&log);
+    args.push("--json");
+    let out = taptree(tmp.path(), &args);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(runs_logged(&log), runs);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["captures_run"], 0);
+    assert_eq!(report["answer"]["kind"], "set");
+    assert_eq!(
+        report["answer"]["culprit"]["switches"],
+        serde_json::json!(["SW_A=1", "SW_B=1"])
+    );
+    assert_eq!(report["answer"]["culprit"]["first_op"]["op"], "L1/ffn_up");
+    let singles: Vec<&Value> = report["arms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["kind"] == "single")
+        .collect();
+    assert_eq!(singles.len(), 4);
+    assert!(singles.iter().all(|a| a["verdict"] == "green"));
+}
+
+#[test]
+fn bisect_switches_names_a_single_culprit_without_ddmin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = reference(tmp.path(), "", &[]);
+    let cmd = helper_command(&tmp.path().join("captures.log"));
+    let args = switch_args(
+        reference.to_str().unwrap(),
+        &cmd,
+        &["SW_C=0,1", "SW_E=0,1", "SW_A=0,1"],
+    );
+    let out = taptree(tmp.path(), &args);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert!(
+        stdout.contains("culprit: SW_E=1 alone (first diverging op: L0/q_proj@"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("delta debugging"), "{stdout}");
+    // SW_C moves a tap by 3e-7: within tolerance, green; under --bitwise, red.
+    let mut bitwise = args.clone();
+    bitwise.push("--bitwise");
+    bitwise.push("--json");
+    let out = taptree(tmp.path(), &bitwise);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let culprits: Vec<&str> = report["answer"]["culprits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["switches"][0].as_str().unwrap())
+        .collect();
+    assert_eq!(culprits, ["SW_C=1", "SW_E=1"], "{report:#}");
+}
+
+#[test]
+fn bisect_switches_says_when_nothing_diverges_and_when_all_off_already_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = reference(tmp.path(), "", &[]);
+    let cmd = helper_command(&tmp.path().join("captures.log"));
+    let out = taptree(
+        tmp.path(),
+        &switch_args(reference.to_str().unwrap(), &cmd, &["SW_C=0,1", "SW_D=0,1"]),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("no arm diverges from the reference"));
+
+    // SW_E's "off" value is 1 here: the baseline itself is red.
+    let out = taptree(
+        tmp.path(),
+        &switch_args(reference.to_str().unwrap(), &cmd, &["SW_E=1,0"]),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stdout).contains("all off already diverges from the reference"));
+}
+
+#[test]
+fn bisect_switches_rejects_a_malformed_switch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = reference(tmp.path(), "", &[]);
+    let out = taptree(
+        tmp.path(),
+        &switch_args(reference.to_str().unwrap(), "true", &["SW_A=1"]),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--switch \"SW_A=1\": expected NAME=OFF,ON"));
+}
