@@ -1,9 +1,185 @@
-//! `taptree diff` (not implemented yet).
+//! `taptree diff A B`: the first diverging op, metrics, truth, controls.
 
-/// Arguments of `taptree diff`.
+use crate::exit;
+use capture::TreeReader;
+use diff::controls::{self, At};
+use diff::render::table::{Sort, TableOptions};
+use diff::{Options, Progress, Tolerance};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+/// Compare two trees: first diverging op, metrics, truth.
+///
+/// Prints one row per (layer, stage) in forward order (runs of bitwise-equal
+/// rows folded), names the first op whose worst position leaves tolerance,
+/// says for each red row whether it originated the divergence or inherited
+/// it, ranks ops by error growth and, with --truth, says which side is wrong.
+/// Exit 0 identical or within tolerance, 1 diverged, 2 could not compare
+/// (missing or incomplete tree, corrupt file, failed control, degenerate
+/// agreement).
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// The reference tree.
+    pub a: PathBuf,
+    /// The tree compared with it.
+    pub b: PathBuf,
+    /// When two tensors agree: `cos>=0.999`, `ulp<=4`, `abs<=1e-3|rel<=1e-2`,
+    /// combined with & (binds tighter) and |, parentheses to group. Metrics:
+    /// cos abs rel rmse nmse sqnr ulp eq argmax; `bitwise` means exact.
+    #[arg(short, long, value_name = "EXPR", default_value = diff::tolerance::DEFAULT)]
+    pub tolerance: String,
+    /// Exact agreement only: every element bitwise equal.
+    #[arg(long, conflicts_with = "tolerance")]
+    pub bitwise: bool,
+    /// A higher-precision tree of the same forward (f64): for each red row,
+    /// the error of A and of B against it and which side is closer.
+    #[arg(long, value_name = "TREE")]
+    pub truth: Option<PathBuf>,
+    /// Also run the SELF, PERTURBED and FIXTURE VALIDITY controls; a failed
+    /// control exits 2.
+    #[arg(long)]
+    pub controls: bool,
+    /// Where PERTURBED plants its change (`L3/ffn_down@2`); default the
+    /// middle of the forward.
+    #[arg(long, value_name = "KEY", requires = "controls")]
+    pub perturb_at: Option<String>,
+    /// Compare only slot N of A (`none`: the taps without a slot) ...
+    #[arg(long, value_name = "N|none")]
+    pub slot_a: Option<String>,
+    /// ... against slot M of B.
+    #[arg(long, value_name = "M|none")]
+    pub slot_b: Option<String>,
+    /// The report as JSON on stdout (schema in docs/GUIDE.md).
+    #[arg(long)]
+    pub json: bool,
+    /// Also write a self-contained HTML report (layer × stage heatmap).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// Every metric column: max rel, RMSE, NMSE, SQNR, max ULP, equal, argmax.
+    #[arg(short = 'm', long)]
+    pub all_metrics: bool,
+    /// Row order: forward, or growth (largest error jump first).
+    #[arg(long, value_enum, default_value = "forward")]
+    pub sort: SortArg,
+    /// Only the red rows.
+    #[arg(long)]
+    pub only_red: bool,
+    /// How many error-growth jumps to name.
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    pub growth_top: usize,
+    /// Color: auto (only on a terminal), always, never.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub color: ColorArg,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<u8> {
-    anyhow::bail!("`taptree diff` is not implemented yet")
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum SortArg {
+    Forward,
+    Growth,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ColorArg {
+    Auto,
+    Always,
+    Never,
+}
+
+fn slot(flag: &str, v: &Option<String>) -> anyhow::Result<Option<Option<u32>>> {
+    match v.as_deref() {
+        None => Ok(None),
+        Some("none") => Ok(Some(None)),
+        Some(n) => n
+            .parse()
+            .map(|n| Some(Some(n)))
+            .map_err(|_| anyhow::anyhow!("{flag} {n:?}: expected a slot number or `none`")),
+    }
+}
+
+/// A progress bar on stderr, drawn only when stderr is a terminal.
+struct Bar(indicatif::ProgressBar);
+
+impl Progress for Bar {
+    fn start(&self, total: u64) {
+        self.0.set_length(total);
+    }
+    fn advance(&self, bytes: u64) {
+        self.0.inc(bytes);
+    }
+    fn finish(&self) {
+        self.0.finish_and_clear();
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<u8> {
+    let tolerance = if args.bitwise {
+        Tolerance::bitwise()
+    } else {
+        Tolerance::parse(&args.tolerance)?
+    };
+    let perturb_at = match &args.perturb_at {
+        Some(s) => Some(At::parse(s).ok_or_else(|| {
+            anyhow::anyhow!("--perturb-at {s:?}: expected a key like L3/ffn_down@2 or logits@0")
+        })?),
+        None => None,
+    };
+    let (slot_a, slot_b) = (
+        slot("--slot-a", &args.slot_a)?,
+        slot("--slot-b", &args.slot_b)?,
+    );
+    let a = TreeReader::open(&args.a)?;
+    let b = TreeReader::open(&args.b)?;
+    let truth = args.truth.as_ref().map(TreeReader::open).transpose()?;
+
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let pb = indicatif::ProgressBar::new(0);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
+            )
+            .expect("a valid template"),
+        );
+        Bar(pb)
+    });
+    let opts = Options {
+        tolerance,
+        slot_a,
+        slot_b,
+        progress: bar.as_ref().map(|b| b as &(dyn Progress + Sync)),
+    };
+    let mut report = diff::diff(&a, &b, truth.as_ref().map(|t| t as &dyn diff::Tree), &opts)?;
+    if args.controls {
+        let c = controls::run(&a, &b, &opts, perturb_at.as_ref())?;
+        controls::attach(&mut report, c);
+    }
+
+    if let Some(path) = &args.html {
+        std::fs::write(path, diff::render::html::render(&report))
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    if args.json {
+        print!("{}", diff::render::json::render(&report));
+    } else {
+        let color = match args.color {
+            ColorArg::Always => true,
+            ColorArg::Never => false,
+            ColorArg::Auto => std::io::stdout().is_terminal(),
+        };
+        let table = TableOptions {
+            color,
+            all_metrics: args.all_metrics,
+            sort: match args.sort {
+                SortArg::Forward => Sort::Forward,
+                SortArg::Growth => Sort::Growth,
+            },
+            only_red: args.only_red,
+            growth_top: args.growth_top,
+        };
+        print!("{}", diff::render::table::render(&report, &table));
+    }
+    Ok(match report.outcome.exit_code() {
+        0 => exit::OK,
+        1 => exit::DIVERGED,
+        _ => exit::COULD_NOT_COMPARE,
+    })
 }
