@@ -1,0 +1,329 @@
+//! `taptree diff` and `taptree stat` end to end: exit codes 0/1/2, the named
+//! first divergence, JSON and HTML output, controls, truth, bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+const LAYERS: u32 = 2;
+const POSITIONS: u32 = 3;
+const WIDTH: usize = 300;
+
+/// One capture may be armed per process.
+static CAPTURE: Mutex<()> = Mutex::new(());
+
+fn value(stage: &str, layer: Option<u32>, pos: u32, i: usize) -> f32 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in stage.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    h ^= (layer.map_or(99, |l| l as u64) << 32) ^ ((pos as u64) << 16) ^ i as u64;
+    h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h = (h ^ (h >> 33)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    ((h >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+/// Writes a fixture tree (the llama vocabulary, decode order) whose values
+/// pass through `edit(stage, layer, pos, values)`.
+fn tree<T: capture::TapElem>(
+    out: &Path,
+    convert: impl Fn(f32) -> T,
+    mut edit: impl FnMut(&str, Option<u32>, u32, &mut Vec<f32>),
+) {
+    let _turn = CAPTURE.lock().unwrap_or_else(|p| p.into_inner());
+    let vocab = kernels::stages::llama();
+    let cap = capture::Capture::start(capture::CaptureOptions {
+        out: out.to_path_buf(),
+        selection: capture::Selection::all(),
+        force: true,
+        stages: vocab.clone(),
+        run: capture::RunInfo {
+            model: "fixture".into(),
+            backend: "test".into(),
+            ..Default::default()
+        },
+    })
+    .unwrap();
+    for pos in 0..POSITIONS {
+        let mut order: Vec<(String, Option<u32>)> = vec![("embedding".into(), None)];
+        for l in 0..LAYERS {
+            for s in vocab.iter().filter(|s| s.scope == capture::Scope::Layer) {
+                order.push((s.name.clone(), Some(l)));
+            }
+        }
+        order.push(("final_norm".into(), None));
+        order.push(("logits".into(), None));
+        for (stage, layer) in order {
+            let mut v: Vec<f32> = (0..WIDTH).map(|i| value(&stage, layer, pos, i)).collect();
+            edit(&stage, layer, pos, &mut v);
+            let data: Vec<T> = v.iter().map(|&x| convert(x)).collect();
+            capture::tap(&stage, layer, pos..pos + 1, None, &[1, WIDTH], &data);
+        }
+    }
+    cap.finish().unwrap();
+}
+
+fn plain(out: &Path) {
+    tree(out, |x| x, |_, _, _, _| {});
+}
+
+fn taptree(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_taptree"))
+        .args(args.iter().map(|a| a.as_ref()))
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    let (a, b) = (d.path().join("a"), d.path().join("b"));
+    (d, a, b)
+}
+
+#[test]
+fn identical_trees_exit_0_bitwise_identical() {
+    let (_d, a, b) = dirs();
+    plain(&a);
+    plain(&b);
+    let o = taptree(&[&"diff", &a, &b]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(out.contains("bitwise identical: 99 tensors"), "{out}");
+}
+
+#[test]
+fn diverged_trees_exit_1_naming_the_first_op_and_position() {
+    let (_d, a, b) = dirs();
+    plain(&a);
+    tree(
+        &b,
+        |x| x,
+        |stage, layer, pos, v| {
+            if layer == Some(1) && pos == 2 && stage == "ffn_down" {
+                v[7] += 3.0;
+            }
+            // Everything after it carries the error too.
+            if layer == Some(1) && pos == 2 && stage == "post_ffn_residual" {
+                v[7] += 3.0;
+            }
+        },
+    );
+    let o = taptree(&[&"diff", &a, &b, &"--color", &"never"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(
+        out.contains("first diverging op: L1/ffn_down@2 (origin)"),
+        "{out}"
+    );
+    assert!(out.contains("inherited <- L1/ffn_down"), "{out}");
+    assert!(out.contains("rows bitwise equal"), "{out}");
+    assert!(!out.contains("\x1b["), "no color when not a terminal");
+
+    let o = taptree(&[&"diff", &a, &b, &"--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["outcome"], "diverged");
+    let i = v["first_divergence"].as_u64().unwrap() as usize;
+    assert_eq!(v["rows"][i]["stage"], "ffn_down");
+    assert_eq!(
+        v["rows"][i]["positions"][v["rows"][i]["worst"].as_u64().unwrap() as usize]["pos"],
+        2
+    );
+    assert_eq!(v["schema"], 1);
+}
+
+#[test]
+fn a_three_percent_magnitude_error_exits_1_with_the_default_tolerance() {
+    let (_d, a, b) = dirs();
+    plain(&a);
+    tree(
+        &b,
+        |x| x,
+        |stage, layer, _, v| {
+            if layer == Some(0) && stage == "attn" {
+                v.iter_mut().for_each(|x| *x *= 1.03);
+            }
+        },
+    );
+    let o = taptree(&[&"diff", &a, &b]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o).0);
+    let o = taptree(&[&"diff", &a, &b, &"-t", &"cos>=0.999"]);
+    assert_eq!(o.status.code(), Some(0), "cosine alone is blind to scale");
+}
+
+#[test]
+fn incomplete_missing_and_corrupt_trees_exit_2_naming_the_file() {
+    let (d, a, b) = dirs();
+    plain(&a);
+    plain(&b);
+    // Incomplete: no manifest.
+    let inc = d.path().join("incomplete");
+    std::fs::create_dir_all(inc.join("L000")).unwrap();
+    std::fs::write(inc.join(".taptree"), "").unwrap();
+    std::fs::write(inc.join("L000/attn.p0-1.safetensors"), b"junk").unwrap();
+    let o = taptree(&[&"diff", &a, &inc]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        err.contains("incomplete") && err.contains("incomplete capture"),
+        "{err}"
+    );
+    // Missing.
+    let o = taptree(&[&"diff", &a, &d.path().join("nope")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).1.contains("nope"), "{}", text(&o).1);
+    // Corrupt: a tap file of B truncated, in a tap that differs from A's.
+    tree(
+        &b,
+        |x| x,
+        |stage, layer, pos, v| {
+            if layer == Some(0) && pos == 0 && stage == "q_proj" {
+                v[0] = 9.0;
+            }
+        },
+    );
+    let f = b.join("L000/q_proj.p0-1.safetensors");
+    let len = std::fs::metadata(&f).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+    file.set_len(len - 100).unwrap();
+    let o = taptree(&[&"diff", &a, &b]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{out}{err}");
+    assert!(err.contains("q_proj.p0-1.safetensors"), "{err}");
+}
+
+#[test]
+fn bad_tolerance_exits_2_quoting_the_bad_part() {
+    let (_d, a, _) = dirs();
+    plain(&a);
+    let o = taptree(&[&"diff", &a, &a, &"-t", &"cos>=0.999 & nsme<=1"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).1.contains("\"nsme<=1\""), "{}", text(&o).1);
+}
+
+#[test]
+fn controls_pass_on_sound_trees_and_fail_on_degenerate_ones() {
+    let (d, a, b) = dirs();
+    plain(&a);
+    tree(
+        &b,
+        |x| x,
+        |stage, layer, _, v| {
+            if layer == Some(1) && stage == "q_rope" {
+                v[0] += 1e-6;
+            }
+        },
+    );
+    let o = taptree(&[&"diff", &a, &b, &"--controls"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(out.contains("control SELF: passed"), "{out}");
+    assert!(
+        out.contains("control PERTURBED: passed: planted change at L1/"),
+        "{out}"
+    );
+    assert!(out.contains("control FIXTURE VALIDITY: passed"), "{out}");
+    let o = taptree(&[&"diff", &a, &b, &"--controls", &"--perturb-at", &"logits@1"]);
+    assert!(text(&o)
+        .0
+        .contains("planted change at logits@1: named exactly"));
+
+    // Both sides all zero at one tap: agreement that proves nothing.
+    let (z1, z2) = (d.path().join("z1"), d.path().join("z2"));
+    let zero = |stage: &str, layer: Option<u32>, _: u32, v: &mut Vec<f32>| {
+        if layer == Some(0) && stage == "v_proj" {
+            v.iter_mut().for_each(|x| *x = 0.0);
+        }
+    };
+    tree(&z1, |x| x, zero);
+    tree(
+        &z2,
+        |x| x,
+        |s, l, p, v| {
+            zero(s, l, p, v);
+            if l == Some(1) && s == "ffn_up" {
+                v[1] += 1e-7;
+            }
+        },
+    );
+    let o = taptree(&[&"diff", &z1, &z2, &"--controls"]);
+    let (out, _) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{out}");
+    assert!(out.contains("control FIXTURE VALIDITY: FAILED"), "{out}");
+    assert!(out.contains("A L0/v_proj@0 is all zero"), "{out}");
+}
+
+#[test]
+fn truth_names_the_inaccurate_side_and_html_is_written() {
+    let (d, a, b) = dirs();
+    let t = d.path().join("t");
+    plain(&a);
+    tree(&t, |x| x as f64, |_, _, _, _| {});
+    tree(
+        &b,
+        |x| x,
+        |stage, layer, _, v| {
+            if layer == Some(1) && stage == "o_proj" {
+                v.iter_mut()
+                    .enumerate()
+                    .for_each(|(i, x)| *x += 0.05 * value("n", None, 0, i));
+            }
+        },
+    );
+    let html = d.path().join("report.html");
+    let o = taptree(&[&"diff", &a, &b, &"--truth", &t, &"--html", &html, &"-m"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(
+        out.contains("truth: B is the inaccurate side at L1/o_proj@"),
+        "{out}"
+    );
+    assert!(out.contains("sqnr dB"), "{out}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<table class=\"heat\">") && page.contains("L1/o_proj"));
+}
+
+#[test]
+fn stat_shows_the_crushed_block_of_a_massive_activation() {
+    let (_d, a, _) = dirs();
+    tree(
+        &a,
+        |x| x,
+        |stage, layer, pos, v| {
+            if layer == Some(1) && stage == "ffn_norm" && pos == 0 {
+                v[260] = -3664.0;
+            }
+        },
+    );
+    let o = taptree(&[&"stat", &a, &"--at", &"L1/ffn_norm@0"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.starts_with("L1/ffn_norm@"))
+            .count(),
+        1,
+        "{out}"
+    );
+    assert!(out.contains("260:-3664"), "{out}");
+    assert!(
+        out.contains("1/2 x"),
+        "one of two 256-blocks crushed: {out}"
+    );
+    let o = taptree(&[&"stat", &a, &"--at", &"L1/ffn_norm@1", &"--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["taps"][0]["positions"][0]["blocks"][0]["crushed"], 0);
+    let o = taptree(&[&"stat", &a, &"--at", &"L9/ffn_norm"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).1.contains("no tap \"L9/ffn_norm\""),
+        "{}",
+        text(&o).1
+    );
+}
