@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Benchmarks of `taptree diff`, in one run, ratios printed:
+#   1. full-metric throughput on two ~1 GB trees that differ everywhere,
+#      from the page cache (target >= 1 GB/s on 2 cores);
+#   2. the same comparison by scripts/numpy_diff.py (target: taptree >= 10x);
+#   3. diff time when 1% of the taps differ (target <= 5% of case 1).
+# The trees are written by the capture API (diff/examples/bench_trees.rs)
+# into a temporary directory and deleted afterwards.
+#
+# usage: scripts/bench_diff.sh [MB per tree, default 1024] [runs, default 5]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mb=${1:-1024}
+runs=${2:-5}
+
+cargo build --release --quiet --bin taptree
+cargo build --release --quiet -p diff --example bench_trees
+taptree=target/release/taptree
+dir=$(mktemp -d "${TMPDIR:-/tmp}/taptree-bench.XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+
+target/release/examples/bench_trees "$dir" "$mb"
+# Warm the page cache: the targets are "from page cache".
+cat "$dir"/A/*/* "$dir"/B/*/* "$dir"/C/*/* > /dev/null
+
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+time_diff() { # A B -> seconds of one `taptree diff --json` (exit 1 is a finding)
+    local s e
+    s=$(date +%s.%N)
+    "$taptree" diff "$1" "$2" --json > /dev/null || [ $? -eq 1 ]
+    e=$(date +%s.%N)
+    echo "$e - $s" | bc -l
+}
+
+bytes=$(python3 -c "import json,sys; print(sum(e['bytes'] for t in sys.argv[1:] for e in json.load(open(t+'/manifest.json'))['entries']))" "$dir/A" "$dir/B")
+full=$(for _ in $(seq "$runs"); do time_diff "$dir/A" "$dir/B"; done | median)
+skip=$(for _ in $(seq "$runs"); do time_diff "$dir/A" "$dir/C"; done | median)
+np=$(for _ in $(seq 3); do python3 scripts/numpy_diff.py "$dir/A" "$dir/B" | python3 -c "import json,sys; print(json.load(sys.stdin)['seconds'])"; done | median)
+
+awk -v b="$bytes" -v full="$full" -v skip="$skip" -v np="$np" -v runs="$runs" 'BEGIN {
+    printf "trees: A and B %.0f MB each (%d bytes read in all), %d runs, medians\n", b/2/1048576, b, runs
+    printf "taptree diff A B (all taps differ):  %.3f s  %.2f GB/s (A+B bytes)\n", full, b/full/1e9
+    printf "numpy_diff.py A B:                   %.3f s  %.3f GB/s\n", np, b/np/1e9
+    printf "speedup over numpy:                  %.1fx\n", np/full
+    printf "taptree diff A C (1%% of taps differ): %.3f s  = %.1f%% of the all-differ time\n", skip, 100*skip/full
+}'
