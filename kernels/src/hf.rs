@@ -377,3 +377,44 @@ fn hf_tokenizer(dir: &Path, path: &Path, config: &Json) -> Result<Tokenizer, Loa
         .map(str::to_string);
     Ok(tok)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_permutation_matches_llama_cpp_converter() {
+        // numpy: np.arange(16).reshape(2, 2, 4, 1).swapaxes(1, 2).reshape(16)
+        let rows: Vec<u8> = (0..16).collect();
+        assert_eq!(
+            permute_rope_rows(&rows, 2, 16, 1),
+            [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15]
+        );
+        assert_eq!(
+            unpermute_rope_rows(&permute_rope_rows(&rows, 2, 16, 1), 2, 16, 1),
+            rows
+        );
+        // rows of several bytes move whole
+        let wide: Vec<u8> = (0..8).collect();
+        assert_eq!(permute_rope_rows(&wide, 1, 4, 2), [0, 1, 4, 5, 2, 3, 6, 7]);
+    }
+
+    #[test]
+    fn config_errors_name_the_key() {
+        let p = Path::new("m/config.json");
+        let e = config_from_json(p, &serde_json::json!({"model_type": "gpt_neox"})).unwrap_err();
+        assert!(
+            e.to_string().contains("\"gpt_neox\" is not supported"),
+            "{e}"
+        );
+        let e = config_from_json(
+            p,
+            &serde_json::json!({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 3}),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().starts_with("m/config.json: hidden_size"),
+            "{e}"
+        );
+    }
+}

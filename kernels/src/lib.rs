@@ -5,6 +5,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod fetch;
+pub mod fixtures;
 pub mod forward;
 pub mod gguf;
 pub mod hf;

@@ -169,3 +169,18 @@ fn every_tensor_of_smollm2_matches_gguf_python() {
     );
     assert_eq!(mismatches(&rust, &python), Vec::<String>::new());
 }
+
+#[test]
+fn fixture_models_read_by_gguf_python_match() {
+    if !gguf_python::python_has(&["numpy", "gguf"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for name in kernels::fixtures::NAMES {
+        let path = kernels::fixtures::write(name, dir.path()).unwrap();
+        let rust = rust_hashes(&GgufFile::open(&path).unwrap());
+        let python = python_hashes(&path);
+        assert_eq!(rust.len(), python.len(), "{name}");
+        assert_eq!(mismatches(&rust, &python), Vec::<String>::new(), "{name}");
+    }
+}

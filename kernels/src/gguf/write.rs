@@ -104,6 +104,14 @@ impl GgufWriter {
         let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
         let mut tmp = tempfile::NamedTempFile::new_in(dir.unwrap_or(Path::new("."))).map_err(io)?;
         tmp.write_all(&self.to_bytes()).map_err(io)?;
+        // A temporary file is private (0600); a model file is not.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            tmp.as_file()
+                .set_permissions(std::fs::Permissions::from_mode(0o644))
+                .map_err(io)?;
+        }
         tmp.persist(path).map_err(|e| io(e.error))?;
         Ok(())
     }

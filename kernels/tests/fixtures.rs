@@ -1,0 +1,196 @@
+//! The tiny fixture models: GGUF and HF forms load to the same weights, the
+//! build is deterministic, and the planted outlier does what the docs say.
+
+use kernels::fixtures::{self, OUTLIER_DIM, OUTLIER_TOKEN, OUTLIER_VALUE};
+use kernels::load::{load_model, LoadedModel, ModelFormat};
+use kernels::{GgmlType, ModelWeights, QTensor};
+
+fn tensors(m: &ModelWeights) -> Vec<&QTensor> {
+    let mut v = vec![&m.token_embd, &m.output_norm];
+    v.extend(m.output.as_ref());
+    for l in &m.layers {
+        v.extend([
+            &l.attn_norm,
+            &l.wq,
+            &l.wk,
+            &l.wv,
+            &l.wo,
+            &l.ffn_norm,
+            &l.w_gate,
+            &l.w_up,
+            &l.w_down,
+        ]);
+    }
+    v
+}
+
+/// Names of tensors whose dequantized values differ in any bit.
+fn differing(a: &LoadedModel, b: &LoadedModel) -> Vec<String> {
+    tensors(&a.weights)
+        .into_iter()
+        .zip(tensors(&b.weights))
+        .filter(|(x, y)| {
+            let (fx, fy) = (x.to_f32().unwrap(), y.to_f32().unwrap());
+            x.shape != y.shape
+                || fx
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .ne(fy.iter().map(|v| v.to_bits()))
+        })
+        .map(|(x, _)| x.name.clone())
+        .collect()
+}
+
+#[test]
+fn gguf_and_hf_forms_load_to_the_same_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in fixtures::NAMES {
+        let g = load_model(fixtures::write(name, dir.path()).unwrap()).unwrap();
+        let h = load_model(fixtures::write_hf(name, dir.path()).unwrap()).unwrap();
+        assert_eq!(g.source.format, ModelFormat::Gguf);
+        assert_eq!(h.source.format, ModelFormat::HfSafetensors);
+        assert_eq!(g.weights.config, h.weights.config, "{name}");
+        assert_eq!(g.weights.config, fixtures::config(name).unwrap());
+        assert_eq!(g.weights.output.is_some(), h.weights.output.is_some());
+        assert_eq!(differing(&g, &h), Vec::<String>::new(), "{name}");
+
+        let (gt, ht) = (g.tokenizer.unwrap(), h.tokenizer.unwrap());
+        for text in ["Hello, world! 123", "<|im_start|>user\nhé<|im_end|>\n", ""] {
+            assert_eq!(
+                gt.encode(text).unwrap(),
+                ht.encode(text).unwrap(),
+                "{text:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_comparison_sees_a_single_changed_weight() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = load_model(fixtures::write("tiny-f32", dir.path()).unwrap()).unwrap();
+    let mut h = load_model(fixtures::write_hf("tiny-f32", dir.path()).unwrap()).unwrap();
+    h.weights.layers[1].wk.data[5] ^= 1;
+    assert_eq!(differing(&g, &h), vec!["blk.1.attn_k.weight".to_string()]);
+}
+
+#[test]
+fn fixtures_are_deterministic_and_typed_as_documented() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for name in fixtures::NAMES {
+        let pa = fixtures::write(name, a.path()).unwrap();
+        let pb = fixtures::write(name, b.path()).unwrap();
+        assert_eq!(
+            std::fs::read(&pa).unwrap(),
+            std::fs::read(&pb).unwrap(),
+            "{name}"
+        );
+    }
+    let q = load_model(fixtures::write("tiny-q", a.path()).unwrap()).unwrap();
+    assert_eq!(q.weights.token_embd.ggml_type, GgmlType::Q8_0);
+    assert_eq!(q.weights.layers[2].w_up.ggml_type, GgmlType::Q4_1);
+    assert!(q.weights.output.is_none());
+    let c = &q.weights.config;
+    assert!(c.n_head > c.n_head_kv, "GQA is exercised");
+    assert!(fixtures::write("tiny-huge", a.path())
+        .unwrap_err()
+        .to_string()
+        .contains("unknown fixture \"tiny-huge\""));
+}
+
+#[test]
+fn fixture_tokenizer_is_byte_level_with_bos() {
+    let tok = fixtures::tokenizer().unwrap();
+    assert_eq!(tok.encode("A").unwrap(), [0, 3 + b'A' as u32]);
+    assert_eq!(tok.encode(" é").unwrap(), [0, 3 + 0x20, 3 + 0xC3, 3 + 0xA9]);
+    assert_eq!(
+        tok.decode(&tok.encode("héllo\n").unwrap()[1..]).unwrap(),
+        "héllo\n"
+    );
+    let chat = tok.encode_chat("hi").unwrap();
+    assert_eq!(&chat[..2], &[0, 1]);
+    assert_eq!(tok.vocab_size(), 259);
+}
+
+fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let ms = x.iter().map(|v| (v * v) as f64).sum::<f64>() / x.len() as f64;
+    let r = 1.0 / (ms + eps as f64).sqrt();
+    x.iter()
+        .zip(w)
+        .map(|(v, g)| (*v as f64 * r) as f32 * g)
+        .collect()
+}
+
+/// Symmetric int8 quantization of one block, dequantized back.
+fn int8_block(x: &[f32]) -> Vec<f32> {
+    let d = x.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+    x.iter().map(|v| (v / d).round() * d).collect()
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum()
+}
+
+#[test]
+fn the_planted_outlier_is_crushed_by_int8_blocks() {
+    let m = fixtures::weights("tiny-outlier").unwrap();
+    let n = m.config.n_embd;
+    let emb = m.token_embd.to_f32().unwrap();
+    let row0 = &emb[OUTLIER_TOKEN as usize * n..][..n];
+    assert_eq!(row0[OUTLIER_DIM], OUTLIER_VALUE);
+    assert!(
+        emb[n..].iter().all(|v| v.abs() <= 1.0),
+        "only token 0 is massive"
+    );
+
+    let normed = rms_norm(row0, &m.layers[0].attn_norm.to_f32().unwrap(), 1e-5);
+    assert!(normed[OUTLIER_DIM] < -6.0);
+    let crushed = int8_block(&normed[..32]);
+    let survivors = (0..32)
+        .filter(|&i| i != OUTLIER_DIM && crushed[i] != 0.0)
+        .count();
+    assert_eq!(survivors, 0, "the other 31 values of block 0 round to zero");
+
+    // The Q projection reads nothing from the outlier dimension, so its
+    // output at position 0 changes substantially once block 0 is crushed.
+    let wq = m.layers[0].wq.to_f32().unwrap();
+    assert!(wq.chunks(n).all(|row| row[OUTLIER_DIM] == 0.0));
+    let mut q8 = crushed;
+    q8.extend(int8_block(&normed[32..]));
+    let (exact, approx): (Vec<f32>, Vec<f32>) = wq
+        .chunks(n)
+        .map(|row| (dot(row, &normed) as f32, dot(row, &q8) as f32))
+        .unzip();
+    let cos = dot(&exact, &approx) / (dot(&exact, &exact) * dot(&approx, &approx)).sqrt();
+    assert!(cos < 0.95, "q_proj cosine after crushing: {cos}");
+
+    // Other tokens are not crushed: their int8 round trip stays close.
+    let normed1 = rms_norm(
+        &emb[n..2 * n],
+        &m.layers[0].attn_norm.to_f32().unwrap(),
+        1e-5,
+    );
+    let q1: Vec<f32> = normed1.chunks(32).flat_map(int8_block).collect();
+    let cos1 = dot(&normed1, &q1) / (dot(&normed1, &normed1) * dot(&q1, &q1)).sqrt();
+    assert!(cos1 > 0.9999, "{cos1}");
+}
+
+#[test]
+fn hf_checkpoint_errors_name_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = fixtures::write_hf("tiny-f32", dir.path()).unwrap();
+    let st = hf.join("model.safetensors");
+    let bytes = std::fs::read(&st).unwrap();
+    std::fs::write(&st, &bytes[..bytes.len() / 2]).unwrap();
+    let e = load_model(&hf).unwrap_err().to_string();
+    assert!(
+        e.starts_with(&st.display().to_string()) && e.contains("not a safetensors file"),
+        "{e}"
+    );
+    std::fs::remove_file(&st).unwrap();
+    let e = load_model(&hf).unwrap_err().to_string();
+    assert!(e.contains("no *.safetensors files"), "{e}");
+    std::fs::write(hf.join("config.json"), "{").unwrap();
+    let e = load_model(&hf).unwrap_err().to_string();
+    assert!(e.contains("config.json: invalid JSON"), "{e}");
+}
