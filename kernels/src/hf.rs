@@ -339,6 +339,7 @@ pub fn load_hf(dir: &Path) -> Result<LoadedModel, LoadError> {
     Ok(LoadedModel {
         weights,
         tokenizer,
+        tokenizer_error: None,
         source: ModelSource {
             path: dir.into(),
             blake3: hasher.finalize().to_hex().to_string(),

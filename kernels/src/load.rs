@@ -40,8 +40,11 @@ pub struct ModelSource {
 #[derive(Debug)]
 pub struct LoadedModel {
     pub weights: ModelWeights,
-    /// `None` when the files carry no tokenizer (use token ids then).
+    /// `None` when the files carry no tokenizer, or one of a kind that is
+    /// not supported (then `tokenizer_error` says which); use token ids then.
     pub tokenizer: Option<Tokenizer>,
+    /// Why a tokenizer the file describes is not available.
+    pub tokenizer_error: Option<TokenizerError>,
     pub source: ModelSource,
 }
 
@@ -103,11 +106,20 @@ pub fn load_model(path: impl AsRef<Path>) -> Result<LoadedModel, LoadError> {
 pub fn load_gguf(path: &Path) -> Result<LoadedModel, LoadError> {
     let gguf = GgufFile::open(path)?;
     let weights = weights_from_gguf(&gguf)?;
-    let tokenizer = Tokenizer::from_gguf(&gguf)?;
+    // An unsupported tokenizer kind leaves the weights usable with token
+    // ids; malformed tokenizer metadata is a corrupt file and fails the load.
+    let (tokenizer, tokenizer_error) = match Tokenizer::from_gguf(&gguf) {
+        Ok(t) => (t, None),
+        Err(
+            e @ (TokenizerError::UnsupportedModel { .. } | TokenizerError::UnsupportedPre { .. }),
+        ) => (None, Some(e)),
+        Err(e) => return Err(e.into()),
+    };
     let blake3 = blake3::hash(gguf.bytes()).to_hex().to_string();
     Ok(LoadedModel {
         weights,
         tokenizer,
+        tokenizer_error,
         source: ModelSource {
             path: path.into(),
             blake3,

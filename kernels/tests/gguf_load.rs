@@ -153,3 +153,26 @@ fn truncated_and_foreign_files_fail_cleanly() {
         .to_string();
     assert!(msg.contains("absent"), "{msg}");
 }
+
+#[test]
+fn an_unsupported_tokenizer_leaves_the_weights_usable() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.gguf");
+    let mut w = minimal("llama");
+    w.meta("tokenizer.ggml.model", Value::String("llama".into()));
+    w.write(&p).unwrap();
+    let m = load_model(&p).unwrap();
+    assert!(m.tokenizer.is_none());
+    let why = m.tokenizer_error.unwrap().to_string();
+    assert!(
+        why.contains("tokenizer model \"llama\" is not supported"),
+        "{why}"
+    );
+
+    // Malformed tokenizer metadata is corruption, not a missing feature.
+    let mut w = minimal("llama");
+    w.meta("tokenizer.ggml.model", Value::String("gpt2".into()));
+    w.meta("tokenizer.ggml.tokens", Value::U32(3));
+    let (_, msg) = load_err(&w);
+    assert!(msg.contains("tokenizer.ggml.tokens"), "{msg}");
+}
