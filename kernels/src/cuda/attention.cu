@@ -1,0 +1,54 @@
+// Causal grouped-query attention over one sequence's KV cache:
+// softmax(q k^T / sqrt(head_dim)) v, before o_proj.
+//
+// q: [rows, n_head * head_dim], row r at position pos0 + r;
+// k, v: the sequence's cache for this layer, [ctx, n_kv * head_dim], already
+// holding positions 0..=pos0 + rows - 1. Query head h reads KV head
+// h / (n_head / n_kv). One block per (row, head); the scores of one row live
+// in dynamic shared memory (pos + 1 floats).
+//
+// Every sum runs in the CPU op's order (a key's dot product over dimensions,
+// the softmax denominator over keys, the output over keys), so the kernel
+// differs from the CPU only where exp does.
+
+extern "C" __global__ void attention(const float* q, const float* k, const float* v,
+                                     float* out, int pos0, int n_head, int n_kv,
+                                     int head_dim, float scale) {
+    extern __shared__ float scores[];
+    __shared__ float scratch[32];
+    __shared__ float inv_sum;
+    int r = blockIdx.x, h = blockIdx.y;
+    int n_keys = pos0 + r + 1;
+    int kvh = h / (n_head / n_kv);
+    int kv_stride = n_kv * head_dim;
+    const float* qh = q + (size_t)r * n_head * head_dim + h * head_dim;
+
+    for (int j = threadIdx.x; j < n_keys; j += blockDim.x) {
+        const float* kj = k + (size_t)j * kv_stride + kvh * head_dim;
+        float s = 0.0f;
+        for (int d = 0; d < head_dim; ++d) s = mul_add_unfused(s, qh[d], kj[d]);
+        scores[j] = __fmul_rn(s, scale);
+    }
+    __syncthreads();
+
+    float m = __int_as_float(0xff800000);  // -inf; no math header under NVRTC
+    for (int j = threadIdx.x; j < n_keys; j += blockDim.x) m = fmaxf(m, scores[j]);
+    m = block_max(m, scratch);
+    for (int j = threadIdx.x; j < n_keys; j += blockDim.x) scores[j] = exp_f32(__fsub_rn(scores[j], m));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float sum = 0.0f;
+        for (int j = 0; j < n_keys; ++j) sum = __fadd_rn(sum, scores[j]);
+        inv_sum = 1.0f / sum;
+    }
+    __syncthreads();
+    float inv = inv_sum;
+
+    float* oh = out + (size_t)r * n_head * head_dim + h * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < n_keys; ++j)
+            acc = mul_add_unfused(acc, __fmul_rn(scores[j], inv), v[(size_t)j * kv_stride + kvh * head_dim + d]);
+        oh[d] = acc;
+    }
+}

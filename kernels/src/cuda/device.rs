@@ -1,0 +1,265 @@
+//! The device: one CUDA context and stream, and the kernel sources compiled
+//! with NVRTC on first use.
+//!
+//! Each `.cu` file of this directory is one module, compiled with
+//! `common.cuh` prepended (NVRTC has no include path here) for the device's
+//! own architecture. The PTX is cached on disk under a name made of the
+//! architecture and the blake3 of source and options, so a second process
+//! skips NVRTC entirely, and a changed kernel can never load stale PTX.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use super::CudaError;
+
+const COMMON: &str = include_str!("common.cuh");
+
+/// A kernel source family: one `.cu` file, one module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    Embedding,
+    Norm,
+    Matmul,
+    Rope,
+    Attention,
+    Ffn,
+    Elementwise,
+}
+
+impl Family {
+    pub const ALL: [Family; 7] = [
+        Family::Embedding,
+        Family::Norm,
+        Family::Matmul,
+        Family::Rope,
+        Family::Attention,
+        Family::Ffn,
+        Family::Elementwise,
+    ];
+
+    pub fn file(self) -> &'static str {
+        match self {
+            Family::Embedding => "embedding.cu",
+            Family::Norm => "norm.cu",
+            Family::Matmul => "matmul.cu",
+            Family::Rope => "rope.cu",
+            Family::Attention => "attention.cu",
+            Family::Ffn => "ffn.cu",
+            Family::Elementwise => "elementwise.cu",
+        }
+    }
+
+    fn source(self) -> &'static str {
+        match self {
+            Family::Embedding => include_str!("embedding.cu"),
+            Family::Norm => include_str!("norm.cu"),
+            Family::Matmul => include_str!("matmul.cu"),
+            Family::Rope => include_str!("rope.cu"),
+            Family::Attention => include_str!("attention.cu"),
+            Family::Ffn => include_str!("ffn.cu"),
+            Family::Elementwise => include_str!("elementwise.cu"),
+        }
+    }
+}
+
+/// One GPU, its stream, and the kernels loaded so far.
+pub struct Device {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: String,
+    name: String,
+    functions: Mutex<HashMap<(Family, &'static str), CudaFunction>>,
+    modules: Mutex<HashMap<Family, Arc<CudaModule>>>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("name", &self.name)
+            .field("arch", &self.arch)
+            .finish()
+    }
+}
+
+/// Whether a CUDA driver library can be loaded on this host.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the driver library by its usual names;
+    // nothing is called through it.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+fn nvrtc_present() -> bool {
+    // SAFETY: as above, for the NVRTC library.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+impl Device {
+    /// Opens GPU `ordinal`. Without a driver this is an error, never a panic.
+    pub fn open(ordinal: usize) -> Result<Arc<Device>, CudaError> {
+        if !driver_present() {
+            return Err(CudaError::NoDriver {
+                searched: cudarc::get_lib_name_candidates("cuda").join(", "),
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::driver("create context", e))?;
+        // SAFETY: every launch and copy of this crate goes through the one
+        // stream below, so the per-buffer events cudarc records to order
+        // work across streams are pure overhead.
+        unsafe { ctx.disable_event_tracking() };
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| CudaError::driver("query compute capability", e))?;
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let stream = ctx.default_stream();
+        Ok(Arc::new(Device {
+            ctx,
+            stream,
+            arch: format!("compute_{major}{minor}"),
+            name,
+            functions: Mutex::new(HashMap::new()),
+            modules: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// `NVIDIA H200 (compute_90)`.
+    pub fn describe(&self) -> String {
+        format!("{} ({})", self.name, self.arch)
+    }
+
+    /// The kernel `name` of `family`, compiling and loading its module on
+    /// first use.
+    pub fn function(&self, family: Family, name: &'static str) -> Result<CudaFunction, CudaError> {
+        let mut functions = self.functions.lock().expect("kernel table poisoned");
+        if let Some(f) = functions.get(&(family, name)) {
+            return Ok(f.clone());
+        }
+        let module = self.module(family)?;
+        let f = module
+            .load_function(name)
+            .map_err(|e| CudaError::driver(&format!("{}: load kernel {name}", family.file()), e))?;
+        functions.insert((family, name), f.clone());
+        Ok(f)
+    }
+
+    /// Compiles (or loads from the PTX cache) every module now, so the first
+    /// forward does not pay for NVRTC inside a timed region.
+    pub fn warm_up(&self) -> Result<(), CudaError> {
+        for family in Family::ALL {
+            self.module(family)?;
+        }
+        Ok(())
+    }
+
+    fn module(&self, family: Family) -> Result<Arc<CudaModule>, CudaError> {
+        let mut modules = self.modules.lock().expect("module table poisoned");
+        if let Some(m) = modules.get(&family) {
+            return Ok(m.clone());
+        }
+        let ptx = self.ptx(family)?;
+        let module = self
+            .ctx
+            .load_module(Ptx::from_src(ptx))
+            .map_err(|e| CudaError::driver(&format!("{}: load module", family.file()), e))?;
+        modules.insert(family, module.clone());
+        Ok(module)
+    }
+
+    fn options(&self) -> Vec<String> {
+        // Precise division and square root, no flush-to-zero: the CPU
+        // reference rounds every op to nearest, and so must we.
+        vec![
+            format!("--gpu-architecture={}", self.arch),
+            "--std=c++17".into(),
+            "--ftz=false".into(),
+            "--prec-div=true".into(),
+            "--prec-sqrt=true".into(),
+        ]
+    }
+
+    fn ptx(&self, family: Family) -> Result<String, CudaError> {
+        let source = format!(
+            "{COMMON}\n#line 1 \"{}\"\n{}",
+            family.file(),
+            family.source()
+        );
+        let options = self.options();
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(source.as_bytes());
+        for o in &options {
+            hasher.update(o.as_bytes());
+            hasher.update(b"\0");
+        }
+        let key = hasher.finalize().to_hex();
+        let cached = ptx_cache_dir().map(|d| d.join(format!("{}-{}.ptx", self.arch, &key[..32])));
+        if let Some(path) = &cached {
+            if let Ok(ptx) = std::fs::read_to_string(path) {
+                return Ok(ptx);
+            }
+        }
+        if !nvrtc_present() {
+            return Err(CudaError::NoNvrtc {
+                searched: cudarc::get_lib_name_candidates("nvrtc").join(", "),
+            });
+        }
+        let opts = cudarc::nvrtc::CompileOptions {
+            options,
+            name: Some(family.file().into()),
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(&source, opts)
+            .map_err(|e| CudaError::Compile {
+                file: family.file(),
+                log: e.to_string(),
+            })?
+            .to_src();
+        if let Some(path) = &cached {
+            // The cache only saves time: a read-only home must not fail a run.
+            let _ = write_atomically(path, ptx.as_bytes());
+        }
+        Ok(ptx)
+    }
+}
+
+/// `$TAPTREE_PTX_CACHE`, else `$XDG_CACHE_HOME/taptree/ptx`, else
+/// `~/.cache/taptree/ptx`; `TAPTREE_PTX_CACHE=off` disables the cache.
+pub fn ptx_cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("TAPTREE_PTX_CACHE") {
+        if dir == "off" {
+            return None;
+        }
+        return Some(PathBuf::from(dir));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("taptree").join("ptx"))
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), rand_suffix()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}

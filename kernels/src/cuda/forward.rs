@@ -1,0 +1,626 @@
+//! [`CudaForward`]: the llama forward on the GPU, tapped stage by stage.
+//!
+//! Weights stay in their file formats on the device and are decoded inside
+//! the matmul kernels. Activations live in per-forward scratch buffers grown
+//! to the largest row count seen; each sequence (slot) has its own KV cache.
+//! A run is a list of row groups, one per sequence: a prefill is one group of
+//! many rows, a batched decode step `m` groups of one row. Every op except
+//! attention and the cache writes runs once over all rows of all groups.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaView};
+
+use super::device::Device;
+use super::ops::{self, AttentionShape, DeviceMatrix, QuantizedActs};
+use super::CudaError;
+use crate::forward::{Forward, ForwardError, Precision};
+use crate::model::{LlamaConfig, ModelWeights, QTensor};
+use crate::stages as st;
+use crate::switches::{ActPrecision, Family, Switches};
+
+struct LayerOnDevice {
+    attn_norm: CudaSlice<f32>,
+    wq: DeviceMatrix,
+    wk: DeviceMatrix,
+    wv: DeviceMatrix,
+    wo: DeviceMatrix,
+    ffn_norm: CudaSlice<f32>,
+    w_gate: DeviceMatrix,
+    w_up: DeviceMatrix,
+    w_down: DeviceMatrix,
+}
+
+struct WeightsOnDevice {
+    token_embd: DeviceMatrix,
+    layers: Vec<LayerOnDevice>,
+    output_norm: CudaSlice<f32>,
+    /// `None` when the output is tied to the token embedding.
+    output: Option<DeviceMatrix>,
+}
+
+impl WeightsOnDevice {
+    fn output(&self) -> &DeviceMatrix {
+        self.output.as_ref().unwrap_or(&self.token_embd)
+    }
+}
+
+/// Keys and values of one sequence, `[n_layer, capacity, kv_width]` each.
+struct KvCache {
+    len: usize,
+    capacity: usize,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+}
+
+/// Activation buffers for up to `rows` rows.
+struct Scratch {
+    rows: usize,
+    x: CudaSlice<f32>,
+    x2: CudaSlice<f32>,
+    h: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    att: CudaSlice<f32>,
+    o: CudaSlice<f32>,
+    g: CudaSlice<f32>,
+    u: CudaSlice<f32>,
+    s: CudaSlice<f32>,
+    dn: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+    qa: QuantizedActs,
+}
+
+/// Whether each matmul family sees int8 activations.
+#[derive(Debug, Clone, Copy)]
+struct Acts {
+    attn: bool,
+    ffn_up: bool,
+    ffn_down: bool,
+    logits: bool,
+}
+
+/// The rows of one sequence in a run.
+#[derive(Debug, Clone)]
+struct Group {
+    slot: Option<u32>,
+    /// First row of the group in the run's buffers.
+    row: usize,
+    rows: usize,
+    start_pos: usize,
+}
+
+impl Group {
+    fn pos(&self) -> Range<u32> {
+        self.start_pos as u32..(self.start_pos + self.rows) as u32
+    }
+}
+
+/// The instrumented CUDA forward (f32 and q8 precisions).
+pub struct CudaForward {
+    dev: Arc<Device>,
+    config: LlamaConfig,
+    precision: Precision,
+    acts: Acts,
+    w: WeightsOnDevice,
+    caches: BTreeMap<Option<u32>, KvCache>,
+    scratch: Option<Scratch>,
+}
+
+fn norm_weight(dev: &Device, t: &QTensor) -> Result<CudaSlice<f32>, CudaError> {
+    let mut host = vec![0f32; t.numel()];
+    crate::quant::dequantize(t.ggml_type, &t.data, &mut host)
+        .map_err(|e| CudaError::Shape(format!("{}: {e}", t.name)))?;
+    ops::upload(dev, &host)
+}
+
+impl CudaForward {
+    /// Uploads `weights` to `dev` and opens a forward at `precision` (`f32` or
+    /// `q8`; the f64 truth runs on the CPU backend only).
+    pub fn new(
+        dev: Arc<Device>,
+        weights: &ModelWeights,
+        precision: Precision,
+        switches: &Switches,
+    ) -> Result<CudaForward, ForwardError> {
+        if precision == Precision::F64 {
+            return Err(ForwardError::Unsupported(
+                "cuda: precision f64 (the truth) runs on the cpu backend only".into(),
+            ));
+        }
+        let c = &weights.config;
+        if c.n_head == 0 || c.n_head_kv == 0 || c.n_head % c.n_head_kv != 0 || c.head_dim % 2 != 0 {
+            return Err(ForwardError::Unsupported(format!(
+                "{}: {} query heads of size {} over {} KV heads",
+                c.arch, c.n_head, c.head_dim, c.n_head_kv
+            )));
+        }
+        let q8 = |f| switches.resolve(f, precision) == ActPrecision::Q8;
+        let acts = Acts {
+            attn: q8(Family::Attn),
+            ffn_up: q8(Family::FfnUp),
+            ffn_down: q8(Family::FfnDown),
+            logits: q8(Family::Logits),
+        };
+        let m = |t: &QTensor| DeviceMatrix::upload(&dev, t);
+        let layers = weights
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(LayerOnDevice {
+                    attn_norm: norm_weight(&dev, &l.attn_norm)?,
+                    wq: m(&l.wq)?,
+                    wk: m(&l.wk)?,
+                    wv: m(&l.wv)?,
+                    wo: m(&l.wo)?,
+                    ffn_norm: norm_weight(&dev, &l.ffn_norm)?,
+                    w_gate: m(&l.w_gate)?,
+                    w_up: m(&l.w_up)?,
+                    w_down: m(&l.w_down)?,
+                })
+            })
+            .collect::<Result<Vec<_>, CudaError>>()?;
+        let w = WeightsOnDevice {
+            token_embd: m(&weights.token_embd)?,
+            layers,
+            output_norm: norm_weight(&dev, &weights.output_norm)?,
+            output: weights.output.as_ref().map(m).transpose()?,
+        };
+        dev.warm_up()?;
+        Ok(CudaForward {
+            dev,
+            config: c.clone(),
+            precision,
+            acts,
+            w,
+            caches: BTreeMap::new(),
+            scratch: None,
+        })
+    }
+
+    /// The device this forward runs on.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.dev
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), ForwardError> {
+        if tokens.is_empty() {
+            return Err(ForwardError::Unsupported("no tokens to run".into()));
+        }
+        if let Some(&id) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(ForwardError::TokenOutOfRange {
+                id,
+                vocab: self.config.vocab_size,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_group(
+        &self,
+        slot: Option<u32>,
+        rows: usize,
+        start: usize,
+    ) -> Result<(), ForwardError> {
+        let end = start + rows;
+        if end > self.config.context_length {
+            return Err(ForwardError::ContextOverflow {
+                end,
+                context: self.config.context_length,
+            });
+        }
+        let cached = self.caches.get(&slot).map_or(0, |c| c.len);
+        if start > cached {
+            return Err(ForwardError::Unsupported(format!(
+                "position {start}{}: only {cached} positions are cached",
+                slot.map(|s| format!(" of slot {s}")).unwrap_or_default()
+            )));
+        }
+        Ok(())
+    }
+
+    fn ensure_scratch(&mut self, rows: usize) -> Result<(), CudaError> {
+        if self.scratch.as_ref().is_some_and(|s| s.rows >= rows) {
+            return Ok(());
+        }
+        let rows = rows.next_power_of_two();
+        let c = &self.config;
+        let s = self.dev.stream();
+        let a = |n: usize| {
+            s.alloc_zeros::<f32>(rows * n)
+                .map_err(|e| CudaError::driver("alloc activations", e))
+        };
+        let (d, qw, kvw) = (c.n_embd, c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+        let widest = d.max(qw).max(c.n_ff);
+        self.scratch = Some(Scratch {
+            rows,
+            x: a(d)?,
+            x2: a(d)?,
+            h: a(d)?,
+            q: a(qw)?,
+            k: a(kvw)?,
+            v: a(kvw)?,
+            att: a(qw)?,
+            o: a(d)?,
+            g: a(c.n_ff)?,
+            u: a(c.n_ff)?,
+            s: a(c.n_ff)?,
+            dn: a(d)?,
+            logits: a(c.vocab_size)?,
+            qa: QuantizedActs::alloc(&self.dev, rows * widest.div_ceil(32) * 32)?,
+        });
+        Ok(())
+    }
+
+    /// Makes the cache of `slot` hold at least `needed` positions, keeping
+    /// the first `keep`.
+    fn ensure_cache(
+        &mut self,
+        slot: Option<u32>,
+        needed: usize,
+        keep: usize,
+    ) -> Result<(), CudaError> {
+        let c = &self.config;
+        let kvw = c.n_head_kv * c.head_dim;
+        if self.caches.get(&slot).is_some_and(|k| k.capacity >= needed) {
+            if let Some(k) = self.caches.get_mut(&slot) {
+                k.len = keep;
+            }
+            return Ok(());
+        }
+        let capacity = needed
+            .next_power_of_two()
+            .max(64)
+            .min(c.context_length.max(needed));
+        let s = self.dev.stream().clone();
+        let alloc = || {
+            s.alloc_zeros::<f32>(c.n_layer * capacity * kvw)
+                .map_err(|e| CudaError::driver("alloc KV cache", e))
+        };
+        let (mut k, mut v) = (alloc()?, alloc()?);
+        if let Some(old) = self.caches.get(&slot) {
+            let n = keep.min(old.len) * kvw;
+            for l in 0..c.n_layer {
+                let (src, dst) = (l * old.capacity * kvw, l * capacity * kvw);
+                s.memcpy_dtod(&old.k.slice(src..src + n), &mut k.slice_mut(dst..dst + n))
+                    .map_err(|e| CudaError::driver("grow KV cache", e))?;
+                s.memcpy_dtod(&old.v.slice(src..src + n), &mut v.slice_mut(dst..dst + n))
+                    .map_err(|e| CudaError::driver("grow KV cache", e))?;
+            }
+        }
+        self.caches.insert(
+            slot,
+            KvCache {
+                len: keep,
+                capacity,
+                k,
+                v,
+            },
+        );
+        Ok(())
+    }
+
+    /// Runs `tokens` as `groups` and returns the logits of each group's last row.
+    fn run(&mut self, tokens: &[u32], groups: &[Group]) -> Result<Vec<Vec<f32>>, CudaError> {
+        let rows = tokens.len();
+        for g in groups {
+            self.ensure_cache(g.slot, g.start_pos + g.rows, g.start_pos)?;
+        }
+        self.ensure_scratch(rows)?;
+        let dev = self.dev.clone();
+        let c = self.config.clone();
+        let (d, qw, kvw, ff) = (
+            c.n_embd,
+            c.n_head * c.head_dim,
+            c.n_head_kv * c.head_dim,
+            c.n_ff,
+        );
+        let acts = self.acts;
+        let w = &self.w;
+        let caches = &mut self.caches;
+        let sc = self.scratch.as_mut().expect("scratch allocated above");
+
+        let positions: Vec<u32> = groups.iter().flat_map(|g| g.pos()).collect();
+        let tok_dev = ops::upload(&dev, tokens)?;
+        let pos_dev = ops::upload(&dev, &positions)?;
+
+        ops::embedding(
+            &dev,
+            &w.token_embd,
+            &tok_dev.as_view(),
+            &mut sc.x.slice_mut(..rows * d),
+        )?;
+        tap(&dev, st::EMBEDDING, None, groups, &sc.x, d)?;
+
+        for (l, lw) in w.layers.iter().enumerate() {
+            let li = Some(l as u32);
+            ops::rms_norm(
+                &dev,
+                &sc.x.as_view(),
+                &lw.attn_norm.as_view(),
+                &mut sc.h.slice_mut(..),
+                rows,
+                c.rms_eps,
+            )?;
+            tap(&dev, st::ATTN_NORM, li, groups, &sc.h, d)?;
+            matmul(&dev, &lw.wq, &sc.h, &mut sc.q, &mut sc.qa, rows, acts.attn)?;
+            tap(&dev, st::Q_PROJ, li, groups, &sc.q, qw)?;
+            matmul(&dev, &lw.wk, &sc.h, &mut sc.k, &mut sc.qa, rows, acts.attn)?;
+            tap(&dev, st::K_PROJ, li, groups, &sc.k, kvw)?;
+            matmul(&dev, &lw.wv, &sc.h, &mut sc.v, &mut sc.qa, rows, acts.attn)?;
+            tap(&dev, st::V_PROJ, li, groups, &sc.v, kvw)?;
+            ops::rope(
+                &dev,
+                &mut sc.q.slice_mut(..rows * qw),
+                &pos_dev.as_view(),
+                c.n_head,
+                c.head_dim,
+                c.rope_base,
+            )?;
+            tap(&dev, st::Q_ROPE, li, groups, &sc.q, qw)?;
+            ops::rope(
+                &dev,
+                &mut sc.k.slice_mut(..rows * kvw),
+                &pos_dev.as_view(),
+                c.n_head_kv,
+                c.head_dim,
+                c.rope_base,
+            )?;
+            tap(&dev, st::K_ROPE, li, groups, &sc.k, kvw)?;
+
+            for g in groups {
+                let cache = caches.get_mut(&g.slot).expect("cache ensured above");
+                let base = l * cache.capacity * kvw;
+                let dst = base + g.start_pos * kvw..base + (g.start_pos + g.rows) * kvw;
+                let src = g.row * kvw..(g.row + g.rows) * kvw;
+                let s = dev.stream();
+                s.memcpy_dtod(
+                    &sc.k.slice(src.clone()),
+                    &mut cache.k.slice_mut(dst.clone()),
+                )
+                .map_err(|e| CudaError::driver("write K cache", e))?;
+                s.memcpy_dtod(&sc.v.slice(src), &mut cache.v.slice_mut(dst))
+                    .map_err(|e| CudaError::driver("write V cache", e))?;
+                let keys = base..base + (g.start_pos + g.rows) * kvw;
+                ops::attention(
+                    &dev,
+                    &sc.q.slice(g.row * qw..(g.row + g.rows) * qw),
+                    &cache.k.slice(keys.clone()),
+                    &cache.v.slice(keys),
+                    &mut sc.att.slice_mut(g.row * qw..(g.row + g.rows) * qw),
+                    AttentionShape {
+                        rows: g.rows,
+                        pos0: g.start_pos,
+                        n_head: c.n_head,
+                        n_kv: c.n_head_kv,
+                        head_dim: c.head_dim,
+                    },
+                )?;
+            }
+            tap(&dev, st::ATTN, li, groups, &sc.att, qw)?;
+            matmul(
+                &dev, &lw.wo, &sc.att, &mut sc.o, &mut sc.qa, rows, acts.attn,
+            )?;
+            tap(&dev, st::O_PROJ, li, groups, &sc.o, d)?;
+            ops::add(
+                &dev,
+                &sc.x.as_view(),
+                &sc.o.as_view(),
+                &mut sc.x2.slice_mut(..),
+                rows * d,
+            )?;
+            tap(&dev, st::POST_ATTN_RESIDUAL, li, groups, &sc.x2, d)?;
+
+            ops::rms_norm(
+                &dev,
+                &sc.x2.as_view(),
+                &lw.ffn_norm.as_view(),
+                &mut sc.h.slice_mut(..),
+                rows,
+                c.rms_eps,
+            )?;
+            tap(&dev, st::FFN_NORM, li, groups, &sc.h, d)?;
+            matmul(
+                &dev,
+                &lw.w_gate,
+                &sc.h,
+                &mut sc.g,
+                &mut sc.qa,
+                rows,
+                acts.ffn_up,
+            )?;
+            tap(&dev, st::FFN_GATE, li, groups, &sc.g, ff)?;
+            matmul(
+                &dev,
+                &lw.w_up,
+                &sc.h,
+                &mut sc.u,
+                &mut sc.qa,
+                rows,
+                acts.ffn_up,
+            )?;
+            tap(&dev, st::FFN_UP, li, groups, &sc.u, ff)?;
+            ops::swiglu(
+                &dev,
+                &sc.g.as_view(),
+                &sc.u.as_view(),
+                &mut sc.s.slice_mut(..),
+                rows * ff,
+            )?;
+            tap(&dev, st::FFN_SWIGLU, li, groups, &sc.s, ff)?;
+            matmul(
+                &dev,
+                &lw.w_down,
+                &sc.s,
+                &mut sc.dn,
+                &mut sc.qa,
+                rows,
+                acts.ffn_down,
+            )?;
+            tap(&dev, st::FFN_DOWN, li, groups, &sc.dn, d)?;
+            ops::add(
+                &dev,
+                &sc.x2.as_view(),
+                &sc.dn.as_view(),
+                &mut sc.x.slice_mut(..),
+                rows * d,
+            )?;
+            tap(&dev, st::POST_FFN_RESIDUAL, li, groups, &sc.x, d)?;
+        }
+        for g in groups {
+            if let Some(cache) = caches.get_mut(&g.slot) {
+                cache.len = g.start_pos + g.rows;
+            }
+        }
+
+        ops::rms_norm(
+            &dev,
+            &sc.x.as_view(),
+            &w.output_norm.as_view(),
+            &mut sc.h.slice_mut(..),
+            rows,
+            c.rms_eps,
+        )?;
+        tap(&dev, st::FINAL_NORM, None, groups, &sc.h, d)?;
+        matmul(
+            &dev,
+            w.output(),
+            &sc.h,
+            &mut sc.logits,
+            &mut sc.qa,
+            rows,
+            acts.logits,
+        )?;
+        tap(&dev, st::LOGITS, None, groups, &sc.logits, c.vocab_size)?;
+
+        groups
+            .iter()
+            .map(|g| {
+                let last = g.row + g.rows - 1;
+                ops::download(
+                    &dev,
+                    &sc.logits
+                        .slice(last * c.vocab_size..(last + 1) * c.vocab_size),
+                )
+            })
+            .collect()
+    }
+}
+
+/// `y = x W^T`, through int8 activations when `q8` and the weight is
+/// block-quantized (float weights have no integer dot product to feed).
+fn matmul(
+    dev: &Device,
+    w: &DeviceMatrix,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    qa: &mut QuantizedActs,
+    rows: usize,
+    q8: bool,
+) -> Result<(), CudaError> {
+    let x = x.slice(..rows * w.cols);
+    let mut y = y.slice_mut(..rows * w.rows);
+    if q8 && w.ggml_type.is_quantized() {
+        ops::quantize_q8(dev, &x, qa, rows * w.cols)?;
+        ops::matmul_q8(dev, w, qa, &mut y, rows)
+    } else {
+        ops::matmul_f32(dev, w, &x, &mut y, rows)
+    }
+}
+
+/// Taps `buf` (`[rows, width]` over all groups) once per group: the copy to
+/// the host happens only for the groups the capture wants.
+fn tap(
+    dev: &Device,
+    stage: &str,
+    layer: Option<u32>,
+    groups: &[Group],
+    buf: &CudaSlice<f32>,
+    width: usize,
+) -> Result<(), CudaError> {
+    if !capture::is_armed() {
+        return Ok(());
+    }
+    for g in groups {
+        if !capture::wants(stage, layer, g.pos(), g.slot) {
+            continue;
+        }
+        let view: CudaView<f32> = buf.slice(g.row * width..(g.row + g.rows) * width);
+        let host = ops::download(dev, &view)?;
+        capture::tap(stage, layer, g.pos(), g.slot, &[g.rows, width], &host);
+    }
+    Ok(())
+}
+
+impl Forward for CudaForward {
+    fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    fn forward(
+        &mut self,
+        slot: Option<u32>,
+        tokens: &[u32],
+        start_pos: usize,
+    ) -> Result<Vec<f32>, ForwardError> {
+        self.check_tokens(tokens)?;
+        self.check_group(slot, tokens.len(), start_pos)?;
+        let group = Group {
+            slot,
+            row: 0,
+            rows: tokens.len(),
+            start_pos,
+        };
+        let mut logits = self.run(tokens, &[group])?;
+        Ok(logits.pop().expect("one group, one row of logits"))
+    }
+
+    /// One forward over all slots: every matmul, norm and elementwise op runs
+    /// once over the `m` rows; attention and the cache writes run per slot.
+    fn decode_batch(
+        &mut self,
+        tokens: &[u32],
+        positions: &[usize],
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        if tokens.len() != positions.len() {
+            return Err(ForwardError::Unsupported(format!(
+                "decode batch of {} tokens for {} positions",
+                tokens.len(),
+                positions.len()
+            )));
+        }
+        self.check_tokens(tokens)?;
+        let groups: Vec<Group> = positions
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| Group {
+                slot: Some(i as u32),
+                row: i,
+                rows: 1,
+                start_pos: p,
+            })
+            .collect();
+        for g in &groups {
+            self.check_group(g.slot, 1, g.start_pos)?;
+        }
+        Ok(self.run(tokens, &groups)?)
+    }
+
+    fn reset(&mut self) {
+        self.caches.clear();
+    }
+}

@@ -1,0 +1,155 @@
+// Matrix products against weights in their file format.
+//
+// y[r, o] = sum_i W[o, i] * x[r, i], W row-major [out, in] in GGML type `type`.
+//
+// f32 activations: eight lanes per output row. Lane j of the eight owns the
+// elements i = j (mod 8) and sums them in increasing i, then the eight
+// partial sums combine as ((a0+a4)+(a1+a5))+((a2+a6)+(a3+a7)): the exact
+// order of the CPU reference's 8-accumulator dot product, with unfused
+// multiply-adds, so the kernel's output is the CPU's bit for bit. A (row, o)
+// result never depends on how many rows share the launch either: a batched
+// decode equals its slots run alone, and two runs are identical.
+
+#define ROWS_PER_PASS 8
+#define WARPS 4
+#define OUTS_PER_WARP 4
+
+extern "C" __global__ void matmul_f32(const u8* w, int type, const float* x, float* y,
+                                      int rows, int in, int out) {
+    int lane = threadIdx.x & 31;
+    int j = lane & 7;
+    int o = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * OUTS_PER_WARP + (lane >> 3);
+    // Lanes past the last row still take part in the shuffles below.
+    bool live = o < out;
+    size_t row_bytes = (size_t)(in / block_size(type)) * type_size(type);
+    const u8* wr = w + (size_t)(live ? o : 0) * row_bytes;
+    for (int r0 = 0; r0 < rows; r0 += ROWS_PER_PASS) {
+        int nr = min(ROWS_PER_PASS, rows - r0);
+        float acc[ROWS_PER_PASS];
+        for (int k = 0; k < ROWS_PER_PASS; ++k) acc[k] = 0.0f;
+        if (live) {
+            for (int i = j; i < in; i += 8) {
+                float wv = dequant_elem(wr, type, i);
+                for (int k = 0; k < nr; ++k)
+                    acc[k] = mul_add_unfused(acc[k], x[(size_t)(r0 + k) * in + i], wv);
+            }
+        }
+        for (int k = 0; k < nr; ++k) {
+            float a = acc[k];
+            a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 4));  // a0+a4, a1+a5, ...
+            a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 1));  // (a0+a4)+(a1+a5), ...
+            a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 2));  // the two halves
+            if (live && j == 0) y[(size_t)(r0 + k) * out + o] = a;
+        }
+    }
+}
+
+// The q8 precision mode: activations quantized to int8 per 32-element block,
+// as the CPU reference (and llama.cpp's Q8_0) does before an integer dot
+// product: scale = amax / 127 in f64, quants round(x / scale) half away from
+// zero, the scale stored as f16. `sums` is the block's sum of quants, which
+// the Q4_0/Q4_1 dot products need for their offsets.
+
+// x (>= 0) rounded to the nearest f16, ties to even, returned as a float.
+__device__ float round_to_f16(double x) {
+    if (x == 0.0) return 0.0f;
+    int e;
+    frexp(x, &e);
+    int q = max(e - 11, -24);  // the f16 quantum at this magnitude
+    double r = ldexp(rint(ldexp(x, -q)), q);
+    return r > 65504.0 ? __int_as_float(0x7f800000) : (float)r;
+}
+
+extern "C" __global__ void quantize_q8(const float* x, i8* q, float* scales, int* sums,
+                                       int nblocks) {
+    int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (b >= nblocks) return;
+    double v = (double)x[(size_t)b * QK + lane];
+    double amax = fabs(v);
+    for (int o = 16; o > 0; o >>= 1) amax = fmax(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    double scale = amax / 127.0;
+    double inv = scale != 0.0 ? 1.0 / scale : 0.0;
+    int qi = (int)fmin(127.0, fmax(-127.0, round(v * inv)));
+    q[(size_t)b * QK + lane] = (i8)qi;
+    int s = qi;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) {
+        scales[b] = round_to_f16(scale);
+        sums[b] = s;
+    }
+}
+
+// Integer dot product of one 32-element weight block with one quantized
+// activation block, as a float contribution. DP4A for the 4- and 8-bit types;
+// the other types fall back to dequantized weights times dequantized
+// activations.
+__device__ __forceinline__ float block_dot_q8(const u8* wr, int type, int b, const i8* aq,
+                                              float ad, int asum) {
+    const int* a = (const int*)aq;  // 32 int8, 4-aligned (QK-byte blocks)
+    switch (type) {
+        case T_Q8_0: {
+            const u8* blk = wr + (size_t)b * 34;
+            float d = f16_to_f32(load_u16(blk));
+            int isum = 0;
+            for (int k = 0; k < 8; ++k) isum = __dp4a(load_i32_unaligned(blk + 2 + 4 * k), a[k], isum);
+            return d * ad * (float)isum;
+        }
+        case T_Q4_1: {
+            const u8* blk = wr + (size_t)b * 20;
+            float d = f16_to_f32(load_u16(blk));
+            float m = f16_to_f32(load_u16(blk + 2));
+            const int* qs = (const int*)(blk + 4);
+            int isum = 0;
+            for (int k = 0; k < 4; ++k) {
+                int v = qs[k];
+                isum = __dp4a(v & 0x0F0F0F0F, a[k], isum);
+                isum = __dp4a((v >> 4) & 0x0F0F0F0F, a[k + 4], isum);
+            }
+            return d * ad * (float)isum + m * ad * (float)asum;
+        }
+        case T_Q4_0: {
+            const u8* blk = wr + (size_t)b * 18;
+            float d = f16_to_f32(load_u16(blk));
+            int isum = 0;
+            for (int k = 0; k < 4; ++k) {
+                int v = load_i32_unaligned(blk + 2 + 4 * k);
+                isum = __dp4a(v & 0x0F0F0F0F, a[k], isum);
+                isum = __dp4a((v >> 4) & 0x0F0F0F0F, a[k + 4], isum);
+            }
+            return d * ad * (float)(isum - 8 * asum);
+        }
+        default: {
+            float s = 0.0f;
+            for (int j = 0; j < QK; ++j) s += dequant_elem(wr, type, b * QK + j) * ((float)aq[j] * ad);
+            return s;
+        }
+    }
+}
+
+// y = W x with x given as quantize_q8's output; one warp per output row, one
+// lane per weight block, the warp's sum in a fixed order.
+extern "C" __global__ void matmul_q8(const u8* w, int type, const i8* q, const float* scales,
+                                     const int* sums, float* y, int rows, int in, int out) {
+    int lane = threadIdx.x & 31;
+    int o = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (o >= out) return;
+    int nb = in / QK;
+    size_t row_bytes = (size_t)(in / block_size(type)) * type_size(type);
+    const u8* wr = w + (size_t)o * row_bytes;
+    for (int r0 = 0; r0 < rows; r0 += ROWS_PER_PASS) {
+        int nr = min(ROWS_PER_PASS, rows - r0);
+        float acc[ROWS_PER_PASS];
+        for (int k = 0; k < ROWS_PER_PASS; ++k) acc[k] = 0.0f;
+        for (int b = lane; b < nb; b += 32) {
+            for (int k = 0; k < nr; ++k) {
+                size_t ab = (size_t)(r0 + k) * nb + b;
+                acc[k] += block_dot_q8(wr, type, b, q + ab * QK, scales[ab], sums[ab]);
+            }
+        }
+        for (int k = 0; k < nr; ++k) {
+            float s = warp_sum(acc[k]);
+            if (lane == 0) y[(size_t)(r0 + k) * out + o] = s;
+        }
+    }
+}

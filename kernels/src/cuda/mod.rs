@@ -1,0 +1,96 @@
+//! The CUDA forward: the same llama forward as [`crate::cpu`], on one GPU,
+//! through cudarc's driver API and kernels compiled at run time by NVRTC.
+//!
+//! - [`device`]: the context, the stream, NVRTC compilation with a disk cache
+//!   of PTX keyed by source hash and device architecture.
+//! - [`ops`]: one launcher per kernel (`embedding`, `rms_norm`, `matmul_f32`,
+//!   `quantize_q8` + `matmul_q8`, `rope`, `attention`, `swiglu`, `add`), each
+//!   beside its `.cu` source in this directory and its CPU twin in
+//!   `crate::cpu`; the differential tests (`kernels/tests/cuda_kernels.rs`)
+//!   hold each against the CPU op.
+//! - [`forward`]: [`CudaForward`], which strings the kernels together, taps
+//!   every stage of [`crate::stages::llama`] (copying a device buffer to the
+//!   host only when the tap is armed and selected), and runs batched decode
+//!   of several sequences in one forward.
+//!
+//! Opening without a driver is an error, never a panic:
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let weights: kernels::ModelWeights = todo!();
+//! use kernels::{switches::Switches, Precision};
+//! let mut fwd = kernels::cuda::open(&weights, Precision::F32, &Switches::none())?;
+//! let logits = fwd.forward(None, &[1, 2, 3], 0)?;
+//! # Ok(()) }
+//! ```
+
+pub mod device;
+pub mod forward;
+pub mod ops;
+
+pub use device::Device;
+pub use forward::CudaForward;
+
+use crate::forward::{Forward, ForwardError, Precision};
+use crate::model::ModelWeights;
+use crate::quant::GgmlType;
+use crate::switches::Switches;
+
+/// Why the GPU could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// No driver library could be loaded: no GPU, or no NVIDIA driver.
+    #[error("no CUDA driver found: could not load any of {searched}")]
+    NoDriver { searched: String },
+    /// A kernel needed compiling and NVRTC could not be loaded.
+    #[error("no NVRTC library found to compile the kernels: could not load any of {searched} (add the CUDA toolkit's lib64 to LD_LIBRARY_PATH)")]
+    NoNvrtc { searched: String },
+    /// NVRTC rejected a kernel source.
+    #[error("{file}: NVRTC compilation failed: {log}")]
+    Compile { file: &'static str, log: String },
+    /// A driver call failed.
+    #[error("cuda: {op}: {message}")]
+    Driver { op: String, message: String },
+    /// A weight is in a format the kernels do not decode.
+    #[error("{tensor}: weight type {ggml_type} has no CUDA kernel (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0)")]
+    UnsupportedType { tensor: String, ggml_type: GgmlType },
+    /// A launch's buffers do not fit its shape.
+    #[error("cuda: {0}")]
+    Shape(String),
+}
+
+impl CudaError {
+    pub(crate) fn driver(op: &str, e: cudarc::driver::DriverError) -> CudaError {
+        CudaError::Driver {
+            op: op.to_string(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<CudaError> for ForwardError {
+    fn from(e: CudaError) -> ForwardError {
+        ForwardError::Device(e.to_string())
+    }
+}
+
+/// Opens a CUDA forward on GPU 0 (`TAPTREE_CUDA_DEVICE` picks another) with
+/// the weights uploaded in their file formats.
+pub fn open(
+    weights: &ModelWeights,
+    precision: Precision,
+    switches: &Switches,
+) -> Result<Box<dyn Forward>, ForwardError> {
+    let ordinal = match std::env::var("TAPTREE_CUDA_DEVICE") {
+        Ok(v) => v.trim().parse::<usize>().map_err(|_| {
+            ForwardError::Device(format!(
+                "TAPTREE_CUDA_DEVICE: bad value {v:?}: expected a GPU index"
+            ))
+        })?,
+        Err(_) => 0,
+    };
+    let dev = Device::open(ordinal)?;
+    Ok(Box::new(CudaForward::new(
+        dev, weights, precision, switches,
+    )?))
+}

@@ -1,0 +1,406 @@
+//! One launcher per kernel, over device buffers: what the forward strings
+//! together and what the differential tests call against the CPU ops.
+//!
+//! Shapes are row-major `[rows, width]`; every launcher checks the lengths it
+//! is given, since a kernel reading past a buffer would not say so.
+
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+
+use super::device::{Device, Family};
+use super::CudaError;
+use crate::model::QTensor;
+use crate::quant::GgmlType;
+
+/// Warps per block of the matmul kernels (`WARPS` in matmul.cu).
+const MATMUL_WARPS: u32 = 4;
+/// Output rows per block of `matmul_f32`: four per warp (eight lanes each).
+const MATMUL_F32_OUTS: usize = 4 * MATMUL_WARPS as usize;
+
+/// The weight types the kernels decode (`dequant_elem` in common.cuh).
+pub fn supported(t: GgmlType) -> bool {
+    matches!(
+        t,
+        GgmlType::F32
+            | GgmlType::F16
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q8_0
+    )
+}
+
+/// A weight matrix on the device, still in its file's block format.
+pub struct DeviceMatrix {
+    pub name: String,
+    pub ggml_type: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: CudaSlice<u8>,
+}
+
+impl DeviceMatrix {
+    pub fn upload(dev: &Device, t: &QTensor) -> Result<DeviceMatrix, CudaError> {
+        if !supported(t.ggml_type) {
+            return Err(CudaError::UnsupportedType {
+                tensor: t.name.clone(),
+                ggml_type: t.ggml_type,
+            });
+        }
+        let (rows, cols) = (t.rows(), t.cols());
+        let expected = rows * t.ggml_type.row_bytes(cols);
+        if t.data.len() != expected || cols % t.ggml_type.block_size() != 0 {
+            return Err(CudaError::Shape(format!(
+                "{}: {} bytes for [{rows}, {cols}] {}, expected {expected}",
+                t.name,
+                t.data.len(),
+                t.ggml_type
+            )));
+        }
+        let data = dev
+            .stream()
+            .clone_htod(&t.data)
+            .map_err(|e| CudaError::driver(&format!("upload {}", t.name), e))?;
+        Ok(DeviceMatrix {
+            name: t.name.clone(),
+            ggml_type: t.ggml_type,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    fn type_id(&self) -> i32 {
+        self.ggml_type.id() as i32
+    }
+}
+
+/// An int8-quantized activation matrix (the `q8` precision): quants, one
+/// scale and one quant sum per 32-element block.
+pub struct QuantizedActs {
+    pub q: CudaSlice<i8>,
+    pub scales: CudaSlice<f32>,
+    pub sums: CudaSlice<i32>,
+}
+
+impl QuantizedActs {
+    pub fn alloc(dev: &Device, elems: usize) -> Result<QuantizedActs, CudaError> {
+        let s = dev.stream();
+        let e = |e| CudaError::driver("alloc q8 activations", e);
+        Ok(QuantizedActs {
+            q: s.alloc_zeros(elems).map_err(e)?,
+            scales: s.alloc_zeros(elems / 32).map_err(e)?,
+            sums: s.alloc_zeros(elems / 32).map_err(e)?,
+        })
+    }
+}
+
+fn check(what: &str, have: usize, need: usize) -> Result<(), CudaError> {
+    if have < need {
+        return Err(CudaError::Shape(format!(
+            "{what}: buffer holds {have} elements, the launch needs {need}"
+        )));
+    }
+    Ok(())
+}
+
+fn grid(blocks: usize, threads: u32, shared: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: shared,
+    }
+}
+
+fn launch_err(kernel: &str) -> impl Fn(cudarc::driver::DriverError) -> CudaError + '_ {
+    move |e| CudaError::driver(&format!("launch {kernel}"), e)
+}
+
+/// `out[r] = dequant(table[tokens[r]])`, `out` `[rows, n_embd]`.
+pub fn embedding(
+    dev: &Device,
+    table: &DeviceMatrix,
+    tokens: &CudaView<u32>,
+    out: &mut CudaViewMut<f32>,
+) -> Result<(), CudaError> {
+    let rows = tokens.len();
+    check("embedding out", out.len(), rows * table.cols)?;
+    let f = dev.function(Family::Embedding, "embedding")?;
+    let (ty, n) = (table.type_id(), table.cols as i32);
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(&table.data).arg(&ty).arg(&n).arg(tokens).arg(out);
+    // SAFETY: the table is [vocab, cols] of its type (checked at upload), the
+    // caller validated every token id against the vocabulary, and `out` holds
+    // rows * cols floats (checked above).
+    unsafe { b.launch(grid(rows, 256, 0)) }.map_err(launch_err("embedding"))?;
+    Ok(())
+}
+
+/// RMSNorm of each row of `x` (`[rows, n]`) with weight `w` (`[n]`).
+pub fn rms_norm(
+    dev: &Device,
+    x: &CudaView<f32>,
+    w: &CudaView<f32>,
+    y: &mut CudaViewMut<f32>,
+    rows: usize,
+    eps: f32,
+) -> Result<(), CudaError> {
+    let n = w.len();
+    check("rms_norm x", x.len(), rows * n)?;
+    check("rms_norm y", y.len(), rows * n)?;
+    let f = dev.function(Family::Norm, "rms_norm")?;
+    let ni = n as i32;
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(x).arg(w).arg(y).arg(&ni).arg(&eps);
+    // SAFETY: x and y hold rows * n floats, w holds n (checked above).
+    unsafe { b.launch(grid(rows, 256, 0)) }.map_err(launch_err("rms_norm"))?;
+    Ok(())
+}
+
+/// `y = x W^T` with f32 activations: `x` `[rows, W.cols]`, `y` `[rows, W.rows]`.
+pub fn matmul_f32(
+    dev: &Device,
+    w: &DeviceMatrix,
+    x: &CudaView<f32>,
+    y: &mut CudaViewMut<f32>,
+    rows: usize,
+) -> Result<(), CudaError> {
+    check(&format!("matmul {} x", w.name), x.len(), rows * w.cols)?;
+    check(&format!("matmul {} y", w.name), y.len(), rows * w.rows)?;
+    let f = dev.function(Family::Matmul, "matmul_f32")?;
+    let (ty, r, i, o) = (w.type_id(), rows as i32, w.cols as i32, w.rows as i32);
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(&w.data)
+        .arg(&ty)
+        .arg(x)
+        .arg(y)
+        .arg(&r)
+        .arg(&i)
+        .arg(&o);
+    let blocks = w.rows.div_ceil(MATMUL_F32_OUTS);
+    // SAFETY: W holds rows x cols of its type (checked at upload); x and y
+    // hold what the shapes need (checked above).
+    unsafe { b.launch(grid(blocks, 32 * MATMUL_WARPS, 0)) }.map_err(launch_err("matmul_f32"))?;
+    Ok(())
+}
+
+/// Quantizes `x` (`elems` floats, a multiple of 32) to int8 blocks.
+pub fn quantize_q8(
+    dev: &Device,
+    x: &CudaView<f32>,
+    out: &mut QuantizedActs,
+    elems: usize,
+) -> Result<(), CudaError> {
+    if elems % 32 != 0 {
+        return Err(CudaError::Shape(format!(
+            "quantize_q8: {elems} elements is not a whole number of 32-element blocks"
+        )));
+    }
+    check("quantize_q8 x", x.len(), elems)?;
+    check("quantize_q8 q", out.q.len(), elems)?;
+    let nblocks = elems / 32;
+    let f = dev.function(Family::Matmul, "quantize_q8")?;
+    let nb = nblocks as i32;
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(x)
+        .arg(&mut out.q)
+        .arg(&mut out.scales)
+        .arg(&mut out.sums)
+        .arg(&nb);
+    // SAFETY: x and q hold elems values, scales and sums elems / 32 (checked
+    // above and at allocation); one warp per block, 8 warps per CTA.
+    unsafe { b.launch(grid(nblocks.div_ceil(8), 256, 0)) }.map_err(launch_err("quantize_q8"))?;
+    Ok(())
+}
+
+/// `y = x W^T` with `x` quantized by [`quantize_q8`] (DP4A for Q8_0, Q4_0,
+/// Q4_1 weights).
+pub fn matmul_q8(
+    dev: &Device,
+    w: &DeviceMatrix,
+    x: &QuantizedActs,
+    y: &mut CudaViewMut<f32>,
+    rows: usize,
+) -> Result<(), CudaError> {
+    if w.cols % 32 != 0 {
+        return Err(CudaError::Shape(format!(
+            "matmul_q8 {}: {} columns is not a whole number of 32-element blocks",
+            w.name, w.cols
+        )));
+    }
+    check(&format!("matmul_q8 {} x", w.name), x.q.len(), rows * w.cols)?;
+    check(&format!("matmul_q8 {} y", w.name), y.len(), rows * w.rows)?;
+    let f = dev.function(Family::Matmul, "matmul_q8")?;
+    let (ty, r, i, o) = (w.type_id(), rows as i32, w.cols as i32, w.rows as i32);
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(&w.data)
+        .arg(&ty)
+        .arg(&x.q)
+        .arg(&x.scales)
+        .arg(&x.sums)
+        .arg(y)
+        .arg(&r)
+        .arg(&i)
+        .arg(&o);
+    let blocks = w.rows.div_ceil(MATMUL_WARPS as usize);
+    // SAFETY: as matmul_f32, with the quantized activations sized by
+    // QuantizedActs::alloc for at least rows * cols elements.
+    unsafe { b.launch(grid(blocks, 32 * MATMUL_WARPS, 0)) }.map_err(launch_err("matmul_q8"))?;
+    Ok(())
+}
+
+/// RoPE in place on `x` (`[pos.len(), n_heads * head_dim]`), row r at `pos[r]`.
+pub fn rope(
+    dev: &Device,
+    x: &mut CudaViewMut<f32>,
+    pos: &CudaView<u32>,
+    n_heads: usize,
+    head_dim: usize,
+    base: f32,
+) -> Result<(), CudaError> {
+    let rows = pos.len();
+    check("rope x", x.len(), rows * n_heads * head_dim)?;
+    let f = dev.function(Family::Rope, "rope")?;
+    let (h, d) = (n_heads as i32, head_dim as i32);
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(x).arg(pos).arg(&h).arg(&d).arg(&base);
+    // SAFETY: x holds rows * n_heads * head_dim floats (checked above).
+    unsafe { b.launch(grid(rows, 128, 0)) }.map_err(launch_err("rope"))?;
+    Ok(())
+}
+
+/// The shape of one attention launch.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub rows: usize,
+    /// Position of the first query row; row r attends to keys `0..=pos0 + r`.
+    pub pos0: usize,
+    pub n_head: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+}
+
+/// Causal GQA attention of `q` (`[rows, n_head * head_dim]`) over one
+/// sequence's cache `k`, `v` (`[>= pos0 + rows, n_kv * head_dim]`).
+pub fn attention(
+    dev: &Device,
+    q: &CudaView<f32>,
+    k: &CudaView<f32>,
+    v: &CudaView<f32>,
+    out: &mut CudaViewMut<f32>,
+    s: AttentionShape,
+) -> Result<(), CudaError> {
+    if s.n_kv == 0 || s.n_head % s.n_kv != 0 {
+        return Err(CudaError::Shape(format!(
+            "attention: {} query heads do not group over {} kv heads",
+            s.n_head, s.n_kv
+        )));
+    }
+    let width = s.n_head * s.head_dim;
+    let keys = s.pos0 + s.rows;
+    check("attention q", q.len(), s.rows * width)?;
+    check("attention out", out.len(), s.rows * width)?;
+    check("attention k", k.len(), keys * s.n_kv * s.head_dim)?;
+    check("attention v", v.len(), keys * s.n_kv * s.head_dim)?;
+    let shared = (keys * 4) as u32;
+    let f = dev.function(Family::Attention, "attention")?;
+    if shared > 48 * 1024 {
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            shared as i32,
+        )
+        .map_err(|e| CudaError::driver("attention: raise shared memory", e))?;
+    }
+    // As the CPU: the scale rounded once from f64.
+    let scale = (1.0 / (s.head_dim as f64).sqrt()) as f32;
+    let (p0, nh, nkv, hd) = (
+        s.pos0 as i32,
+        s.n_head as i32,
+        s.n_kv as i32,
+        s.head_dim as i32,
+    );
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(q)
+        .arg(k)
+        .arg(v)
+        .arg(out)
+        .arg(&p0)
+        .arg(&nh)
+        .arg(&nkv)
+        .arg(&hd)
+        .arg(&scale);
+    let cfg = LaunchConfig {
+        grid_dim: (s.rows as u32, s.n_head as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: shared,
+    };
+    // SAFETY: every buffer holds what the shape reads (checked above); the
+    // scores of the longest row fit the dynamic shared memory requested.
+    unsafe { b.launch(cfg) }.map_err(launch_err("attention"))?;
+    Ok(())
+}
+
+/// `out = silu(gate) * up` over `n` floats.
+pub fn swiglu(
+    dev: &Device,
+    gate: &CudaView<f32>,
+    up: &CudaView<f32>,
+    out: &mut CudaViewMut<f32>,
+    n: usize,
+) -> Result<(), CudaError> {
+    elementwise(dev, Family::Ffn, "swiglu", gate, up, out, n)
+}
+
+/// `out = a + b` over `n` floats (the residual adds).
+pub fn add(
+    dev: &Device,
+    a: &CudaView<f32>,
+    b: &CudaView<f32>,
+    out: &mut CudaViewMut<f32>,
+    n: usize,
+) -> Result<(), CudaError> {
+    elementwise(dev, Family::Elementwise, "add", a, b, out, n)
+}
+
+fn elementwise(
+    dev: &Device,
+    family: Family,
+    name: &'static str,
+    a: &CudaView<f32>,
+    b: &CudaView<f32>,
+    out: &mut CudaViewMut<f32>,
+    n: usize,
+) -> Result<(), CudaError> {
+    check(name, a.len().min(b.len()).min(out.len()), n)?;
+    let f = dev.function(family, name)?;
+    let ni = n as i32;
+    let mut l = dev.stream().launch_builder(&f);
+    l.arg(a).arg(b).arg(out).arg(&ni);
+    // SAFETY: all three buffers hold n floats (checked above).
+    unsafe { l.launch(grid(n.div_ceil(256), 256, 0)) }.map_err(launch_err(name))?;
+    Ok(())
+}
+
+/// Copies a device buffer to the host (synchronizing the stream).
+pub fn download<T: cudarc::driver::DeviceRepr + Default + Clone>(
+    dev: &Device,
+    src: &CudaView<T>,
+) -> Result<Vec<T>, CudaError> {
+    let mut host = vec![T::default(); src.len()];
+    dev.stream()
+        .memcpy_dtoh(src, &mut host)
+        .map_err(|e| CudaError::driver("copy to host", e))?;
+    dev.stream()
+        .synchronize()
+        .map_err(|e| CudaError::driver("synchronize", e))?;
+    Ok(host)
+}
+
+/// Copies host data into a new device buffer.
+pub fn upload<T: cudarc::driver::DeviceRepr>(
+    dev: &Device,
+    src: &[T],
+) -> Result<CudaSlice<T>, CudaError> {
+    dev.stream()
+        .clone_htod(src)
+        .map_err(|e| CudaError::driver("copy to device", e))
+}

@@ -1,0 +1,23 @@
+// RoPE on interleaved pairs: dimensions (2i, 2i+1) of each head rotate
+// together by pos * base^(-2i/head_dim) (GGUF's Q/K row order).
+// x: [rows, n_heads * head_dim], in place; row r is at position pos[r].
+// The angle, its cosine and sine in f64 (an f32 angle at position 8000 has
+// already lost three digits), the rotation in f32 without fma, as the CPU.
+
+extern "C" __global__ void rope(float* x, const u32* pos, int n_heads, int head_dim,
+                                float base) {
+    int r = blockIdx.x;
+    int half = head_dim / 2;
+    int pairs = n_heads * half;
+    float* xr = x + (size_t)r * n_heads * head_dim;
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+        int h = p / half, i = p % half;
+        double inv_freq = pow((double)base, -2.0 * (double)i / (double)head_dim);
+        double theta = (double)pos[r] * inv_freq;
+        float c = (float)cos(theta), s = (float)sin(theta);
+        float* v = xr + h * head_dim + 2 * i;
+        float a = v[0], b = v[1];
+        v[0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        v[1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    }
+}

@@ -1,0 +1,479 @@
+//! Differential tests: every CUDA kernel against its CPU op, on deterministic
+//! inputs at boundary sizes (block size - 1, block size, block size + 1, the
+//! matmul's 8-lane and 8-row passes, the real model's widths).
+//!
+//! The f32 kernels are written to sum in the CPU op's order without fused
+//! multiply-adds, so most comparisons demand bitwise equality; where exp or
+//! an integer dot product makes the two differ, the bound is stated in ulps
+//! or relative error. Each test skips, saying so, where there is no GPU.
+#![cfg(feature = "cuda")]
+
+use std::sync::Arc;
+
+use kernels::cpu::attention::{attention as cpu_attention, Heads};
+use kernels::cpu::embedding::embed;
+use kernels::cpu::ffn::swiglu as cpu_swiglu;
+use kernels::cpu::matmul::{matmul as cpu_matmul, quantize_row, Act, Matrix};
+use kernels::cpu::norm::rms_norm as cpu_rms_norm;
+use kernels::cpu::rope::rope as cpu_rope;
+use kernels::cuda::device::{driver_present, Device};
+use kernels::cuda::ops::{self, AttentionShape, DeviceMatrix, QuantizedActs};
+use kernels::{GgmlType, QTensor};
+
+/// The GPU, or `None` (with the reason printed) where there is none.
+fn gpu() -> Option<Arc<Device>> {
+    if !driver_present() {
+        eprintln!("skipped: no CUDA driver on this host");
+        return None;
+    }
+    Some(Device::open(0).expect("a driver is present but GPU 0 would not open"))
+}
+
+/// splitmix64: deterministic inputs without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32() * scale).collect()
+    }
+}
+
+/// Distance in units in the last place between two finite floats.
+fn ulps(a: f32, b: f32) -> u64 {
+    let key = |v: f32| {
+        let i = v.to_bits() as i32;
+        (if i < 0 { i32::MIN - i } else { i }) as i64
+    };
+    (key(a) - key(b)).unsigned_abs()
+}
+
+/// Worst ulp distance of `gpu` from `cpu`, panicking on a length mismatch or
+/// a nonfinite value on either side.
+fn worst_ulps(what: &str, gpu: &[f32], cpu: &[f32]) -> u64 {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths differ");
+    let mut worst = 0;
+    for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
+        assert!(
+            g.is_finite() && c.is_finite(),
+            "{what}[{i}]: gpu {g}, cpu {c}"
+        );
+        worst = worst.max(ulps(*g, *c));
+    }
+    worst
+}
+
+fn assert_bitwise(what: &str, gpu: &[f32], cpu: &[f32]) {
+    let worst = worst_ulps(what, gpu, cpu);
+    assert_eq!(worst, 0, "{what}: the GPU is {worst} ulp from the CPU op");
+}
+
+/// Largest |gpu - cpu| relative to the largest |cpu|.
+fn rel_err(gpu: &[f32], cpu: &[f32]) -> f64 {
+    assert_eq!(gpu.len(), cpu.len());
+    let scale = cpu
+        .iter()
+        .fold(0f64, |m, v| m.max(v.abs() as f64))
+        .max(1e-30);
+    gpu.iter()
+        .zip(cpu)
+        .map(|(g, c)| (*g as f64 - *c as f64).abs())
+        .fold(0f64, f64::max)
+        / scale
+}
+
+/// A `[rows, cols]` weight in `ty`, with values in [-scale, scale).
+fn weight(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, scale: f32) -> QTensor {
+    let x = rng.vec(rows * cols, scale);
+    let data = match ty {
+        GgmlType::Q8_0 => kernels::quant::quantize_q8_0(&x).unwrap(),
+        GgmlType::Q4_1 => kernels::quant::quantize_q4_1(&x).unwrap(),
+        GgmlType::Q4_0 | GgmlType::Q5_0 => {
+            // No quantizer on the CPU side: random quants under a valid
+            // f16 scale exercise every nibble and high bit.
+            let mut out = Vec::new();
+            for _ in 0..rows * cols / 32 {
+                let d = half::f16::from_f32(scale / 8.0 * (0.5 + rng.f32().abs()));
+                out.extend_from_slice(&d.to_le_bytes());
+                let rest = ty.type_size() - 2;
+                out.extend((0..rest).map(|_| rng.next() as u8));
+            }
+            out
+        }
+        _ => kernels::quant::encode_float(ty, &x).unwrap(),
+    };
+    QTensor {
+        name: format!("w_{ty}_{rows}x{cols}"),
+        ggml_type: ty,
+        shape: vec![rows, cols],
+        data,
+    }
+}
+
+fn dense(t: &QTensor) -> Matrix {
+    Matrix {
+        rows: t.rows(),
+        cols: t.cols(),
+        data: t.to_f32().unwrap(),
+        block: t.ggml_type.block_size(),
+    }
+}
+
+const ALL_TYPES: [GgmlType; 7] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+];
+
+#[test]
+fn comparators_see_one_ulp() {
+    // The helpers below must be able to fail: one ulp apart is red.
+    let a = [1.0f32, -2.5, 3.0e-3];
+    let mut b = a;
+    b[2] = f32::from_bits(b[2].to_bits() + 1);
+    assert_eq!(worst_ulps("self", &a, &a), 0);
+    assert_eq!(worst_ulps("planted", &a, &b), 1);
+    assert_eq!(ulps(-0.0, 0.0), 0);
+    assert_eq!(ulps(f32::from_bits(1), -f32::from_bits(1)), 2);
+    assert!(std::panic::catch_unwind(|| assert_bitwise("planted", &a, &b)).is_err());
+}
+
+#[test]
+fn embedding_rows_are_the_cpu_dequantization() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(1);
+    for ty in ALL_TYPES {
+        for cols in [32, 64, 576] {
+            let t = weight(&mut rng, ty, 37, cols, 2.0);
+            let tokens = [0u32, 36, 5, 5, 17];
+            let cpu: Vec<f32> = embed(&dense(&t), &tokens);
+            let table = DeviceMatrix::upload(&dev, &t).unwrap();
+            let tok = ops::upload(&dev, &tokens).unwrap();
+            let mut out = dev
+                .stream()
+                .alloc_zeros::<f32>(tokens.len() * cols)
+                .unwrap();
+            ops::embedding(&dev, &table, &tok.as_view(), &mut out.as_view_mut()).unwrap();
+            let gpu = ops::download(&dev, &out.as_view()).unwrap();
+            assert_bitwise(&format!("embedding {ty} cols {cols}"), &gpu, &cpu);
+        }
+    }
+}
+
+#[test]
+fn rms_norm_matches_at_block_boundaries() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(2);
+    let mut worst = 0;
+    for n in [1, 31, 32, 33, 255, 256, 257, 576, 1025] {
+        for rows in [1, 3] {
+            let x = rng.vec(rows * n, 4.0);
+            let w = rng.vec(n, 1.5);
+            let cpu: Vec<f32> = cpu_rms_norm(&x, &w, 1e-5);
+            let (xd, wd) = (
+                ops::upload(&dev, &x).unwrap(),
+                ops::upload(&dev, &w).unwrap(),
+            );
+            let mut y = dev.stream().alloc_zeros::<f32>(rows * n).unwrap();
+            ops::rms_norm(
+                &dev,
+                &xd.as_view(),
+                &wd.as_view(),
+                &mut y.as_view_mut(),
+                rows,
+                1e-5,
+            )
+            .unwrap();
+            let gpu = ops::download(&dev, &y.as_view()).unwrap();
+            // The f64 sum of squares may round differently in another order;
+            // after rounding the mean to f32 that is at most one ulp.
+            worst = worst.max(worst_ulps(
+                &format!("rms_norm n {n} rows {rows}"),
+                &gpu,
+                &cpu,
+            ));
+        }
+    }
+    assert!(worst <= 1, "rms_norm: {worst} ulp from the CPU op");
+}
+
+#[test]
+fn matmul_f32_is_bitwise_the_cpu_dot_order() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(3);
+    // Float weights: any width, so the 8-lane tails (cols % 8) are covered;
+    // rows around the 8-row pass; outputs around the 16 per block.
+    let shapes = [(1, 7, 1), (15, 8, 7), (16, 9, 8), (17, 33, 9), (33, 576, 4)];
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        for (out, cols, rows) in shapes {
+            check_matmul_f32(&dev, &mut rng, ty, out, cols, rows);
+        }
+    }
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+    ] {
+        for (out, cols, rows) in [(1, 32, 1), (17, 64, 8), (64, 576, 9), (576, 1536, 3)] {
+            check_matmul_f32(&dev, &mut rng, ty, out, cols, rows);
+        }
+    }
+}
+
+fn check_matmul_f32(
+    dev: &Device,
+    rng: &mut Rng,
+    ty: GgmlType,
+    out: usize,
+    cols: usize,
+    rows: usize,
+) {
+    let t = weight(rng, ty, out, cols, 0.5);
+    let x = rng.vec(rows * cols, 3.0);
+    let cpu: Vec<f32> = cpu_matmul(&x, rows, &dense(&t), Act::Float);
+    let w = DeviceMatrix::upload(dev, &t).unwrap();
+    let xd = ops::upload(dev, &x).unwrap();
+    let mut y = dev.stream().alloc_zeros::<f32>(rows * out).unwrap();
+    ops::matmul_f32(dev, &w, &xd.as_view(), &mut y.as_view_mut(), rows).unwrap();
+    let gpu = ops::download(dev, &y.as_view()).unwrap();
+    assert_bitwise(
+        &format!("matmul_f32 {ty} [{out}, {cols}] x {rows} rows"),
+        &gpu,
+        &cpu,
+    );
+}
+
+#[test]
+fn quantize_q8_matches_the_cpu_quantizer() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(4);
+    let mut x = rng.vec(4 * 576, 2.0);
+    // A massive activation crushes its block; an all-zero block has scale 0.
+    x[7] = -3664.0;
+    for v in &mut x[64..96] {
+        *v = 0.0;
+    }
+    let xd = ops::upload(&dev, &x).unwrap();
+    let mut qa = QuantizedActs::alloc(&dev, x.len()).unwrap();
+    ops::quantize_q8(&dev, &xd.as_view(), &mut qa, x.len()).unwrap();
+    let q = ops::download(&dev, &qa.q.as_view()).unwrap();
+    let d = ops::download(&dev, &qa.scales.as_view()).unwrap();
+    let sums = ops::download(&dev, &qa.sums.as_view()).unwrap();
+    let cpu = quantize_row(&x, 32);
+    let cpu_q: Vec<i8> = cpu.q.iter().map(|v: &f32| *v as i8).collect();
+    assert_eq!(q, cpu_q, "int8 quants");
+    assert_bitwise("q8 scales", &d, &cpu.d);
+    let cpu_sums: Vec<i32> = cpu_q
+        .chunks(32)
+        .map(|b| b.iter().map(|&v| v as i32).sum())
+        .collect();
+    assert_eq!(sums, cpu_sums);
+    assert_eq!(q[7], -127, "the massive activation is its block's extreme");
+    assert!(
+        q[8..32].iter().all(|&v| v.abs() <= 1),
+        "and crushes the rest of its block"
+    );
+}
+
+#[test]
+fn matmul_q8_dp4a_matches_the_cpu_q8_mode() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(5);
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_1,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+    ] {
+        for (out, cols, rows) in [(1, 32, 1), (17, 64, 8), (64, 576, 9), (576, 1536, 2)] {
+            let t = weight(&mut rng, ty, out, cols, 0.5);
+            let x = rng.vec(rows * cols, 3.0);
+            let m = dense(&t);
+            let cpu_q8: Vec<f32> = cpu_matmul(&x, rows, &m, Act::Q8);
+            let cpu_f32: Vec<f32> = cpu_matmul(&x, rows, &m, Act::Float);
+            let w = DeviceMatrix::upload(&dev, &t).unwrap();
+            let xd = ops::upload(&dev, &x).unwrap();
+            let mut qa = QuantizedActs::alloc(&dev, rows * cols).unwrap();
+            let mut y = dev.stream().alloc_zeros::<f32>(rows * out).unwrap();
+            ops::quantize_q8(&dev, &xd.as_view(), &mut qa, rows * cols).unwrap();
+            ops::matmul_q8(&dev, &w, &qa, &mut y.as_view_mut(), rows).unwrap();
+            let gpu = ops::download(&dev, &y.as_view()).unwrap();
+            let what = format!("matmul_q8 {ty} [{out}, {cols}] x {rows} rows");
+            // Integer block sums are exact on the GPU and float on the CPU:
+            // the two agree to rounding, far closer than either to f32 acts.
+            let err = rel_err(&gpu, &cpu_q8);
+            assert!(err < 2e-6, "{what}: {err:e} from the CPU q8 mode");
+            if cols >= 64 {
+                let gap = rel_err(&gpu, &cpu_f32);
+                assert!(
+                    gap > 10.0 * err,
+                    "{what}: q8 is indistinguishable from f32 ({gap:e})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_matches_at_far_positions() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(6);
+    for (heads, head_dim, start, rows) in [
+        (1, 2, 0, 1),
+        (3, 64, 0, 5),
+        (9, 64, 7, 1),
+        (2, 128, 8190, 2),
+    ] {
+        let width = heads * head_dim;
+        let x = rng.vec(rows * width, 2.0);
+        let mut cpu = x.clone();
+        cpu_rope(&mut cpu, width, start, head_dim, 100000.0);
+        let mut xd = ops::upload(&dev, &x).unwrap();
+        let pos: Vec<u32> = (start as u32..(start + rows) as u32).collect();
+        let pd = ops::upload(&dev, &pos).unwrap();
+        ops::rope(
+            &dev,
+            &mut xd.as_view_mut(),
+            &pd.as_view(),
+            heads,
+            head_dim,
+            100000.0,
+        )
+        .unwrap();
+        let gpu = ops::download(&dev, &xd.as_view()).unwrap();
+        // cos and sin in f64 on both sides; CUDA's are within 1 ulp (f64) of
+        // libm's, which survives the rounding to f32 but in rare ties.
+        let worst = worst_ulps(&format!("rope {heads}x{head_dim} at {start}"), &gpu, &cpu);
+        assert!(
+            worst <= 1,
+            "rope {heads}x{head_dim} at {start}: {worst} ulp"
+        );
+    }
+}
+
+#[test]
+fn attention_matches_prefill_and_decode() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(7);
+    // (n_head, n_kv, head_dim, start, rows): a first token, a prefill, a GQA
+    // decode deep into the cache, and more keys than threads per block.
+    for (n_head, n_kv, head_dim, start, rows) in [
+        (1, 1, 2, 0, 1),
+        (9, 3, 64, 0, 7),
+        (9, 3, 64, 40, 1),
+        (4, 2, 32, 300, 3),
+    ] {
+        let (qw, kvw) = (n_head * head_dim, n_kv * head_dim);
+        let keys = start + rows;
+        let q = rng.vec(rows * qw, 1.0);
+        let k = rng.vec(keys * kvw, 1.0);
+        let v = rng.vec(keys * kvw, 1.0);
+        let cpu: Vec<f32> = cpu_attention(
+            &q,
+            rows,
+            start,
+            &k,
+            &v,
+            Heads {
+                n_head,
+                n_head_kv: n_kv,
+                head_dim,
+            },
+        );
+        let (qd, kd, vd) = (
+            ops::upload(&dev, &q).unwrap(),
+            ops::upload(&dev, &k).unwrap(),
+            ops::upload(&dev, &v).unwrap(),
+        );
+        let mut out = dev.stream().alloc_zeros::<f32>(rows * qw).unwrap();
+        let shape = AttentionShape {
+            rows,
+            pos0: start,
+            n_head,
+            n_kv,
+            head_dim,
+        };
+        ops::attention(
+            &dev,
+            &qd.as_view(),
+            &kd.as_view(),
+            &vd.as_view(),
+            &mut out.as_view_mut(),
+            shape,
+        )
+        .unwrap();
+        let gpu = ops::download(&dev, &out.as_view()).unwrap();
+        let what = format!("attention {n_head}/{n_kv}x{head_dim} at {start}+{rows}");
+        // Same summation order; only exp may round differently (half an ulp
+        // from double on the GPU, libm's expf on the CPU).
+        let err = rel_err(&gpu, &cpu);
+        assert!(err < 1e-6, "{what}: {err:e}");
+    }
+}
+
+#[test]
+fn swiglu_and_add_match() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(8);
+    for n in [1, 255, 256, 257, 1536 * 3] {
+        let g = rng.vec(n, 12.0);
+        let u = rng.vec(n, 2.0);
+        let (gd, ud) = (
+            ops::upload(&dev, &g).unwrap(),
+            ops::upload(&dev, &u).unwrap(),
+        );
+        let mut out = dev.stream().alloc_zeros::<f32>(n).unwrap();
+        ops::swiglu(
+            &dev,
+            &gd.as_view(),
+            &ud.as_view(),
+            &mut out.as_view_mut(),
+            n,
+        )
+        .unwrap();
+        let gpu = ops::download(&dev, &out.as_view()).unwrap();
+        let worst = worst_ulps(&format!("swiglu {n}"), &gpu, &cpu_swiglu(&g, &u));
+        assert!(worst <= 2, "swiglu {n}: {worst} ulp");
+
+        ops::add(
+            &dev,
+            &gd.as_view(),
+            &ud.as_view(),
+            &mut out.as_view_mut(),
+            n,
+        )
+        .unwrap();
+        let gpu = ops::download(&dev, &out.as_view()).unwrap();
+        let cpu: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a + b).collect();
+        assert_bitwise(&format!("add {n}"), &gpu, &cpu);
+    }
+}
+
+#[test]
+fn launchers_refuse_short_buffers() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(9);
+    let t = weight(&mut rng, GgmlType::Q8_0, 4, 64, 1.0);
+    let w = DeviceMatrix::upload(&dev, &t).unwrap();
+    let x = dev.stream().alloc_zeros::<f32>(64).unwrap();
+    let mut y = dev.stream().alloc_zeros::<f32>(4).unwrap();
+    let e = ops::matmul_f32(&dev, &w, &x.as_view(), &mut y.as_view_mut(), 2).unwrap_err();
+    assert!(e.to_string().contains("the launch needs 128"), "{e}");
+}
