@@ -535,7 +535,8 @@ fn bisect_switches_names_a_single_culprit_without_ddmin() {
         .iter()
         .map(|c| c["switches"][0].as_str().unwrap())
         .collect();
-    assert_eq!(culprits, ["SW_C=1", "SW_E=1"], "{report:#}");
+    // Earliest first divergence first: L0/q_proj comes before L0/attn.
+    assert_eq!(culprits, ["SW_E=1", "SW_C=1"], "{report:#}");
 }
 
 #[test]

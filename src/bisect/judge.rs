@@ -17,6 +17,10 @@ pub struct FirstOp {
     pub cos: f64,
     /// The failing comparisons there (`cos 0.87 < 0.999`).
     pub reasons: Vec<String>,
+    /// Its row in the diff, in forward order: trees with the same taps
+    /// against one reference number their rows alike, so this orders the
+    /// first divergences of different candidates.
+    pub row: usize,
 }
 
 impl std::fmt::Display for FirstOp {
@@ -109,6 +113,7 @@ fn verdict(tree: &Path, report: &diff::Report) -> Result<Verdict, JudgeError> {
             },
             cos: worst.metrics.cos,
             reasons: row.reasons.clone(),
+            row: i,
         }
     });
     let logits_min_cos = if report.outcome == Outcome::Identical {

@@ -156,7 +156,9 @@ pub enum Answer {
     NoDivergence,
     /// All off already diverges: the switches cannot explain it.
     BaselineRed { first_op: Option<FirstOp> },
-    /// Switches that are red on their own (each with its first diverging op).
+    /// Switches that are red on their own, each with its first diverging op,
+    /// the earliest in forward order first: that one causes the first
+    /// divergence.
     Single { culprits: Vec<Culprit> },
     /// No switch is red alone; this minimal set is red together.
     Set { culprit: Culprit },
@@ -231,11 +233,13 @@ pub fn bisect(req: &Request, mut on_arm: impl FnMut(&Arm, usize)) -> Result<Repo
     } else {
         singles[0].clone()
     };
-    let culprits: Vec<Culprit> = singles
+    let mut culprits: Vec<Culprit> = singles
         .iter()
         .filter(|a| a.verdict == ArmVerdict::Red)
         .map(culprit)
         .collect();
+    // Stable: switches whose first divergences coincide keep argument order.
+    culprits.sort_by_key(|c| c.first_op.as_ref().map_or(usize::MAX, |op| op.row));
     if !culprits.is_empty() {
         return Ok(arms.report(Answer::Single { culprits }));
     }

@@ -290,13 +290,23 @@ fn render_switches(r: &switches::Report) -> String {
             )
         }
         Answer::Single { culprits } => {
-            for c in culprits {
-                out += &format!(
-                    "culprit: {} alone (first diverging op: {})\n",
-                    c.switches.join(" "),
-                    op_or_dash(&c.first_op)
-                );
+            if culprits.len() > 1 {
+                out += "switches red alone, earliest first divergence first:\n";
+                for c in culprits {
+                    out += &format!("  {}: {}\n", c.switches.join(" "), op_or_dash(&c.first_op));
+                }
             }
+            let first = &culprits[0];
+            let what = if culprits.len() > 1 {
+                "culprit of the first divergence"
+            } else {
+                "culprit"
+            };
+            out += &format!(
+                "{what}: {} alone (first diverging op: {})\n",
+                first.switches.join(" "),
+                op_or_dash(&first.first_op)
+            );
         }
         Answer::Set { culprit } => {
             out += "no single switch diverges alone\n";
