@@ -1,0 +1,469 @@
+//! `taptree ls` and `taptree verify`, end to end through the binary.
+//!
+//! Contents: listing; integrity of one tree; the A/B oracle (identical,
+//! changed, missing, JSON); bad input, each exiting 2 and naming the file and
+//! the problem (killed capture, flipped byte, truncated or foreign tap file,
+//! unsafe manifest paths, escaping symlink, bad shapes, unknown version).
+
+use capture::{Capture, CaptureOptions, RunInfo, Selection, StageSpec, TreeReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+fn taptree(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_taptree"))
+        .args(args.iter().map(|a| a.as_ref()))
+        .output()
+        .expect("running taptree")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// A small tree: 3 layers × 2 stages over 4 positions, plus logits.
+/// `bump` changes one element of layer 2's `ffn_down`.
+fn make_tree(out: &Path, bump: f32) -> capture::Summary {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let cap = Capture::start(CaptureOptions {
+        out: out.to_path_buf(),
+        selection: Selection::all(),
+        force: false,
+        stages: vec![
+            StageSpec::layer("attn_norm", &[]),
+            StageSpec::layer("ffn_down", &["attn_norm"]),
+            StageSpec::global("logits", &[]),
+        ],
+        run: RunInfo {
+            model: "toy".into(),
+            backend: "test".into(),
+            precision: "f32".into(),
+            ..RunInfo::default()
+        },
+    })
+    .unwrap();
+    for layer in 0..3u32 {
+        let x: Vec<f32> = (0..4 * 8)
+            .map(|i| (i as f32 + layer as f32).sin())
+            .collect();
+        capture::tap("attn_norm", Some(layer), 0..4, None, &[4, 8], &x);
+        let mut y: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
+        if layer == 2 {
+            y[9] += bump;
+        }
+        capture::tap("ffn_down", Some(layer), 0..4, None, &[4, 8], &y);
+    }
+    let logits: Vec<f32> = (0..4 * 16).map(|i| i as f32 / 7.0).collect();
+    capture::tap("logits", None, 0..4, None, &[4, 16], &logits);
+    cap.finish().unwrap()
+}
+
+fn two_trees(bump: f32) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    make_tree(&a, 0.0);
+    make_tree(&b, bump);
+    (dir, a, b)
+}
+
+fn flip_last_byte(file: &Path) {
+    let mut bytes = std::fs::read(file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x20;
+    std::fs::write(file, bytes).unwrap();
+}
+
+fn edit_manifest(tree: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = tree.join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut m);
+    std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
+}
+
+/// Exit 2, and stderr names `file` and `problem`.
+#[track_caller]
+fn assert_refused(o: &Output, file: &str, problem: &str) {
+    let (out, err) = text(o);
+    assert_eq!(o.status.code(), Some(2), "stdout: {out}\nstderr: {err}");
+    assert!(err.contains(file), "stderr should name {file:?}: {err}");
+    assert!(
+        err.contains(problem),
+        "stderr should say {problem:?}: {err}"
+    );
+    assert!(
+        !out.contains("identical"),
+        "a failure must not read as identical: {out}"
+    );
+}
+
+// ---- ls --------------------------------------------------------------------
+
+#[test]
+fn ls_lists_in_forward_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("t");
+    let summary = make_tree(&tree, 0.0);
+    let o = taptree(&[&"ls", &tree]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].contains(&format!(
+        "7 taps, {} bytes, root {}",
+        summary.bytes, summary.root
+    )));
+    let keys: Vec<&str> = lines[1..]
+        .iter()
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "L0/attn_norm@0..4",
+            "L0/ffn_down@0..4",
+            "L1/attn_norm@0..4",
+            "L1/ffn_down@0..4",
+            "L2/attn_norm@0..4",
+            "L2/ffn_down@0..4",
+            "logits@0..4"
+        ]
+    );
+    let reader = TreeReader::open(&tree).unwrap();
+    let first = &reader.entries()[0];
+    assert!(lines[1].contains("F32") && lines[1].contains("[4, 8]"));
+    assert!(lines[1].ends_with(&first.blake3[..12]));
+
+    let o = taptree(&[
+        &"ls",
+        &"--json",
+        &"--select",
+        &"stage=ffn_*;layer=1..",
+        &tree,
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["root"], summary.root.as_str());
+    let keys: Vec<&str> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["L1/ffn_down@0..4", "L2/ffn_down@0..4"]);
+    assert_eq!(v["entries"][0]["shape"], serde_json::json!([4, 8]));
+
+    let o = taptree(&[&"ls", &"--select", &"lyr=1", &tree]);
+    assert_refused(&o, "\"lyr\"", "unknown field");
+}
+
+// ---- verify TREE -------------------------------------------------------------
+
+#[test]
+fn verify_one_tree_rehashes_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("t");
+    let summary = make_tree(&tree, 0.0);
+    let o = taptree(&[&"verify", &tree]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        out.contains(&format!(
+            "ok: 7 tensors, {} bytes rehashed, root {}",
+            summary.bytes, summary.root
+        )),
+        "{out}"
+    );
+
+    let file = tree.join("L001/attn_norm.p0-4.safetensors");
+    flip_last_byte(&file);
+    assert_refused(
+        &taptree(&[&"verify", &tree]),
+        "L001/attn_norm.p0-4.safetensors",
+        "integrity failure",
+    );
+}
+
+// ---- verify A B --------------------------------------------------------------
+
+#[test]
+fn verify_identical_trees() {
+    let (_dir, a, b) = two_trees(0.0);
+    let root = TreeReader::open(&a).unwrap().root().to_string();
+    for extra in [None, Some("--rehash")] {
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"verify"];
+        if let Some(flag) = &extra {
+            args.push(flag);
+        }
+        args.push(&a);
+        args.push(&b);
+        let o = taptree(&args);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{out}{err}");
+        let bytes = 3 * 2 * 4 * 8 * 4 + 4 * 16 * 4;
+        assert!(
+            out.starts_with(&format!(
+                "bitwise identical: 7 tensors, {bytes} bytes, root {root}\n"
+            )),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn verify_names_the_first_differing_tap() {
+    let (_dir, a, b) = two_trees(0.5);
+    let o = taptree(&[&"verify", &a, &b]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(out.contains("differ: 1 changed, 0 missing from B, 0 extra in B (3 of 4 layer directories identical, skipped)"), "{out}");
+    assert!(
+        out.contains("first difference in forward order: L2/ffn_down@0..4: tensor bytes differ"),
+        "{out}"
+    );
+    assert!(out.contains("L002/ffn_down.p0-4.safetensors"), "{out}");
+
+    let o = taptree(&[&"verify", &"--json", &a, &b]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["identical"], false);
+    assert_eq!(v["first"]["key"], "L2/ffn_down@0..4");
+    assert_eq!(v["first"]["kind"], "changed");
+    assert_eq!(v["dirs_skipped"], 3);
+}
+
+#[test]
+fn verify_counts_missing_and_extra_taps() {
+    let (_dir, a, b) = two_trees(0.0);
+    // Drop layer 1 from B's manifest (and its hash), as a capture that
+    // stopped early or a narrower selection would.
+    let reader = TreeReader::open(&b).unwrap();
+    let kept: Vec<_> = reader
+        .entries()
+        .iter()
+        .filter(|e| e.key.layer != Some(1))
+        .cloned()
+        .collect();
+    let (dirs, root) = capture::manifest::tree_hashes(&kept);
+    edit_manifest(&b, |m| {
+        m["entries"] = serde_json::to_value(&kept).unwrap();
+        m["dirs"] = serde_json::to_value(&dirs).unwrap();
+        m["root"] = root.into();
+    });
+    let o = taptree(&[&"verify", &a, &b]);
+    let (out, _) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("0 changed, 2 missing from B, 0 extra in B"),
+        "{out}"
+    );
+    assert!(out.contains("L1/attn_norm@0..4: only in A"), "{out}");
+    let o = taptree(&[&"verify", &b, &a]);
+    let (out, _) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("0 changed, 0 missing from B, 2 extra in B"),
+        "{out}"
+    );
+    assert!(out.contains("L1/attn_norm@0..4: only in B"), "{out}");
+}
+
+#[test]
+fn verify_trusts_manifests_unless_asked_to_rehash() {
+    let (_dir, a, b) = two_trees(0.0);
+    flip_last_byte(&b.join("L000/ffn_down.p0-4.safetensors"));
+    let o = taptree(&[&"verify", &a, &b]);
+    let (out, _) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "trusted manifests read no tensor");
+    assert!(
+        out.contains("manifests trusted; --rehash rereads every tensor"),
+        "{out}"
+    );
+    let o = taptree(&[&"verify", &"--rehash", &a, &b]);
+    assert_refused(&o, "L000/ffn_down.p0-4.safetensors", "integrity failure");
+    let help = taptree(&[&"verify", &"--help"]);
+    assert!(text(&help).0.contains("manifests are trusted"));
+}
+
+// ---- bad input -----------------------------------------------------------------
+
+#[test]
+fn a_killed_capture_reads_as_incomplete_never_identical() {
+    if std::env::var_os("TAPTREE_TEST_CHILD_OUT").is_some() {
+        return; // the child has its own test, below
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good");
+    make_tree(&good, 0.0);
+    let out = dir.path().join("killed");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_captures_until_killed",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("TAPTREE_TEST_CHILD_OUT", &out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it once it has written tap files, mid-capture.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let written = std::fs::read_dir(out.join("L002"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        if written > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the child never wrote a tap");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the child exited early"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!out.join("manifest.json").exists());
+    assert_refused(&taptree(&[&"verify", &out]), "killed", "incomplete capture");
+    assert_refused(
+        &taptree(&[&"verify", &good, &out]),
+        "killed",
+        "incomplete capture",
+    );
+    assert_refused(
+        &taptree(&[&"verify", &out, &good]),
+        "killed",
+        "incomplete capture",
+    );
+    assert_refused(&taptree(&[&"ls", &out]), "killed", "incomplete capture");
+}
+
+/// Run only as the child of the test above: captures forever.
+#[test]
+fn child_captures_until_killed() {
+    let Some(out) = std::env::var_os("TAPTREE_TEST_CHILD_OUT") else {
+        return;
+    };
+    let _cap = Capture::start(CaptureOptions {
+        out: out.into(),
+        selection: Selection::all(),
+        force: false,
+        stages: vec![],
+        run: RunInfo::default(),
+    })
+    .unwrap();
+    let x = vec![1.0f32; 4096];
+    for pos in 0u32.. {
+        for layer in 0..4 {
+            capture::tap("ffn_down", Some(layer), pos..pos + 1, None, &[1, 4096], &x);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn missing_tree_and_empty_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _) = (dir.path().join("a"), ());
+    make_tree(&a, 0.0);
+    assert_refused(
+        &taptree(&[&"verify", &a, &dir.path().join("nope")]),
+        "nope",
+        "No such file",
+    );
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    assert_refused(&taptree(&[&"verify", &empty]), "empty", "not a tree");
+}
+
+#[test]
+fn damaged_tap_files_are_named() {
+    type Damage = fn(&Path);
+    let cases: [(&str, Damage, &str); 3] = [
+        (
+            "truncated",
+            |f| {
+                let b = std::fs::read(f).unwrap();
+                std::fs::write(f, &b[..b.len() - 4]).unwrap();
+            },
+            "truncated",
+        ),
+        (
+            "not safetensors",
+            |f| std::fs::write(f, b"PK\x03\x04 a zip file").unwrap(),
+            "not a safetensors file",
+        ),
+        ("empty", |f| std::fs::write(f, b"").unwrap(), "truncated"),
+    ];
+    for (name, damage, problem) in cases {
+        let (_dir, a, b) = two_trees(0.0);
+        let file = b.join("L001/ffn_down.p0-4.safetensors");
+        damage(&file);
+        let rel = "L001/ffn_down.p0-4.safetensors";
+        assert_refused(&taptree(&[&"verify", &b]), rel, problem);
+        assert_refused(&taptree(&[&"verify", &"--rehash", &a, &b]), rel, problem);
+        let _ = name;
+    }
+}
+
+#[test]
+fn unsafe_manifests_are_refused() {
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(Edit, &str); 5] = [
+        (
+            |m| m["entries"][0]["path"] = "/etc/passwd".into(),
+            "absolute",
+        ),
+        (
+            |m| m["entries"][0]["path"] = "L000/../../../x.safetensors".into(),
+            "escapes the tree",
+        ),
+        (
+            |m| {
+                m["entries"][0]["shape"] = serde_json::json!([4, usize::MAX]);
+            },
+            "overflows",
+        ),
+        (
+            |m| m["entries"][0]["bytes"] = 12345.into(),
+            "entry says 12345",
+        ),
+        (
+            |m| m["format_version"] = "3.1".into(),
+            "unsupported tree format version 3.1 (this taptree reads 1.x)",
+        ),
+    ];
+    for (edit, problem) in cases {
+        let (_dir, a, b) = two_trees(0.0);
+        edit_manifest(&b, edit);
+        assert_refused(&taptree(&[&"verify", &b]), "manifest", problem);
+        assert_refused(&taptree(&[&"verify", &a, &b]), "manifest", problem);
+        assert_refused(&taptree(&[&"ls", &b]), "manifest", problem);
+    }
+}
+
+#[test]
+fn a_symlink_out_of_the_tree_is_refused() {
+    let (dir, a, b) = two_trees(0.0);
+    let file = b.join("L000/attn_norm.p0-4.safetensors");
+    let outside = dir.path().join("elsewhere.safetensors");
+    std::fs::rename(&file, &outside).unwrap();
+    std::os::unix::fs::symlink(&outside, &file).unwrap();
+    assert_refused(
+        &taptree(&[&"verify", &b]),
+        "L000/attn_norm.p0-4.safetensors",
+        "outside the tree",
+    );
+    assert_refused(
+        &taptree(&[&"verify", &"--rehash", &a, &b]),
+        "L000/attn_norm.p0-4.safetensors",
+        "outside the tree",
+    );
+}
