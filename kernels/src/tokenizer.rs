@@ -354,3 +354,26 @@ pub(crate) fn build(
     inner.add_special_tokens(&added);
     Ok(inner)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny(pre: &str) -> HfTokenizer {
+        let tokens: Vec<String> = ["<s>", "1", "2", "12", "Ġ", "a"].map(String::from).to_vec();
+        let merges = vec![("1".to_string(), "2".to_string())];
+        build("t", &tokens, merges, &["<s>"], pre_tokenizer(pre).unwrap()).unwrap()
+    }
+
+    fn ids(t: &HfTokenizer, s: &str) -> Vec<u32> {
+        t.encode(s, false).unwrap().get_ids().to_vec()
+    }
+
+    #[test]
+    fn smollm_splits_digits_before_merging_and_gpt2_does_not() {
+        assert_eq!(ids(&tiny("smollm"), "12"), [1, 2]);
+        assert_eq!(ids(&tiny("gpt-2"), "12"), [3]);
+        assert_eq!(ids(&tiny("smollm"), "a<s>12"), [5, 0, 1, 2]);
+        assert!(pre_tokenizer("llama3").is_none());
+    }
+}
