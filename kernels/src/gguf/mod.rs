@@ -215,7 +215,7 @@ pub enum GgufError {
         what: &'static str,
         name: String,
     },
-    #[error("{path}: {count} {what} is implausible for a file of {len} bytes")]
+    #[error("{path}: truncated or corrupt: {count} {what} declared, more than a file of {len} bytes can hold")]
     ImplausibleCount {
         path: PathBuf,
         what: &'static str,
