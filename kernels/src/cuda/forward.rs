@@ -9,7 +9,9 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaSlice, CudaView};
 
@@ -534,6 +536,20 @@ fn matmul(
     }
 }
 
+static TAP_COPY_BYTES: AtomicU64 = AtomicU64::new(0);
+static TAP_COPY_NANOS: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes the GPU taps copied to the host so far in this process, and the
+/// time those copies took (the device-to-host copy alone: the stream is
+/// drained before the clock starts, and the hand-off to the capture writer
+/// is not counted). The tap throughput of docs/PERFORMANCE.md.
+pub fn tap_copy_stats() -> (u64, Duration) {
+    (
+        TAP_COPY_BYTES.load(Ordering::Relaxed),
+        Duration::from_nanos(TAP_COPY_NANOS.load(Ordering::Relaxed)),
+    )
+}
+
 /// Taps `buf` (`[rows, width]` over all groups) once per group: the copy to
 /// the host happens only for the groups the capture wants.
 fn tap(
@@ -552,7 +568,13 @@ fn tap(
             continue;
         }
         let view: CudaView<f32> = buf.slice(g.row * width..(g.row + g.rows) * width);
+        dev.stream()
+            .synchronize()
+            .map_err(|e| CudaError::driver("synchronize", e))?;
+        let t0 = Instant::now();
         let host = ops::download(dev, &view)?;
+        TAP_COPY_NANOS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        TAP_COPY_BYTES.fetch_add((host.len() * 4) as u64, Ordering::Relaxed);
         capture::tap(stage, layer, g.pos(), g.slot, &[g.rows, width], &host);
     }
     Ok(())

@@ -29,7 +29,7 @@ pub mod forward;
 pub mod ops;
 
 pub use device::Device;
-pub use forward::CudaForward;
+pub use forward::{tap_copy_stats, CudaForward};
 
 use crate::forward::{Forward, ForwardError, Precision};
 use crate::model::ModelWeights;

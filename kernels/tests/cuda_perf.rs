@@ -1,0 +1,177 @@
+//! The GPU figures of docs/PERFORMANCE.md, measured by one binary on the real
+//! model: prefill and decode tokens/s with taps disarmed, single and batched;
+//! the cost of a full armed capture; the GPU→host tap copy throughput against
+//! a plain device-to-host copy into pinned and into pageable memory.
+//!
+//! Needs a GPU and `TAPTREE_MODEL` (a GGUF path); skips, saying so, without
+//! either. Run: `TAPTREE_MODEL=... cargo test --release --features cuda -p
+//! kernels --test cuda_perf -- --nocapture`.
+#![cfg(feature = "cuda")]
+
+use std::time::{Duration, Instant};
+
+use kernels::cuda::device::{driver_present, Device};
+use kernels::switches::Switches;
+use kernels::{Forward, Precision};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// Device-to-host copy bandwidth in GB/s into pinned and pageable memory:
+/// the ceiling the tap throughput is read against.
+fn copy_bandwidth(dev: &Device, bytes: usize) -> (f64, f64) {
+    let s = dev.stream();
+    let n = bytes / 4;
+    let src = s.alloc_zeros::<f32>(n).unwrap();
+    // SAFETY: the buffer is written by the copy before it is read.
+    let mut pinned = unsafe { dev.context().alloc_pinned_with_flags::<f32>(n, 0) }.unwrap();
+    let mut pageable = vec![0f32; n];
+    let time = |f: &mut dyn FnMut()| {
+        f();
+        s.synchronize().unwrap();
+        let mut t = Vec::new();
+        for _ in 0..7 {
+            let t0 = Instant::now();
+            f();
+            s.synchronize().unwrap();
+            t.push(bytes as f64 / secs(t0.elapsed()) / 1e9);
+        }
+        median(t)
+    };
+    let p = time(&mut || s.memcpy_dtoh(&src, &mut pinned).unwrap());
+    let q = time(&mut || s.memcpy_dtoh(&src, &mut pageable).unwrap());
+    (p, q)
+}
+
+#[test]
+fn gpu_figures() {
+    if !driver_present() {
+        eprintln!("skipped: no CUDA driver on this host");
+        return;
+    }
+    let Some(path) = std::env::var_os("TAPTREE_MODEL") else {
+        eprintln!("skipped: TAPTREE_MODEL (a GGUF path) is not set");
+        return;
+    };
+    let model = kernels::load::load_model(&path).expect("load TAPTREE_MODEL");
+    let w = &model.weights;
+    let vocab = w.config.vocab_size as u32;
+    let prompt: Vec<u32> = (0..128u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let mut fwd = kernels::cuda::open(w, Precision::F32, &Switches::none()).unwrap();
+    let dev = Device::open(0).unwrap();
+    println!("device: {}", dev.describe());
+
+    // Prefill, disarmed: the whole prompt in one forward.
+    let mut prefill = Vec::new();
+    for i in 0..6 {
+        fwd.reset();
+        let t0 = Instant::now();
+        fwd.forward(None, &prompt, 0).unwrap();
+        if i > 0 {
+            prefill.push(prompt.len() as f64 / secs(t0.elapsed()));
+        }
+    }
+    println!(
+        "prefill {} tokens, disarmed: {:.0} tokens/s (median of 5)",
+        prompt.len(),
+        median(prefill)
+    );
+
+    // Decode, disarmed: one token at a time after a 128-token prefill.
+    let steps = 64;
+    let mut decode = Vec::new();
+    for _ in 0..3 {
+        fwd.reset();
+        fwd.forward(None, &prompt, 0).unwrap();
+        let t0 = Instant::now();
+        for s in 0..steps {
+            fwd.forward(None, &[(s * 31 % vocab as usize) as u32], prompt.len() + s)
+                .unwrap();
+        }
+        decode.push(steps as f64 / secs(t0.elapsed()));
+    }
+    println!(
+        "decode at 128..192, disarmed, m=1: {:.0} tokens/s (median of 3)",
+        median(decode)
+    );
+
+    // Batched decode, disarmed: m = 4 slots per forward.
+    let m = 4;
+    let mut batched = Vec::new();
+    for _ in 0..3 {
+        fwd.reset();
+        for i in 0..m {
+            fwd.forward(Some(i as u32), &prompt[..64 + i], 0).unwrap();
+        }
+        let t0 = Instant::now();
+        for s in 0..steps {
+            let toks: Vec<u32> = (0..m)
+                .map(|i| ((s + i) * 31 % vocab as usize) as u32)
+                .collect();
+            let pos: Vec<usize> = (0..m).map(|i| 64 + i + s).collect();
+            fwd.decode_batch(&toks, &pos).unwrap();
+        }
+        batched.push((steps * m) as f64 / secs(t0.elapsed()));
+    }
+    println!(
+        "decode, disarmed, m=4 batched: {:.0} tokens/s (median of 3)",
+        median(batched)
+    );
+
+    // A full armed capture of the same prefill and 16 decode steps, against
+    // the same work disarmed.
+    let work = |fwd: &mut dyn Forward| {
+        fwd.reset();
+        fwd.forward(None, &prompt, 0).unwrap();
+        for s in 0..16 {
+            fwd.forward(None, &[(s * 31 % vocab as usize) as u32], prompt.len() + s)
+                .unwrap();
+        }
+    };
+    work(fwd.as_mut());
+    let t0 = Instant::now();
+    work(fwd.as_mut());
+    let disarmed = secs(t0.elapsed());
+    let dir = tempfile::tempdir().unwrap();
+    let (b0, c0) = kernels::cuda::tap_copy_stats();
+    let t0 = Instant::now();
+    let cap = capture::Capture::start(capture::CaptureOptions {
+        out: dir.path().join("tree"),
+        selection: capture::Selection::all(),
+        force: false,
+        stages: kernels::stages::llama(),
+        run: capture::RunInfo::default(),
+    })
+    .unwrap();
+    work(fwd.as_mut());
+    let forward_done = secs(t0.elapsed());
+    let summary = cap.finish().unwrap();
+    let armed = secs(t0.elapsed());
+    let (b1, c1) = kernels::cuda::tap_copy_stats();
+    let (bytes, copy) = (b1 - b0, secs(c1 - c0));
+    println!(
+        "prefill 128 + decode 16: disarmed {:.3} s; armed full capture {:.3} s until the last tap, {:.3} s with the tree written ({} taps, {:.1} MB): x{:.1}",
+        disarmed,
+        forward_done,
+        armed,
+        summary.taps,
+        summary.bytes as f64 / 1e6,
+        armed / disarmed
+    );
+    let (pinned, pageable) = copy_bandwidth(&dev, 64 << 20);
+    println!(
+        "tap copies: {:.1} MB in {:.3} s = {:.2} GB/s; plain 64 MiB device-to-host copy: pinned {:.2} GB/s, pageable {:.2} GB/s",
+        bytes as f64 / 1e6,
+        copy,
+        bytes as f64 / copy / 1e9,
+        pinned,
+        pageable
+    );
+    assert!(bytes > 0 && summary.taps > 0);
+}
