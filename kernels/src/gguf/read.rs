@@ -132,6 +132,17 @@ impl GgufFile {
     }
 }
 
+/// The fewest bytes one value of type `ty` takes in a file.
+fn min_encoded_size(ty: ValueType) -> u64 {
+    match ty {
+        ValueType::U8 | ValueType::I8 | ValueType::Bool => 1,
+        ValueType::U16 | ValueType::I16 => 2,
+        ValueType::U32 | ValueType::I32 | ValueType::F32 => 4,
+        ValueType::U64 | ValueType::I64 | ValueType::F64 | ValueType::String => 8,
+        ValueType::Array => 12,
+    }
+}
+
 fn index<T>(items: &[T], key: impl Fn(&T) -> &String) -> HashMap<String, usize> {
     items
         .iter()
@@ -178,7 +189,9 @@ impl Parser<'_> {
         self.plausible(n_kv, 12, "metadata entries")?;
         self.plausible(n_tensors, 24, "tensors")?;
 
-        let mut metadata: Vec<(String, Value)> = Vec::with_capacity(n_kv as usize);
+        // Capacities are capped: a count that passed the plausibility check
+        // can still be far larger than what the file really holds.
+        let mut metadata: Vec<(String, Value)> = Vec::with_capacity(n_kv.min(1024) as usize);
         let mut seen = std::collections::HashSet::new();
         for i in 0..n_kv {
             let key = self.string(&format!("metadata key #{i}"))?;
@@ -213,7 +226,7 @@ impl Parser<'_> {
             }
         };
 
-        let mut raw = Vec::with_capacity(n_tensors as usize);
+        let mut raw = Vec::with_capacity(n_tensors.min(4096) as usize);
         for i in 0..n_tensors {
             let name = self.string(&format!("tensor name #{i}"))?;
             let n_dims = self.u32(&format!("dims count of tensor {name:?}"))?;
@@ -305,6 +318,25 @@ impl Parser<'_> {
         })
     }
 
+    /// Like [`Parser::plausible`], against the bytes after the cursor.
+    fn plausible_here(
+        &self,
+        count: u64,
+        min_size: u64,
+        what: &'static str,
+    ) -> Result<(), GgufError> {
+        let remaining = (self.buf.len() - self.pos) as u64;
+        if count.saturating_mul(min_size) > remaining {
+            return Err(GgufError::ImplausibleCount {
+                path: self.path.into(),
+                what,
+                count,
+                len: self.buf.len() as u64,
+            });
+        }
+        Ok(())
+    }
+
     fn plausible(&self, count: u64, min_size: u64, what: &'static str) -> Result<(), GgufError> {
         let len = self.buf.len() as u64;
         if count.saturating_mul(min_size) > len {
@@ -391,8 +423,8 @@ impl Parser<'_> {
                         id,
                     })?;
                 let count = self.u64(&what())?;
-                self.plausible(count, 1, "array elements")?;
-                let mut items = Vec::with_capacity(count as usize);
+                self.plausible_here(count, min_encoded_size(elem), "array elements")?;
+                let mut items = Vec::with_capacity(count.min(1 << 16) as usize);
                 for _ in 0..count {
                     items.push(self.value(elem, key, depth + 1)?);
                 }

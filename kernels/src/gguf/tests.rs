@@ -168,3 +168,42 @@ fn misaligned_tensor_offset_is_refused() {
     bytes[at..at + 8].copy_from_slice(&(off + 1).to_le_bytes());
     assert!(open_err(&bytes).contains("not a multiple of the alignment"));
 }
+
+mod mutations {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Corrupting any bytes of a valid file yields a file or an error,
+        /// never a panic or a runaway allocation.
+        #[test]
+        fn corrupt_headers_never_panic(
+            edits in proptest::collection::vec((0usize..400, any::<u8>()), 1..6)
+        ) {
+            let mut bytes = sample().to_bytes();
+            for (at, v) in edits {
+                let at = at % bytes.len();
+                bytes[at] = v;
+            }
+            let (_d, p) = write_tmp(&bytes);
+            if let Ok(g) = GgufFile::open(&p) {
+                for t in g.tensors() {
+                    prop_assert!(t.range.end <= bytes.len());
+                    prop_assert_eq!(g.tensor_data(t).len(), t.range.len());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_huge_array_count_is_refused_before_allocating() {
+    let mut bytes = sample().to_bytes();
+    // "arr" is an array of strings: type 9, element type 8, then the count.
+    let at = find(&bytes, b"arr\x09\x00\x00\x00\x08\x00\x00\x00") + 11;
+    bytes[at..at + 8].copy_from_slice(&(u64::MAX / 16).to_le_bytes());
+    let e = open_err(&bytes);
+    assert!(e.contains("array elements declared"), "{e}");
+}
