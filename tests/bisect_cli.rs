@@ -1,11 +1,15 @@
 //! `taptree bisect commits` and `taptree bisect switches`, end to end.
 //!
-//! The capture commands run this test binary itself in a helper mode
-//! (`capture_helper`, a no-op unless TAPTREE_TEST_HELPER is set), which writes
-//! a small llama-vocabulary tree with the capture API. Its parameters come
-//! from a file of the checked-out commit (`model.cfg`: which op family runs
-//! at q8) and from switch variables (`SW_*`), so the tests know exactly which
-//! commit and which op must be named.
+//! Bisect over commits runs the real thing: a throwaway repository whose
+//! `model.cfg` holds the precision switches of a capture of the `tiny-q`
+//! fixture model (`taptree capture`); from commit 19 on, the FFN down
+//! projection runs on q8 activations, and commit 24 does not "build".
+//!
+//! Bisect over switches needs a divergence that only a pair of switches
+//! causes, which no real switch does on demand: its capture command runs this
+//! test binary itself in a helper mode (`capture_helper`, a no-op unless
+//! TAPTREE_TEST_HELPER is set) that writes a small llama-vocabulary tree with
+//! the capture API and perturbs taps according to `SW_*` variables.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -23,9 +27,6 @@ fn value(stage: usize, layer: u32, pos: u32, i: usize) -> f32 {
 }
 
 /// Writes the helper's tree to $TAPTREE_OUT. Perturbations:
-/// - `model.cfg` in the working directory, line `ffn_down=q8` (any llama
-///   stage): that stage, in every layer, plus the logits, are coarsely
-///   rounded; a line `broken` makes the "build" fail (exit 125);
 /// - SW_A=1 and SW_B=1 together: L1/ffn_up and the logits are far off;
 /// - SW_C=1: L0/attn moves by 3e-7 relative (within any tolerance);
 /// - SW_E=1: L0/q_proj and the logits are far off.
@@ -34,15 +35,6 @@ fn capture_helper() {
     if std::env::var_os("TAPTREE_TEST_HELPER").is_none() {
         return;
     }
-    let cfg = std::fs::read_to_string("model.cfg").unwrap_or_default();
-    if cfg.lines().any(|l| l.trim() == "broken") {
-        std::process::exit(125);
-    }
-    let q8: Vec<String> = cfg
-        .lines()
-        .filter_map(|l| l.trim().strip_suffix("=q8"))
-        .map(str::to_string)
-        .collect();
     let on = |name: &str| std::env::var(name).as_deref() == Ok("1");
     let pair = on("SW_A") && on("SW_B");
     let nudge = on("SW_C");
@@ -59,7 +51,6 @@ fn capture_helper() {
     })
     .expect("start capture");
     let far = |v: f32, i: usize| v + 0.6 * ((i as f32) * 2.9).cos();
-    let coarse = |v: f32| (v * 4.0).round() / 4.0;
     for pos in 0..POSITIONS {
         // Forward order within a position: embedding, the layers, then
         // final_norm and logits.
@@ -82,9 +73,6 @@ fn capture_helper() {
             let data: Vec<f32> = (0..width)
                 .map(|i| {
                     let mut v = value(si, layer.unwrap_or(0), pos, i);
-                    if !q8.is_empty() && (stage == "logits" || q8.iter().any(|s| s == stage)) {
-                        v = coarse(v);
-                    }
                     if pair && (stage == "logits" || (stage == "ffn_up" && layer == Some(1))) {
                         v = far(v, i);
                     }
@@ -108,11 +96,26 @@ fn capture_helper() {
 fn helper_command(log: &Path) -> String {
     let exe = std::env::current_exe().unwrap();
     format!(
-        "grep -qx broken model.cfg 2>/dev/null && exit 125; \
-         echo run >> '{}'; \
+        "echo run >> '{}'; \
          TAPTREE_TEST_HELPER=1 '{}' capture_helper --exact --quiet --test-threads=1 >/dev/null",
         log.display(),
         exe.display()
+    )
+}
+
+/// The prompt of every fixture capture: BOS then "Hello w".
+const TOKENS: &str = "0,75,104,111,111,114,35,122";
+
+/// The command line that captures the `tiny-q` fixture at `model` under the
+/// switches in ./model.cfg, appending one line to `log` per run; exit 125
+/// ("does not build") when model.cfg says `broken`.
+fn fixture_command(model: &Path, log: &Path) -> String {
+    format!(
+        "grep -qx broken model.cfg && exit 125; \
+         echo run >> '{}'; \
+         env $(cat model.cfg) '{TAPTREE}' capture --model '{}' --tokens {TOKENS} --gen 4 >/dev/null",
+        log.display(),
+        model.display()
     )
 }
 
@@ -139,16 +142,17 @@ fn git(dir: &Path, args: &[&str]) -> String {
 }
 
 /// A repository of 32 commits, `commit 1` .. `commit 32`: from commit 19 on,
-/// model.cfg runs ffn_down at q8; commit 24 does not build. Returns the ids.
+/// model.cfg runs the FFN down projection at q8; commit 24 does not build.
+/// Returns the ids.
 fn make_repo(dir: &Path) -> Vec<String> {
     git(dir, &["init", "-q", "-b", "main"]);
     let mut ids = Vec::new();
     for k in 1..=32 {
-        let mut cfg = String::from("attn=f32\n");
+        let mut cfg = String::from("TAPTREE_ACT_ATTN=f32\n");
         cfg += if k >= 19 {
-            "ffn_down=q8\n"
+            "TAPTREE_ACT_FFN_DOWN=q8\n"
         } else {
-            "ffn_down=f32\n"
+            "TAPTREE_ACT_FFN_DOWN=f32\n"
         };
         if k == 24 {
             cfg += "broken\n";
@@ -162,22 +166,68 @@ fn make_repo(dir: &Path) -> Vec<String> {
     ids
 }
 
-/// Captures a reference tree with the helper under `cfg`.
-fn reference(dir: &Path, cfg: &str, env: &[(&str, &str)]) -> PathBuf {
+/// Runs `cmd` in a scratch directory holding `cfg` as model.cfg, with `env`,
+/// writing the reference tree.
+fn reference_with(dir: &Path, cmd: &str, cfg: &str, env: &[(&str, &str)]) -> PathBuf {
     let work = dir.join("refwork");
     std::fs::create_dir_all(&work).unwrap();
     std::fs::write(work.join("model.cfg"), cfg).unwrap();
     let tree = dir.join("reference");
-    let status = Command::new("sh")
+    let out = Command::new("sh")
         .arg("-c")
-        .arg(helper_command(&dir.join("reflog")))
+        .arg(cmd)
         .current_dir(&work)
         .env("TAPTREE_OUT", &tree)
         .envs(env.iter().copied())
-        .status()
+        .output()
         .unwrap();
-    assert!(status.success());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     tree
+}
+
+/// A repository, the fixture model, and a reference captured under `cfg`.
+struct Setup {
+    tmp: tempfile::TempDir,
+    repo: PathBuf,
+    ids: Vec<String>,
+    reference: PathBuf,
+    log: PathBuf,
+    cmd: String,
+}
+
+fn setup(reference_cfg: &str) -> Setup {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    let ids = make_repo(&repo);
+    let model = kernels::fixtures::write("tiny-q", tmp.path()).unwrap();
+    let reference = reference_with(
+        tmp.path(),
+        &fixture_command(&model, &tmp.path().join("reflog")),
+        reference_cfg,
+        &[],
+    );
+    let log = tmp.path().join("captures.log");
+    let cmd = fixture_command(&model, &log);
+    Setup {
+        tmp,
+        repo,
+        ids,
+        reference,
+        log,
+        cmd,
+    }
+}
+
+const F32_CFG: &str = "TAPTREE_ACT_ATTN=f32\nTAPTREE_ACT_FFN_DOWN=f32\n";
+
+/// A helper reference for the switch tests.
+fn reference(dir: &Path) -> PathBuf {
+    reference_with(dir, &helper_command(&dir.join("reflog")), "", &[])
 }
 
 fn taptree(dir: &Path, args: &[&str]) -> Output {
@@ -195,45 +245,45 @@ fn text(o: &[u8]) -> String {
 
 #[test]
 fn bisect_commits_names_commit_19_and_its_op_in_at_most_6_captures() {
-    let tmp = tempfile::tempdir().unwrap();
-    let repo = tmp.path().join("repo");
-    std::fs::create_dir(&repo).unwrap();
-    let ids = make_repo(&repo);
-    let reference = reference(tmp.path(), "attn=f32\nffn_down=f32\n", &[]);
-    let log = tmp.path().join("captures.log");
-    let cmd = helper_command(&log);
+    let t = setup(F32_CFG);
     let args = [
         "bisect",
         "commits",
         "--good",
-        &ids[0],
+        &t.ids[0],
         "--bad",
         "main",
         "--reference",
-        reference.to_str().unwrap(),
+        t.reference.to_str().unwrap(),
         "--capture",
-        &cmd,
+        &t.cmd,
         "--json",
     ];
 
-    let out = taptree(&repo, &args);
+    let out = taptree(&t.repo, &args);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "stderr:\n{stderr}");
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["answer"]["kind"], "first_bad", "{report:#}");
-    assert_eq!(report["answer"]["commit"], ids[18].as_str());
+    assert_eq!(report["answer"]["commit"], t.ids[18].as_str());
     assert_eq!(report["answer"]["subject"], "commit 19");
-    assert_eq!(report["answer"]["first_op"]["op"], "L0/ffn_down");
+    // q8 activations into the FFN down projection: the first op out of
+    // tolerance is layer 0's ffn_down itself, an origin.
+    assert_eq!(
+        report["answer"]["first_op"]["op"], "L0/ffn_down",
+        "{report:#}"
+    );
     assert_eq!(report["answer"]["first_op"]["cause"], "origin");
 
-    // At most 6 runs of the capture command, the skipped one included.
-    let runs = runs_logged(&log);
-    assert!(runs <= 6, "{runs} captures:\n{stderr}");
+    // At most 6 captures (commit 24's attempt included).
+    let runs = runs_logged(&t.log);
+    assert!(runs <= 5, "{runs} trees captured:\n{stderr}");
     assert_eq!(
         report["captures_run"].as_u64(),
         Some(runs as u64 + 1),
         "{report:#}"
     );
+    assert!(report["captures_run"].as_u64().unwrap() <= 6);
     // Commit 24 does not build: it was probed, skipped, and logged as such.
     let steps = report["steps"].as_array().unwrap();
     assert!(
@@ -247,63 +297,64 @@ fn bisect_commits_names_commit_19_and_its_op_in_at_most_6_captures() {
         stderr.contains("commit 19: red at L0/ffn_down@"),
         "{stderr}"
     );
+    assert!(stderr.contains("commit 18: green"), "{stderr}");
 
     // The user's checkout, index and branch are as they were; no worktree left.
-    assert_eq!(git(&repo, &["status", "--porcelain"]), "");
-    assert_eq!(git(&repo, &["rev-parse", "--abbrev-ref", "HEAD"]), "main");
-    assert_eq!(git(&repo, &["rev-parse", "HEAD"]), ids[31]);
-    assert_eq!(
-        git(&repo, &["worktree", "list", "--porcelain"])
-            .matches("worktree ")
-            .count(),
-        1
-    );
+    assert_eq!(git(&t.repo, &["status", "--porcelain"]), "");
+    assert_eq!(git(&t.repo, &["rev-parse", "--abbrev-ref", "HEAD"]), "main");
+    assert_eq!(git(&t.repo, &["rev-parse", "HEAD"]), t.ids[31]);
+    assert_eq!(worktrees(&t.repo), 1);
 
     // A second run recaptures nothing and gives the same answer.
-    let again = taptree(&repo, &args);
+    let again = taptree(&t.repo, &args);
     assert_eq!(again.status.code(), Some(1), "{}", text(&again.stderr));
-    assert_eq!(runs_logged(&log), runs, "the second run captured again");
+    assert_eq!(runs_logged(&t.log), runs, "the second run captured again");
     let report2: Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(report2["captures_run"], 0);
     assert_eq!(report2["answer"], report["answer"]);
     assert!(text(&again.stderr).contains("[cached]"));
 
-    // The report for people, again from the cache.
-    let text_out = taptree(&repo, &args[..args.len() - 1]);
-    assert_eq!(text_out.status.code(), Some(1));
-    let human = text(&text_out.stdout);
+    // Widened (a later bad, commit 32 stays bad) and for people: it reuses
+    // what it has seen and captures only what it has not.
+    let human = taptree(&t.repo, &args[..args.len() - 1]);
+    assert_eq!(human.status.code(), Some(1));
+    let stdout = text(&human.stdout);
     assert!(
-        human.contains(&format!("first bad commit: {} commit 19", ids[18])),
-        "{human}"
+        stdout.contains(&format!("first bad commit: {} commit 19", t.ids[18])),
+        "{stdout}"
     );
     assert!(
-        human.contains("first diverging op: L0/ffn_down@"),
-        "{human}"
+        stdout.contains("first diverging op: L0/ffn_down@"),
+        "{stdout}"
     );
+    assert!(stdout.contains("0 captures run, 6 from cache"), "{stdout}");
+    assert_eq!(runs_logged(&t.log), runs);
+}
+
+fn worktrees(repo: &Path) -> usize {
+    git(repo, &["worktree", "list", "--porcelain"])
+        .lines()
+        .filter(|l| l.starts_with("worktree "))
+        .count()
 }
 
 #[test]
 fn bisect_commits_refuses_a_good_commit_that_is_already_red() {
-    let tmp = tempfile::tempdir().unwrap();
-    let repo = tmp.path().join("repo");
-    std::fs::create_dir(&repo).unwrap();
-    let ids = make_repo(&repo);
-    // A reference made at q8: the good commit (f32) diverges from it.
-    let reference = reference(tmp.path(), "attn=f32\nffn_down=q8\n", &[]);
-    let cmd = helper_command(&tmp.path().join("captures.log"));
+    // A reference captured at q8: the good commit (f32) diverges from it.
+    let t = setup("TAPTREE_ACT_ATTN=f32\nTAPTREE_ACT_FFN_DOWN=q8\n");
     let out = taptree(
-        &repo,
+        &t.repo,
         &[
             "bisect",
             "commits",
             "--good",
-            &ids[0],
+            &t.ids[0],
             "--bad",
-            &ids[10],
+            &t.ids[10],
             "--reference",
-            reference.to_str().unwrap(),
+            t.reference.to_str().unwrap(),
             "--capture",
-            &cmd,
+            &t.cmd,
         ],
     );
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
@@ -312,30 +363,28 @@ fn bisect_commits_refuses_a_good_commit_that_is_already_red() {
         stdout.contains("is already red against the reference"),
         "{stdout}"
     );
-    assert!(stdout.contains("commit 1"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("--good {} commit 1 ", t.ids[0])),
+        "{stdout}"
+    );
 }
 
 #[test]
 fn bisect_commits_refuses_a_bad_commit_that_is_green() {
-    let tmp = tempfile::tempdir().unwrap();
-    let repo = tmp.path().join("repo");
-    std::fs::create_dir(&repo).unwrap();
-    let ids = make_repo(&repo);
-    let reference = reference(tmp.path(), "attn=f32\nffn_down=f32\n", &[]);
-    let cmd = helper_command(&tmp.path().join("captures.log"));
+    let t = setup(F32_CFG);
     let out = taptree(
-        &repo,
+        &t.repo,
         &[
             "bisect",
             "commits",
             "--good",
-            &ids[0],
+            &t.ids[0],
             "--bad",
-            &ids[9],
+            &t.ids[9],
             "--reference",
-            reference.to_str().unwrap(),
+            t.reference.to_str().unwrap(),
             "--capture",
-            &cmd,
+            &t.cmd,
             "--json",
         ],
     );
@@ -347,22 +396,18 @@ fn bisect_commits_refuses_a_bad_commit_that_is_green() {
 
 #[test]
 fn bisect_commits_stops_on_a_failing_capture_naming_commit_status_and_stderr() {
-    let tmp = tempfile::tempdir().unwrap();
-    let repo = tmp.path().join("repo");
-    std::fs::create_dir(&repo).unwrap();
-    let ids = make_repo(&repo);
-    let reference = reference(tmp.path(), "attn=f32\nffn_down=f32\n", &[]);
+    let t = setup(F32_CFG);
     let out = taptree(
-        &repo,
+        &t.repo,
         &[
             "bisect",
             "commits",
             "--good",
-            &ids[0],
+            &t.ids[0],
             "--bad",
-            &ids[31],
+            &t.ids[31],
             "--reference",
-            reference.to_str().unwrap(),
+            t.reference.to_str().unwrap(),
             "--capture",
             "echo linker exploded >&2; exit 3",
         ],
@@ -375,33 +420,40 @@ fn bisect_commits_stops_on_a_failing_capture_naming_commit_status_and_stderr() {
     );
     assert!(stderr.contains("linker exploded"), "{stderr}");
     assert!(stderr.contains("commit 16"), "{stderr}");
-    // Nothing was cached for it, and no worktree is left behind.
-    assert_eq!(
-        git(&repo, &["worktree", "list", "--porcelain"])
-            .matches("worktree ")
-            .count(),
-        1
-    );
-}
-
-#[test]
-fn bisect_commits_rejects_a_command_that_writes_no_tree() {
-    let tmp = tempfile::tempdir().unwrap();
-    let repo = tmp.path().join("repo");
-    std::fs::create_dir(&repo).unwrap();
-    let ids = make_repo(&repo);
-    let reference = reference(tmp.path(), "attn=f32\nffn_down=f32\n", &[]);
+    assert_eq!(worktrees(&t.repo), 1);
+    // Nothing was cached for it: a fixed command captures it.
     let out = taptree(
-        &repo,
+        &t.repo,
         &[
             "bisect",
             "commits",
             "--good",
-            &ids[0],
+            &t.ids[0],
             "--bad",
-            &ids[31],
+            &t.ids[31],
             "--reference",
-            reference.to_str().unwrap(),
+            t.reference.to_str().unwrap(),
+            "--capture",
+            &t.cmd,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+}
+
+#[test]
+fn bisect_commits_rejects_a_command_that_writes_no_tree() {
+    let t = setup(F32_CFG);
+    let out = taptree(
+        &t.repo,
+        &[
+            "bisect",
+            "commits",
+            "--good",
+            &t.ids[0],
+            "--bad",
+            &t.ids[31],
+            "--reference",
+            t.reference.to_str().unwrap(),
             "--capture",
             "mkdir -p \"$TAPTREE_OUT\"; touch \"$TAPTREE_OUT/x\"",
         ],
@@ -412,6 +464,37 @@ fn bisect_commits_rejects_a_command_that_writes_no_tree() {
         stderr.contains("exited 0 but wrote no complete tree"),
         "{stderr}"
     );
+    assert!(stderr.contains("incomplete capture"), "{stderr}");
+}
+
+#[test]
+fn bisect_commits_rejects_reversed_endpoints_and_bad_revisions() {
+    let t = setup(F32_CFG);
+    let reference = t.reference.to_str().unwrap();
+    let run = |good: &str, bad: &str| {
+        let out = taptree(
+            &t.repo,
+            &[
+                "bisect",
+                "commits",
+                "--good",
+                good,
+                "--bad",
+                bad,
+                "--reference",
+                reference,
+                "--capture",
+                &t.cmd,
+            ],
+        );
+        assert_eq!(out.status.code(), Some(2));
+        text(&out.stderr)
+    };
+    assert!(run(&t.ids[20], &t.ids[3]).contains("not an ancestor of"));
+    assert!(run("no-such-rev", "main").contains("no-such-rev: not a commit"));
+    assert!(run("main", "main").contains("no commits between"));
+    assert_eq!(runs_logged(&t.log), 0);
+    let _ = &t.tmp;
 }
 
 fn switch_args<'a>(reference: &'a str, cmd: &'a str, switches: &[&'a str]) -> Vec<&'a str> {
@@ -433,7 +516,7 @@ fn switch_args<'a>(reference: &'a str, cmd: &'a str, switches: &[&'a str]) -> Ve
 #[test]
 fn bisect_switches_names_a_pair_that_only_diverges_together() {
     let tmp = tempfile::tempdir().unwrap();
-    let reference = reference(tmp.path(), "", &[]);
+    let reference = reference(tmp.path());
     let log = tmp.path().join("captures.log");
     let cmd = helper_command(&log);
     let cache = tmp.path().join("arms");
@@ -503,7 +586,7 @@ fn bisect_switches_names_a_pair_that_only_diverges_together() {
 #[test]
 fn bisect_switches_names_a_single_culprit_without_ddmin() {
     let tmp = tempfile::tempdir().unwrap();
-    let reference = reference(tmp.path(), "", &[]);
+    let reference = reference(tmp.path());
     let cmd = helper_command(&tmp.path().join("captures.log"));
     let args = switch_args(
         reference.to_str().unwrap(),
@@ -542,7 +625,7 @@ fn bisect_switches_names_a_single_culprit_without_ddmin() {
 #[test]
 fn bisect_switches_says_when_nothing_diverges_and_when_all_off_already_does() {
     let tmp = tempfile::tempdir().unwrap();
-    let reference = reference(tmp.path(), "", &[]);
+    let reference = reference(tmp.path());
     let cmd = helper_command(&tmp.path().join("captures.log"));
     let out = taptree(
         tmp.path(),
@@ -563,7 +646,7 @@ fn bisect_switches_says_when_nothing_diverges_and_when_all_off_already_does() {
 #[test]
 fn bisect_switches_rejects_a_malformed_switch() {
     let tmp = tempfile::tempdir().unwrap();
-    let reference = reference(tmp.path(), "", &[]);
+    let reference = reference(tmp.path());
     let out = taptree(
         tmp.path(),
         &switch_args(reference.to_str().unwrap(), "true", &["SW_A=1"]),

@@ -148,7 +148,11 @@ fn op_or_dash(op: &Option<FirstOp>) -> String {
 fn step_line(n: usize, s: &commits::Step) -> String {
     let verdict = match s.verdict {
         commits::StepVerdict::Green => "green".to_string(),
-        commits::StepVerdict::Red => format!("red at {}", op_or_dash(&s.first_op)),
+        commits::StepVerdict::Red => format!(
+            "red at {}; logits min cos {}",
+            op_or_dash(&s.first_op),
+            cos_or_dash(s.logits_min_cos)
+        ),
         commits::StepVerdict::Skip => "skip (capture command exited 125)".to_string(),
     };
     let cached = if s.cached { " [cached]" } else { "" };

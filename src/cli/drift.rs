@@ -179,6 +179,8 @@ pub struct PromptDrift {
     /// The position of the minimum.
     pub min_cos_pos: usize,
     pub argmax_mismatches: usize,
+    /// Every compared logit vector bitwise equal.
+    pub bitwise: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parting: Option<Parting>,
     pub a_tokens: Vec<u32>,
@@ -199,18 +201,16 @@ pub struct Report {
     pub prompts: Vec<PromptDrift>,
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        let (x, y) = (f64::from(x), f64::from(y));
-        ab += x * y;
-        aa += x * x;
-        bb += y * y;
-    }
-    if aa == 0.0 && bb == 0.0 {
-        return 1.0;
-    }
-    ab / (aa.sqrt() * bb.sqrt())
+/// The diff's metrics of two logit vectors (cosine, bitwise equality).
+fn compare_logits(a: &[f32], b: &[f32]) -> diff::Metrics {
+    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    diff::metrics::compare(
+        &bytes(a),
+        capture::DType::F32,
+        &bytes(b),
+        capture::DType::F32,
+    )
+    .metrics()
 }
 
 fn encode(tok: Option<&Tokenizer>, p: &Prompt, path: &Path) -> anyhow::Result<Vec<u32>> {
@@ -260,11 +260,14 @@ fn drift_one(
     let mut pos = ids.len() - 1;
     let (mut min_cos, mut min_cos_pos) = (f64::INFINITY, pos);
     let mut mismatches = 0;
+    let mut bitwise = true;
     let mut parting: Option<Parting> = None;
     let mut a_tokens = Vec::new();
     for step in 0..gen {
-        let cos = cosine(&la, &lb);
-        if cos < min_cos || min_cos.is_nan() {
+        let m = compare_logits(&la, &lb);
+        bitwise &= m.bitwise();
+        let cos = m.cos;
+        if cos < min_cos || cos.is_nan() {
             (min_cos, min_cos_pos) = (cos, pos);
         }
         let (ta, tb) = (argmax(&la), argmax(&lb));
@@ -324,6 +327,7 @@ fn drift_one(
         min_cos,
         min_cos_pos,
         argmax_mismatches: mismatches,
+        bitwise,
         parting,
         a_text: text(&a_tokens),
         b_text: text(&b_tokens),
@@ -409,10 +413,14 @@ fn render(r: &Report) -> String {
             p.prompt_tokens,
             p.prompt
         );
-        out += &format!(
-            "  min logits cos {:.6} @{}, argmax mismatches {}/{}\n",
-            p.min_cos, p.min_cos_pos, p.argmax_mismatches, p.steps
-        );
+        if p.bitwise {
+            out += &format!("  logits bitwise identical at all {} steps\n", p.steps);
+        } else {
+            out += &format!(
+                "  min logits cos {:.6} @{}, argmax mismatches {}/{}\n",
+                p.min_cos, p.min_cos_pos, p.argmax_mismatches, p.steps
+            );
+        }
         match &p.parting {
             None => out += &format!("  greedy answers identical for {} tokens\n", p.steps),
             Some(x) => {
@@ -479,12 +487,5 @@ mod tests {
         assert!(Arm::parse("TAPTREE_ACT_FFN_DOWN=int4").is_err());
         assert!(Arm::parse("speed=fast").is_err());
         assert!(Arm::parse("q8").is_err());
-    }
-
-    #[test]
-    fn cosine_of_equal_and_opposite() {
-        assert!((cosine(&[1.0, 2.0], &[1.0, 2.0]) - 1.0).abs() < 1e-15);
-        assert!((cosine(&[1.0, 0.0], &[-1.0, 0.0]) + 1.0).abs() < 1e-12);
-        assert_eq!(cosine(&[0.0], &[0.0]), 1.0);
     }
 }
