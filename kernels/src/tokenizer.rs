@@ -16,7 +16,9 @@ use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::SplitDelimiterBehavior;
 use tokenizers::{AddedToken, Tokenizer as HfTokenizer};
 
 use crate::gguf::{GgufFile, Value};
@@ -30,7 +32,7 @@ const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 pub enum TokenizerError {
     #[error("{path}: tokenizer model {model:?} is not supported (supported: gpt2 byte-level BPE)")]
     UnsupportedModel { path: String, model: String },
-    #[error("{path}: pre-tokenizer {pre:?} is not supported (supported: smollm, starcoder, refact, gpt-2, default)")]
+    #[error("{path}: pre-tokenizer {pre:?} is not supported (supported: smollm, starcoder, refact, gpt-2, default, llama-bpe, qwen2)")]
     UnsupportedPre { path: String, pre: String },
     #[error("{path}: tokenizer metadata {key}: {reason}")]
     BadMetadata {
@@ -124,10 +126,34 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
+/// Llama 3's split regex (llama.cpp's `llama-bpe`): digits in groups of up
+/// to three.
+const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen2's: the same with single digits.
+const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The regex split followed by byte-level mapping without GPT-2's regex, as
+/// these models' `tokenizer.json` files have it.
+fn split_then_bytes(regex: &str) -> PreTokenizerWrapper {
+    let split = Split::new(
+        SplitPattern::Regex(regex.into()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .expect("the regex is valid");
+    Sequence::new(vec![
+        split.into(),
+        ByteLevel::new(false, true, false).into(),
+    ])
+    .into()
+}
+
 /// The pre-tokenizer llama.cpp uses for a `tokenizer.ggml.pre` value.
 fn pre_tokenizer(pre: &str) -> Option<PreTokenizerWrapper> {
     let byte_level = ByteLevel::new(false, true, true);
     Some(match pre {
+        "llama-bpe" | "llama3" => split_then_bytes(LLAMA3_REGEX),
+        "qwen2" => split_then_bytes(QWEN2_REGEX),
         // llama.cpp splits every digit off first (`\p{N}`), then applies the
         // GPT-2 regex.
         "smollm" | "starcoder" | "refact" => {
@@ -370,10 +396,34 @@ mod tests {
     }
 
     #[test]
+    fn llama3_groups_digits_by_three_and_qwen2_splits_them() {
+        let tokens: Vec<String> = ["1", "2", "3", "12", "123", "Ġ", "a", "Ġa"]
+            .map(String::from)
+            .to_vec();
+        let merges = vec![
+            ("1".to_string(), "2".to_string()),
+            ("12".to_string(), "3".to_string()),
+            ("Ġ".to_string(), "a".to_string()),
+        ];
+        let build_with = |pre: &str| {
+            build(
+                "t",
+                &tokens,
+                merges.clone(),
+                &[],
+                pre_tokenizer(pre).unwrap(),
+            )
+            .unwrap()
+        };
+        assert_eq!(ids(&build_with("llama-bpe"), "1231 a"), [4, 0, 7]);
+        assert_eq!(ids(&build_with("qwen2"), "1231 a"), [0, 1, 2, 0, 7]);
+    }
+
+    #[test]
     fn smollm_splits_digits_before_merging_and_gpt2_does_not() {
         assert_eq!(ids(&tiny("smollm"), "12"), [1, 2]);
         assert_eq!(ids(&tiny("gpt-2"), "12"), [3]);
         assert_eq!(ids(&tiny("smollm"), "a<s>12"), [5, 0, 1, 2]);
-        assert!(pre_tokenizer("llama3").is_none());
+        assert!(pre_tokenizer("deepseek-coder").is_none());
     }
 }

@@ -140,3 +140,66 @@ fn chat_templates_other_than_chatml_are_refused() {
         Some("You are Qwen.")
     );
 }
+
+/// A tokenizer-only GGUF: the fixtures' byte vocabulary plus a few merges.
+fn small_vocab_gguf(dir: &Path, pre: &str) -> std::path::PathBuf {
+    use kernels::gguf::{GgufWriter, Value, ValueType};
+    let mut tokens = kernels::fixtures::tokens();
+    // "Ġ 1" first: it joins a space to a digit only where the pre-tokenizer
+    // leaves them in one piece, which is where the four differ.
+    let merges = ["Ġ 1", "1 2", "12 3", "Ġ a", "Ġ t", "h e", "Ġt he", "Ġ Ġ"];
+    tokens.extend(["Ġ1", "12", "123", "Ġa", "Ġt", "he", "Ġthe", "ĠĠ"].map(String::from));
+    let strings = |v: Vec<String>| {
+        Value::Array(
+            ValueType::String,
+            v.into_iter().map(Value::String).collect(),
+        )
+    };
+    let types = (0..tokens.len())
+        .map(|i| Value::I32(if i < 3 { 3 } else { 1 }))
+        .collect();
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", Value::String("llama".into()))
+        .meta("tokenizer.ggml.model", Value::String("gpt2".into()))
+        .meta("tokenizer.ggml.pre", Value::String(pre.into()))
+        .meta("tokenizer.ggml.tokens", strings(tokens))
+        .meta(
+            "tokenizer.ggml.token_type",
+            Value::Array(ValueType::I32, types),
+        )
+        .meta(
+            "tokenizer.ggml.merges",
+            strings(merges.map(String::from).to_vec()),
+        );
+    let path = dir.join(format!("{pre}.gguf"));
+    w.write(&path).unwrap();
+    path
+}
+
+#[test]
+fn every_supported_pre_tokenizer_matches_python() {
+    if !gguf_python::python_has(&["gguf", "tokenizers"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let texts = [
+        "the 123123 at 1234567 and 12",
+        "  the\n\n  a\r\n\tthe's they'LL  ",
+        "naïve 東京 ١٢٣ 🙂 <|im_start|>the",
+    ];
+    let mut per_pre = Vec::new();
+    for pre in ["smollm", "gpt-2", "llama-bpe", "qwen2"] {
+        let path = small_vocab_gguf(dir.path(), pre);
+        let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap())
+            .unwrap()
+            .unwrap();
+        let want = python_ids(&path, &texts, None);
+        let got: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t).unwrap()).collect();
+        assert_eq!(got, want, "pre-tokenizer {pre}");
+        per_pre.push(got);
+    }
+    // The four really differ on these texts (so each was exercised).
+    assert_ne!(per_pre[0], per_pre[1], "smollm vs gpt-2");
+    assert_ne!(per_pre[2], per_pre[3], "llama-bpe vs qwen2");
+    assert_ne!(per_pre[1], per_pre[2], "gpt-2 vs llama-bpe");
+}
