@@ -1,6 +1,8 @@
 //! The tiny fixture models: GGUF and HF forms load to the same weights, the
 //! build is deterministic, and the planted outlier does what the docs say.
 
+mod gguf_python;
+
 use kernels::fixtures::{self, OUTLIER_DIM, OUTLIER_TOKEN, OUTLIER_VALUE};
 use kernels::load::{load_model, LoadedModel, ModelFormat};
 use kernels::{GgmlType, ModelWeights, QTensor};
@@ -193,4 +195,68 @@ fn hf_checkpoint_errors_name_the_file() {
     std::fs::write(hf.join("config.json"), "{").unwrap();
     let e = load_model(&hf).unwrap_err().to_string();
     assert!(e.contains("config.json: invalid JSON"), "{e}");
+}
+
+mod python {
+    //! The HF and GGUF forms related by llama.cpp's own converter logic,
+    //! in Python (fixtures/hf_vs_gguf.py).
+
+    use super::gguf_python;
+    use kernels::fixtures;
+    use safetensors::tensor::TensorView;
+    use safetensors::SafeTensors;
+
+    fn check(gguf: &std::path::Path, hf: &std::path::Path) -> String {
+        gguf_python::run_script("hf_vs_gguf.py", &[gguf.as_os_str(), hf.as_os_str()])
+    }
+
+    #[test]
+    fn hf_forms_are_what_llama_cpp_would_convert() {
+        if !gguf_python::python_has(&["numpy", "gguf", "safetensors"]) {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for name in fixtures::NAMES {
+            let g = fixtures::write(name, dir.path()).unwrap();
+            let h = fixtures::write_hf(name, dir.path()).unwrap();
+            let out = check(&g, &h);
+            assert!(out.starts_with("checked "), "{name}: {out}");
+        }
+
+        // The classic bug: Q rows stored in GGUF order in the HF file.
+        let g = dir.path().join("tiny-f32.gguf");
+        let h = dir.path().join("tiny-f32-hf");
+        let st_path = h.join("model.safetensors");
+        let bytes = std::fs::read(&st_path).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let owned: Vec<(String, Vec<usize>, Vec<u8>)> = st
+            .tensors()
+            .into_iter()
+            .map(|(n, v)| {
+                let mut data = v.data().to_vec();
+                if n.ends_with("q_proj.weight") {
+                    let (rows, cols) = (v.shape()[0], v.shape()[1]);
+                    data = kernels::hf::permute_rope_rows(&data, 4, rows, 4 * cols);
+                }
+                (n, v.shape().to_vec(), data)
+            })
+            .collect();
+        let views: Vec<(String, TensorView<'_>)> = owned
+            .iter()
+            .map(|(n, s, d)| {
+                let view = TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap();
+                (n.clone(), view)
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &st_path).unwrap();
+        let out = check(&g, &h);
+        let bad: Vec<&str> = out.lines().filter(|l| l.ends_with("differs")).collect();
+        assert_eq!(
+            bad,
+            [
+                "model.layers.0.self_attn.q_proj.weight -> blk.0.attn_q.weight: differs",
+                "model.layers.1.self_attn.q_proj.weight -> blk.1.attn_q.weight: differs",
+            ]
+        );
+    }
 }
