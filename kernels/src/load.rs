@@ -1,6 +1,21 @@
 //! The one entry point from a file to a model: [`load_model`] takes a GGUF
 //! file or an HF-layout safetensors directory and returns the weights, the
 //! tokenizer when the files carry one, and where it all came from.
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! // `kernels::fetch::resolve("smollm2")` gives the real model's path.
+//! let path = kernels::fixtures::write("tiny-q", dir.path())?;
+//! let model = kernels::load::load_model(&path)?;
+//! assert_eq!(model.weights.config.n_layer, 3);
+//! let embedding = model.weights.token_embd.to_f32()?; // dequantized, row-major
+//! assert_eq!(embedding.len(), 259 * 64);
+//! let tokenizer = model.tokenizer.expect("fixtures carry a tokenizer");
+//! assert_eq!(tokenizer.encode("Hi")?, [0, 3 + b'H' as u32, 3 + b'i' as u32]);
+//! # Ok(())
+//! # }
+//! ```
 
 use std::path::{Path, PathBuf};
 
