@@ -3,7 +3,7 @@
 //!
 //! Tensors are renamed to GGUF's names and Q/K rows are permuted into GGUF's
 //! interleaved-pair RoPE order (the permutation llama.cpp's converter
-//! applies), so a forward sees the same [`ModelWeights`] whichever file the
+//! applies), so a forward sees the same [`ModelWeights`](crate::ModelWeights) whichever file the
 //! model came from. A directory's `blake3` is the hash of its model files'
 //! names and hashes, in name order.
 
