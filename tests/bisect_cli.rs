@@ -274,6 +274,7 @@ fn bisect_commits_names_commit_19_and_its_op_in_at_most_6_captures() {
         "{report:#}"
     );
     assert_eq!(report["answer"]["first_op"]["cause"], "origin");
+    assert_eq!(report["answer"]["first_change"], "L0/ffn_down");
 
     // At most 6 captures (commit 24's attempt included).
     let runs = runs_logged(&t.log);
@@ -548,6 +549,10 @@ fn bisect_switches_names_a_pair_that_only_diverges_together() {
     }
     assert!(row("all on").contains(" red "), "{stdout}");
     assert!(row("all on").contains("L1/ffn_up@"), "{stdout}");
+    // SW_C's nudge is the first change, but within tolerance.
+    assert!(row("all on").contains(" L0/attn "), "{stdout}");
+    assert!(row("SW_C=1").contains(" L0/attn "), "{stdout}");
+    assert!(row("SW_D=1").contains(" green "), "{stdout}");
     assert!(
         stdout.contains("no single switch diverges alone"),
         "{stdout}"

@@ -60,6 +60,9 @@ pub struct Step {
     pub first_op: Option<FirstOp>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logits_min_cos: Option<f64>,
+    /// The first op not bitwise equal to the reference.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_change: Option<String>,
 }
 
 /// A commit named in an answer.
@@ -87,6 +90,8 @@ pub enum Answer {
         #[serde(flatten)]
         commit: Named,
         first_op: Option<FirstOp>,
+        /// The first op not bitwise equal to the reference.
+        first_change: Option<String>,
     },
     /// Skipped commits hide the boundary: the first bad commit is one of these.
     Ambiguous { candidates: Vec<Named> },
@@ -165,6 +170,7 @@ pub fn bisect(req: &Request, mut on_step: impl FnMut(&Step)) -> Result<Report, B
                 cached,
                 first_op: None,
                 logits_min_cos: None,
+                first_change: None,
             },
             Got::Tree { path, cached } => {
                 let v = req.judge.judge(&path)?;
@@ -179,6 +185,7 @@ pub fn bisect(req: &Request, mut on_step: impl FnMut(&Step)) -> Result<Report, B
                     cached,
                     first_op: v.first_op,
                     logits_min_cos: v.logits_min_cos,
+                    first_change: v.first_change,
                 }
             }
         };
@@ -202,6 +209,10 @@ pub fn bisect(req: &Request, mut on_step: impl FnMut(&Step)) -> Result<Report, B
         Outcome::FirstBad { index } => Answer::FirstBad {
             commit: (&commits[index]).into(),
             first_op: first_op_of(&commits[index].id),
+            first_change: steps
+                .iter()
+                .find(|s| s.commit == commits[index].id)
+                .and_then(|s| s.first_change.clone()),
         },
         Outcome::Ambiguous { candidates } => Answer::Ambiguous {
             candidates: candidates.iter().map(|&i| (&commits[i]).into()).collect(),

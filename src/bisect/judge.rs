@@ -43,6 +43,11 @@ pub struct Verdict {
     /// trees are bitwise identical; none when no logits were tapped).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logits_min_cos: Option<f64>,
+    /// The first op, in forward order, that is not bitwise equal to the
+    /// reference (`L0/ffn_down`): where a change enters, even when it leaves
+    /// tolerance only later.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_change: Option<String>,
     /// The diff's one-line summary.
     pub summary: String,
 }
@@ -126,10 +131,16 @@ fn verdict(tree: &Path, report: &diff::Report) -> Result<Verdict, JudgeError> {
             .flat_map(|r| r.positions.iter().map(|p| p.metrics.cos))
             .reduce(f64::min)
     };
+    let first_change = report
+        .rows
+        .iter()
+        .find(|r| r.status != diff::report::Status::Equal)
+        .map(|r| r.name());
     Ok(Verdict {
         red,
         first_op,
         logits_min_cos,
+        first_change,
         summary: report.summary.clone(),
     })
 }

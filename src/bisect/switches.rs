@@ -135,6 +135,9 @@ pub struct Arm {
     pub first_op: Option<FirstOp>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logits_min_cos: Option<f64>,
+    /// The first op not bitwise equal to the reference.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_change: Option<String>,
 }
 
 impl Arm {
@@ -172,6 +175,8 @@ pub struct Culprit {
     pub switches: Vec<String>,
     pub first_op: Option<FirstOp>,
     pub logits_min_cos: Option<f64>,
+    /// The first op not bitwise equal to the reference.
+    pub first_change: Option<String>,
 }
 
 /// Everything a bisect over switches found.
@@ -264,6 +269,7 @@ fn culprit(arm: &Arm) -> Culprit {
         switches: arm.on.clone(),
         first_op: arm.first_op.clone(),
         logits_min_cos: arm.logits_min_cos,
+        first_change: arm.first_change.clone(),
     }
 }
 
@@ -321,6 +327,7 @@ impl Arms<'_> {
                 cached,
                 first_op: None,
                 logits_min_cos: None,
+                first_change: None,
             },
             Got::Tree { path, cached } => {
                 let v = self.req.judge.judge(&path)?;
@@ -335,6 +342,7 @@ impl Arms<'_> {
                     cached,
                     first_op: v.first_op,
                     logits_min_cos: v.logits_min_cos,
+                    first_change: v.first_change,
                 }
             }
         };

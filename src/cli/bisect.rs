@@ -168,13 +168,20 @@ fn render_commits(r: &commits::Report) -> String {
     let mut out = String::new();
     let named = |c: &commits::Named| format!("{} {}", c.commit, c.subject);
     match &r.answer {
-        Answer::FirstBad { commit, first_op } => {
+        Answer::FirstBad {
+            commit,
+            first_op,
+            first_change,
+        } => {
             out += &format!("first bad commit: {}\n", named(commit));
             out += &format!("first diverging op: {}\n", op_or_dash(first_op));
             if let Some(op) = first_op {
                 for reason in &op.reasons {
                     out += &format!("  {reason}\n");
                 }
+            }
+            if let Some(change) = first_change {
+                out += &format!("first op not bitwise equal to the reference: {change}\n");
             }
         }
         Answer::Ambiguous { candidates } => {
@@ -267,18 +274,24 @@ fn render_switches(r: &switches::Report) -> String {
     use switches::{Answer, ArmVerdict};
     let labels: Vec<String> = r.arms.iter().map(|a| a.label()).collect();
     let width = labels.iter().map(String::len).max().unwrap_or(3).max(3);
+    let changes: Vec<String> = r
+        .arms
+        .iter()
+        .map(|a| a.first_change.clone().unwrap_or_else(|| "-".into()))
+        .collect();
+    let cwidth = changes.iter().map(String::len).max().unwrap_or(0).max(12);
     let mut out = format!(
-        "{:width$}  {:7}  {:14}  {}\n",
-        "arm", "verdict", "logits min cos", "first diverging op"
+        "{:width$}  {:7}  {:14}  {:cwidth$}  {}\n",
+        "arm", "verdict", "logits min cos", "first change", "first diverging op"
     );
-    for (arm, label) in r.arms.iter().zip(&labels) {
+    for ((arm, label), change) in r.arms.iter().zip(&labels).zip(&changes) {
         let verdict = match arm.verdict {
             ArmVerdict::Green => "green",
             ArmVerdict::Red => "red",
             ArmVerdict::Skip => "skip",
         };
         out += &format!(
-            "{label:width$}  {verdict:7}  {:14}  {}\n",
+            "{label:width$}  {verdict:7}  {:14}  {change:cwidth$}  {}\n",
             cos_or_dash(arm.logits_min_cos),
             op_or_dash(&arm.first_op)
         );
@@ -297,7 +310,12 @@ fn render_switches(r: &switches::Report) -> String {
             if culprits.len() > 1 {
                 out += "switches red alone, earliest first divergence first:\n";
                 for c in culprits {
-                    out += &format!("  {}: {}\n", c.switches.join(" "), op_or_dash(&c.first_op));
+                    out += &format!(
+                        "  {}: {} (first change {})\n",
+                        c.switches.join(" "),
+                        op_or_dash(&c.first_op),
+                        c.first_change.as_deref().unwrap_or("-")
+                    );
                 }
             }
             let first = &culprits[0];
