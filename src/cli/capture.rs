@@ -1,9 +1,305 @@
-//! `taptree capture` (not implemented yet).
+//! `taptree capture`: run a model's forward (prefill, then greedy decode) and
+//! write every tap into a tree.
+//!
+//! Everything that can be refused is checked before the tree is started, so
+//! bad input (unknown model, bad token id, empty or too long prompt, bad
+//! selection or switch) leaves `--out` untouched.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use kernels::generate::{greedy, greedy_batch, Generation};
+use kernels::load::{load_model, LoadedModel};
+use kernels::switches::Switches;
+use kernels::{backend, fetch, stages, Precision};
+
+use crate::exit;
 
 /// Arguments of `taptree capture`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// `smollm2` (fetched once into the cache), a GGUF file, or an HF
+    /// directory (config.json + *.safetensors).
+    #[arg(long)]
+    pub model: String,
+    /// A plain-text prompt. Repeat (with --chat / --tokens) for batched
+    /// slots: each sequence is prefilled into its slot, then all decode together.
+    #[arg(long)]
+    pub prompt: Vec<String>,
+    /// A user turn, wrapped in the model's chat template.
+    #[arg(long)]
+    pub chat: Vec<String>,
+    /// Token ids, comma-separated (`1,2,3`).
+    #[arg(long)]
+    pub tokens: Vec<String>,
+    /// Tokens to generate greedily after the prefill; 0 = prefill only.
+    #[arg(long, default_value_t = 0)]
+    pub gen: usize,
+    /// `cpu` or `cuda`.
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Activation precision: `f32`, `q8` (int8 activations before quantized
+    /// matmuls, as llama.cpp) or `f64` (the truth). `TAPTREE_ACT_*`
+    /// variables override it per op family.
+    #[arg(long, default_value = "f32")]
+    pub precision: String,
+    /// Which taps to write, e.g. `stage=ffn_*;layer=20..30;pos=0`. Default: all.
+    #[arg(long)]
+    pub select: Option<String>,
+    /// The tree to write. Default: `$TAPTREE_OUT`; with neither, the run
+    /// only prints its answer.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Replace an existing tree at `--out`.
+    #[arg(long)]
+    pub force: bool,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<u8> {
-    anyhow::bail!("`taptree capture` is not implemented yet")
+/// One sequence to run: its label for the report and its token ids.
+struct Sequence {
+    label: String,
+    tokens: Vec<u32>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<u8> {
+    let started = Instant::now();
+    let precision = Precision::parse(&args.precision).with_context(|| {
+        format!(
+            "--precision: bad value {:?}: expected f32, q8 or f64",
+            args.precision
+        )
+    })?;
+    if !backend::BACKENDS.contains(&args.backend.as_str()) {
+        bail!(
+            "--backend: bad value {:?}: expected cpu or cuda",
+            args.backend
+        );
+    }
+    let switches = Switches::from_env()?;
+    let selection = match &args.select {
+        Some(s) => capture::Selection::parse(s).with_context(|| format!("--select {s:?}"))?,
+        None => capture::Selection::all(),
+    };
+    if args.prompt.is_empty() && args.chat.is_empty() && args.tokens.is_empty() {
+        bail!("nothing to run: give --prompt, --chat or --tokens");
+    }
+
+    let path = fetch::resolve(&args.model)?;
+    let model = load_model(&path)?;
+    let seqs = sequences(&args, &model)?;
+    let cfg = &model.weights.config;
+    for s in &seqs {
+        let end = s.tokens.len() + args.gen.saturating_sub(1);
+        if end > cfg.context_length {
+            bail!(
+                "{}: {} prompt tokens + {} generated exceed the context length {} of {}",
+                s.label,
+                s.tokens.len(),
+                args.gen,
+                cfg.context_length,
+                path.display()
+            );
+        }
+        if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+            bail!(
+                "{}: token id {id} is outside the vocabulary (size {})",
+                s.label,
+                cfg.vocab_size
+            );
+        }
+    }
+    let mut fwd = backend::open(&args.backend, &model.weights, precision, &switches)?;
+    let stop: Vec<u32> = match &model.tokenizer {
+        Some(t) => (0..cfg.vocab_size as u32)
+            .filter(|&i| t.is_end(i))
+            .collect(),
+        None => Vec::new(),
+    };
+
+    let run_info = capture::RunInfo {
+        model: model.source.path.display().to_string(),
+        model_blake3: Some(model.source.blake3.clone()),
+        backend: args.backend.clone(),
+        precision: precision.name().into(),
+        switches: switches.to_map(),
+        prompt_tokens: seqs[0].tokens.clone(),
+        git_rev: git_rev(),
+        extra: [
+            ("model_spec".to_string(), serde_json::json!(args.model)),
+            ("gen".to_string(), serde_json::json!(args.gen)),
+            (
+                "slots".to_string(),
+                serde_json::json!(seqs.iter().map(|s| &s.tokens).collect::<Vec<_>>()),
+            ),
+        ]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    };
+    let stages = stages::llama();
+    let mut cap = match &args.out {
+        Some(out) => Some(capture::Capture::start(capture::CaptureOptions {
+            out: out.clone(),
+            selection,
+            force: args.force,
+            stages,
+            run: run_info,
+        })?),
+        None => capture::Capture::from_env(stages, run_info)?,
+    };
+
+    let t0 = Instant::now();
+    let gens: Vec<Generation> = if seqs.len() == 1 {
+        vec![greedy(fwd.as_mut(), &seqs[0].tokens, args.gen, &stop)?]
+    } else {
+        let prompts: Vec<Vec<u32>> = seqs.iter().map(|s| s.tokens.clone()).collect();
+        greedy_batch(fwd.as_mut(), &prompts, args.gen, &stop)?
+    };
+    let forward_s = t0.elapsed().as_secs_f64();
+    if let Some(c) = cap.as_mut() {
+        c.run_mut().extra.insert(
+            "generated_tokens".into(),
+            serde_json::json!(gens.iter().map(|g| &g.tokens).collect::<Vec<_>>()),
+        );
+    }
+
+    println!(
+        "model {} (blake3 {}), {} {}{}",
+        model.source.path.display(),
+        short(&model.source.blake3),
+        args.backend,
+        precision,
+        describe_switches(&switches)
+    );
+    for (s, g) in seqs.iter().zip(&gens) {
+        // The stop token ends the answer; it is not part of its text.
+        let shown = &g.tokens[..g.tokens.len() - usize::from(g.stopped)];
+        let text = match &model.tokenizer {
+            Some(t) => t.decode(shown)?,
+            None => format!("{shown:?}"),
+        };
+        println!(
+            "{}: {} prompt tokens, {} generated",
+            s.label,
+            s.tokens.len(),
+            g.tokens.len()
+        );
+        if args.gen > 0 {
+            println!("  {}", text.trim_end());
+        }
+    }
+    let positions: usize = seqs
+        .iter()
+        .zip(&gens)
+        .map(|(s, g)| s.tokens.len() + g.tokens.len().saturating_sub(1))
+        .sum();
+    match cap {
+        Some(c) => {
+            let summary = c.finish()?;
+            println!(
+                "captured {} taps, {} bytes, root {} in {:.2} s (forward {:.2} s, {:.1} positions/s) -> {}",
+                summary.taps,
+                summary.bytes,
+                summary.root,
+                started.elapsed().as_secs_f64(),
+                forward_s,
+                positions as f64 / forward_s.max(1e-9),
+                summary.path.display()
+            );
+        }
+        None => println!(
+            "no tree written (no --out, no TAPTREE_OUT); forward {:.2} s, {:.1} positions/s",
+            forward_s,
+            positions as f64 / forward_s.max(1e-9)
+        ),
+    }
+    Ok(exit::OK)
+}
+
+/// The sequences of the command line, tokenized: prompts, then chat turns,
+/// then token lists.
+fn sequences(args: &Args, model: &LoadedModel) -> anyhow::Result<Vec<Sequence>> {
+    let tok = || {
+        model.tokenizer.as_ref().with_context(|| {
+            format!(
+                "{}: carries no tokenizer; give --tokens",
+                model.source.path.display()
+            )
+        })
+    };
+    let mut seqs = Vec::new();
+    for p in &args.prompt {
+        if p.is_empty() {
+            bail!("--prompt: empty prompt");
+        }
+        seqs.push(Sequence {
+            label: format!("--prompt {:?}", clip(p)),
+            tokens: tok()?.encode(p)?,
+        });
+    }
+    for c in &args.chat {
+        if c.is_empty() {
+            bail!("--chat: empty prompt");
+        }
+        seqs.push(Sequence {
+            label: format!("--chat {:?}", clip(c)),
+            tokens: tok()?.encode_chat(c)?,
+        });
+    }
+    for t in &args.tokens {
+        let tokens = t
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| {
+                s.trim()
+                    .parse::<u32>()
+                    .with_context(|| format!("--tokens {t:?}: bad token id {s:?}"))
+            })
+            .collect::<anyhow::Result<Vec<u32>>>()?;
+        seqs.push(Sequence {
+            label: format!("--tokens {}", clip(t)),
+            tokens,
+        });
+    }
+    if let Some(s) = seqs.iter().find(|s| s.tokens.is_empty()) {
+        bail!("{}: empty prompt", s.label);
+    }
+    Ok(seqs)
+}
+
+fn clip(s: &str) -> String {
+    if s.chars().count() > 40 {
+        format!("{}...", s.chars().take(40).collect::<String>())
+    } else {
+        s.to_string()
+    }
+}
+
+fn short(hash: &str) -> &str {
+    &hash[..hash.len().min(12)]
+}
+
+fn describe_switches(s: &Switches) -> String {
+    let m = s.to_map();
+    if m.is_empty() {
+        String::new()
+    } else {
+        let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        format!(" ({})", parts.join(", "))
+    }
+}
+
+/// The commit of the working directory, when it is a git checkout (a bisect
+/// runs each capture inside the commit's worktree).
+fn git_rev() -> Option<String> {
+    let out = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
 }

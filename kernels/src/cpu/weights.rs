@@ -4,7 +4,6 @@
 use super::matmul::Matrix;
 use crate::forward::ForwardError;
 use crate::model::{ModelWeights, QTensor};
-use crate::quant::GgmlType;
 
 /// One decoder layer, dense.
 #[derive(Debug, Clone)]
@@ -91,42 +90,8 @@ fn vector(t: &QTensor, len: usize) -> Result<Vec<f32>, ForwardError> {
     dequantize(t)
 }
 
-/// The tensor's values as f32.
+/// The tensor's values as f32 (dequantized in parallel over rows).
 pub fn dequantize(t: &QTensor) -> Result<Vec<f32>, ForwardError> {
-    let n = t.numel();
-    let expect = t.ggml_type.row_bytes(t.cols()) * t.rows();
-    if t.data.len() != expect {
-        return Err(ForwardError::Unsupported(format!(
-            "{}: {} bytes of {} data, expected {expect} for shape {:?}",
-            t.name,
-            t.data.len(),
-            t.ggml_type,
-            t.shape
-        )));
-    }
-    let out = match t.ggml_type {
-        GgmlType::F32 => t
-            .data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        GgmlType::F16 => t
-            .data
-            .chunks_exact(2)
-            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        GgmlType::BF16 => t
-            .data
-            .chunks_exact(2)
-            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        other => {
-            return Err(ForwardError::Unsupported(format!(
-                "{}: no dequantization for {other} yet",
-                t.name
-            )))
-        }
-    };
-    debug_assert_eq!(Vec::<f32>::len(&out), n);
-    Ok(out)
+    t.to_f32()
+        .map_err(|e| ForwardError::Unsupported(format!("{}: {e}", t.name)))
 }
