@@ -245,7 +245,10 @@ fn slots_prefill_then_decode_together() {
         .iter()
         .map(|e| &e["blake3"])
         .collect();
-    assert!(slot2 == alone, "slot 2 differs from the lone run of its tokens");
+    assert!(
+        slot2 == alone,
+        "slot 2 differs from the lone run of its tokens"
+    );
 }
 
 #[test]
