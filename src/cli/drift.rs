@@ -363,7 +363,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         let r = drift_one(fa.as_mut(), fb.as_mut(), tok, p, ids, args.gen)
             .with_context(|| format!("{}:{}", args.prompts.display(), p.line))?;
         if !args.json {
-            eprintln!("{}", progress_line(&r));
+            eprintln!("{}", progress_line(&r, results.len() + 1, prompts.len()));
         }
         results.push(r);
     }
@@ -388,8 +388,17 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     })
 }
 
-fn progress_line(r: &PromptDrift) -> String {
-    format!("prompt at line {}: {} steps compared", r.line, r.steps)
+fn progress_line(r: &PromptDrift, n: usize, total: usize) -> String {
+    match &r.parting {
+        Some(p) => format!(
+            "prompt {n}/{total} (line {}): answers part at generated token {}",
+            r.line, p.step
+        ),
+        None => format!(
+            "prompt {n}/{total} (line {}): answers identical for {} tokens",
+            r.line, r.steps
+        ),
+    }
 }
 
 fn quoted(s: &Option<String>) -> String {
