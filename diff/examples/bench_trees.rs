@@ -14,8 +14,20 @@ const WIDTH: usize = 2048;
 
 fn vocab() -> Vec<StageSpec> {
     let layer = [
-        "attn_norm", "q_proj", "k_proj", "v_proj", "q_rope", "k_rope", "attn", "o_proj",
-        "post_attn_residual", "ffn_norm", "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_down",
+        "attn_norm",
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "q_rope",
+        "k_rope",
+        "attn",
+        "o_proj",
+        "post_attn_residual",
+        "ffn_norm",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_swiglu",
+        "ffn_down",
         "post_ffn_residual",
     ];
     let mut v = vec![StageSpec::global("embedding", &[])];
@@ -75,7 +87,9 @@ fn write(out: &Path, positions: u32, change: impl Fn(usize) -> f32) -> u64 {
 fn main() {
     let mut args = std::env::args().skip(1);
     let out = args.next().expect("usage: bench_trees OUT_DIR [MB]");
-    let mb: u64 = args.next().map_or(1024, |s| s.parse().expect("MB is a number"));
+    let mb: u64 = args
+        .next()
+        .map_or(1024, |s| s.parse().expect("MB is a number"));
     let per_position = (LAYERS as u64 * 15 + 3) * WIDTH as u64 * 4;
     let positions = ((mb << 20) / per_position).max(1) as u32;
     let positions = positions.div_ceil(ROWS_PER_TAP) * ROWS_PER_TAP;
@@ -83,6 +97,12 @@ fn main() {
     let a = write(&out.join("A"), positions, |_| 0.0);
     let b = write(&out.join("B"), positions, |_| 1e-3);
     // One tap in a hundred differs.
-    let c = write(&out.join("C"), positions, |i| if i % 100 == 37 { 1e-3 } else { 0.0 });
+    let c = write(&out.join("C"), positions, |i| {
+        if i % 100 == 37 {
+            1e-3
+        } else {
+            0.0
+        }
+    });
     println!("A {a} bytes, B {b} bytes, C {c} bytes, {positions} positions");
 }

@@ -34,13 +34,33 @@ pub trait Progress {
 }
 
 /// One position of one tree: `(stage, layer, slot, pos)`.
-type PosKey = (String, Option<u32>, Option<u32>, u32);
+/// The stage is numbered by [`Stages`]: keys are `Copy` and compare fast.
+type PosKey = (u32, Option<u32>, Option<u32>, u32);
+
+/// A row: (layer, stage name).
+type RowKey = (Option<u32>, String);
+
+/// Stage names of every tree in the diff, numbered.
+#[derive(Default)]
+struct Stages {
+    names: Vec<String>,
+    ids: HashMap<String, u32>,
+}
+
+impl Stages {
+    fn id(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.ids.get(name) {
+            return id;
+        }
+        let id = self.names.len() as u32;
+        self.names.push(name.to_string());
+        self.ids.insert(name.to_string(), id);
+        id
+    }
+}
 
 /// A position's A-vs-B accumulator and, with a truth, (T-vs-A, T-vs-B).
 type Computed = (usize, Acc, Option<(Acc, Acc)>);
-
-/// The matched positions of one row: (index into the matched list, key).
-type Members<'k> = Vec<(usize, &'k PosKey)>;
 
 #[derive(Clone, Copy)]
 struct Loc {
@@ -48,10 +68,14 @@ struct Loc {
     row: usize,
 }
 
-/// Every position a tree holds, by key, after the slot pick.
-fn index(tree: &dyn Tree, pick: Option<Option<u32>>) -> Result<BTreeMap<PosKey, Loc>, Error> {
+/// Every position a tree holds, sorted by key, after the slot pick.
+fn index(
+    tree: &dyn Tree,
+    pick: Option<Option<u32>>,
+    stages: &mut Stages,
+) -> Result<Vec<(PosKey, Loc)>, Error> {
     let m = tree.manifest();
-    let mut out = BTreeMap::new();
+    let mut out = Vec::with_capacity(m.entries.len());
     for (i, e) in m.entries.iter().enumerate() {
         let slot = match pick {
             Some(want) if e.key.slot != want => continue,
@@ -67,16 +91,19 @@ fn index(tree: &dyn Tree, pick: Option<Option<u32>>) -> Result<BTreeMap<PosKey, 
                 shape: e.shape.clone(),
             });
         }
+        let stage = stages.id(&e.key.stage);
         for (row, pos) in e.key.pos.clone().enumerate() {
-            let k = (e.key.stage.clone(), e.key.layer, slot, pos);
-            if out.insert(k, Loc { entry: i, row }).is_some() {
-                return Err(Error::DuplicatePosition {
-                    path: tree.path().to_path_buf(),
-                    key: e.key.to_string(),
-                    pos,
-                });
-            }
+            out.push(((stage, e.key.layer, slot, pos), Loc { entry: i, row }));
         }
+    }
+    out.sort_unstable_by_key(|(k, _)| *k);
+    if let Some(w) = out.windows(2).find(|w| w[0].0 == w[1].0) {
+        let e = &m.entries[w[1].1.entry];
+        return Err(Error::DuplicatePosition {
+            path: tree.path().to_path_buf(),
+            key: e.key.to_string(),
+            pos: w[1].0 .3,
+        });
     }
     Ok(out)
 }
@@ -163,17 +190,34 @@ pub fn diff(
         return Ok(report);
     }
 
-    let (ia, ib) = (index(a, opts.slot_a)?, index(b, opts.slot_b)?);
-    report.only_in_a = ia
-        .keys()
-        .filter(|k| !ib.contains_key(*k))
-        .map(pos_label)
-        .collect();
-    report.only_in_b = ib
-        .keys()
-        .filter(|k| !ia.contains_key(*k))
-        .map(pos_label)
-        .collect();
+    let mut stages = Stages::default();
+    let ia = index(a, opts.slot_a, &mut stages)?;
+    let ib = index(b, opts.slot_b, &mut stages)?;
+    // Matched positions (a merge of the two sorted indexes), and the rest.
+    let mut matched: Vec<(PosKey, Loc, Loc)> = Vec::with_capacity(ia.len().min(ib.len()));
+    let (mut i, mut j) = (0, 0);
+    while i < ia.len() || j < ib.len() {
+        let order = match (ia.get(i), ib.get(j)) {
+            (Some(x), Some(y)) => x.0.cmp(&y.0),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            _ => std::cmp::Ordering::Greater,
+        };
+        match order {
+            std::cmp::Ordering::Less => {
+                report.only_in_a.push(pos_label(&ia[i].0, &stages));
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                report.only_in_b.push(pos_label(&ib[j].0, &stages));
+                j += 1;
+            }
+            std::cmp::Ordering::Equal => {
+                matched.push((ia[i].0, ia[i].1, ib[j].1));
+                i += 1;
+                j += 1;
+            }
+        }
+    }
 
     // Directories whose hashes agree hold only equal taps: skipped wholesale.
     let equal_dirs: BTreeSet<&String> = ma
@@ -192,11 +236,7 @@ pub fn diff(
                     && equal_dirs.contains(&capture::manifest::dir_of(&ea.key))))
     };
 
-    // Matched positions, and the entry pairs that must be read.
-    let matched: Vec<(&PosKey, Loc, Loc)> = ia
-        .iter()
-        .filter_map(|(k, la)| ib.get(k).map(|lb| (k, *la, *lb)))
-        .collect();
+    // The entry pairs that must be read.
     let mut results: Vec<Option<PosResult>> = Vec::with_capacity(matched.len());
     let mut groups: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
     let mut skipped_taps = BTreeSet::new();
@@ -230,8 +270,8 @@ pub fn diff(
         }
     }
 
-    let truth_index = match truth {
-        Some(t) => Some(index(t, None)?),
+    let truth_index: Option<HashMap<PosKey, Loc>> = match truth {
+        Some(t) => Some(index(t, None, &mut stages)?.into_iter().collect()),
         None => None,
     };
     let total: u64 = groups
@@ -255,10 +295,7 @@ pub fn diff(
                 let acc = compare(ra, ea.dtype, rb, eb.dtype);
                 let mut t_pair = None;
                 if let (Some(t), Some(ti)) = (truth, truth_index.as_ref()) {
-                    let tk = (k.0.clone(), k.1, k.2, k.3);
-                    let lt = ti
-                        .get(&tk)
-                        .or_else(|| ti.get(&(k.0.clone(), k.1, None, k.3)));
+                    let lt = ti.get(k).or_else(|| ti.get(&(k.0, k.1, None, k.3)));
                     if let Some(lt) = lt {
                         let et = &t.manifest().entries[lt.entry];
                         if row_elems(et) == row_elems(ea) {
@@ -316,9 +353,15 @@ pub fn diff(
         .filter_map(|e| e.key.layer)
         .collect();
     let graph = StageGraph::new(&vocabulary(ma, mb), &layers);
-    let mut by_row: BTreeMap<(Option<u32>, String), Members> = BTreeMap::new();
+    // `matched` is sorted by (stage, layer, slot, pos): each row is a run.
+    let mut by_row: Vec<(RowKey, Vec<usize>)> = Vec::new();
     for (i, (k, _, _)) in matched.iter().enumerate() {
-        by_row.entry((k.1, k.0.clone())).or_default().push((i, *k));
+        match by_row.last_mut() {
+            Some(((layer, _), members)) if *layer == k.1 && matched[members[0]].0 .0 == k.0 => {
+                members.push(i)
+            }
+            _ => by_row.push(((k.1, stages.names[k.0 as usize].clone()), vec![i])),
+        }
     }
     let mut rows: Vec<Row> = by_row
         .into_iter()
@@ -418,9 +461,9 @@ pub(crate) fn conclude(report: &mut Report) {
 fn build_row(
     layer: Option<u32>,
     stage: String,
-    members: &[(usize, &PosKey)],
+    members: &[usize],
     results: &[Option<PosResult>],
-    matched: &[(&PosKey, Loc, Loc)],
+    matched: &[(PosKey, Loc, Loc)],
     ma: &Manifest,
     tol: &Tolerance,
     has_truth: bool,
@@ -430,7 +473,8 @@ fn build_row(
     let mut mismatch = None;
     let mut truths = Vec::with_capacity(members.len());
     let mut skipped = true;
-    for &(i, k) in members {
+    for &i in members {
+        let k = &matched[i].0;
         let r = results[i]
             .as_ref()
             .expect("every matched position has a result");
@@ -574,10 +618,11 @@ fn vocabulary(ma: &Manifest, mb: &Manifest) -> Vec<capture::StageSpec> {
     v
 }
 
-fn pos_label(k: &PosKey) -> String {
+fn pos_label(k: &PosKey, stages: &Stages) -> String {
+    let stage = &stages.names[k.0 as usize];
     let mut s = match k.1 {
-        Some(l) => format!("L{l}/{}@{}", k.0, k.3),
-        None => format!("{}@{}", k.0, k.3),
+        Some(l) => format!("L{l}/{stage}@{}", k.3),
+        None => format!("{stage}@{}", k.3),
     };
     if let Some(slot) = k.2 {
         s.push_str(&format!(" slot {slot}"));
