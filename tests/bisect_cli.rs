@@ -142,9 +142,9 @@ fn git(dir: &Path, args: &[&str]) -> String {
 }
 
 /// A repository of 32 commits, `commit 1` .. `commit 32`: from commit 19 on,
-/// model.cfg runs the FFN down projection at q8; commit 24 does not build.
-/// Returns the ids.
-fn make_repo(dir: &Path) -> Vec<String> {
+/// model.cfg runs the FFN down projection at q8; commit `broken` does not
+/// build. Returns the ids.
+fn make_repo(dir: &Path, broken: usize) -> Vec<String> {
     git(dir, &["init", "-q", "-b", "main"]);
     let mut ids = Vec::new();
     for k in 1..=32 {
@@ -154,7 +154,7 @@ fn make_repo(dir: &Path) -> Vec<String> {
         } else {
             "TAPTREE_ACT_FFN_DOWN=f32\n"
         };
-        if k == 24 {
+        if k == broken {
             cfg += "broken\n";
         }
         std::fs::write(dir.join("model.cfg"), cfg).unwrap();
@@ -200,10 +200,14 @@ struct Setup {
 }
 
 fn setup(reference_cfg: &str) -> Setup {
+    setup_broken(reference_cfg, 24)
+}
+
+fn setup_broken(reference_cfg: &str, broken: usize) -> Setup {
     let tmp = tempfile::tempdir().unwrap();
     let repo = tmp.path().join("repo");
     std::fs::create_dir(&repo).unwrap();
-    let ids = make_repo(&repo);
+    let ids = make_repo(&repo, broken);
     let model = kernels::fixtures::write("tiny-q", tmp.path()).unwrap();
     let reference = reference_with(
         tmp.path(),
@@ -337,6 +341,44 @@ fn worktrees(repo: &Path) -> usize {
         .lines()
         .filter(|l| l.starts_with("worktree "))
         .count()
+}
+
+#[test]
+fn bisect_commits_lists_the_candidates_when_a_skip_hides_the_boundary() {
+    // Commit 18, the last good one, does not build: 18 or 19 is first bad.
+    let t = setup_broken(F32_CFG, 18);
+    let mut args = vec![
+        "bisect",
+        "commits",
+        "--good",
+        &t.ids[0],
+        "--bad",
+        &t.ids[31],
+        "--reference",
+        t.reference.to_str().unwrap(),
+        "--capture",
+        &t.cmd,
+    ];
+    let out = taptree(&t.repo, &args);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("skipped commits hide the boundary; the first bad commit is one of:"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("  {} commit 18\n", t.ids[17])),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("  {} commit 19\n", t.ids[18])),
+        "{stdout}"
+    );
+    args.push("--json");
+    let out = taptree(&t.repo, &args);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["answer"]["kind"], "ambiguous");
+    assert_eq!(report["captures_run"], 0);
 }
 
 #[test]
