@@ -385,21 +385,29 @@ fn bisect_commits_lists_the_candidates_when_a_skip_hides_the_boundary() {
 fn bisect_commits_refuses_a_good_commit_that_is_already_red() {
     // A reference captured at q8: the good commit (f32) diverges from it.
     let t = setup("TAPTREE_ACT_ATTN=f32\nTAPTREE_ACT_FFN_DOWN=q8\n");
-    let out = taptree(
-        &t.repo,
-        &[
-            "bisect",
-            "commits",
-            "--good",
-            &t.ids[0],
-            "--bad",
-            &t.ids[10],
-            "--reference",
-            t.reference.to_str().unwrap(),
-            "--capture",
-            &t.cmd,
-        ],
-    );
+    let mut args = vec![
+        "bisect",
+        "commits",
+        "--good",
+        &t.ids[0],
+        "--bad",
+        &t.ids[10],
+        "--reference",
+        t.reference.to_str().unwrap(),
+        "--capture",
+        &t.cmd,
+    ];
+    // Checking the endpoints first: one capture, and the answer.
+    let mut checked = args.clone();
+    checked.extend(["--check-endpoints", "--json"]);
+    let out = taptree(&t.repo, &checked);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["answer"]["kind"], "good_is_red", "{report:#}");
+    assert_eq!(report["captures_run"], 1);
+    // Lazily: the search runs down to the good endpoint, then says the same.
+    args.extend(["--cache", "../other-cache"]);
+    let out = taptree(&t.repo, &args);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(

@@ -21,6 +21,9 @@ pub struct Request {
     pub command: String,
     /// Default: `<git common dir>/taptree/trees`.
     pub cache: Option<PathBuf>,
+    /// Capture both endpoints before searching, instead of only when the
+    /// answer rests on them.
+    pub check_endpoints: bool,
 }
 
 /// Why a bisect stopped without an answer.
@@ -155,49 +158,53 @@ pub fn bisect(req: &Request, mut on_step: impl FnMut(&Step)) -> Result<Report, B
         .map_err(|source| BisectError::Tempdir { path: tmp, source })?;
     let mut steps: Vec<Step> = Vec::new();
 
-    let outcome = search::first_bad(commits.len(), |i| -> Result<Probe, BisectError> {
-        let commit = &commits[i];
-        let wt_path = worktrees.path().join(commit.short());
-        let repo = &req.repo;
-        let got = runner.get(&commit.id, &describe(commit), &BTreeMap::new(), || {
-            Ok(Workdir::Worktree(repo.add_worktree(&commit.id, &wt_path)?))
-        })?;
-        let step = match got {
-            Got::Skip { cached } => Step {
-                commit: commit.id.clone(),
-                subject: commit.subject.clone(),
-                verdict: StepVerdict::Skip,
-                cached,
-                first_op: None,
-                logits_min_cos: None,
-                first_change: None,
-            },
-            Got::Tree { path, cached } => {
-                let v = req.judge.judge(&path)?;
-                Step {
+    let outcome = search::first_bad(
+        commits.len(),
+        req.check_endpoints,
+        |i| -> Result<Probe, BisectError> {
+            let commit = &commits[i];
+            let wt_path = worktrees.path().join(commit.short());
+            let repo = &req.repo;
+            let got = runner.get(&commit.id, &describe(commit), &BTreeMap::new(), || {
+                Ok(Workdir::Worktree(repo.add_worktree(&commit.id, &wt_path)?))
+            })?;
+            let step = match got {
+                Got::Skip { cached } => Step {
                     commit: commit.id.clone(),
                     subject: commit.subject.clone(),
-                    verdict: if v.red {
-                        StepVerdict::Red
-                    } else {
-                        StepVerdict::Green
-                    },
+                    verdict: StepVerdict::Skip,
                     cached,
-                    first_op: v.first_op,
-                    logits_min_cos: v.logits_min_cos,
-                    first_change: v.first_change,
+                    first_op: None,
+                    logits_min_cos: None,
+                    first_change: None,
+                },
+                Got::Tree { path, cached } => {
+                    let v = req.judge.judge(&path)?;
+                    Step {
+                        commit: commit.id.clone(),
+                        subject: commit.subject.clone(),
+                        verdict: if v.red {
+                            StepVerdict::Red
+                        } else {
+                            StepVerdict::Green
+                        },
+                        cached,
+                        first_op: v.first_op,
+                        logits_min_cos: v.logits_min_cos,
+                        first_change: v.first_change,
+                    }
                 }
-            }
-        };
-        on_step(&step);
-        let probe = match step.verdict {
-            StepVerdict::Green => Probe::Green,
-            StepVerdict::Red => Probe::Red,
-            StepVerdict::Skip => Probe::Skip,
-        };
-        steps.push(step);
-        Ok(probe)
-    })?;
+            };
+            on_step(&step);
+            let probe = match step.verdict {
+                StepVerdict::Green => Probe::Green,
+                StepVerdict::Red => Probe::Red,
+                StepVerdict::Skip => Probe::Skip,
+            };
+            steps.push(step);
+            Ok(probe)
+        },
+    )?;
 
     let first_op_of = |id: &str| {
         steps

@@ -35,15 +35,29 @@ pub enum Outcome {
 }
 
 /// Finds the first red index in `0..len` (`len >= 2`), assuming index 0 green
-/// and `len - 1` red until the answer rests on them. `probe` is called at most
-/// once per index.
+/// and `len - 1` red until the answer rests on them, or, with `check_endpoints`,
+/// probing both before anything else. `probe` is called at most once per
+/// index.
 pub fn first_bad<E>(
     len: usize,
+    check_endpoints: bool,
     mut probe: impl FnMut(usize) -> Result<Probe, E>,
 ) -> Result<Outcome, E> {
     assert!(len >= 2, "a range needs a good and a bad endpoint");
     let (mut lo, mut hi) = (0usize, len - 1);
     let (mut lo_seen, mut hi_seen) = (false, false);
+    if check_endpoints {
+        match probe(lo)? {
+            Probe::Green => lo_seen = true,
+            Probe::Red => return Ok(Outcome::GoodIsRed),
+            Probe::Skip => return Ok(Outcome::EndpointSkipped { index: lo }),
+        }
+        match probe(hi)? {
+            Probe::Red => hi_seen = true,
+            Probe::Green => return Ok(Outcome::BadIsGreen),
+            Probe::Skip => return Ok(Outcome::EndpointSkipped { index: hi }),
+        }
+    }
     let mut skipped: Vec<usize> = Vec::new();
     loop {
         match pick(lo, hi, &skipped) {
@@ -112,8 +126,17 @@ mod tests {
     /// Runs a search over `len` candidates, red from `first_red` on, with
     /// `skips` untestable; returns the outcome and the probed indices.
     fn search(len: usize, first_red: usize, skips: &[usize]) -> (Outcome, Vec<usize>) {
+        search_checked(len, first_red, skips, false)
+    }
+
+    fn search_checked(
+        len: usize,
+        first_red: usize,
+        skips: &[usize],
+        check_endpoints: bool,
+    ) -> (Outcome, Vec<usize>) {
         let mut probed = Vec::new();
-        let outcome = first_bad::<Infallible>(len, |i| {
+        let outcome = first_bad::<Infallible>(len, check_endpoints, |i| {
             assert!(!probed.contains(&i), "index {i} probed twice");
             probed.push(i);
             Ok(if skips.contains(&i) {
@@ -164,6 +187,23 @@ mod tests {
         // Everything green: the bad endpoint is green.
         assert_eq!(search(32, 99, &[]).0, Outcome::BadIsGreen);
         assert_eq!(search(8, 0, &[0]).0, Outcome::EndpointSkipped { index: 0 });
+    }
+
+    #[test]
+    fn checked_endpoints_are_probed_first_and_never_again() {
+        let (outcome, probed) = search_checked(32, 18, &[], true);
+        assert_eq!(outcome, Outcome::FirstBad { index: 18 });
+        assert_eq!(probed[..2], [0, 31]);
+        assert!(probed.len() <= 7, "{probed:?}");
+        // A red good endpoint stops at once, even where the middle is green.
+        let (outcome, probed) = search_checked(32, 0, &[], true);
+        assert_eq!(outcome, Outcome::GoodIsRed);
+        assert_eq!(probed, [0]);
+        let (outcome, probed) = search_checked(32, 99, &[], true);
+        assert_eq!(outcome, Outcome::BadIsGreen);
+        assert_eq!(probed, [0, 31]);
+        let (outcome, _) = search_checked(32, 5, &[31], true);
+        assert_eq!(outcome, Outcome::EndpointSkipped { index: 31 });
     }
 
     #[test]

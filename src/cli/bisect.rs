@@ -67,6 +67,12 @@ pub struct CommitsArgs {
     /// Where trees are cached [default: <git common dir>/taptree/trees].
     #[arg(long, value_name = "DIR")]
     pub cache: Option<PathBuf>,
+    /// Capture --good and --bad before searching. By default an endpoint is
+    /// captured only when the answer rests on it (a good endpoint that is red
+    /// or a bad one that is green is still reported then); checking first
+    /// also catches a red --good whose later commits turn green again.
+    #[arg(long)]
+    pub check_endpoints: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -119,6 +125,7 @@ fn run_commits(args: CommitsArgs) -> anyhow::Result<u8> {
         judge,
         command: args.judging.capture.clone(),
         cache: args.cache.map(|c| cwd.join(c)),
+        check_endpoints: args.check_endpoints,
     };
     let mut n = 0;
     let report = commits::bisect(&req, |step| {
