@@ -21,6 +21,8 @@ pub struct Args {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Mode {
+    /// Find the first commit whose capture leaves tolerance of the reference.
+    ///
     /// Binary search over the first-parent history between a good and a bad
     /// commit. Each candidate is checked out in its own git worktree (your
     /// checkout, index and branches are never touched), CMD runs there with
@@ -28,9 +30,11 @@ pub enum Mode {
     /// exiting 125 skips the commit (as with `git bisect run`); any other
     /// failure stops the bisect. Trees are cached by commit.
     Commits(CommitsArgs),
-    /// Runs arms of runtime switches (all off, each alone, all on) and, when
-    /// no single switch explains a divergence, finds a minimal culprit set by
-    /// delta debugging.
+    /// Find the runtime switches that make a capture leave tolerance.
+    ///
+    /// Runs arms of environment switches (all off, each alone, all on) and,
+    /// when no single switch explains a divergence, finds a minimal culprit
+    /// set by delta debugging.
     Switches(SwitchesArgs),
 }
 

@@ -32,10 +32,11 @@ use std::path::{Path, PathBuf};
 /// Arguments of `taptree drift`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// A GGUF file, an HF safetensors directory, or `smollm2`.
+    /// `smollm2`, a fixture (`tiny-q`, ...), a GGUF file or an HF directory.
     #[arg(long)]
     pub model: String,
-    /// The prompts file (`chat:`, `text:` or `tokens:` lines).
+    /// The prompts file: one `chat: TEXT`, `text: TEXT` or `tokens: ID ...`
+    /// per line; blank lines and `#` comments are ignored.
     #[arg(long, value_name = "FILE")]
     pub prompts: PathBuf,
     /// Tokens to generate per prompt.
