@@ -201,3 +201,88 @@ fn git_in(dir: &Path, args: &[&str]) -> Result<String, GitError> {
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim_end().to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn git(dir: &Path, args: &[&str]) -> String {
+        let out = Command::new("git")
+            .current_dir(dir)
+            .args(args)
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.com")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.com")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    fn commit(dir: &Path, name: &str) -> String {
+        std::fs::write(dir.join(name), name).unwrap();
+        git(dir, &["add", name]);
+        git(dir, &["commit", "-q", "-m", name]);
+        git(dir, &["rev-parse", "HEAD"])
+    }
+
+    #[test]
+    fn first_parent_range_skips_merged_side_commits() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        git(dir, &["init", "-q", "-b", "main"]);
+        let a = commit(dir, "a");
+        let b = commit(dir, "b");
+        git(dir, &["checkout", "-q", "-b", "side"]);
+        let c = commit(dir, "c");
+        git(dir, &["checkout", "-q", "main"]);
+        let d = commit(dir, "d");
+        git(dir, &["merge", "-q", "--no-ff", "-m", "merge side", "side"]);
+        let m = git(dir, &["rev-parse", "HEAD"]);
+
+        let repo = Repo::discover(dir).unwrap();
+        let range = repo.first_parent_range(&a, "main").unwrap();
+        let ids: Vec<&str> = range.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids, [&a, &b, &d, &m]);
+        assert!(!ids.contains(&c.as_str()));
+        assert_eq!(range[3].subject, "merge side");
+        assert_eq!(range[0].subject, "a");
+
+        assert!(matches!(
+            repo.first_parent_range(&d, &a),
+            Err(GitError::NotAncestor { .. })
+        ));
+        assert!(matches!(
+            repo.first_parent_range("main", "main"),
+            Err(GitError::EmptyRange { .. })
+        ));
+        assert!(matches!(
+            repo.resolve("nope"),
+            Err(GitError::BadRevision { .. })
+        ));
+    }
+
+    #[test]
+    fn a_worktree_checks_out_the_commit_and_leaves_no_trace() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("repo");
+        std::fs::create_dir(&dir).unwrap();
+        git(&dir, &["init", "-q", "-b", "main"]);
+        let a = commit(&dir, "a");
+        commit(&dir, "b");
+        let repo = Repo::discover(&dir).unwrap();
+        let path = tmp.path().join("wt");
+        {
+            let wt = repo.add_worktree(&a, &path).unwrap();
+            assert!(wt.path().join("a").is_file());
+            assert!(!wt.path().join("b").exists());
+            // Build outputs left behind do not stop the removal.
+            std::fs::write(wt.path().join("build.out"), "x").unwrap();
+        }
+        assert!(!path.exists());
+        assert_eq!(git(&dir, &["worktree", "list"]).lines().count(), 1);
+        assert_eq!(git(&dir, &["rev-parse", "--abbrev-ref", "HEAD"]), "main");
+        assert_eq!(git(&dir, &["status", "--porcelain"]), "");
+    }
+}
