@@ -254,7 +254,11 @@ pub fn bisect(req: &Request, mut on_arm: impl FnMut(&Arm, usize)) -> Result<Repo
         ArmVerdict::Red => {}
     }
     let minimal = ddmin(&all, |subset: &[usize]| -> Result<bool, SwitchesError> {
-        planned += 1;
+        // The bar grows by the arms delta debugging adds, not by those it
+        // asks again.
+        if !arms.seen.contains_key(subset) {
+            planned += 1;
+        }
         let arm = arms.run(subset, ArmKind::Ddmin, &mut on_arm, planned)?;
         Ok(arm.verdict == ArmVerdict::Red)
     })?;
