@@ -11,6 +11,7 @@
 use std::time::{Duration, Instant};
 
 use kernels::cuda::device::{driver_present, Device};
+use kernels::cuda::ops::{self, AttentionShape, DeviceMatrix, QuantizedActs};
 use kernels::switches::Switches;
 use kernels::{Forward, Precision};
 
@@ -47,6 +48,178 @@ fn copy_bandwidth(dev: &Device, bytes: usize) -> (f64, f64) {
     let p = time(&mut || s.memcpy_dtoh(&src, &mut pinned).unwrap());
     let q = time(&mut || s.memcpy_dtoh(&src, &mut pageable).unwrap());
     (p, q)
+}
+
+/// Mean time of one call of `f` in microseconds, over 100 calls queued
+/// back to back (what the forward does), after 3 warm-up calls.
+fn per_call_us(dev: &Device, f: &mut dyn FnMut()) -> f64 {
+    for _ in 0..3 {
+        f();
+    }
+    dev.stream().synchronize().unwrap();
+    let t0 = Instant::now();
+    for _ in 0..100 {
+        f();
+    }
+    dev.stream().synchronize().unwrap();
+    secs(t0.elapsed()) * 1e4
+}
+
+/// Each kernel at the real model's shapes, decode (1 row) and prefill (128
+/// rows): where a forward's time goes.
+/// SmolLM2-135M's shapes and formats, with seeded values: the kernels'
+/// times do not depend on the numbers.
+fn smollm2_shaped(name: &str, ty: kernels::GgmlType, rows: usize, cols: usize) -> kernels::QTensor {
+    let x: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 5000.0)
+        .collect();
+    let data = match ty {
+        kernels::GgmlType::Q4_1 => kernels::quant::quantize_q4_1(&x).unwrap(),
+        _ => kernels::quant::quantize_q8_0(&x).unwrap(),
+    };
+    kernels::QTensor {
+        name: name.into(),
+        ggml_type: ty,
+        shape: vec![rows, cols],
+        data,
+    }
+}
+
+#[test]
+fn kernel_figures() {
+    if !driver_present() {
+        eprintln!("skipped: no CUDA driver on this host");
+        return;
+    }
+    let dev = Device::open(0).unwrap();
+    dev.warm_up().unwrap();
+    println!("device: {}", dev.describe());
+    let (d, qw, kvw, ff, vocab) = (576, 576, 192, 1536, 49152);
+    let (n_head, n_kv, head_dim, rope_base) = (9, 3, 64, 100000.0);
+    let q41 = kernels::GgmlType::Q4_1;
+    let embd = smollm2_shaped("token_embd", kernels::GgmlType::Q8_0, vocab, d);
+    let mats = [
+        (
+            "q_proj",
+            DeviceMatrix::upload(&dev, &smollm2_shaped("q", q41, qw, d)).unwrap(),
+        ),
+        (
+            "ffn_gate",
+            DeviceMatrix::upload(&dev, &smollm2_shaped("gate", q41, ff, d)).unwrap(),
+        ),
+        (
+            "ffn_down",
+            DeviceMatrix::upload(&dev, &smollm2_shaped("down", q41, d, ff)).unwrap(),
+        ),
+        ("logits", DeviceMatrix::upload(&dev, &embd).unwrap()),
+    ];
+    let dev = &*dev;
+    let s = dev.stream();
+    let big = 128 * vocab;
+    let x = s.alloc_zeros::<f32>(big).unwrap();
+    let mut y = s.alloc_zeros::<f32>(big).unwrap();
+    let mut qa = QuantizedActs::alloc(dev, 128 * ff).unwrap();
+    let kv = s.alloc_zeros::<f32>(256 * kvw).unwrap();
+    let norm = s.alloc_zeros::<f32>(d).unwrap();
+    let pos = ops::upload(dev, &(0..128u32).collect::<Vec<_>>()).unwrap();
+    let toks = ops::upload(dev, &(0..128u32).collect::<Vec<_>>()).unwrap();
+    let emb = &mats[3].1;
+    for rows in [1usize, 128] {
+        let mut line = format!("kernels, {rows:>3} rows (us/call):");
+        for (name, m) in &mats {
+            let t = per_call_us(dev, &mut || {
+                ops::matmul_f32(
+                    dev,
+                    m,
+                    &x.slice(..rows * m.cols),
+                    &mut y.slice_mut(..rows * m.rows),
+                    rows,
+                )
+                .unwrap()
+            });
+            let q = per_call_us(dev, &mut || {
+                ops::quantize_q8(dev, &x.slice(..rows * m.cols), &mut qa, rows * m.cols).unwrap();
+                ops::matmul_q8(dev, m, &qa, &mut y.slice_mut(..rows * m.rows), rows).unwrap()
+            });
+            line += &format!(" {name} {}x{} f32 {t:.1} q8 {q:.1};", m.rows, m.cols);
+        }
+        let t = per_call_us(dev, &mut || {
+            ops::rms_norm(
+                dev,
+                &x.slice(..rows * d),
+                &norm.as_view(),
+                &mut y.slice_mut(..rows * d),
+                rows,
+                1e-5,
+            )
+            .unwrap()
+        });
+        line += &format!(" rms_norm {t:.1};");
+        let t = per_call_us(dev, &mut || {
+            ops::rope(
+                dev,
+                &mut y.slice_mut(..rows * qw),
+                &pos.slice(..rows),
+                n_head,
+                head_dim,
+                rope_base,
+            )
+            .unwrap()
+        });
+        line += &format!(" rope(q) {t:.1};");
+        let pos0 = 128 - rows + 100;
+        let shape = AttentionShape {
+            rows,
+            pos0: pos0.min(256 - rows),
+            n_head,
+            n_kv,
+            head_dim,
+        };
+        let keys = shape.pos0 + rows;
+        let t = per_call_us(dev, &mut || {
+            ops::attention(
+                dev,
+                &x.slice(..rows * qw),
+                &kv.slice(..keys * kvw),
+                &kv.slice(..keys * kvw),
+                &mut y.slice_mut(..rows * qw),
+                shape,
+            )
+            .unwrap()
+        });
+        line += &format!(" attention({keys} keys) {t:.1};");
+        let t = per_call_us(dev, &mut || {
+            ops::swiglu(
+                dev,
+                &x.slice(..rows * ff),
+                &x.slice(..rows * ff),
+                &mut y.slice_mut(..rows * ff),
+                rows * ff,
+            )
+            .unwrap()
+        });
+        line += &format!(" swiglu {t:.1};");
+        let t = per_call_us(dev, &mut || {
+            ops::add(
+                dev,
+                &x.slice(..rows * d),
+                &x.slice(..rows * d),
+                &mut y.slice_mut(..rows * d),
+                rows * d,
+            )
+            .unwrap()
+        });
+        line += &format!(" add {t:.1};");
+        let t = per_call_us(dev, &mut || {
+            ops::embedding(dev, emb, &toks.slice(..rows), &mut y.slice_mut(..rows * d)).unwrap()
+        });
+        line += &format!(" embedding {t:.1}");
+        println!("{line}");
+    }
+    let t = per_call_us(dev, &mut || {
+        ops::upload(dev, &[1u32]).unwrap();
+    });
+    println!("one 4-byte upload (allocates): {t:.1} us");
 }
 
 #[test]

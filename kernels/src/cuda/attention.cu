@@ -26,6 +26,7 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
     for (int j = threadIdx.x; j < n_keys; j += blockDim.x) {
         const float* kj = k + (size_t)j * kv_stride + kvh * head_dim;
         float s = 0.0f;
+#pragma unroll 16
         for (int d = 0; d < head_dim; ++d) s = mul_add_unfused(s, qh[d], kj[d]);
         scores[j] = __fmul_rn(s, scale);
     }
@@ -38,6 +39,7 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
     __syncthreads();
     if (threadIdx.x == 0) {
         float sum = 0.0f;
+#pragma unroll 8
         for (int j = 0; j < n_keys; ++j) sum = __fadd_rn(sum, scores[j]);
         inv_sum = 1.0f / sum;
     }
@@ -47,6 +49,7 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
     float* oh = out + (size_t)r * n_head * head_dim + h * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float acc = 0.0f;
+#pragma unroll 8
         for (int j = 0; j < n_keys; ++j)
             acc = mul_add_unfused(acc, __fmul_rn(scores[j], inv), v[(size_t)j * kv_stride + kvh * head_dim + d]);
         oh[d] = acc;

@@ -14,33 +14,107 @@
 #define WARPS 4
 #define OUTS_PER_WARP 4
 
-extern "C" __global__ void matmul_f32(const u8* w, int type, const float* x, float* y,
-                                      int rows, int in, int out) {
+// The four weights lane j (of eight) takes from 32-element block b:
+// elements j, j+8, j+16, j+24, in that (increasing) order.
+template <int TYPE>
+__device__ __forceinline__ void block_weights(const u8* wr, int b, int j, float w[4]) {
+    if (TYPE == T_Q4_1) {
+        const u8* blk = wr + (size_t)b * 20;
+        float d = f16_to_f32(load_u16(blk)), m = f16_to_f32(load_u16(blk + 2));
+        int lo = blk[4 + j], hi = blk[4 + j + 8];
+        w[0] = __fadd_rn(__fmul_rn((float)(lo & 0x0F), d), m);
+        w[1] = __fadd_rn(__fmul_rn((float)(hi & 0x0F), d), m);
+        w[2] = __fadd_rn(__fmul_rn((float)(lo >> 4), d), m);
+        w[3] = __fadd_rn(__fmul_rn((float)(hi >> 4), d), m);
+    } else if (TYPE == T_Q8_0) {
+        const u8* blk = wr + (size_t)b * 34;
+        float d = f16_to_f32(load_u16(blk));
+        const i8* q = (const i8*)(blk + 2);
+        for (int t = 0; t < 4; ++t) w[t] = (float)q[j + 8 * t] * d;
+    } else if (TYPE == T_Q4_0) {
+        const u8* blk = wr + (size_t)b * 18;
+        float d = f16_to_f32(load_u16(blk));
+        int lo = blk[2 + j], hi = blk[2 + j + 8];
+        w[0] = (float)((lo & 0x0F) - 8) * d;
+        w[1] = (float)((hi & 0x0F) - 8) * d;
+        w[2] = (float)((lo >> 4) - 8) * d;
+        w[3] = (float)((hi >> 4) - 8) * d;
+    } else {
+        for (int t = 0; t < 4; ++t) w[t] = dequant_elem(wr, TYPE, b * QK + j + 8 * t);
+    }
+}
+
+// One pass over up to ROWS_PER_PASS rows; acc[k] is row r0 + k's partial sum
+// of lane j. The row loop is unrolled with a guard so `acc` stays in
+// registers (a runtime-indexed array would live in local memory).
+template <int TYPE>
+__device__ __forceinline__ void partial_sums(const u8* wr, const float* x, int r0, int nr,
+                                             int in, int j, float acc[ROWS_PER_PASS]) {
+    if (block_size(TYPE) == QK) {
+        int nb = in / QK;
+        // Unrolled so that several blocks' loads are in flight at once: at
+        // one row a warp has little else to hide their latency with.
+#pragma unroll 6
+        for (int b = 0; b < nb; ++b) {
+            float w[4];
+            block_weights<TYPE>(wr, b, j, w);
+#pragma unroll
+            for (int k = 0; k < ROWS_PER_PASS; ++k) {
+                if (k < nr) {
+                    const float* xr = x + (size_t)(r0 + k) * in + b * QK + j;
+#pragma unroll
+                    for (int t = 0; t < 4; ++t) acc[k] = mul_add_unfused(acc[k], xr[8 * t], w[t]);
+                }
+            }
+        }
+    } else {
+        for (int i = j; i < in; i += 8) {
+            float wv = dequant_elem(wr, TYPE, i);
+#pragma unroll
+            for (int k = 0; k < ROWS_PER_PASS; ++k)
+                if (k < nr) acc[k] = mul_add_unfused(acc[k], x[(size_t)(r0 + k) * in + i], wv);
+        }
+    }
+}
+
+template <int TYPE>
+__device__ void matmul_f32_body(const u8* w, const float* x, float* y, int rows, int in, int out) {
     int lane = threadIdx.x & 31;
     int j = lane & 7;
     int o = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * OUTS_PER_WARP + (lane >> 3);
     // Lanes past the last row still take part in the shuffles below.
     bool live = o < out;
-    size_t row_bytes = (size_t)(in / block_size(type)) * type_size(type);
+    size_t row_bytes = (size_t)(in / block_size(TYPE)) * type_size(TYPE);
     const u8* wr = w + (size_t)(live ? o : 0) * row_bytes;
-    for (int r0 = 0; r0 < rows; r0 += ROWS_PER_PASS) {
+    // Each grid row (blockIdx.y) takes one pass of ROWS_PER_PASS rows.
+    {
+        int r0 = blockIdx.y * ROWS_PER_PASS;
         int nr = min(ROWS_PER_PASS, rows - r0);
         float acc[ROWS_PER_PASS];
+#pragma unroll
         for (int k = 0; k < ROWS_PER_PASS; ++k) acc[k] = 0.0f;
-        if (live) {
-            for (int i = j; i < in; i += 8) {
-                float wv = dequant_elem(wr, type, i);
-                for (int k = 0; k < nr; ++k)
-                    acc[k] = mul_add_unfused(acc[k], x[(size_t)(r0 + k) * in + i], wv);
-            }
-        }
-        for (int k = 0; k < nr; ++k) {
+        if (live) partial_sums<TYPE>(wr, x, r0, nr, in, j, acc);
+#pragma unroll
+        for (int k = 0; k < ROWS_PER_PASS; ++k) {
             float a = acc[k];
             a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 4));  // a0+a4, a1+a5, ...
             a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 1));  // (a0+a4)+(a1+a5), ...
             a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 2));  // the two halves
-            if (live && j == 0) y[(size_t)(r0 + k) * out + o] = a;
+            if (live && j == 0 && k < nr) y[(size_t)(r0 + k) * out + o] = a;
         }
+    }
+}
+
+extern "C" __global__ void matmul_f32(const u8* w, int type, const float* x, float* y,
+                                      int rows, int in, int out) {
+    switch (type) {
+        case T_F32: matmul_f32_body<T_F32>(w, x, y, rows, in, out); break;
+        case T_F16: matmul_f32_body<T_F16>(w, x, y, rows, in, out); break;
+        case T_BF16: matmul_f32_body<T_BF16>(w, x, y, rows, in, out); break;
+        case T_Q4_0: matmul_f32_body<T_Q4_0>(w, x, y, rows, in, out); break;
+        case T_Q4_1: matmul_f32_body<T_Q4_1>(w, x, y, rows, in, out); break;
+        case T_Q5_0: matmul_f32_body<T_Q5_0>(w, x, y, rows, in, out); break;
+        case T_Q8_0: matmul_f32_body<T_Q8_0>(w, x, y, rows, in, out); break;
     }
 }
 
@@ -137,19 +211,25 @@ extern "C" __global__ void matmul_q8(const u8* w, int type, const i8* q, const f
     int nb = in / QK;
     size_t row_bytes = (size_t)(in / block_size(type)) * type_size(type);
     const u8* wr = w + (size_t)o * row_bytes;
-    for (int r0 = 0; r0 < rows; r0 += ROWS_PER_PASS) {
+    {
+        int r0 = blockIdx.y * ROWS_PER_PASS;
         int nr = min(ROWS_PER_PASS, rows - r0);
         float acc[ROWS_PER_PASS];
+#pragma unroll
         for (int k = 0; k < ROWS_PER_PASS; ++k) acc[k] = 0.0f;
         for (int b = lane; b < nb; b += 32) {
-            for (int k = 0; k < nr; ++k) {
-                size_t ab = (size_t)(r0 + k) * nb + b;
-                acc[k] += block_dot_q8(wr, type, b, q + ab * QK, scales[ab], sums[ab]);
+#pragma unroll
+            for (int k = 0; k < ROWS_PER_PASS; ++k) {
+                if (k < nr) {
+                    size_t ab = (size_t)(r0 + k) * nb + b;
+                    acc[k] += block_dot_q8(wr, type, b, q + ab * QK, scales[ab], sums[ab]);
+                }
             }
         }
-        for (int k = 0; k < nr; ++k) {
+#pragma unroll
+        for (int k = 0; k < ROWS_PER_PASS; ++k) {
             float s = warp_sum(acc[k]);
-            if (lane == 0) y[(size_t)(r0 + k) * out + o] = s;
+            if (lane == 0 && k < nr) y[(size_t)(r0 + k) * out + o] = s;
         }
     }
 }

@@ -22,6 +22,7 @@ pub fn supported(t: GgmlType) -> bool {
         t,
         GgmlType::F32
             | GgmlType::F16
+            | GgmlType::BF16
             | GgmlType::Q4_0
             | GgmlType::Q4_1
             | GgmlType::Q5_0
@@ -111,6 +112,15 @@ fn grid(blocks: usize, threads: u32, shared: u32) -> LaunchConfig {
     }
 }
 
+/// Output blocks along x, one pass of `ROWS_PER_PASS` (8) rows per grid row.
+fn matmul_grid(blocks: usize, rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks as u32, rows.div_ceil(8) as u32, 1),
+        block_dim: (32 * MATMUL_WARPS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 fn launch_err(kernel: &str) -> impl Fn(cudarc::driver::DriverError) -> CudaError + '_ {
     move |e| CudaError::driver(&format!("launch {kernel}"), e)
 }
@@ -176,10 +186,10 @@ pub fn matmul_f32(
         .arg(&r)
         .arg(&i)
         .arg(&o);
-    let blocks = w.rows.div_ceil(MATMUL_F32_OUTS);
+    let cfg = matmul_grid(w.rows.div_ceil(MATMUL_F32_OUTS), rows);
     // SAFETY: W holds rows x cols of its type (checked at upload); x and y
     // hold what the shapes need (checked above).
-    unsafe { b.launch(grid(blocks, 32 * MATMUL_WARPS, 0)) }.map_err(launch_err("matmul_f32"))?;
+    unsafe { b.launch(cfg) }.map_err(launch_err("matmul_f32"))?;
     Ok(())
 }
 
@@ -241,10 +251,10 @@ pub fn matmul_q8(
         .arg(&r)
         .arg(&i)
         .arg(&o);
-    let blocks = w.rows.div_ceil(MATMUL_WARPS as usize);
+    let cfg = matmul_grid(w.rows.div_ceil(MATMUL_WARPS as usize), rows);
     // SAFETY: as matmul_f32, with the quantized activations sized by
     // QuantizedActs::alloc for at least rows * cols elements.
-    unsafe { b.launch(grid(blocks, 32 * MATMUL_WARPS, 0)) }.map_err(launch_err("matmul_q8"))?;
+    unsafe { b.launch(cfg) }.map_err(launch_err("matmul_q8"))?;
     Ok(())
 }
 
