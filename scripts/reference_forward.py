@@ -6,12 +6,13 @@ The weights come from the `gguf` package's own reader and dequantizer (not
 from taptree's), and every op is written here in numpy: the check is only as
 strong as that independence.
 
-    python3 scripts/reference_forward.py --model M.gguf --tree runs/x [--min-cos 0.99999]
+    python3 scripts/reference_forward.py --model M.gguf --tree runs/x [--tree runs/y ...] [--min-cos 0.99999]
 
-The prompt is the tree's `run.prompt_tokens`; every position of the tree's
+For each tree, the prompt is its `run.prompt_tokens`; every position of its
 `logits` taps (slot-less ones) is compared: cosine and argmax. Prints one line
-per position; exit 0 when every cosine >= --min-cos and every argmax agrees,
-1 otherwise, 2 when the comparison could not run.
+per position; exit 0 when every cosine >= --min-cos and every argmax agrees in
+every tree, 1 otherwise, 2 when a comparison could not run, 3 when a Python
+package is missing.
 """
 
 import argparse
@@ -118,35 +119,41 @@ def tree_logits(tree):
     return m["run"]["prompt_tokens"], rows
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="GGUF file")
-    ap.add_argument("--tree", required=True, help="taptree tree with logits taps")
-    ap.add_argument("--min-cos", type=float, default=0.99999)
-    a = ap.parse_args()
+def check(cfg, w, tree, min_cos):
+    """Compares one tree's logits with the reference; returns an exit code."""
     try:
-        tokens, rows = tree_logits(a.tree)
+        tokens, rows = tree_logits(tree)
     except (OSError, KeyError, ValueError) as e:
-        print(f"reference_forward: {a.tree}: cannot read logits: {e}", file=sys.stderr)
+        print(f"reference_forward: {tree}: cannot read logits: {e}", file=sys.stderr)
         return 2
     positions = [p for p in range(len(tokens)) if p in rows]
     if not positions:
-        print(f"reference_forward: {a.tree}: no logits taps for the prompt positions", file=sys.stderr)
+        print(f"reference_forward: {tree}: no logits taps for the prompt positions", file=sys.stderr)
         return 2
-    cfg, w = load(a.model)
     ref = forward(cfg, w, np.array(tokens))
     ok = True
     worst = 1.0
+    print(f"{tree}: {len(tokens)} prompt tokens")
     for p in positions:
         x, y = rows[p], ref[p]
         cos = float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)))
         same = int(x.argmax()) == int(y.argmax())
         worst = min(worst, cos)
-        good = cos >= a.min_cos and same
+        good = cos >= min_cos and same
         ok &= good
-        print(f"pos {p:3d}  cosine {cos:.9f}  argmax {int(x.argmax())} vs {int(y.argmax())}{'' if good else '  FAIL'}")
-    print(f"{'ok' if ok else 'FAILED'}: {len(positions)} positions, min cosine {worst:.9f}")
+        print(f"  pos {p:3d}  cosine {cos:.9f}  argmax {int(x.argmax())} vs {int(y.argmax())}{'' if good else '  FAIL'}")
+    print(f"{'ok' if ok else 'FAILED'}: {tree}: {len(positions)} positions, min cosine {worst:.9f}")
     return 0 if ok else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="GGUF file")
+    ap.add_argument("--tree", required=True, action="append", help="taptree tree with logits taps (repeatable)")
+    ap.add_argument("--min-cos", type=float, default=0.99999)
+    a = ap.parse_args()
+    cfg, w = load(a.model)
+    return max(check(cfg, w, t, a.min_cos) for t in a.tree)
 
 
 if __name__ == "__main__":
