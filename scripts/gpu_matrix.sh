@@ -116,6 +116,7 @@ run taptree capture --model "$MODEL" --backend cpu --precision f64 --chat "$Q" -
 run taptree diff runs/cpu-f32 runs/cuda-f32 --all-metrics --html "$OUT/cpu-vs-cuda.html"
 run taptree diff runs/cpu-f32 runs/cuda-f32 --truth runs/cpu-f64 --only-red
 run taptree diff runs/cpu-f32 runs/cuda-f32 --bitwise --only-red --sort growth
+run taptree diff runs/cpu-f32 runs/cuda-f32 --controls --only-red
 
 step "two CUDA captures of the same run"
 run taptree capture --model "$MODEL" --backend cuda --precision f32 --chat "$Q" --gen 8 --out runs/cuda-f32-again
@@ -144,5 +145,5 @@ run taptree diff runs/cpu-q8 runs/cuda-q8 --truth runs/cpu-f64 --only-red
 run taptree diff runs/cuda-f32 runs/cuda-q8 --truth runs/cpu-f64 --only-red
 
 step "figures"
-TAPTREE_MODEL=$MODEL run cuda_perf --nocapture
+TAPTREE_MODEL=$MODEL run cuda_perf --test-threads=1 --nocapture
 du -sh runs/* 2>/dev/null

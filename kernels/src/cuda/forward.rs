@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaSlice, CudaView};
+use cudarc::driver::{CudaSlice, CudaView, PinnedHostSlice};
 
 use super::device::Device;
 use super::ops::{self, AttentionShape, DeviceMatrix, QuantizedActs};
@@ -110,6 +110,9 @@ pub struct CudaForward {
     w: WeightsOnDevice,
     caches: BTreeMap<Option<u32>, KvCache>,
     scratch: Option<Scratch>,
+    /// Page-locked host memory the taps copy through: a device-to-host copy
+    /// into pageable memory runs at a fraction of the bus's speed.
+    staging: Option<PinnedHostSlice<f32>>,
 }
 
 fn norm_weight(dev: &Device, t: &QTensor) -> Result<CudaSlice<f32>, CudaError> {
@@ -180,6 +183,7 @@ impl CudaForward {
             w,
             caches: BTreeMap::new(),
             scratch: None,
+            staging: None,
         })
     }
 
@@ -327,6 +331,11 @@ impl CudaForward {
         let w = &self.w;
         let caches = &mut self.caches;
         let sc = self.scratch.as_mut().expect("scratch allocated above");
+        let mut taps = Taps {
+            dev: &dev,
+            groups,
+            staging: &mut self.staging,
+        };
 
         let positions: Vec<u32> = groups.iter().flat_map(|g| g.pos()).collect();
         let tok_dev = ops::upload(&dev, tokens)?;
@@ -338,7 +347,7 @@ impl CudaForward {
             &tok_dev.as_view(),
             &mut sc.x.slice_mut(..rows * d),
         )?;
-        tap(&dev, st::EMBEDDING, None, groups, &sc.x, d)?;
+        taps.tap(st::EMBEDDING, None, &sc.x, d)?;
 
         for (l, lw) in w.layers.iter().enumerate() {
             let li = Some(l as u32);
@@ -350,13 +359,13 @@ impl CudaForward {
                 rows,
                 c.rms_eps,
             )?;
-            tap(&dev, st::ATTN_NORM, li, groups, &sc.h, d)?;
+            taps.tap(st::ATTN_NORM, li, &sc.h, d)?;
             matmul(&dev, &lw.wq, &sc.h, &mut sc.q, &mut sc.qa, rows, acts.attn)?;
-            tap(&dev, st::Q_PROJ, li, groups, &sc.q, qw)?;
+            taps.tap(st::Q_PROJ, li, &sc.q, qw)?;
             matmul(&dev, &lw.wk, &sc.h, &mut sc.k, &mut sc.qa, rows, acts.attn)?;
-            tap(&dev, st::K_PROJ, li, groups, &sc.k, kvw)?;
+            taps.tap(st::K_PROJ, li, &sc.k, kvw)?;
             matmul(&dev, &lw.wv, &sc.h, &mut sc.v, &mut sc.qa, rows, acts.attn)?;
-            tap(&dev, st::V_PROJ, li, groups, &sc.v, kvw)?;
+            taps.tap(st::V_PROJ, li, &sc.v, kvw)?;
             ops::rope(
                 &dev,
                 &mut sc.q.slice_mut(..rows * qw),
@@ -365,7 +374,7 @@ impl CudaForward {
                 c.head_dim,
                 c.rope_base,
             )?;
-            tap(&dev, st::Q_ROPE, li, groups, &sc.q, qw)?;
+            taps.tap(st::Q_ROPE, li, &sc.q, qw)?;
             ops::rope(
                 &dev,
                 &mut sc.k.slice_mut(..rows * kvw),
@@ -374,7 +383,7 @@ impl CudaForward {
                 c.head_dim,
                 c.rope_base,
             )?;
-            tap(&dev, st::K_ROPE, li, groups, &sc.k, kvw)?;
+            taps.tap(st::K_ROPE, li, &sc.k, kvw)?;
 
             for g in groups {
                 let cache = caches.get_mut(&g.slot).expect("cache ensured above");
@@ -405,11 +414,11 @@ impl CudaForward {
                     },
                 )?;
             }
-            tap(&dev, st::ATTN, li, groups, &sc.att, qw)?;
+            taps.tap(st::ATTN, li, &sc.att, qw)?;
             matmul(
                 &dev, &lw.wo, &sc.att, &mut sc.o, &mut sc.qa, rows, acts.attn,
             )?;
-            tap(&dev, st::O_PROJ, li, groups, &sc.o, d)?;
+            taps.tap(st::O_PROJ, li, &sc.o, d)?;
             ops::add(
                 &dev,
                 &sc.x.as_view(),
@@ -417,7 +426,7 @@ impl CudaForward {
                 &mut sc.x2.slice_mut(..),
                 rows * d,
             )?;
-            tap(&dev, st::POST_ATTN_RESIDUAL, li, groups, &sc.x2, d)?;
+            taps.tap(st::POST_ATTN_RESIDUAL, li, &sc.x2, d)?;
 
             ops::rms_norm(
                 &dev,
@@ -427,7 +436,7 @@ impl CudaForward {
                 rows,
                 c.rms_eps,
             )?;
-            tap(&dev, st::FFN_NORM, li, groups, &sc.h, d)?;
+            taps.tap(st::FFN_NORM, li, &sc.h, d)?;
             matmul(
                 &dev,
                 &lw.w_gate,
@@ -437,7 +446,7 @@ impl CudaForward {
                 rows,
                 acts.ffn_up,
             )?;
-            tap(&dev, st::FFN_GATE, li, groups, &sc.g, ff)?;
+            taps.tap(st::FFN_GATE, li, &sc.g, ff)?;
             matmul(
                 &dev,
                 &lw.w_up,
@@ -447,7 +456,7 @@ impl CudaForward {
                 rows,
                 acts.ffn_up,
             )?;
-            tap(&dev, st::FFN_UP, li, groups, &sc.u, ff)?;
+            taps.tap(st::FFN_UP, li, &sc.u, ff)?;
             ops::swiglu(
                 &dev,
                 &sc.g.as_view(),
@@ -455,7 +464,7 @@ impl CudaForward {
                 &mut sc.s.slice_mut(..),
                 rows * ff,
             )?;
-            tap(&dev, st::FFN_SWIGLU, li, groups, &sc.s, ff)?;
+            taps.tap(st::FFN_SWIGLU, li, &sc.s, ff)?;
             matmul(
                 &dev,
                 &lw.w_down,
@@ -465,7 +474,7 @@ impl CudaForward {
                 rows,
                 acts.ffn_down,
             )?;
-            tap(&dev, st::FFN_DOWN, li, groups, &sc.dn, d)?;
+            taps.tap(st::FFN_DOWN, li, &sc.dn, d)?;
             ops::add(
                 &dev,
                 &sc.x2.as_view(),
@@ -473,7 +482,7 @@ impl CudaForward {
                 &mut sc.x.slice_mut(..),
                 rows * d,
             )?;
-            tap(&dev, st::POST_FFN_RESIDUAL, li, groups, &sc.x, d)?;
+            taps.tap(st::POST_FFN_RESIDUAL, li, &sc.x, d)?;
         }
         for g in groups {
             if let Some(cache) = caches.get_mut(&g.slot) {
@@ -489,7 +498,7 @@ impl CudaForward {
             rows,
             c.rms_eps,
         )?;
-        tap(&dev, st::FINAL_NORM, None, groups, &sc.h, d)?;
+        taps.tap(st::FINAL_NORM, None, &sc.h, d)?;
         matmul(
             &dev,
             w.output(),
@@ -499,7 +508,7 @@ impl CudaForward {
             rows,
             acts.logits,
         )?;
-        tap(&dev, st::LOGITS, None, groups, &sc.logits, c.vocab_size)?;
+        taps.tap(st::LOGITS, None, &sc.logits, c.vocab_size)?;
 
         groups
             .iter()
@@ -550,34 +559,60 @@ pub fn tap_copy_stats() -> (u64, Duration) {
     )
 }
 
-/// Taps `buf` (`[rows, width]` over all groups) once per group: the copy to
-/// the host happens only for the groups the capture wants.
-fn tap(
-    dev: &Device,
-    stage: &str,
-    layer: Option<u32>,
-    groups: &[Group],
-    buf: &CudaSlice<f32>,
-    width: usize,
-) -> Result<(), CudaError> {
-    if !capture::is_armed() {
-        return Ok(());
-    }
-    for g in groups {
-        if !capture::wants(stage, layer, g.pos(), g.slot) {
-            continue;
+/// The taps of one run: its device, its row groups, the staging buffer.
+struct Taps<'a> {
+    dev: &'a Device,
+    groups: &'a [Group],
+    staging: &'a mut Option<PinnedHostSlice<f32>>,
+}
+
+impl Taps<'_> {
+    /// Taps `buf` (`[rows, width]` over all groups) once per group: the copy
+    /// to the host happens only for the groups the capture wants.
+    fn tap(
+        &mut self,
+        stage: &str,
+        layer: Option<u32>,
+        buf: &CudaSlice<f32>,
+        width: usize,
+    ) -> Result<(), CudaError> {
+        if !capture::is_armed() {
+            return Ok(());
         }
-        let view: CudaView<f32> = buf.slice(g.row * width..(g.row + g.rows) * width);
-        dev.stream()
-            .synchronize()
-            .map_err(|e| CudaError::driver("synchronize", e))?;
-        let t0 = Instant::now();
-        let host = ops::download(dev, &view)?;
-        TAP_COPY_NANOS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        TAP_COPY_BYTES.fetch_add((host.len() * 4) as u64, Ordering::Relaxed);
-        capture::tap(stage, layer, g.pos(), g.slot, &[g.rows, width], &host);
+        for g in self.groups {
+            if !capture::wants(stage, layer, g.pos(), g.slot) {
+                continue;
+            }
+            let n = g.rows * width;
+            let view: CudaView<f32> = buf.slice(g.row * width..g.row * width + n);
+            let s = self.dev.stream();
+            let sync = |e| CudaError::driver("synchronize", e);
+            s.synchronize().map_err(sync)?;
+            if self.staging.as_ref().is_none_or(|p| p.len() < n) {
+                // SAFETY: page-locked memory of n.next_power_of_two() floats;
+                // only the part a copy has just written is ever read.
+                let p = unsafe {
+                    self.dev
+                        .context()
+                        .alloc_pinned_with_flags::<f32>(n.next_power_of_two(), 0)
+                }
+                .map_err(|e| CudaError::driver("alloc pinned tap buffer", e))?;
+                *self.staging = Some(p);
+            }
+            let pinned = self.staging.as_mut().expect("staging allocated above");
+            let t0 = Instant::now();
+            s.memcpy_dtoh(&view, pinned)
+                .map_err(|e| CudaError::driver("copy tap to host", e))?;
+            s.synchronize().map_err(sync)?;
+            TAP_COPY_NANOS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            TAP_COPY_BYTES.fetch_add((n * 4) as u64, Ordering::Relaxed);
+            let host = pinned
+                .as_slice()
+                .map_err(|e| CudaError::driver("read pinned tap buffer", e))?;
+            capture::tap(stage, layer, g.pos(), g.slot, &[g.rows, width], &host[..n]);
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 impl Forward for CudaForward {
