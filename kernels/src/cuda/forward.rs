@@ -600,16 +600,18 @@ impl Taps<'_> {
                 *self.staging = Some(p);
             }
             let pinned = self.staging.as_mut().expect("staging allocated above");
+            // An exact-length slice: cudarc copies as many elements as the
+            // destination holds.
+            let host = &mut pinned
+                .as_mut_slice()
+                .map_err(|e| CudaError::driver("pinned tap buffer", e))?[..n];
             let t0 = Instant::now();
-            s.memcpy_dtoh(&view, pinned)
+            s.memcpy_dtoh(&view, host)
                 .map_err(|e| CudaError::driver("copy tap to host", e))?;
             s.synchronize().map_err(sync)?;
             TAP_COPY_NANOS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
             TAP_COPY_BYTES.fetch_add((n * 4) as u64, Ordering::Relaxed);
-            let host = pinned
-                .as_slice()
-                .map_err(|e| CudaError::driver("read pinned tap buffer", e))?;
-            capture::tap(stage, layer, g.pos(), g.slot, &[g.rows, width], &host[..n]);
+            capture::tap(stage, layer, g.pos(), g.slot, &[g.rows, width], host);
         }
         Ok(())
     }
