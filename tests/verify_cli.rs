@@ -253,6 +253,8 @@ fn verify_counts_missing_and_extra_taps() {
         m["entries"] = serde_json::to_value(&kept).unwrap();
         m["dirs"] = serde_json::to_value(&dirs).unwrap();
         m["root"] = root.into();
+        m["taps"] = kept.len().into();
+        m["bytes"] = kept.iter().map(|e| e.bytes).sum::<u64>().into();
     });
     let o = taptree(&[&"verify", &a, &b]);
     let (out, _) = text(&o);
@@ -444,7 +446,11 @@ fn unsafe_manifests_are_refused() {
         let (_dir, a, b) = two_trees(0.0);
         edit_manifest(&b, edit);
         assert_refused(&taptree(&[&"verify", &b]), "manifest", problem);
-        assert_refused(&taptree(&[&"verify", &a, &b]), "manifest", problem);
+        assert_refused(
+            &taptree(&[&"verify", &"--rehash", &a, &b]),
+            "manifest",
+            problem,
+        );
         assert_refused(&taptree(&[&"ls", &b]), "manifest", problem);
     }
 }

@@ -62,7 +62,10 @@ pub fn tap<T: TapElem>(
 #[cold]
 #[inline(never)]
 fn wants_armed(stage: &str, layer: Option<u32>, pos: Range<u32>, slot: Option<u32>) -> bool {
-    match current() {
+    // Under the read guard, not through a cloned Arc: an unselected tap
+    // then costs one uncontended lock and the selection check, nothing more.
+    let guard = ACTIVE.read().unwrap_or_else(|p| p.into_inner());
+    match guard.as_ref() {
         Some(active) => active.selection.wants(stage, layer, pos, slot),
         None => false,
     }
@@ -79,7 +82,10 @@ fn tap_armed(
     bytes: &[u8],
     dtype: DType,
 ) {
-    if let Some(active) = current() {
+    // Holding the read guard while the tap is queued makes `disarm` wait for
+    // taps in flight, so none lands after `finish` collected the writers.
+    let guard = ACTIVE.read().unwrap_or_else(|p| p.into_inner());
+    if let Some(active) = guard.as_ref() {
         active.tap(stage, layer, pos, slot, shape, bytes, dtype);
     }
 }

@@ -192,7 +192,7 @@ impl Capture {
         }
         Ok(Summary {
             taps: manifest.entries.len(),
-            bytes: manifest.bytes(),
+            bytes: manifest.bytes_of_entries(),
             root,
             path: self.out.clone(),
         })
@@ -291,7 +291,8 @@ fn write_marker(dir: &Path) -> Result<()> {
 fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<()> {
     let tmp = dir.join(format!("{MANIFEST_FILE}.tmp"));
     let path = dir.join(MANIFEST_FILE);
-    let json = serde_json::to_vec(manifest).expect("a manifest always serializes");
+    let json = serde_json::to_vec(&manifest::ManifestOut::new(manifest))
+        .expect("a manifest always serializes");
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(&json)?;

@@ -58,6 +58,6 @@ pub use dtype::{DType, TapElem};
 pub use error::{Error, Result};
 pub use key::Key;
 pub use manifest::{Entry, Manifest, RunInfo, FORMAT_VERSION};
-pub use reader::{TensorView, TreeReader, Verified};
+pub use reader::{ManifestHead, TensorView, TreeReader, Verified};
 pub use select::Selection;
 pub use stage::{Scope, StageSpec};

@@ -83,9 +83,43 @@ pub struct Manifest {
     pub entries: Vec<Entry>,
 }
 
+/// The manifest as written: the head (`format`, `format_version`, `root`,
+/// `taps`, `bytes`) first, so that `TreeReader::head` finds it in the
+/// first few hundred bytes without parsing the entries.
+#[derive(Serialize)]
+pub(crate) struct ManifestOut<'a> {
+    pub format: &'a str,
+    pub format_version: &'a str,
+    pub root: &'a str,
+    pub taps: u64,
+    pub bytes: u64,
+    pub run: &'a RunInfo,
+    pub selection: &'a str,
+    pub stages: &'a [StageSpec],
+    pub dirs: &'a BTreeMap<String, String>,
+    pub entries: &'a [Entry],
+}
+
+impl<'a> ManifestOut<'a> {
+    pub fn new(m: &'a Manifest) -> ManifestOut<'a> {
+        ManifestOut {
+            format: &m.format,
+            format_version: &m.format_version,
+            root: &m.root,
+            taps: m.entries.len() as u64,
+            bytes: m.bytes_of_entries(),
+            run: &m.run,
+            selection: &m.selection,
+            stages: &m.stages,
+            dirs: &m.dirs,
+            entries: &m.entries,
+        }
+    }
+}
+
 impl Manifest {
-    /// Total tensor bytes.
-    pub fn bytes(&self) -> u64 {
+    /// Total tensor bytes of the entries.
+    pub fn bytes_of_entries(&self) -> u64 {
         self.entries.iter().map(|e| e.bytes).sum()
     }
 }

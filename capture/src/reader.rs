@@ -32,31 +32,62 @@ impl TreeReader {
     /// match the entries are refused. No tensor file is read.
     pub fn open(path: impl AsRef<Path>) -> Result<TreeReader> {
         let path = path.as_ref().to_path_buf();
-        let meta = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?;
-        if !meta.is_dir() {
-            return Err(Error::BadManifest {
-                path,
-                reason: "not a directory (a tree is a directory holding manifest.json)".into(),
-            });
-        }
         let manifest_path = path.join(MANIFEST_FILE);
-        let bytes = match std::fs::read(&manifest_path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let empty = std::fs::read_dir(&path)
-                    .map(|mut d| d.next().is_none())
-                    .unwrap_or(false);
-                return Err(if empty {
-                    Error::EmptyDir { path }
-                } else {
-                    Error::Incomplete { path }
+        let bytes = read_manifest(&path, None)?;
+        let (manifest, counts) = parse_manifest(&manifest_path, &bytes)?;
+        check_entries(&path, &manifest_path, &manifest)?;
+        let actual = (manifest.entries.len() as u64, manifest.bytes_of_entries());
+        if let (Some(taps), Some(bytes)) = counts {
+            if (taps, bytes) != actual {
+                return Err(Error::BadManifest {
+                    path: manifest_path,
+                    reason: format!(
+                        "its head says {taps} taps of {bytes} bytes, its entries are {} of {}",
+                        actual.0, actual.1
+                    ),
                 });
             }
-            Err(e) => return Err(Error::io(&manifest_path, e)),
-        };
-        let manifest = parse_manifest(&manifest_path, &bytes)?;
-        check_entries(&path, &manifest_path, &manifest)?;
+        }
         Ok(TreeReader { path, manifest })
+    }
+
+    /// Reads only the head of a tree's manifest (version, root, counts),
+    /// normally from its first few hundred bytes: what `verify A B` needs
+    /// to call two trees identical without parsing their entries. The
+    /// entries are not checked; [`TreeReader::open`] checks them.
+    pub fn head(path: impl AsRef<Path>) -> Result<ManifestHead> {
+        let path = path.as_ref();
+        let manifest_path = path.join(MANIFEST_FILE);
+        let prefix = read_manifest(path, Some(HEAD_PREFIX))?;
+        if let HeadFields {
+            format: Some(format),
+            version: Some(version),
+            root: Some(root),
+            taps: Some(taps),
+            bytes: Some(bytes),
+        } = scan_head(&prefix)
+        {
+            if format == "taptree" {
+                check_version(&manifest_path, &version)?;
+                if taps > 0 || bytes > 0 {
+                    return Ok(ManifestHead {
+                        format_version: version,
+                        root,
+                        taps,
+                        bytes,
+                    });
+                }
+            }
+        }
+        // Another writer's field order, or no counts: read it all.
+        let tree = TreeReader::open(path)?;
+        let m = tree.manifest;
+        Ok(ManifestHead {
+            taps: m.entries.len() as u64,
+            bytes: m.bytes_of_entries(),
+            format_version: m.format_version,
+            root: m.root,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -107,15 +138,37 @@ impl TreeReader {
 
     fn verify_into(&self, entry: &Entry, buf: &mut Vec<u8>) -> Result<()> {
         let path = self.checked_file(entry)?;
-        buf.clear();
-        std::fs::File::open(&path)
-            .and_then(|mut f| f.read_to_end(buf))
-            .map_err(|e| Error::io(&path, e))?;
-        let header = self.check_header(&path, buf, entry)?;
-        let actual = blake3::hash(&buf[header.data_start..]).to_hex();
+        let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+        self.hash_check(entry, &path, file, buf)
+    }
+
+    /// [`Self::verify_into`] for a file whose directory is known to be no
+    /// link: one `open` that refuses a link, instead of two `lstat`s. This is
+    /// the whole per-file cost `diff -rq` pays too.
+    fn verify_fast(&self, entry: &Entry, buf: &mut Vec<u8>) -> Result<()> {
+        let path = self.path.join(&entry.path);
+        match open_no_follow(&path) {
+            Ok(file) => self.hash_check(entry, &path, file, buf),
+            // A link (or anything odd): the careful path decides.
+            Err(_) => self.verify_into(entry, buf),
+        }
+    }
+
+    fn hash_check(
+        &self,
+        entry: &Entry,
+        path: &Path,
+        mut file: std::fs::File,
+        buf: &mut Vec<u8>,
+    ) -> Result<()> {
+        let len = read_all(&mut file, buf, entry.bytes as usize + 4096)
+            .map_err(|e| Error::io(path, e))?;
+        let bytes = &buf[..len];
+        let header = self.check_header(path, bytes, entry)?;
+        let actual = blake3::hash(&bytes[header.data_start..]).to_hex();
         if actual.as_str() != entry.blake3 {
             return Err(Error::HashMismatch {
-                path,
+                path: path.to_path_buf(),
                 expected: entry.blake3.clone(),
                 actual: actual.to_string(),
             });
@@ -130,6 +183,15 @@ impl TreeReader {
         let threads = std::thread::available_parallelism()
             .map_or(2, |n| n.get())
             .clamp(1, 8);
+        // Directories are checked for links once; files in a linked
+        // directory take the careful path.
+        let mut linked_dirs = HashSet::new();
+        for e in entries {
+            let dir = e.path.split('/').next().unwrap_or("");
+            if !linked_dirs.contains(dir) && is_link(&self.path.join(dir)) {
+                linked_dirs.insert(dir.to_string());
+            }
+        }
         let next = AtomicUsize::new(0);
         let mut failures: Vec<(usize, Error)> = std::thread::scope(|s| {
             let workers: Vec<_> = (0..threads)
@@ -140,7 +202,13 @@ impl TreeReader {
                         loop {
                             let i = next.fetch_add(1, Ordering::Relaxed);
                             let Some(entry) = entries.get(i) else { break };
-                            if let Err(e) = self.verify_into(entry, &mut buf) {
+                            let dir = entry.path.split('/').next().unwrap_or("");
+                            let checked = if linked_dirs.contains(dir) {
+                                self.verify_into(entry, &mut buf)
+                            } else {
+                                self.verify_fast(entry, &mut buf)
+                            };
+                            if let Err(e) = checked {
                                 failures.push((i, e));
                             }
                         }
@@ -158,7 +226,7 @@ impl TreeReader {
             Some((_, e)) => Err(e),
             None => Ok(Verified {
                 taps: entries.len(),
-                bytes: self.manifest.bytes(),
+                bytes: self.manifest.bytes_of_entries(),
             }),
         }
     }
@@ -168,12 +236,7 @@ impl TreeReader {
     fn checked_file(&self, entry: &Entry) -> Result<PathBuf> {
         let path = self.path.join(&entry.path);
         let dir = path.parent().unwrap_or(&self.path);
-        let linked = |p: &Path| {
-            std::fs::symlink_metadata(p)
-                .map(|m| m.file_type().is_symlink())
-                .unwrap_or(false)
-        };
-        if linked(dir) || linked(&path) {
+        if is_link(dir) || is_link(&path) {
             let root = self
                 .path
                 .canonicalize()
@@ -215,41 +278,236 @@ impl TreeReader {
     }
 }
 
-fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<Manifest> {
+fn is_link(p: &Path) -> bool {
+    std::fs::symlink_metadata(p)
+        .map(|m| m.file_type().is_symlink())
+        .unwrap_or(false)
+}
+
+#[cfg(unix)]
+fn open_no_follow(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
+#[cfg(not(unix))]
+fn open_no_follow(path: &Path) -> std::io::Result<std::fs::File> {
+    if is_link(path) {
+        return Err(std::io::Error::other("a link"));
+    }
+    std::fs::File::open(path)
+}
+
+/// Reads a whole file into `buf` (kept initialised and reused across files,
+/// so it is zero-filled only when it grows) and returns its length. No
+/// `stat`: the final zero-length read is the end-of-file check.
+fn read_all(
+    file: &mut std::fs::File,
+    buf: &mut Vec<u8>,
+    expected: usize,
+) -> std::io::Result<usize> {
+    if buf.len() < expected + 1 {
+        buf.resize(expected + 1, 0);
+    }
+    let mut n = 0;
+    loop {
+        if n == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        match file.read(&mut buf[n..]) {
+            Ok(0) => return Ok(n),
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The head of a manifest: see [`TreeReader::head`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestHead {
+    pub format_version: String,
+    pub root: String,
+    pub taps: u64,
+    pub bytes: u64,
+}
+
+/// How much of a manifest [`TreeReader::head`] reads first: the head fields
+/// come first in every manifest this crate writes.
+const HEAD_PREFIX: usize = 4096;
+
+#[derive(Default)]
+struct HeadFields {
+    format: Option<String>,
+    version: Option<String>,
+    root: Option<String>,
+    taps: Option<u64>,
+    bytes: Option<u64>,
+}
+
+struct HeadVisitor<'a>(&'a mut HeadFields);
+
+impl<'de> serde::de::Visitor<'de> for HeadVisitor<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a taptree manifest")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let out = self.0;
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "format" => out.format = Some(map.next_value()?),
+                "format_version" => out.version = Some(version_text(map.next_value()?)),
+                "root" => out.root = Some(map.next_value()?),
+                "taps" => out.taps = Some(map.next_value()?),
+                "bytes" => out.bytes = Some(map.next_value()?),
+                _ => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+            let HeadFields {
+                format,
+                version,
+                root,
+                taps,
+                bytes,
+            } = &*out;
+            if format.is_some()
+                && version.is_some()
+                && root.is_some()
+                && taps.is_some()
+                && bytes.is_some()
+            {
+                return Err(serde::de::Error::custom("head complete"));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn version_text(v: serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s,
+        other => other.to_string(),
+    }
+}
+
+/// The manifest's bytes (at most `limit` of them); a missing manifest is an
+/// incomplete capture (or, in an empty directory, no tree at all).
+fn read_manifest(tree: &Path, limit: Option<usize>) -> Result<Vec<u8>> {
+    let path = tree.join(MANIFEST_FILE);
+    if !std::fs::metadata(tree)
+        .map_err(|e| Error::io(tree, e))?
+        .is_dir()
+    {
+        return Err(Error::BadManifest {
+            path: tree.to_path_buf(),
+            reason: "not a directory (a tree is a directory holding manifest.json)".into(),
+        });
+    }
+    let read = |path: &Path| -> std::io::Result<Vec<u8>> {
+        let file = std::fs::File::open(path)?;
+        let mut bytes = Vec::new();
+        match limit {
+            Some(n) => file.take(n as u64).read_to_end(&mut bytes)?,
+            None => (&file).read_to_end(&mut bytes)?,
+        };
+        Ok(bytes)
+    };
+    match read(&path) {
+        Ok(b) => Ok(b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let empty = std::fs::read_dir(tree)
+                .map(|mut d| d.next().is_none())
+                .unwrap_or(false);
+            Err(if empty {
+                Error::EmptyDir {
+                    path: tree.to_path_buf(),
+                }
+            } else {
+                Error::Incomplete {
+                    path: tree.to_path_buf(),
+                }
+            })
+        }
+        Err(e) => Err(Error::io(&path, e)),
+    }
+}
+
+fn check_version(path: &Path, version: &str) -> Result<()> {
+    match manifest::parse_version(version) {
+        Some((major, _)) if major == FORMAT_MAJOR => Ok(()),
+        _ => Err(Error::UnsupportedVersion {
+            path: path.to_path_buf(),
+            found: version.to_string(),
+            supported: FORMAT_MAJOR,
+        }),
+    }
+}
+
+/// The manifest and the head's counts (absent from other writers' manifests).
+type Parsed = (Manifest, (Option<u64>, Option<u64>));
+
+fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<Parsed> {
     // The version is checked before the rest, so that a future format with a
-    // different shape is refused as a version, not as garbage.
+    // different shape is refused as a version, not as garbage. The head is
+    // normally in the first bytes; only another writer's field order costs a
+    // second full scan.
     #[derive(serde::Deserialize)]
     struct Probe {
         format: Option<String>,
         format_version: Option<serde_json::Value>,
+        taps: Option<u64>,
+        bytes: Option<u64>,
     }
     let bad = |reason: String| Error::BadManifest {
         path: path.to_path_buf(),
         reason,
     };
-    let probe: Probe =
-        serde_json::from_slice(bytes).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-    if probe.format.as_deref() != Some("taptree") {
+    let mut head = scan_head(&bytes[..bytes.len().min(HEAD_PREFIX)]);
+    if head.format.is_none() || head.version.is_none() {
+        let probe: Probe =
+            serde_json::from_slice(bytes).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        head = HeadFields {
+            format: probe.format,
+            version: probe.format_version.map(version_text),
+            root: None,
+            taps: probe.taps,
+            bytes: probe.bytes,
+        };
+    }
+    if head.format.as_deref() != Some("taptree") {
         return Err(bad(
             "not a taptree manifest (no \"format\": \"taptree\")".into()
         ));
     }
-    let version = match probe.format_version {
-        Some(serde_json::Value::String(v)) => v,
-        Some(other) => other.to_string(),
-        None => return Err(bad("no format_version".into())),
-    };
-    match manifest::parse_version(&version) {
-        Some((major, _)) if major == FORMAT_MAJOR => {}
-        _ => {
-            return Err(Error::UnsupportedVersion {
-                path: path.to_path_buf(),
-                found: version,
-                supported: FORMAT_MAJOR,
-            })
+    let version = head
+        .version
+        .ok_or_else(|| bad("no format_version".into()))?;
+    check_version(path, &version)?;
+    let manifest = serde_json::from_slice(bytes).map_err(|e| {
+        if e.is_data() {
+            bad(e.to_string())
+        } else {
+            bad(format!("not valid JSON: {e}"))
         }
-    }
-    serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))
+    })?;
+    Ok((manifest, (head.taps, head.bytes)))
+}
+
+/// The head fields found in `prefix` (a whole manifest or its beginning).
+fn scan_head(prefix: &[u8]) -> HeadFields {
+    let mut fields = HeadFields::default();
+    let mut de = serde_json::Deserializer::from_slice(prefix);
+    // The visitor stops the parse as soon as it has the head; the error that
+    // stopping (or the end of a prefix) produces is expected.
+    let _ = serde::Deserializer::deserialize_map(&mut de, HeadVisitor(&mut fields));
+    fields
 }
 
 fn check_entries(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<()> {

@@ -8,7 +8,6 @@ use crate::dtype::DType;
 use crate::key::Key;
 use crate::manifest::FORMAT_VERSION;
 use serde::Deserialize;
-use std::collections::BTreeMap;
 
 /// Name of the one tensor in every tap file.
 pub const TENSOR_NAME: &str = "tap";
@@ -62,10 +61,31 @@ pub struct Header {
 }
 
 #[derive(Deserialize)]
-struct TensorInfo {
-    dtype: String,
+struct TensorInfo<'a> {
+    dtype: &'a str,
     shape: Vec<usize>,
     data_offsets: [u64; 2],
+}
+
+/// The header, typed: parsing straight into it (no intermediate JSON tree)
+/// keeps `verify --rehash` bound by I/O rather than by header parsing.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHeader<'a> {
+    #[serde(rename = "__metadata__", borrow)]
+    meta: Option<RawMeta<'a>>,
+    #[serde(borrow)]
+    tap: Option<TensorInfo<'a>>,
+}
+
+#[derive(Deserialize)]
+struct RawMeta<'a> {
+    #[serde(borrow)]
+    stage: Option<std::borrow::Cow<'a, str>>,
+    layer: Option<&'a str>,
+    pos_start: Option<&'a str>,
+    pos_end: Option<&'a str>,
+    slot: Option<&'a str>,
 }
 
 /// Parses the header of a whole tap file held in `bytes` (or mapped).
@@ -90,22 +110,23 @@ pub fn parse(bytes: &[u8]) -> Result<Header, String> {
         ));
     }
     let header_bytes = &bytes[8..8 + header_len as usize];
-    let mut map: BTreeMap<String, serde_json::Value> = serde_json::from_slice(header_bytes)
-        .map_err(|e| format!("not a safetensors file: header is not a JSON object: {e}"))?;
-    let meta = map
-        .remove("__metadata__")
-        .ok_or("not a taptree tap: no __metadata__ in the safetensors header")?;
-    let meta: BTreeMap<String, String> = serde_json::from_value(meta)
-        .map_err(|e| format!("not a safetensors file: __metadata__ is not a string map: {e}"))?;
-    if map.len() != 1 || !map.contains_key(TENSOR_NAME) {
-        let names: Vec<&String> = map.keys().collect();
-        return Err(format!(
-            "not a taptree tap: expected one tensor named {TENSOR_NAME:?}, found {names:?}"
-        ));
+    if header_bytes.first() != Some(&b'{') {
+        return Err("not a safetensors file: the header is not a JSON object".into());
     }
-    let info: TensorInfo = serde_json::from_value(map.remove(TENSOR_NAME).expect("checked"))
-        .map_err(|e| format!("not a safetensors file: bad tensor entry: {e}"))?;
-    let dtype = parse_dtype(&info.dtype)?;
+    let raw: RawHeader = serde_json::from_slice(header_bytes).map_err(|e| {
+        if e.is_data() {
+            format!("not a taptree tap: {e} (expected __metadata__ and one tensor named {TENSOR_NAME:?})")
+        } else {
+            format!("not a safetensors file: header is not valid JSON: {e}")
+        }
+    })?;
+    let meta = raw
+        .meta
+        .ok_or("not a taptree tap: no __metadata__ in the safetensors header")?;
+    let info = raw
+        .tap
+        .ok_or_else(|| format!("not a taptree tap: no tensor named {TENSOR_NAME:?}"))?;
+    let dtype = parse_dtype(info.dtype)?;
     let elements = element_count(&info.shape)?;
     let expected = elements
         .checked_mul(dtype.size())
@@ -159,20 +180,20 @@ fn parse_dtype(name: &str) -> Result<DType, String> {
     })
 }
 
-fn key_from_metadata(meta: &BTreeMap<String, String>) -> Result<Key, String> {
-    let get = |name: &str| {
-        meta.get(name)
-            .ok_or_else(|| format!("not a taptree tap: metadata has no {name:?}"))
-    };
+fn key_from_metadata(meta: &RawMeta) -> Result<Key, String> {
+    let missing = |name: &str| format!("not a taptree tap: metadata has no {name:?}");
     let num = |name: &str, v: &str| {
         v.parse::<u32>()
             .map_err(|_| format!("metadata {name:?} is {v:?}, not a number"))
     };
-    let stage = get("stage")?.clone();
-    let layer = meta.get("layer").map(|v| num("layer", v)).transpose()?;
-    let start = num("pos_start", get("pos_start")?)?;
-    let end = num("pos_end", get("pos_end")?)?;
-    let slot = meta.get("slot").map(|v| num("slot", v)).transpose()?;
+    let stage = meta.stage.as_deref().ok_or_else(|| missing("stage"))?;
+    let layer = meta.layer.map(|v| num("layer", v)).transpose()?;
+    let start = num(
+        "pos_start",
+        meta.pos_start.ok_or_else(|| missing("pos_start"))?,
+    )?;
+    let end = num("pos_end", meta.pos_end.ok_or_else(|| missing("pos_end"))?)?;
+    let slot = meta.slot.map(|v| num("slot", v)).transpose()?;
     Ok(Key::new(stage, layer, start..end).with_slot(slot))
 }
 

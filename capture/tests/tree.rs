@@ -615,3 +615,39 @@ fn compare_names_the_first_difference_in_forward_order() {
         matches!(&extra.first, Some(Difference::Extra(e)) if e.key.to_string() == "L1/attn_norm@0..3")
     );
 }
+
+#[test]
+fn the_head_is_read_from_the_first_bytes_and_agrees_with_the_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fresh_tree(dir.path());
+    let full = TreeReader::open(&out).unwrap();
+    let head = TreeReader::head(&out).unwrap();
+    assert_eq!(head.root, full.root());
+    assert_eq!(head.taps, 6);
+    assert_eq!(head.bytes, full.manifest().bytes_of_entries());
+    assert_eq!(head.format_version, capture::FORMAT_VERSION);
+    let raw = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    let end_of_head = raw.find("\"run\"").unwrap();
+    assert!(
+        raw[..end_of_head].contains("\"bytes\""),
+        "{}",
+        &raw[..end_of_head]
+    );
+    assert!(end_of_head < 256, "the head comes first");
+    // Another writer's field order (here: alphabetical) is read in full.
+    edit_manifest(&out, |_| {});
+    assert!(std::fs::read_to_string(out.join("manifest.json"))
+        .unwrap()
+        .starts_with("{\"bytes\""));
+    assert_eq!(TreeReader::head(&out).unwrap(), head);
+    // Counts that disagree with the entries are refused.
+    edit_manifest(&out, |m| m["taps"] = 5.into());
+    let err = TreeReader::open(&out).unwrap_err();
+    assert!(err.to_string().contains("its head says 5 taps"), "{err}");
+    // An incomplete tree has no head either.
+    std::fs::remove_file(out.join("manifest.json")).unwrap();
+    assert!(matches!(
+        TreeReader::head(&out),
+        Err(Error::Incomplete { .. })
+    ));
+}

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Times `taptree verify A B` (manifests trusted), `taptree verify --rehash A B`
+# and `diff -rq A B` on two identical generated trees with the shape of a 7B
+# model's capture over 78 positions, in one run, and prints medians and ratios.
+# Warm page cache: every command runs once untimed first.
+#
+#   bash scripts/bench_verify.sh            # RUNS=5 by default
+#   RUNS=9 GEN_ARGS="--positions 50" bash scripts/bench_verify.sh
+#
+# The trees (about 1.7 GB together) go to a temporary directory under
+# $TMPDIR (or WORK=dir) and are deleted on exit. TAPTREE=path and GEN=path
+# use prebuilt binaries (taptree, and capture's gen_tree example) instead
+# of building them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUNS=${RUNS:-5}
+GEN_ARGS=${GEN_ARGS:-}
+TARGET=${CARGO_TARGET_DIR:-target}
+WORK=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/taptree-bench.XXXXXX")}
+trap 'rm -rf "$WORK"' EXIT
+
+if [[ -z "${TAPTREE:-}" || -z "${GEN:-}" ]]; then
+  cargo build --release --quiet --bin taptree
+  cargo build --release --quiet -p capture --example gen_tree
+fi
+TAPTREE=${TAPTREE:-$TARGET/release/taptree}
+GEN=${GEN:-$TARGET/release/examples/gen_tree}
+
+# shellcheck disable=SC2086
+"$GEN" "$WORK/a" $GEN_ARGS
+# shellcheck disable=SC2086
+"$GEN" "$WORK/b" $GEN_ARGS
+echo "trees: $(find "$WORK/a" -name '*.safetensors' | wc -l) taps each, $(du -sh "$WORK/a" | cut -f1) each"
+
+# Runs a command RUNS times after one warm-up; prints the median seconds.
+# taptree must exit 0 (identical trees); diff -rq exits 1 only because the
+# two manifests record different times and argv, which it cannot know to
+# ignore; anything else aborts the bench.
+median_of() {
+  local times=() i start end rc
+  for ((i = -1; i < RUNS; i++)); do
+    start=$(date +%s%N)
+    rc=0
+    "$@" >/dev/null || rc=$?
+    end=$(date +%s%N)
+    if (( rc > 1 )) || { (( rc == 1 )) && [[ $1 != diff ]]; }; then
+      echo "bench: '$*' exited $rc" >&2
+      exit 2
+    fi
+    (( i >= 0 )) && times+=("$(( end - start ))")
+  done
+  printf '%s\n' "${times[@]}" | sort -n | awk '{ t[NR] = $1 } END { printf "%.4f\n", t[int((NR + 1) / 2)] / 1e9 }'
+}
+
+verify=$(median_of "$TAPTREE" verify "$WORK/a" "$WORK/b")
+rehash=$(median_of "$TAPTREE" verify --rehash "$WORK/a" "$WORK/b")
+diffrq=$(median_of diff -rq "$WORK/a" "$WORK/b")
+
+echo "median of $RUNS runs (warm cache), $(nproc) cores, load average $(cut -d' ' -f1 /proc/loadavg):"
+printf '  taptree verify A B            %8.4f s\n' "$verify"
+printf '  taptree verify --rehash A B   %8.4f s\n' "$rehash"
+printf '  diff -rq A B                  %8.4f s\n' "$diffrq"
+awk -v v="$verify" -v r="$rehash" -v d="$diffrq" 'BEGIN {
+  printf "  verify is %.1fx faster than diff -rq (target >= 20x)\n", d / v
+  printf "  verify --rehash takes %.2fx the time of diff -rq (target <= 1.0x)\n", r / d
+}'
