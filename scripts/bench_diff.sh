@@ -21,7 +21,7 @@ trap 'rm -rf "$dir"' EXIT
 
 target/release/examples/bench_trees "$dir" "$mb"
 # Warm the page cache: the targets are "from page cache".
-cat "$dir"/A/*/* "$dir"/B/*/* "$dir"/C/*/* > /dev/null
+find "$dir" -type f -print0 | xargs -0 cat > /dev/null
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 time_diff() { # A B -> seconds of one `taptree diff --json` (exit 1 is a finding)
@@ -38,7 +38,7 @@ skip=$(for _ in $(seq "$runs"); do time_diff "$dir/A" "$dir/C"; done | median)
 np=$(for _ in $(seq 3); do python3 scripts/numpy_diff.py "$dir/A" "$dir/B" | python3 -c "import json,sys; print(json.load(sys.stdin)['seconds'])"; done | median)
 
 awk -v b="$bytes" -v full="$full" -v skip="$skip" -v np="$np" -v runs="$runs" 'BEGIN {
-    printf "trees: A and B %.0f MB each (%d bytes read in all), %d runs, medians\n", b/2/1048576, b, runs
+    printf "trees: A and B %.0f MB each (%.0f bytes read in all), %d runs, medians\n", b/2/1048576, b, runs
     printf "taptree diff A B (all taps differ):  %.3f s  %.2f GB/s (A+B bytes)\n", full, b/full/1e9
     printf "numpy_diff.py A B:                   %.3f s  %.3f GB/s\n", np, b/np/1e9
     printf "speedup over numpy:                  %.1fx\n", np/full

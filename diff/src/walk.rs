@@ -60,7 +60,7 @@ impl Stages {
 }
 
 /// A position's A-vs-B accumulator and, with a truth, (T-vs-A, T-vs-B).
-type Computed = (usize, Acc, Option<(Acc, Acc)>);
+type Computed = (usize, Acc, Option<Box<(Acc, Acc)>>);
 
 #[derive(Clone, Copy)]
 struct Loc {
@@ -75,8 +75,22 @@ fn index(
     stages: &mut Stages,
 ) -> Result<Vec<(PosKey, Loc)>, Error> {
     let m = tree.manifest();
-    let mut out = Vec::with_capacity(m.entries.len());
+    // Sorting the entries (not the many more positions) and expanding each
+    // one's ascending positions gives the positions in key order.
+    let mut order: Vec<(PosKey, usize)> = Vec::with_capacity(m.entries.len());
     for (i, e) in m.entries.iter().enumerate() {
+        let slot = match pick {
+            Some(want) if e.key.slot != want => continue,
+            Some(_) => None,
+            None => e.key.slot,
+        };
+        let key = (stages.id(&e.key.stage), e.key.layer, slot, e.key.pos.start);
+        order.push((key, i));
+    }
+    order.sort_unstable();
+    let mut out = Vec::with_capacity(m.entries.len());
+    for &((stage, ..), i) in &order {
+        let e = &m.entries[i];
         let slot = match pick {
             Some(want) if e.key.slot != want => continue,
             // Picked slots are paired with each other whatever their numbers.
@@ -91,12 +105,10 @@ fn index(
                 shape: e.shape.clone(),
             });
         }
-        let stage = stages.id(&e.key.stage);
         for (row, pos) in e.key.pos.clone().enumerate() {
             out.push(((stage, e.key.layer, slot, pos), Loc { entry: i, row }));
         }
     }
-    out.sort_unstable_by_key(|(k, _)| *k);
     if let Some(w) = out.windows(2).find(|w| w[0].0 == w[1].0) {
         let e = &m.entries[w[1].1.entry];
         return Err(Error::DuplicatePosition {
@@ -146,13 +158,20 @@ fn mismatch(a: &Entry, b: &Entry) -> Option<String> {
     }
 }
 
-/// The result at one matched position.
+/// The result at one matched position. Boxed: most positions of a typical
+/// diff are skipped, and the skipped ones should cost a word, not a struct.
+enum PosState {
+    /// Equal by hash, never read: `n` elements.
+    Skipped(u64),
+    /// To be read.
+    Pending,
+    Read(Box<PosResult>),
+}
+
 struct PosResult {
     acc: Acc,
-    /// Equal by hash, never read.
-    skipped: bool,
     mismatch: Option<String>,
-    truth: Option<(Acc, Acc)>,
+    truth: Option<Box<(Acc, Acc)>>,
 }
 
 /// Compares `a` with `b` (and, for red rows, both with `truth`).
@@ -237,36 +256,30 @@ pub fn diff(
     };
 
     // The entry pairs that must be read.
-    let mut results: Vec<Option<PosResult>> = Vec::with_capacity(matched.len());
+    let mut results: Vec<PosState> = Vec::with_capacity(matched.len());
     let mut groups: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
-    let mut skipped_taps = BTreeSet::new();
-    let mut compared_taps = BTreeSet::new();
+    let mut skipped_taps = vec![false; ma.entries.len()];
+    let mut compared_taps = vec![false; ma.entries.len()];
     for (i, (_, la, lb)) in matched.iter().enumerate() {
         let (ea, eb) = (&ma.entries[la.entry], &mb.entries[lb.entry]);
         if let Some(why) = mismatch(ea, eb) {
-            results.push(Some(PosResult {
+            results.push(PosState::Read(Box::new(PosResult {
                 acc: Acc::default(),
-                skipped: false,
                 mismatch: Some(why),
                 truth: None,
-            }));
+            })));
             // Same element count per row: the metrics still say something.
             if row_elems(ea) == row_elems(eb) {
                 groups.entry((la.entry, lb.entry)).or_default().push(i);
             }
-            compared_taps.insert(la.entry);
+            compared_taps[la.entry] = true;
         } else if equal_by_hash(ea, eb) {
-            results.push(Some(PosResult {
-                acc: Acc::identical(row_elems(ea) as u64, 1),
-                skipped: true,
-                mismatch: None,
-                truth: None,
-            }));
-            skipped_taps.insert(la.entry);
+            results.push(PosState::Skipped(row_elems(ea) as u64));
+            skipped_taps[la.entry] = true;
         } else {
-            results.push(None);
+            results.push(PosState::Pending);
             groups.entry((la.entry, lb.entry)).or_default().push(i);
-            compared_taps.insert(la.entry);
+            compared_taps[la.entry] = true;
         }
     }
 
@@ -306,10 +319,10 @@ pub fn diff(
                             }
                             let tt = &truth_cache[&lt.entry];
                             let rt = row_bytes(tt, et, lt.row);
-                            t_pair = Some((
+                            t_pair = Some(Box::new((
                                 compare(rt, et.dtype, ra, ea.dtype),
                                 compare(rt, et.dtype, rb, eb.dtype),
-                            ));
+                            )));
                         }
                     }
                 }
@@ -326,23 +339,26 @@ pub fn diff(
     }
     for (i, acc, t) in computed.into_iter().flatten() {
         match &mut results[i] {
-            Some(r) => {
+            PosState::Read(r) => {
                 r.acc = acc;
                 r.truth = t;
             }
-            slot @ None => {
-                *slot = Some(PosResult {
+            state => {
+                *state = PosState::Read(Box::new(PosResult {
                     acc,
-                    skipped: false,
                     mismatch: None,
                     truth: t,
-                })
+                }))
             }
         }
     }
     report.counts.positions = matched.len() as u64;
-    report.counts.taps_skipped = skipped_taps.difference(&compared_taps).count() as u64;
-    report.counts.taps_compared = compared_taps.len() as u64;
+    report.counts.taps_skipped = skipped_taps
+        .iter()
+        .zip(&compared_taps)
+        .filter(|(s, c)| **s && !**c)
+        .count() as u64;
+    report.counts.taps_compared = compared_taps.iter().filter(|c| **c).count() as u64;
     report.counts.bytes_read = total;
 
     // Rows, in forward order.
@@ -462,39 +478,71 @@ fn build_row(
     layer: Option<u32>,
     stage: String,
     members: &[usize],
-    results: &[Option<PosResult>],
+    results: &[PosState],
     matched: &[(PosKey, Loc, Loc)],
     ma: &Manifest,
     tol: &Tolerance,
     has_truth: bool,
 ) -> Row {
+    // Reports name A's own slot even when slots were paired.
+    let slot_of = |i: usize| ma.entries[matched[i].1.entry].key.slot;
+    let skipped = members
+        .iter()
+        .all(|&i| matches!(results[i], PosState::Skipped(_)));
+    if skipped {
+        // Every position equal by hash: one line stands for them all.
+        let n = members
+            .iter()
+            .map(|&i| match results[i] {
+                PosState::Skipped(n) => n,
+                _ => 0,
+            })
+            .sum();
+        let acc = Acc::identical(n, members.len() as u64);
+        return Row {
+            layer,
+            stage,
+            status: Status::Equal,
+            reasons: Vec::new(),
+            cause: None,
+            worst: 0,
+            total: acc.metrics(),
+            positions: vec![Position {
+                pos: matched[members[0]].0 .3,
+                slot: slot_of(members[0]),
+                pass: true,
+                metrics: acc.metrics(),
+            }],
+            skipped: true,
+            growth: None,
+            truth: None,
+        };
+    }
     let mut positions = Vec::with_capacity(members.len());
     let mut total = Acc::default();
     let mut mismatch = None;
     let mut truths = Vec::with_capacity(members.len());
-    let mut skipped = true;
     for &i in members {
         let k = &matched[i].0;
-        let r = results[i]
-            .as_ref()
-            .expect("every matched position has a result");
-        total.merge(&r.acc);
-        let m = r.acc.metrics();
-        let pass = r.mismatch.is_none() && tol.passes(&m);
-        if r.mismatch.is_some() {
-            mismatch = r.mismatch.clone();
+        let (acc, r) = match &results[i] {
+            PosState::Skipped(n) => (Acc::identical(*n, 1), None),
+            PosState::Read(r) => (r.acc.clone(), Some(r)),
+            PosState::Pending => unreachable!("every pending position was read"),
+        };
+        total.merge(&acc);
+        let m = acc.metrics();
+        let why = r.and_then(|r| r.mismatch.clone());
+        let pass = why.is_none() && tol.passes(&m);
+        if why.is_some() {
+            mismatch = why;
         }
-        let (_, la, _) = matched[i];
-        // Reports name A's own slot even when slots were paired.
-        let slot = ma.entries[la.entry].key.slot;
-        skipped &= r.skipped;
         positions.push(Position {
             pos: k.3,
-            slot,
+            slot: slot_of(i),
             pass,
             metrics: m,
         });
-        truths.push(r.truth.clone());
+        truths.push(r.and_then(|r| r.truth.as_deref()));
     }
     // The worst position: failing first, then lowest cosine, then highest NMSE.
     let worst = (0..positions.len())
