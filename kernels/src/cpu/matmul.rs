@@ -69,6 +69,30 @@ pub fn dot<T: Real>(a: &[T], w: &[f32]) -> T {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
 }
 
+/// [`dot`] of four activation rows against one weight row, each row's sum in
+/// exactly [`dot`]'s order (so a batched prefill equals one-row decode bit for
+/// bit), with the weight loaded once for the four.
+#[inline(always)]
+pub fn dot4<T: Real>(a: [&[T]; 4], w: &[f32]) -> [T; 4] {
+    let mut acc = [[T::ZERO; 8]; 4];
+    let chunks = w.len() / 8;
+    for c in 0..chunks {
+        let w8 = &w[c * 8..c * 8 + 8];
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let a8 = &a[r][c * 8..c * 8 + 8];
+            for j in 0..8 {
+                acc_r[j] += a8[j] * T::from_f32(w8[j]);
+            }
+        }
+    }
+    for i in chunks * 8..w.len() {
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            acc_r[i % 8] += a[r][i] * T::from_f32(w[i]);
+        }
+    }
+    acc.map(|l| ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])))
+}
+
 /// An activation row quantized per block: integer values (held as `T`, so the
 /// block dot reuses [`dot`] exactly) and one scale per block.
 #[derive(Debug, Clone)]
@@ -129,18 +153,27 @@ pub fn matmul<T: Real>(x: &[T], n: usize, w: &Matrix, act: Act) -> Vec<T> {
         .for_each(|(c, out)| {
             for (i, o_out) in out.chunks_exact_mut(n).enumerate() {
                 let wr = w.row(c * CHUNK + i);
-                for (r, y) in o_out.iter_mut().enumerate() {
-                    *y = if quantized {
+                if quantized {
+                    for (r, y) in o_out.iter_mut().enumerate() {
                         let qr = &qrows[r];
                         let mut acc = T::ZERO;
                         for (b, d) in qr.d.iter().enumerate() {
                             let span = b * w.block..(b + 1) * w.block;
                             acc += *d * dot(&qr.q[span.clone()], &wr[span]);
                         }
-                        acc
-                    } else {
-                        dot(&x[r * w.cols..(r + 1) * w.cols], wr)
-                    };
+                        *y = acc;
+                    }
+                    continue;
+                }
+                let row = |r: usize| &x[r * w.cols..(r + 1) * w.cols];
+                let mut r = 0;
+                while r + 4 <= n {
+                    let y4 = dot4([row(r), row(r + 1), row(r + 2), row(r + 3)], wr);
+                    o_out[r..r + 4].copy_from_slice(&y4);
+                    r += 4;
+                }
+                for (r, y) in o_out.iter_mut().enumerate().skip(r) {
+                    *y = dot(row(r), wr);
                 }
             }
         });
@@ -154,4 +187,109 @@ pub fn matmul<T: Real>(x: &[T], n: usize, w: &Matrix, act: Act) -> Vec<T> {
         }
     }
     y
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32
+                    / (1 << 24) as f32
+                    - 0.5
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dot4_is_dot_bit_for_bit_at_boundary_lengths() {
+        for len in [1, 7, 8, 9, 31, 32, 33, 576] {
+            let w = seq(len, 1);
+            let rows: Vec<Vec<f32>> = (0..4).map(|r| seq(len, 10 + r)).collect();
+            let got = dot4([&rows[0], &rows[1], &rows[2], &rows[3]], &w);
+            for r in 0..4 {
+                assert_eq!(
+                    got[r].to_bits(),
+                    dot(&rows[r], &w).to_bits(),
+                    "len {len} row {r}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn batched_rows_equal_single_rows() {
+        // 1 to 9 rows: blocks of four plus a remainder.
+        let w = Matrix {
+            rows: 3,
+            cols: 40,
+            data: seq(120, 3),
+            block: 1,
+        };
+        for n in [1, 3, 4, 5, 8, 9] {
+            let x = seq(n * 40, 7);
+            let batched = matmul(&x, n, &w, Act::Float);
+            for r in 0..n {
+                let one = matmul(&x[r * 40..(r + 1) * 40], 1, &w, Act::Float);
+                assert_eq!(&batched[r * 3..(r + 1) * 3], &one[..], "n {n} row {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn quantize_row_crushes_a_block_with_an_outlier() {
+        // One massive value: the rest of its 32-block rounds to zero, the
+        // next block keeps its resolution.
+        let mut x = vec![0.01f32; 64];
+        x[7] = -3000.0;
+        let q = quantize_row(&x, 32);
+        assert_eq!(q.q[7], -127.0);
+        assert!(q.q[..32]
+            .iter()
+            .enumerate()
+            .all(|(i, v)| i == 7 || *v == 0.0));
+        assert!(q.q[32..].iter().all(|v| *v == 127.0));
+        // The 32-block scale is stored as f16, as block_q8_0 does.
+        assert_eq!(q.d[0], half::f16::from_f64(3000.0 / 127.0).to_f32());
+    }
+
+    #[test]
+    fn q8_matmul_is_close_without_outliers_and_far_with_one() {
+        let w = Matrix {
+            rows: 16,
+            cols: 64,
+            data: seq(16 * 64, 5),
+            block: 32,
+        };
+        let x = seq(64, 9);
+        let f = matmul(&x, 1, &w, Act::Float);
+        let q = matmul(&x, 1, &w, Act::Q8);
+        let err = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0.0, f32::max)
+        };
+        assert!(err(&f, &q) < 0.01, "{}", err(&f, &q));
+        assert_ne!(f, q);
+        // Float weights (block 1) are never quantized.
+        let wf = Matrix {
+            block: 1,
+            ..w.clone()
+        };
+        assert_eq!(matmul(&x, 1, &wf, Act::Q8), f);
+        // An outlier in block 0: the product with column 0 stays exact-ish,
+        // but the other 31 values of the block are lost.
+        let mut xo = x.clone();
+        xo[0] = 1000.0;
+        let (fo, qo) = (matmul(&xo, 1, &w, Act::Float), matmul(&xo, 1, &w, Act::Q8));
+        assert!(
+            err(&fo, &qo) > 10.0 * err(&f, &q),
+            "{} vs {}",
+            err(&fo, &qo),
+            err(&f, &q)
+        );
+    }
 }

@@ -38,7 +38,7 @@ mod tests {
     fn rows_are_independent() {
         let x = [3.0f32, -4.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
         let y = rms_norm(&x, &[1.0; 4], 0.0);
-        let r0 = (12.5f64).sqrt();
+        let r0 = 2.5f64; // sqrt((9 + 16) / 4)
         assert!((y[0] as f64 - 3.0 / r0).abs() < 1e-6);
         assert!((y[1] as f64 + 4.0 / r0).abs() < 1e-6);
         assert_eq!(&y[4..], &[1.0; 4]);
