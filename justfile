@@ -20,3 +20,11 @@ lint:
 # Build with the CUDA forward (needs no CUDA toolkit to build; a driver to run).
 build-cuda:
     cargo build --release --features cuda
+
+# Build taptree and the cuda_* test executables with CUDA and pack them into .device/ for a GPU machine.
+gpu-bundle:
+    bash scripts/gpu_matrix.sh --bundle
+
+# On a GPU machine: the whole CUDA test matrix (kernel tests, CPU vs CUDA, batched vs single, figures).
+gpu-matrix bundle=".device":
+    bash scripts/gpu_matrix.sh {{bundle}}

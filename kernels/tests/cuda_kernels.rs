@@ -151,7 +151,6 @@ fn comparators_see_one_ulp() {
     assert_eq!(worst_ulps("planted", &a, &b), 1);
     assert_eq!(ulps(-0.0, 0.0), 0);
     assert_eq!(ulps(f32::from_bits(1), -f32::from_bits(1)), 2);
-    assert!(std::panic::catch_unwind(|| assert_bitwise("planted", &a, &b)).is_err());
 }
 
 #[test]
