@@ -180,10 +180,15 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             None => format!("{shown:?}"),
         };
         println!(
-            "{}: {} prompt tokens, {} generated",
+            "{}: {} prompt tokens, {} generated{}",
             s.label,
             s.tokens.len(),
-            g.tokens.len()
+            g.tokens.len(),
+            if g.stopped {
+                " (stopped at end of turn)"
+            } else {
+                ""
+            }
         );
         if args.gen > 0 {
             println!("  {}", text.trim_end());
