@@ -473,3 +473,119 @@ fn a_symlink_out_of_the_tree_is_refused() {
         "outside the tree",
     );
 }
+
+// ---- the Python writer and reader ----------------------------------------------
+
+/// python3 with numpy and blake3, or a printed reason to skip (a failure under CI).
+fn python_with(modules: &str) -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        let why = format!(
+            "python3 with {modules} is not available (python3 -m pip install numpy blake3)"
+        );
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{why}; CI requires it");
+        }
+        eprintln!("skipping: {why}");
+    }
+    ok
+}
+
+#[test]
+fn python_and_rust_write_the_same_tree() {
+    if !python_with("numpy, blake3") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rust = dir.path().join("rust");
+    let py = dir.path().join("py");
+    {
+        let cap = Capture::start(CaptureOptions {
+            out: rust.clone(),
+            selection: Selection::all(),
+            force: false,
+            stages: vec![],
+            run: RunInfo::default(),
+        })
+        .unwrap();
+        for layer in 0..2u32 {
+            let x: Vec<f32> = (0..4 * 8)
+                .map(|i| i as f32 * 0.5 - 3.0 + layer as f32)
+                .collect();
+            capture::tap("attn_norm", Some(layer), 0..4, None, &[4, 8], &x);
+        }
+        let h: Vec<capture::half::f16> = (0..6)
+            .map(|i| capture::half::f16::from_f32(i as f32 / 4.0))
+            .collect();
+        capture::tap("attn", Some(1), 4..5, None, &[1, 6], &h);
+        capture::tap(
+            "logits",
+            None,
+            3..4,
+            Some(1),
+            &[1, 5],
+            &[-2i32, -1, 0, 1, 2],
+        );
+        cap.finish().unwrap();
+    }
+    let script = r#"
+import sys, numpy as np
+sys.path.insert(0, "python")
+from taptree_tree import TreeWriter, open_tree, TreeError
+py, rust = sys.argv[1:3]
+with TreeWriter(py, run={"backend": "numpy"}) as w:
+    for layer in range(2):
+        x = np.arange(32, dtype=np.float32) * np.float32(0.5) - np.float32(3.0) + np.float32(layer)
+        w.tap("attn_norm", layer, (0, 4), x.reshape(4, 8))
+    w.tap("attn", 1, 4, (np.arange(6, dtype=np.float32) / 4).astype(np.float16).reshape(1, 6))
+    w.tap("logits", None, range(3, 4), np.array([[-2, -1, 0, 1, 2]], dtype=np.int32), slot=1)
+t = open_tree(rust)
+assert t.verify() == 4
+assert t.read(t.entries[1]).tolist()[0][:3] == [-2.0, -1.5, -1.0], t.read(t.entries[1])
+assert t.read(t.entries[3]).tolist() == [[-2, -1, 0, 1, 2]]
+try:
+    TreeWriter(py)
+    raise SystemExit("an existing tree was overwritten without force")
+except TreeError as e:
+    assert "already holds a tree" in str(e), e
+print("python ok")
+"#;
+    let out = Command::new("python3")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .arg("-c")
+        .arg(script)
+        .arg(&py)
+        .arg(&rust)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "python failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("python ok"));
+
+    let root = TreeReader::open(&rust).unwrap().root().to_string();
+    assert_eq!(
+        TreeReader::open(&py).unwrap().root(),
+        root,
+        "same tensors, same root"
+    );
+    let o = taptree(&[&"verify", &py]);
+    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+    for args in [vec!["verify"], vec!["verify", "--rehash"]] {
+        let mut argv: Vec<&dyn AsRef<std::ffi::OsStr>> = args.iter().map(|a| a as _).collect();
+        argv.push(&rust);
+        argv.push(&py);
+        let o = taptree(&argv);
+        let (stdout, stderr) = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{stdout}{stderr}");
+        assert!(
+            stdout.starts_with(&format!(
+                "bitwise identical: 4 tensors, 288 bytes, root {root}"
+            )),
+            "{stdout}"
+        );
+    }
+}

@@ -56,6 +56,8 @@ pub use capture::{Capture, CaptureOptions, Summary};
 pub use compare::{compare, Comparison, Difference};
 pub use dtype::{DType, TapElem};
 pub use error::{Error, Result};
+/// The `half` crate whose `f16` and `bf16` implement [`TapElem`].
+pub use half;
 pub use key::Key;
 pub use manifest::{Entry, Manifest, RunInfo, FORMAT_VERSION};
 pub use reader::{ManifestHead, TensorView, TreeReader, Verified};

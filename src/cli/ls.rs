@@ -52,7 +52,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             "format_version": m.format_version,
             "root": m.root,
             "taps": m.entries.len(),
-            "bytes": m.bytes(),
+            "bytes": m.bytes_of_entries(),
             "run": m.run,
             "entries": entries,
         });
@@ -69,7 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         "{}: {} taps, {} bytes, root {} (format {}{}{})",
         args.tree.display(),
         m.entries.len(),
-        m.bytes(),
+        m.bytes_of_entries(),
         m.root,
         m.format_version,
         if describe.is_empty() { "" } else { "; " },

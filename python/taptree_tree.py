@@ -1,0 +1,323 @@
+"""Write and read taptree trees from Python (format 1.0, see docs/FORMAT.md).
+
+For engines written in Python: tap every op of a forward into a tree that
+`taptree verify` and `taptree diff` read like one written by the Rust
+`capture` crate. Equal tensors under equal keys give the same root hash,
+whichever side wrote them.
+
+    from taptree_tree import TreeWriter, open_tree
+
+    with TreeWriter("runs/py", run={"backend": "numpy", "precision": "f32"}) as w:
+        w.tap("attn_norm", 0, (0, 7), x)          # x.shape[0] == 7 positions
+        w.tap("logits", None, (6, 7), logits)
+    tree = open_tree("runs/py")
+    for entry in tree.entries:
+        print(entry["key"], tree.read(entry).shape)
+    tree.verify()
+
+Needs numpy and blake3 (`python3 -m pip install numpy blake3`). Writes are
+synchronous; the manifest is written last and atomically, as in Rust.
+"""
+
+import datetime
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import sys
+
+import blake3
+import numpy as np
+
+FORMAT_VERSION = "1.0"
+FORMAT_MAJOR = 1
+MANIFEST = "manifest.json"
+MARKER = ".taptree"
+
+_DTYPES = {
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",  # ml_dtypes.bfloat16, when installed
+    "float64": "F64",
+    "int8": "I8",
+    "int32": "I32",
+}
+_NUMPY = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I8": "i1", "I32": "<i4"}
+_SIZE = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I8": 1, "I32": 4}
+_STAGE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}$")
+
+
+class TreeError(Exception):
+    """A tree that cannot be written or read; the message names the file."""
+
+
+def dir_of(layer):
+    return "global" if layer is None else "L%03d" % layer
+
+
+def path_of(stage, layer, start, end, slot):
+    name = "%s.p%d-%d" % (stage, start, end)
+    if slot is not None:
+        name += ".s%d" % slot
+    return "%s/%s.safetensors" % (dir_of(layer), name)
+
+
+def key_text(key):
+    """`L3/ffn_down@0..7` or `final_norm@5 slot 2`, as Rust prints a Key."""
+    out = "" if key["layer"] is None else "L%d/" % key["layer"]
+    start, end = key["pos"]["start"], key["pos"]["end"]
+    out += "%s@%s" % (key["stage"], start if end == start + 1 else "%d..%d" % (start, end))
+    if key.get("slot") is not None:
+        out += " slot %d" % key["slot"]
+    return out
+
+
+def tree_hashes(entries):
+    """(per-directory hashes, root hash) of manifest entries in capture order."""
+    lines = {}
+    for e in entries:
+        k = e["key"]
+        opt = lambda v: "-" if v is None else str(v)  # noqa: E731
+        line = "\t".join(
+            [
+                k["stage"],
+                opt(k["layer"]),
+                str(k["pos"]["start"]),
+                str(k["pos"]["end"]),
+                opt(k.get("slot")),
+                e["dtype"],
+                ",".join(str(d) for d in e["shape"]),
+                e["blake3"],
+            ]
+        )
+        lines.setdefault(dir_of(k["layer"]), ["taptree dir v1\n"]).append(line + "\n")
+    dirs = {d: blake3.blake3("".join(t).encode()).hexdigest() for d, t in sorted(lines.items())}
+    root_text = "taptree root v1\n" + "".join("%s\t%s\n" % (d, h) for d, h in sorted(dirs.items()))
+    return dirs, blake3.blake3(root_text.encode()).hexdigest()
+
+
+def _is_tree(path):
+    return os.path.isfile(os.path.join(path, MARKER)) or os.path.isfile(os.path.join(path, MANIFEST))
+
+
+def _sibling(out, what):
+    parent, name = os.path.split(os.path.normpath(out))
+    return os.path.join(parent, ".%s.taptree-%s-%d" % (name, what, os.getpid()))
+
+
+class TreeWriter:
+    """Writes one tree. Use as a context manager, or call finish()."""
+
+    def __init__(self, out, stages=None, run=None, force=False):
+        self.out = str(out)
+        self.stages = list(stages or [])
+        self.run = {
+            "model": "",
+            "model_blake3": None,
+            "backend": "",
+            "precision": "",
+            "switches": {},
+            "prompt_tokens": [],
+            "git_rev": None,
+            "host": socket.gethostname(),
+            "argv": list(sys.argv),
+            "time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "extra": {},
+        }
+        self.run.update(run or {})
+        self.entries = []
+        self._keys = set()
+        self._staging = None
+        if not os.path.lexists(self.out):
+            os.makedirs(self.out)
+        elif not os.path.isdir(self.out) or os.path.islink(self.out):
+            raise TreeError("%s: not empty and not a taptree tree; refusing to capture into it" % self.out)
+        elif os.listdir(self.out):
+            if not _is_tree(self.out):
+                raise TreeError(
+                    "%s: not empty and not a taptree tree; refusing to capture into it (nothing was changed)"
+                    % self.out
+                )
+            if not force:
+                raise TreeError("%s: already holds a tree; pass force=True to replace it" % self.out)
+            self._staging = _sibling(self.out, "new")
+            shutil.rmtree(self._staging, ignore_errors=True)
+            os.makedirs(self._staging)
+        self.dir = self._staging or self.out
+        with open(os.path.join(self.dir, MARKER), "w") as f:
+            f.write("taptree tree, format %s; complete once %s exists\n" % (FORMAT_VERSION, MANIFEST))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        if kind is None:
+            self.finish()
+        elif self._staging:
+            shutil.rmtree(self._staging, ignore_errors=True)
+        return False
+
+    def tap(self, stage, layer, pos, array, slot=None):
+        """Records `array` (axis 0 = positions pos[0]..pos[1]) under its key."""
+        if isinstance(pos, int):
+            start, end = pos, pos + 1
+        elif isinstance(pos, range):
+            start, end = pos.start, pos.stop
+        else:
+            start, end = pos
+        key = {"stage": stage, "layer": layer, "pos": {"start": start, "end": end}, "slot": slot}
+        if not _STAGE.match(stage):
+            raise TreeError("bad tap %s: stage names are [A-Za-z0-9_.-], not starting with '.'" % key_text(key))
+        arr = np.ascontiguousarray(array)
+        dtype = _DTYPES.get(arr.dtype.name)
+        if dtype is None:
+            raise TreeError("bad tap %s: unsupported dtype %s" % (key_text(key), arr.dtype))
+        if end <= start or arr.ndim == 0 or arr.shape[0] != end - start:
+            raise TreeError(
+                "bad tap %s: shape %s: axis 0 must be the %d positions" % (key_text(key), list(arr.shape), end - start)
+            )
+        ident = (stage, layer, start, end, slot)
+        if ident in self._keys:
+            raise TreeError("bad tap %s: tapped twice in one capture" % key_text(key))
+        self._keys.add(ident)
+        data = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+        meta = {"taptree.format": FORMAT_VERSION, "taptree.key": key_text(key), "stage": stage}
+        if layer is not None:
+            meta["layer"] = str(layer)
+        meta["pos_start"], meta["pos_end"] = str(start), str(end)
+        if slot is not None:
+            meta["slot"] = str(slot)
+        header = json.dumps(
+            {"__metadata__": meta, "tap": {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [0, len(data)]}},
+            separators=(",", ":"),
+        ).encode()
+        header += b" " * ((8 - (8 + len(header)) % 8) % 8)
+        rel = path_of(stage, layer, start, end, slot)
+        os.makedirs(os.path.join(self.dir, dir_of(layer)), exist_ok=True)
+        with open(os.path.join(self.dir, rel), "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header)
+            f.write(data)
+        self.entries.append(
+            {
+                "key": key,
+                "path": rel,
+                "dtype": dtype,
+                "shape": list(arr.shape),
+                "blake3": blake3.blake3(data).hexdigest(),
+                "bytes": len(data),
+            }
+        )
+
+    def finish(self):
+        """Writes the manifest (last, atomically); returns root, taps, bytes, path."""
+        dirs, root = tree_hashes(self.entries)
+        total = sum(e["bytes"] for e in self.entries)
+        manifest = {
+            "format": "taptree",
+            "format_version": FORMAT_VERSION,
+            "root": root,
+            "taps": len(self.entries),
+            "bytes": total,
+            "run": self.run,
+            "selection": "all",
+            "stages": self.stages,
+            "dirs": dirs,
+            "entries": self.entries,
+        }
+        tmp = os.path.join(self.dir, MANIFEST + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(manifest, f, separators=(",", ":"))
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(self.dir, MANIFEST))
+        if self._staging:
+            old = _sibling(self.out, "old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(self.out, old)
+            os.rename(self._staging, self.out)
+            shutil.rmtree(old)
+            self._staging = None
+        return {"root": root, "taps": len(self.entries), "bytes": total, "path": self.out}
+
+
+class Tree:
+    """A complete tree: `manifest`, `entries` (forward order), `read`, `verify`."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        mpath = os.path.join(self.path, MANIFEST)
+        if not os.path.isfile(mpath):
+            raise TreeError("%s: incomplete capture: no manifest.json (the capture crashed or is still running)" % self.path)
+        with open(mpath, "rb") as f:
+            self.manifest = json.load(f)
+        version = str(self.manifest.get("format_version"))
+        if self.manifest.get("format") != "taptree":
+            raise TreeError("%s: bad manifest: not a taptree manifest" % mpath)
+        if version.split(".")[0] != str(FORMAT_MAJOR):
+            raise TreeError(
+                "%s: unsupported tree format version %s (this reader reads %d.x)" % (mpath, version, FORMAT_MAJOR)
+            )
+        self.entries = self.manifest["entries"]
+        dirs, root = tree_hashes(self.entries)
+        if root != self.manifest["root"] or dirs != self.manifest["dirs"]:
+            raise TreeError("%s: bad manifest: root does not match its entries" % mpath)
+        real_root = os.path.realpath(self.path)
+        for e in self.entries:
+            parts = e["path"].split("/")
+            if (
+                os.path.isabs(e["path"])
+                or len(parts) != 2
+                or parts[0] != dir_of(e["key"]["layer"])
+                or any(p in ("", ".", "..") for p in parts)
+            ):
+                raise TreeError("%s: unsafe path %r in manifest" % (self.path, e["path"]))
+            full = os.path.realpath(os.path.join(self.path, e["path"]))
+            if not full.startswith(real_root + os.sep):
+                raise TreeError("%s: unsafe path %r in manifest: a symlink outside the tree" % (self.path, e["path"]))
+
+    def _load(self, entry):
+        path = os.path.join(self.path, entry["path"])
+        with open(path, "rb") as f:
+            raw = f.read()
+        if len(raw) < 8:
+            raise TreeError("%s: truncated" % path)
+        (n,) = struct.unpack("<Q", raw[:8])
+        if 8 + n > len(raw):
+            raise TreeError("%s: truncated" % path)
+        try:
+            header = json.loads(raw[8 : 8 + n])
+            info = header["tap"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise TreeError("%s: not a taptree tap: %s" % (path, err))
+        data = raw[8 + n :]
+        if info["dtype"] != entry["dtype"] or info["shape"] != entry["shape"]:
+            raise TreeError("%s: file and manifest disagree on dtype or shape" % path)
+        if len(data) != entry["bytes"] or info["data_offsets"] != [0, entry["bytes"]]:
+            raise TreeError("%s: truncated or trailing bytes: %d bytes of tensor data" % (path, len(data)))
+        return path, data
+
+    def read(self, entry):
+        """The tap as a numpy array (BF16 comes back as float32)."""
+        _, data = self._load(entry)
+        if entry["dtype"] == "BF16":
+            bits = np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16
+            return bits.view(np.float32).reshape(entry["shape"])
+        return np.frombuffer(data, dtype=_NUMPY[entry["dtype"]]).reshape(entry["shape"])
+
+    def verify(self):
+        """Rehashes every tap; raises TreeError naming the first bad file."""
+        for e in self.entries:
+            path, data = self._load(e)
+            actual = blake3.blake3(data).hexdigest()
+            if actual != e["blake3"]:
+                raise TreeError(
+                    "%s: integrity failure: tensor blake3 is %s, manifest says %s" % (path, actual, e["blake3"])
+                )
+        return len(self.entries)
+
+
+def open_tree(path):
+    return Tree(path)
