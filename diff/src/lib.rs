@@ -24,6 +24,7 @@
 pub mod controls;
 pub mod divergence;
 pub mod graph;
+pub mod inputs;
 pub mod metrics;
 pub mod render;
 pub mod report;

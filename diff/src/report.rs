@@ -32,6 +32,10 @@ pub struct Report {
     /// Keys (one per position) present in only one tree: never compared.
     pub only_in_a: Vec<String>,
     pub only_in_b: Vec<String>,
+    /// Where the two runs' input tokens part (greedy generation chose
+    /// differently): positions from there on are not compared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inputs_split: Option<crate::inputs::InputSplit>,
     pub counts: Counts,
     pub controls: Vec<Control>,
 }
@@ -80,6 +84,9 @@ pub struct TreeInfo {
 pub struct Counts {
     /// Position pairs matched by key.
     pub positions: u64,
+    /// Position pairs matched by key but not compared: their input tokens
+    /// (or an earlier position's) differ.
+    pub positions_inputs_differ: u64,
     /// Taps of A skipped as equal by hash, unread.
     pub taps_skipped: u64,
     /// Taps of A read and compared.

@@ -195,6 +195,7 @@ pub fn diff(
         growth_ranking: Vec::new(),
         only_in_a: Vec::new(),
         only_in_b: Vec::new(),
+        inputs_split: None,
         counts: Counts::default(),
         controls: Vec::new(),
     };
@@ -212,6 +213,22 @@ pub fn diff(
     let mut stages = Stages::default();
     let ia = index(a, opts.slot_a, &mut stages)?;
     let ib = index(b, opts.slot_b, &mut stages)?;
+    // Where the runs' input tokens part, per slot: later positions compute
+    // different things and are not compared.
+    let mut splits: HashMap<Option<u32>, Option<crate::inputs::InputSplit>> = HashMap::new();
+    let mut split_at = |slot: Option<u32>| -> Option<u32> {
+        splits
+            .entry(slot)
+            .or_insert_with(|| {
+                let (sa, sb) = match (opts.slot_a, opts.slot_b) {
+                    (None, None) => (slot, slot),
+                    (pa, pb) => (pa.flatten(), pb.flatten()),
+                };
+                crate::inputs::split(&ma.run, &mb.run, sa, sb)
+            })
+            .as_ref()
+            .map(|s| s.pos)
+    };
     // Matched positions (a merge of the two sorted indexes), and the rest.
     let mut matched: Vec<(PosKey, Loc, Loc)> = Vec::with_capacity(ia.len().min(ib.len()));
     let (mut i, mut j) = (0, 0);
@@ -222,16 +239,28 @@ pub fn diff(
             _ => std::cmp::Ordering::Greater,
         };
         match order {
+            // Past the inputs' split a missing position is no news.
             std::cmp::Ordering::Less => {
-                report.only_in_a.push(pos_label(&ia[i].0, &stages));
+                let k = ia[i].0;
+                if !split_at(k.2).is_some_and(|at| k.3 >= at) {
+                    report.only_in_a.push(pos_label(&k, &stages));
+                }
                 i += 1;
             }
             std::cmp::Ordering::Greater => {
-                report.only_in_b.push(pos_label(&ib[j].0, &stages));
+                let k = ib[j].0;
+                if !split_at(k.2).is_some_and(|at| k.3 >= at) {
+                    report.only_in_b.push(pos_label(&k, &stages));
+                }
                 j += 1;
             }
             std::cmp::Ordering::Equal => {
-                matched.push((ia[i].0, ia[i].1, ib[j].1));
+                let k = ia[i].0;
+                if split_at(k.2).is_some_and(|at| k.3 >= at) {
+                    report.counts.positions_inputs_differ += 1;
+                } else {
+                    matched.push((k, ia[i].1, ib[j].1));
+                }
                 i += 1;
                 j += 1;
             }
@@ -254,6 +283,11 @@ pub fn diff(
                     && ea.key == eb.key
                     && equal_dirs.contains(&capture::manifest::dir_of(&ea.key))))
     };
+
+    report.inputs_split = splits
+        .into_values()
+        .flatten()
+        .min_by_key(|s| (s.pos, s.slot));
 
     // The entry pairs that must be read.
     let mut results: Vec<PosState> = Vec::with_capacity(matched.len());
@@ -411,10 +445,16 @@ pub fn diff(
 
 /// Sets the outcome and its one-line summary from the rows.
 pub(crate) fn conclude(report: &mut Report) {
-    let missing = match (report.only_in_a.len(), report.only_in_b.len()) {
+    let mut missing = match (report.only_in_a.len(), report.only_in_b.len()) {
         (0, 0) => String::new(),
         (x, y) => format!(" ({x} positions only in A, {y} only in B, not compared)"),
     };
+    if let Some(split) = &report.inputs_split {
+        missing.push_str(&format!(
+            " (inputs differ from position {}: {} positions not compared)",
+            split.pos, report.counts.positions_inputs_differ
+        ));
+    }
     if report.controls.iter().any(|c| !c.passed) {
         report.outcome = Outcome::ControlFailed;
         let failed: Vec<&str> = report

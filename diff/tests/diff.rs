@@ -496,3 +496,40 @@ fn renderers_agree_on_the_first_divergence() {
     let html = diff::render::html::render(&r);
     assert!(html.starts_with("<!doctype html>") && html.contains("first diverging op: L1/attn@"));
 }
+
+#[test]
+fn positions_after_the_generated_tokens_part_are_not_compared() {
+    let run = |generated: &[u32]| {
+        let mut r = capture::RunInfo {
+            prompt_tokens: vec![5, 6],
+            ..Default::default()
+        };
+        r.extra
+            .insert("generated_tokens".into(), serde_json::json!([generated]));
+        r
+    };
+    // B picked another token at position 3 and computed other things from there.
+    let a = MemTree::new("a", taps(&Shape::default(), |_| {})).with_run(run(&[7, 8, 9]));
+    let b = MemTree::new(
+        "b",
+        taps(&Shape::default(), |t| {
+            if t.key.pos.start == 3 {
+                t.values.iter_mut().for_each(|v| *v = -*v);
+            }
+        }),
+    )
+    .with_run(run(&[7, 4, 9]));
+    let r = diff::diff(&a, &b, None, &opts()).unwrap();
+    assert_eq!(r.outcome, Outcome::WithinTolerance, "{}", r.summary);
+    let split = r.inputs_split.as_ref().unwrap();
+    assert_eq!((split.pos, split.token_a, split.token_b), (3, 8, 4));
+    assert_eq!(r.counts.positions_inputs_differ, 48);
+    assert_eq!(r.counts.positions, 48 * 3);
+    // Without the token record the same trees diverge at position 3.
+    let (a, b) = (
+        a.with_run(Default::default()),
+        b.with_run(Default::default()),
+    );
+    let r = diff::diff(&a, &b, None, &opts()).unwrap();
+    assert_eq!(r.rows[r.first_divergence.unwrap()].worst().pos, 3);
+}

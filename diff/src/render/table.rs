@@ -222,6 +222,19 @@ pub fn render(report: &Report, opts: &TableOptions) -> String {
             red_truth.len()
         );
     }
+    if let Some(split) = &report.inputs_split {
+        let slot = split
+            .slot
+            .map_or(String::new(), |s| format!(" of slot {s}"));
+        let _ = writeln!(
+            out,
+            "{}",
+            p.yellow(&format!(
+                "inputs differ from position {}{slot} (A token {}, B token {}): the runs generated different tokens; {} later positions not compared",
+                split.pos, split.token_a, split.token_b, report.counts.positions_inputs_differ
+            ))
+        );
+    }
     if !report.only_in_a.is_empty() || !report.only_in_b.is_empty() {
         let list = |v: &[String]| {
             let mut s = v.iter().take(4).cloned().collect::<Vec<_>>().join(", ");

@@ -201,6 +201,14 @@ impl MemTree {
     }
 }
 
+impl MemTree {
+    /// The same tree with this run metadata (input tokens, ...).
+    pub fn with_run(mut self, run: RunInfo) -> MemTree {
+        self.manifest.run = run;
+        self
+    }
+}
+
 impl Tree for MemTree {
     fn path(&self) -> &Path {
         &self.path
