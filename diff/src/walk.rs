@@ -242,14 +242,14 @@ pub fn diff(
             // Past the inputs' split a missing position is no news.
             std::cmp::Ordering::Less => {
                 let k = ia[i].0;
-                if !split_at(k.2).is_some_and(|at| k.3 >= at) {
+                if split_at(k.2).is_none_or(|at| k.3 < at) {
                     report.only_in_a.push(pos_label(&k, &stages));
                 }
                 i += 1;
             }
             std::cmp::Ordering::Greater => {
                 let k = ib[j].0;
-                if !split_at(k.2).is_some_and(|at| k.3 >= at) {
+                if split_at(k.2).is_none_or(|at| k.3 < at) {
                     report.only_in_b.push(pos_label(&k, &stages));
                 }
                 j += 1;
