@@ -589,3 +589,49 @@ print("python ok")
         );
     }
 }
+
+#[test]
+fn ls_into_a_closed_pipe_is_not_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("big");
+    {
+        let cap = Capture::start(CaptureOptions {
+            out: tree.clone(),
+            selection: Selection::all(),
+            force: false,
+            stages: vec![],
+            run: RunInfo::default(),
+        })
+        .unwrap();
+        // Far more listing than a pipe buffers (64 KiB).
+        for pos in 0..3000u32 {
+            capture::tap(
+                "post_ffn_residual",
+                Some(pos % 30),
+                pos..pos + 1,
+                None,
+                &[1, 1],
+                &[pos as f32],
+            );
+        }
+        cap.finish().unwrap();
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_taptree"))
+        .arg("ls")
+        .arg(&tree)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 16];
+    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut first).unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+}

@@ -1,6 +1,7 @@
 //! `taptree ls TREE`: the taps of a tree in forward order.
 
 use capture::{Selection, TreeReader};
+use std::io::Write;
 use std::path::PathBuf;
 
 /// List a tree's taps in forward order: key, dtype, shape, short hash.
@@ -65,8 +66,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         m.run.model.as_str(),
     ];
     describe.retain(|s| !s.is_empty());
-    println!(
-        "{}: {} taps, {} bytes, root {} (format {}{}{})",
+    let mut out = format!(
+        "{}: {} taps, {} bytes, root {} (format {}{}{})\n",
         args.tree.display(),
         m.entries.len(),
         m.bytes_of_entries(),
@@ -79,7 +80,6 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let shapes: Vec<String> = shown.iter().map(|e| format!("{:?}", e.shape)).collect();
     let key_w = keys.iter().map(String::len).max().unwrap_or(0);
     let shape_w = shapes.iter().map(String::len).max().unwrap_or(0);
-    let mut out = String::new();
     for ((e, key), shape) in shown.iter().zip(&keys).zip(&shapes) {
         out.push_str(&format!(
             "{key:<key_w$}  {:<4}  {shape:<shape_w$}  {}\n",
@@ -94,6 +94,9 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             m.entries.len()
         ));
     }
-    print!("{out}");
-    Ok(crate::exit::OK)
+    // `taptree ls big-tree | head` closes the pipe early: that is not an error.
+    match std::io::stdout().lock().write_all(out.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(crate::exit::OK),
+    }
 }
