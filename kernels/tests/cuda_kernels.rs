@@ -218,7 +218,16 @@ fn matmul_f32_is_bitwise_the_cpu_dot_order() {
     let mut rng = Rng(3);
     // Float weights: any width, so the 8-lane tails (cols % 8) are covered;
     // rows around the 8-row pass; outputs around the 16 per block.
-    let shapes = [(1, 7, 1), (15, 8, 7), (16, 9, 8), (17, 33, 9), (33, 576, 4)];
+    // The last is too wide in f32 to stage in shared memory: the unstaged
+    // path.
+    let shapes = [
+        (1, 7, 1),
+        (15, 8, 7),
+        (16, 9, 8),
+        (17, 33, 9),
+        (33, 576, 4),
+        (17, 1600, 3),
+    ];
     for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
         for (out, cols, rows) in shapes {
             check_matmul_f32(&dev, &mut rng, ty, out, cols, rows);

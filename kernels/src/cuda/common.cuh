@@ -6,6 +6,10 @@ typedef unsigned char u8;
 typedef signed char i8;
 typedef unsigned short u16;
 typedef unsigned int u32;
+// 16 bytes moved by one load and one store.
+struct __align__(16) u32x4 {
+    u32 a, b, c, d;
+};
 
 // GGML type ids (GgmlType::id on the Rust side).
 #define T_F32 0

@@ -77,44 +77,85 @@ __device__ __forceinline__ void partial_sums(const u8* wr, const float* x, int r
     }
 }
 
+// The bytes of shared memory before the staged activations: the block's
+// weight rows, rounded up to 16.
+__device__ __forceinline__ size_t staged_x_offset(size_t row_bytes) {
+    return ((size_t)WARPS * OUTS_PER_WARP * row_bytes + 15) & ~(size_t)15;
+}
+
+// With `staged`, the block first copies its weight rows (contiguous in W)
+// and its rows of x into shared memory, every thread loading at once: one
+// round trip to memory instead of one per unrolled step of every lane's
+// chain. Where the data is read from never changes the order of the sums.
 template <int TYPE>
-__device__ void matmul_f32_body(const u8* w, const float* x, float* y, int rows, int in, int out) {
+__device__ void matmul_f32_body(const u8* w, const float* x, float* y, int rows, int in, int out,
+                                int staged) {
+    extern __shared__ __align__(16) u8 smem[];
     int lane = threadIdx.x & 31;
     int j = lane & 7;
-    int o = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * OUTS_PER_WARP + (lane >> 3);
+    int o0 = blockIdx.x * WARPS * OUTS_PER_WARP;
+    int o = o0 + (threadIdx.x >> 5) * OUTS_PER_WARP + (lane >> 3);
     // Lanes past the last row still take part in the shuffles below.
     bool live = o < out;
     size_t row_bytes = (size_t)(in / block_size(TYPE)) * type_size(TYPE);
-    const u8* wr = w + (size_t)(live ? o : 0) * row_bytes;
     // Each grid row (blockIdx.y) takes one pass of ROWS_PER_PASS rows.
-    {
-        int r0 = blockIdx.y * ROWS_PER_PASS;
-        int nr = min(ROWS_PER_PASS, rows - r0);
-        float acc[ROWS_PER_PASS];
-#pragma unroll
-        for (int k = 0; k < ROWS_PER_PASS; ++k) acc[k] = 0.0f;
-        if (live) partial_sums<TYPE>(wr, x, r0, nr, in, j, acc);
-#pragma unroll
-        for (int k = 0; k < ROWS_PER_PASS; ++k) {
-            float a = acc[k];
-            a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 4));  // a0+a4, a1+a5, ...
-            a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 1));  // (a0+a4)+(a1+a5), ...
-            a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 2));  // the two halves
-            if (live && j == 0 && k < nr) y[(size_t)(r0 + k) * out + o] = a;
+    int r0 = blockIdx.y * ROWS_PER_PASS;
+    int nr = min(ROWS_PER_PASS, rows - r0);
+    const u8* wr = w + (size_t)(live ? o : 0) * row_bytes;
+    const float* xp = x;
+    int xr0 = r0;
+    if (staged) {
+        int n_out = min(WARPS * OUTS_PER_WARP, out - o0);
+        size_t bytes = (size_t)n_out * row_bytes;
+        const u8* src = w + (size_t)o0 * row_bytes;
+        // Unrolled, so that each thread has several loads in flight: a
+        // rolled copy loop waits out one memory latency per iteration.
+        if ((((size_t)src | bytes) & 15) == 0) {
+            const u32x4* s4 = (const u32x4*)src;
+            u32x4* d4 = (u32x4*)smem;
+#pragma unroll 8
+            for (size_t k = threadIdx.x; k < bytes / 16; k += blockDim.x) d4[k] = s4[k];
+        } else if ((((size_t)src | bytes) & 3) == 0) {
+#pragma unroll 8
+            for (size_t k = threadIdx.x; k < bytes / 4; k += blockDim.x)
+                ((u32*)smem)[k] = ((const u32*)src)[k];
+        } else {
+#pragma unroll 8
+            for (size_t k = threadIdx.x; k < bytes; k += blockDim.x) smem[k] = src[k];
         }
+        float* xs = (float*)(smem + staged_x_offset(row_bytes));
+        const float* xg = x + (size_t)r0 * in;
+#pragma unroll 8
+        for (int k = threadIdx.x; k < nr * in; k += blockDim.x) xs[k] = xg[k];
+        __syncthreads();
+        wr = smem + (size_t)(live ? o - o0 : 0) * row_bytes;
+        xp = xs;
+        xr0 = 0;
+    }
+    float acc[ROWS_PER_PASS];
+#pragma unroll
+    for (int k = 0; k < ROWS_PER_PASS; ++k) acc[k] = 0.0f;
+    if (live) partial_sums<TYPE>(wr, xp, xr0, nr, in, j, acc);
+#pragma unroll
+    for (int k = 0; k < ROWS_PER_PASS; ++k) {
+        float a = acc[k];
+        a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 4));  // a0+a4, a1+a5, ...
+        a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 1));  // (a0+a4)+(a1+a5), ...
+        a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 2));  // the two halves
+        if (live && j == 0 && k < nr) y[(size_t)(r0 + k) * out + o] = a;
     }
 }
 
 extern "C" __global__ void matmul_f32(const u8* w, int type, const float* x, float* y,
-                                      int rows, int in, int out) {
+                                      int rows, int in, int out, int staged) {
     switch (type) {
-        case T_F32: matmul_f32_body<T_F32>(w, x, y, rows, in, out); break;
-        case T_F16: matmul_f32_body<T_F16>(w, x, y, rows, in, out); break;
-        case T_BF16: matmul_f32_body<T_BF16>(w, x, y, rows, in, out); break;
-        case T_Q4_0: matmul_f32_body<T_Q4_0>(w, x, y, rows, in, out); break;
-        case T_Q4_1: matmul_f32_body<T_Q4_1>(w, x, y, rows, in, out); break;
-        case T_Q5_0: matmul_f32_body<T_Q5_0>(w, x, y, rows, in, out); break;
-        case T_Q8_0: matmul_f32_body<T_Q8_0>(w, x, y, rows, in, out); break;
+        case T_F32: matmul_f32_body<T_F32>(w, x, y, rows, in, out, staged); break;
+        case T_F16: matmul_f32_body<T_F16>(w, x, y, rows, in, out, staged); break;
+        case T_BF16: matmul_f32_body<T_BF16>(w, x, y, rows, in, out, staged); break;
+        case T_Q4_0: matmul_f32_body<T_Q4_0>(w, x, y, rows, in, out, staged); break;
+        case T_Q4_1: matmul_f32_body<T_Q4_1>(w, x, y, rows, in, out, staged); break;
+        case T_Q5_0: matmul_f32_body<T_Q5_0>(w, x, y, rows, in, out, staged); break;
+        case T_Q8_0: matmul_f32_body<T_Q8_0>(w, x, y, rows, in, out, staged); break;
     }
 }
 

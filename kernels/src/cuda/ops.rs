@@ -15,6 +15,9 @@ use crate::quant::GgmlType;
 const MATMUL_WARPS: u32 = 4;
 /// Output rows per block of `matmul_f32`: four per warp (eight lanes each).
 const MATMUL_F32_OUTS: usize = 4 * MATMUL_WARPS as usize;
+/// The most shared memory a `matmul_f32` block stages its operands in; past
+/// it (wide float weights) the kernel reads them from global memory.
+const MATMUL_MAX_STAGED: usize = 96 * 1024;
 
 /// The weight types the kernels decode (`dequant_elem` in common.cuh).
 pub fn supported(t: GgmlType) -> bool {
@@ -178,6 +181,19 @@ pub fn matmul_f32(
     check(&format!("matmul {} y", w.name), y.len(), rows * w.rows)?;
     let f = dev.function(Family::Matmul, "matmul_f32")?;
     let (ty, r, i, o) = (w.type_id(), rows as i32, w.cols as i32, w.rows as i32);
+    // Shared memory for the staged variant: the block's weight rows (rounded
+    // up to 16 bytes), then up to 8 rows of x.
+    let row_bytes = w.ggml_type.row_bytes(w.cols);
+    let shared = (MATMUL_F32_OUTS * row_bytes).div_ceil(16) * 16 + rows.min(8) * w.cols * 4;
+    let staged = shared <= MATMUL_MAX_STAGED;
+    if staged && shared > 48 * 1024 {
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            shared as i32,
+        )
+        .map_err(|e| CudaError::driver("matmul_f32: raise shared memory", e))?;
+    }
+    let staged_flag = staged as i32;
     let mut b = dev.stream().launch_builder(&f);
     b.arg(&w.data)
         .arg(&ty)
@@ -185,8 +201,12 @@ pub fn matmul_f32(
         .arg(y)
         .arg(&r)
         .arg(&i)
-        .arg(&o);
-    let cfg = matmul_grid(w.rows.div_ceil(MATMUL_F32_OUTS), rows);
+        .arg(&o)
+        .arg(&staged_flag);
+    let mut cfg = matmul_grid(w.rows.div_ceil(MATMUL_F32_OUTS), rows);
+    if staged {
+        cfg.shared_mem_bytes = shared as u32;
+    }
     // SAFETY: W holds rows x cols of its type (checked at upload); x and y
     // hold what the shapes need (checked above).
     unsafe { b.launch(cfg) }.map_err(launch_err("matmul_f32"))?;
