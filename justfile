@@ -28,3 +28,12 @@ gpu-bundle:
 # On a GPU machine: the whole CUDA test matrix (kernel tests, CPU vs CUDA, batched vs single, figures).
 gpu-matrix bundle=".device":
     bash scripts/gpu_matrix.sh {{bundle}}
+
+# Tap cost (disarmed, armed but unselected), then the compiled-out baseline.
+bench-tap:
+    cargo bench -p capture --bench tap
+    cargo bench -p capture --bench tap --features compile-out
+
+# `taptree verify A B` and `--rehash` against `diff -rq` on two generated 7B-shaped trees (~1.9 GB, deleted after).
+bench-verify runs="5":
+    RUNS={{runs}} bash scripts/bench_verify.sh
