@@ -37,7 +37,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     while let Some(arg) = args.next() {
         let mut value = |name: &str| -> Result<u64, Box<dyn std::error::Error>> {
             let v = args.next().ok_or(format!("{name} needs a value"))?;
-            Ok(v.parse().map_err(|_| format!("{name}: {v:?} is not a number"))?)
+            Ok(v.parse()
+                .map_err(|_| format!("{name}: {v:?} is not a number"))?)
         };
         match arg.as_str() {
             "--layers" => layers = value("--layers")? as u32,
