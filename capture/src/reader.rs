@@ -69,7 +69,10 @@ impl TreeReader {
         {
             if format == "taptree" {
                 check_version(&manifest_path, &version)?;
-                if taps > 0 || bytes > 0 {
+                // A manifest cut short (damaged, not a capture in progress:
+                // it is renamed into place whole) goes to the full parse,
+                // which names the problem.
+                if (taps > 0 || bytes > 0) && ends_like_json_object(&manifest_path) {
                     return Ok(ManifestHead {
                         format_version: version,
                         root,
@@ -437,6 +440,20 @@ fn read_manifest(tree: &Path, limit: Option<usize>) -> Result<Vec<u8>> {
         }
         Err(e) => Err(Error::io(&path, e)),
     }
+}
+
+/// Whether the file's last non-blank byte closes a JSON object.
+fn ends_like_json_object(path: &Path) -> bool {
+    use std::io::{Seek, SeekFrom};
+    let tail = || -> std::io::Result<Vec<u8>> {
+        let mut f = std::fs::File::open(path)?;
+        let len = f.seek(SeekFrom::End(0))?;
+        f.seek(SeekFrom::Start(len.saturating_sub(16)))?;
+        let mut tail = Vec::new();
+        f.read_to_end(&mut tail)?;
+        Ok(tail)
+    };
+    tail().is_ok_and(|t| t.trim_ascii_end().last() == Some(&b'}'))
 }
 
 fn check_version(path: &Path, version: &str) -> Result<()> {

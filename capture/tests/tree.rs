@@ -634,6 +634,13 @@ fn the_head_is_read_from_the_first_bytes_and_agrees_with_the_entries() {
         &raw[..end_of_head]
     );
     assert!(end_of_head < 256, "the head comes first");
+    // A manifest cut short is refused, not trusted for its head.
+    let manifest = out.join("manifest.json");
+    let whole = std::fs::read(&manifest).unwrap();
+    std::fs::write(&manifest, &whole[..whole.len() / 2]).unwrap();
+    let err = TreeReader::head(&out).unwrap_err();
+    assert!(err.to_string().contains("not valid JSON"), "{err}");
+    std::fs::write(&manifest, &whole).unwrap();
     // Another writer's field order (here: alphabetical) is read in full.
     edit_manifest(&out, |_| {});
     assert!(std::fs::read_to_string(out.join("manifest.json"))
