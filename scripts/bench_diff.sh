@@ -24,22 +24,25 @@ target/release/examples/bench_trees "$dir" "$mb"
 find "$dir" -type f -print0 | xargs -0 cat > /dev/null
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-time_diff() { # A B -> seconds of one `taptree diff --json` (exit 1 is a finding)
-    local s e
-    s=$(date +%s.%N)
-    "$taptree" diff "$1" "$2" --json > /dev/null || [ $? -eq 1 ]
-    e=$(date +%s.%N)
-    echo "$e - $s" | bc -l
+time_diff() { # A B -> "wall cpu" seconds of one `taptree diff --json` (exit 1 is a finding)
+    local t
+    t=$(mktemp)
+    /usr/bin/time -f "%e %U %S" -o "$t" "$taptree" diff "$1" "$2" --json > /dev/null || [ $? -eq 1 ]
+    awk '{printf "%s %.3f\n", $1, $2 + $3}' "$t"
+    rm -f "$t"
 }
-
 bytes=$(python3 -c "import json,sys; print(sum(e['bytes'] for t in sys.argv[1:] for e in json.load(open(t+'/manifest.json'))['entries']))" "$dir/A" "$dir/B")
-full=$(for _ in $(seq "$runs"); do time_diff "$dir/A" "$dir/B"; done | median)
-skip=$(for _ in $(seq "$runs"); do time_diff "$dir/A" "$dir/C"; done | median)
+load=$(cut -d' ' -f1 /proc/loadavg)
+full_runs=$(for _ in $(seq "$runs"); do time_diff "$dir/A" "$dir/B"; done)
+skip_runs=$(for _ in $(seq "$runs"); do time_diff "$dir/A" "$dir/C"; done)
+full=$(echo "$full_runs" | cut -d' ' -f1 | median)
+full_cpu=$(echo "$full_runs" | cut -d' ' -f2 | median)
+skip=$(echo "$skip_runs" | cut -d' ' -f1 | median)
 np=$(for _ in $(seq 3); do python3 scripts/numpy_diff.py "$dir/A" "$dir/B" | python3 -c "import json,sys; print(json.load(sys.stdin)['seconds'])"; done | median)
 
-awk -v b="$bytes" -v full="$full" -v skip="$skip" -v np="$np" -v runs="$runs" 'BEGIN {
-    printf "trees: A and B %.0f MB each (%.0f bytes read in all), %d runs, medians\n", b/2/1048576, b, runs
-    printf "taptree diff A B (all taps differ):  %.3f s  %.2f GB/s (A+B bytes)\n", full, b/full/1e9
+awk -v b="$bytes" -v full="$full" -v cpu="$full_cpu" -v skip="$skip" -v np="$np" -v runs="$runs" -v load="$load" -v cores="$(nproc)" 'BEGIN {
+    printf "trees: A and B %.0f MB each (%.0f bytes read in all), %d runs, medians; %d cores, load average %s at start\n", b/2/1048576, b, runs, cores, load
+    printf "taptree diff A B (all taps differ):  %.3f s  %.2f GB/s (A+B bytes); %.3f CPU-s = %.2f GB per CPU-second\n", full, b/full/1e9, cpu, b/cpu/1e9
     printf "numpy_diff.py A B:                   %.3f s  %.3f GB/s\n", np, b/np/1e9
     printf "speedup over numpy:                  %.1fx\n", np/full
     printf "taptree diff A C (1%% of taps differ): %.3f s  = %.1f%% of the all-differ time\n", skip, 100*skip/full
