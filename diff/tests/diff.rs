@@ -533,3 +533,65 @@ fn positions_after_the_generated_tokens_part_are_not_compared() {
     let r = diff::diff(&a, &b, None, &opts()).unwrap();
     assert_eq!(r.rows[r.first_divergence.unwrap()].worst().pos, 3);
 }
+
+mod first_divergence_rule {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Rows of the fixture vocabulary: (layer, stage) for 3 layers.
+    fn rows() -> Vec<(Option<u32>, String)> {
+        let mut v = Vec::new();
+        for spec in support::llama() {
+            match spec.scope {
+                capture::Scope::Layer => (0..3).for_each(|l| v.push((Some(l), spec.name.clone()))),
+                capture::Scope::Global => v.push((None, spec.name.clone())),
+            }
+        }
+        v
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// Planted changes anywhere: the first divergence is the earliest
+        /// planted row in forward order, whatever is red after it, and the red
+        /// rows are exactly the planted ones.
+        #[test]
+        fn the_earliest_red_row_wins(
+            picks in prop::collection::btree_set((0usize..48, 0u32..4), 1..5),
+        ) {
+            let all = rows();
+            let planted: Vec<(Option<u32>, String, u32)> = picks
+                .iter()
+                .map(|&(r, p)| (all[r].0, all[r].1.clone(), p))
+                .collect();
+            let a = MemTree::new("a", taps(&Shape::default(), |_| {}));
+            let b = MemTree::new(
+                "b",
+                taps(&Shape::default(), |t| {
+                    for (l, s, p) in &planted {
+                        if is(t, *l, s) && t.key.pos.start == *p {
+                            t.values[1] += 1.0;
+                        }
+                    }
+                }),
+            );
+            let r = diff::diff(&a, &b, None, &opts()).unwrap();
+            let earliest = planted
+                .iter()
+                .min_by_key(|(l, s, _)| support::forward_index(3, *l, s))
+                .unwrap();
+            let first = &r.rows[r.first_divergence.unwrap()];
+            prop_assert_eq!((first.layer, first.stage.clone()), (earliest.0, earliest.1.clone()));
+            prop_assert_eq!(first.cause.clone(), Some(Cause::Origin));
+            let red: std::collections::BTreeSet<(Option<u32>, String)> = r
+                .rows
+                .iter()
+                .filter(|row| row.status.is_red())
+                .map(|row| (row.layer, row.stage.clone()))
+                .collect();
+            let want: std::collections::BTreeSet<(Option<u32>, String)> =
+                planted.iter().map(|(l, s, _)| (*l, s.clone())).collect();
+            prop_assert_eq!(red, want);
+        }
+    }
+}
