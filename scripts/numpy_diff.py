@@ -8,7 +8,9 @@ ULP distance (same dtype), bitwise-equal count, argmax agreement, nonfinite
 and zero counts per side. No hash skipping: every matched tap is read (that
 is the point of comparison for scripts/bench_diff.sh).
 
-usage: numpy_diff.py A B  ->  prints taps, positions, bytes, seconds, GB/s
+usage: numpy_diff.py A B           ->  positions, bytes, seconds, GB/s (JSON)
+       numpy_diff.py A B --dump    ->  one JSON line of metrics per position
+                                       (the cross-check in tests/diff_cli.rs)
 """
 
 import json
@@ -88,6 +90,7 @@ def positions(tree):
 
 def main():
     a_tree, b_tree = sys.argv[1], sys.argv[2]
+    dump = "--dump" in sys.argv[3:]
     start = time.perf_counter()
     pa, pb = positions(a_tree), positions(b_tree)
     cache = {}
@@ -107,10 +110,15 @@ def main():
         a = row(a_tree, *pa[key])
         b = row(b_tree, *pb[key])
         m = metrics(a, b)
+        if dump:
+            stage, layer, slot, pos = key
+            print(json.dumps({"stage": stage, "layer": layer, "slot": slot, "pos": pos, **m}))
         worst = min(worst, m["cos"])
         n_pos += 1
         nbytes += a.nbytes + b.nbytes
     secs = time.perf_counter() - start
+    if dump:
+        return
     print(json.dumps({"positions": n_pos, "bytes": nbytes, "seconds": secs,
                       "gb_per_s": nbytes / secs / 1e9, "min_cos": worst}))
 
