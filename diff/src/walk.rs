@@ -321,6 +321,20 @@ pub fn diff(
         Some(t) => Some(index(t, None, &mut stages)?.into_iter().collect()),
         None => None,
     };
+    // A truth that generated other tokens than A is no truth from there on.
+    let truth_split: HashMap<Option<u32>, u32> = match truth {
+        Some(t) => {
+            let slots: BTreeSet<Option<u32>> = matched.iter().map(|(k, _, _)| k.2).collect();
+            slots
+                .into_iter()
+                .filter_map(|slot| {
+                    crate::inputs::split(&ma.run, &t.manifest().run, slot, slot)
+                        .map(|s| (slot, s.pos))
+                })
+                .collect()
+        }
+        None => HashMap::new(),
+    };
     let total: u64 = groups
         .keys()
         .map(|(x, y)| ma.entries[*x].bytes + mb.entries[*y].bytes)
@@ -341,7 +355,8 @@ pub fn diff(
                 let (ra, rb) = (row_bytes(&ta, ea, la.row), row_bytes(&tb, eb, lb.row));
                 let acc = compare(ra, ea.dtype, rb, eb.dtype);
                 let mut t_pair = None;
-                if let (Some(t), Some(ti)) = (truth, truth_index.as_ref()) {
+                let truth_fed_same = truth_split.get(&k.2).is_none_or(|&at| k.3 < at);
+                if let (Some(t), Some(ti), true) = (truth, truth_index.as_ref(), truth_fed_same) {
                     let lt = ti.get(k).or_else(|| ti.get(&(k.0, k.1, None, k.3)));
                     if let Some(lt) = lt {
                         let et = &t.manifest().entries[lt.entry];

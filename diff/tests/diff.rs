@@ -595,3 +595,36 @@ mod first_divergence_rule {
         }
     }
 }
+
+#[test]
+fn a_truth_fed_other_tokens_is_not_used_from_there_on() {
+    let run = |generated: &[u32]| {
+        let mut r = capture::RunInfo {
+            prompt_tokens: vec![5, 6],
+            ..Default::default()
+        };
+        r.extra
+            .insert("generated_tokens".into(), serde_json::json!([generated]));
+        r
+    };
+    let a = MemTree::new("a", taps(&Shape::default(), |_| {})).with_run(run(&[7, 8]));
+    let b = MemTree::new(
+        "b",
+        taps(&Shape::default(), |t| {
+            if is(t, Some(1), "attn") && t.key.pos.start == 3 {
+                t.values[0] += 1.0;
+            }
+        }),
+    )
+    .with_run(run(&[7, 8]));
+    // T generated another token at position 3: its position 3 is not a truth.
+    let t = MemTree::new("t", taps(&Shape::default(), |_| {})).with_run(run(&[7, 9]));
+    let r = diff::diff(&a, &b, Some(&t), &opts()).unwrap();
+    let first = &r.rows[r.first_divergence.unwrap()];
+    assert_eq!(first.name(), "L1/attn");
+    assert_eq!(first.truth.as_ref().unwrap().closer, Closer::Unknown);
+    let t = t.with_run(run(&[7, 8]));
+    let r = diff::diff(&a, &b, Some(&t), &opts()).unwrap();
+    let first = &r.rows[r.first_divergence.unwrap()];
+    assert_eq!(first.truth.as_ref().unwrap().closer, Closer::A);
+}
