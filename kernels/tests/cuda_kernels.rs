@@ -381,12 +381,14 @@ fn attention_matches_prefill_and_decode() {
     let Some(dev) = gpu() else { return };
     let mut rng = Rng(7);
     // (n_head, n_kv, head_dim, start, rows): a first token, a prefill, a GQA
-    // decode deep into the cache, and more keys than threads per block.
+    // decode deep into the cache, more keys than threads per block, and so
+    // many keys that the scores need more than the default shared memory.
     for (n_head, n_kv, head_dim, start, rows) in [
         (1, 1, 2, 0, 1),
         (9, 3, 64, 0, 7),
         (9, 3, 64, 40, 1),
         (4, 2, 32, 300, 3),
+        (2, 1, 64, 8000, 2),
     ] {
         let (qw, kvw) = (n_head * head_dim, n_kv * head_dim);
         let keys = start + rows;

@@ -23,11 +23,26 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
     int kv_stride = n_kv * head_dim;
     const float* qh = q + (size_t)r * n_head * head_dim + h * head_dim;
 
+    // Four dimensions per load where the layout allows: one key's 64 loads
+    // otherwise wait out 4 memory latencies even unrolled. The sum still
+    // runs over d in order.
+    bool vec = head_dim % 4 == 0 && kv_stride % 4 == 0 && (((size_t)k | (size_t)qh) & 15) == 0;
     for (int j = threadIdx.x; j < n_keys; j += blockDim.x) {
         const float* kj = k + (size_t)j * kv_stride + kvh * head_dim;
         float s = 0.0f;
+        if (vec) {
 #pragma unroll 16
-        for (int d = 0; d < head_dim; ++d) s = mul_add_unfused(s, qh[d], kj[d]);
+            for (int d = 0; d < head_dim; d += 4) {
+                f32x4 a = *(const f32x4*)(qh + d), b = *(const f32x4*)(kj + d);
+                s = mul_add_unfused(s, a.x, b.x);
+                s = mul_add_unfused(s, a.y, b.y);
+                s = mul_add_unfused(s, a.z, b.z);
+                s = mul_add_unfused(s, a.w, b.w);
+            }
+        } else {
+#pragma unroll 16
+            for (int d = 0; d < head_dim; ++d) s = mul_add_unfused(s, qh[d], kj[d]);
+        }
         scores[j] = __fmul_rn(s, scale);
     }
     __syncthreads();

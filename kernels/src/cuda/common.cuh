@@ -10,6 +10,9 @@ typedef unsigned int u32;
 struct __align__(16) u32x4 {
     u32 a, b, c, d;
 };
+struct __align__(16) f32x4 {
+    float x, y, z, w;
+};
 
 // GGML type ids (GgmlType::id on the Rust side).
 #define T_F32 0
