@@ -132,7 +132,7 @@ done
 echo "control: the batched run twice"
 run taptree capture --model "$MODEL" --backend cuda --chat "${P[0]}" --chat "${P[1]}" --chat "${P[2]}" --chat "${P[3]}" --gen 8 --out runs/cuda-m4-again
 run taptree verify runs/cuda-m4 runs/cuda-m4-again
-echo "control: a slot fed a different prompt must diverge (slot 1 against prompt 0 alone)"
+echo "control: a slot fed a different prompt must not pass for another (slot 1 against prompt 0 alone: the diff must stop where the inputs differ)"
 run taptree diff runs/cuda-m4 runs/cuda-m1-0 --slot-a 1 --slot-b none --only-red
 echo "control: batched CPU (slots run one by one) against batched CUDA"
 run taptree capture --model "$MODEL" --backend cpu --chat "${P[0]}" --chat "${P[1]}" --chat "${P[2]}" --chat "${P[3]}" --gen 8 --out runs/cpu-m4
