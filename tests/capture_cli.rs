@@ -280,6 +280,26 @@ fn taptree_out_and_select_from_the_environment() {
     assert!(printed.contains("no tree written"), "{printed}");
 }
 
+#[test]
+fn an_hf_checkpoint_captures_the_same_tree_as_its_gguf() {
+    // The loader permutes HF Q/K rows into GGUF's RoPE order; in f32 the
+    // same weights must give the same taps, bit for bit.
+    let d = tempfile::tempdir().unwrap();
+    let gguf = fixture(d.path(), "tiny-q");
+    let hf = kernels::fixtures::write_hf("tiny-q", d.path()).unwrap();
+    let a = capture(
+        &gguf,
+        &d.path().join("a"),
+        &["--tokens", TOKENS, "--gen", "2"],
+    );
+    let b = capture(
+        hf.to_str().unwrap(),
+        &d.path().join("b"),
+        &["--tokens", TOKENS, "--gen", "2"],
+    );
+    assert_eq!(a["root"], b["root"]);
+}
+
 /// Bad input: exit 2, a message naming the value, and nothing at `--out`.
 fn refused(args: &[&str], env: &[(&str, &str)], needle: &str) {
     let d = tempfile::tempdir().unwrap();
