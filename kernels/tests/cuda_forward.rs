@@ -324,3 +324,20 @@ fn refusals_are_errors_not_panics() {
         .unwrap();
     assert!(e.to_string().contains("blk.1.ffn_up"), "{e}");
 }
+
+#[test]
+fn without_a_driver_open_is_an_error_not_a_panic() {
+    if driver_present() {
+        eprintln!("skipped: this host has a CUDA driver");
+        return;
+    }
+    let e = kernels::cuda::open(&tiny_model(), Precision::F32, &Switches::none())
+        .err()
+        .expect("no driver, yet the CUDA forward opened");
+    let msg = e.to_string();
+    assert!(msg.contains("no CUDA driver found"), "{msg}");
+    assert!(
+        msg.contains("libcuda.so"),
+        "the message names what was looked for: {msg}"
+    );
+}

@@ -102,7 +102,7 @@ impl Device {
     pub fn open(ordinal: usize) -> Result<Arc<Device>, CudaError> {
         if !driver_present() {
             return Err(CudaError::NoDriver {
-                searched: cudarc::get_lib_name_candidates("cuda").join(", "),
+                searched: candidates("cuda"),
             });
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::driver("create context", e))?;
@@ -210,7 +210,7 @@ impl Device {
         }
         if !nvrtc_present() {
             return Err(CudaError::NoNvrtc {
-                searched: cudarc::get_lib_name_candidates("nvrtc").join(", "),
+                searched: candidates("nvrtc"),
             });
         }
         let opts = cudarc::nvrtc::CompileOptions {
@@ -230,6 +230,17 @@ impl Device {
         }
         Ok(ptx)
     }
+}
+
+/// The file names cudarc tries for `lib`, each once, for an error message.
+fn candidates(lib: &str) -> String {
+    let mut seen = Vec::new();
+    for c in cudarc::get_lib_name_candidates(lib) {
+        if !seen.contains(&c) {
+            seen.push(c);
+        }
+    }
+    seen.join(", ")
 }
 
 /// `$TAPTREE_PTX_CACHE`, else `$XDG_CACHE_HOME/taptree/ptx`, else
