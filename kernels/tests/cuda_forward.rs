@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use kernels::cpu::CpuForward;
 use kernels::cuda::device::driver_present;
-use kernels::switches::Switches;
+use kernels::switches::{ActPrecision, Family, Switches};
 use kernels::{
     Forward, ForwardError, GgmlType, LayerWeights, LlamaConfig, ModelWeights, Precision, QTensor,
 };
@@ -339,5 +339,29 @@ fn without_a_driver_open_is_an_error_not_a_panic() {
     assert!(
         msg.contains("libcuda.so"),
         "the message names what was looked for: {msg}"
+    );
+}
+
+#[test]
+fn switches_move_one_family_as_on_the_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let _g = serial();
+    let w = tiny_model();
+    let only_down = Switches::none().with(Family::FfnDown, ActPrecision::Q8);
+    let mut cpu = CpuForward::new(&w, Precision::F32, &only_down).unwrap();
+    let mut gpu = kernels::cuda::open(&w, Precision::F32, &only_down).unwrap();
+    let mut plain = cuda(&w, Precision::F32);
+    let a = gpu.forward(None, &PROMPT, 0).unwrap();
+    let b = cpu.forward(None, &PROMPT, 0).unwrap();
+    let f32_only = plain.forward(None, &PROMPT, 0).unwrap();
+    let err = rel_err(&a, &b);
+    assert!(err < 1e-4, "ffn_down at q8: logits {err:e} from the CPU");
+    // The switch did something: the GPU run moved away from plain f32.
+    let moved = rel_err(&a, &f32_only);
+    assert!(
+        moved > 10.0 * err,
+        "ffn_down switch had no effect ({moved:e})"
     );
 }

@@ -487,3 +487,74 @@ fn launchers_refuse_short_buffers() {
     let e = ops::matmul_f32(&dev, &w, &x.as_view(), &mut y.as_view_mut(), 2).unwrap_err();
     assert!(e.to_string().contains("the launch needs 128"), "{e}");
 }
+
+#[test]
+fn fused_launches_equal_their_single_kernels() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(10);
+    // Three matrices of mixed types in one launch (q, k, v), then two (gate,
+    // up); block counts that do not divide evenly; both row regimes.
+    for (types, outs, rows) in [
+        (
+            vec![GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F32],
+            vec![17, 33, 5],
+            9,
+        ),
+        (vec![GgmlType::Q4_1, GgmlType::Q4_1], vec![96, 96], 1),
+    ] {
+        let cols = 64;
+        let ts: Vec<QTensor> = types
+            .iter()
+            .zip(&outs)
+            .map(|(&ty, &o)| weight(&mut rng, ty, o, cols, 0.5))
+            .collect();
+        let x = rng.vec(rows * cols, 2.0);
+        let ws: Vec<DeviceMatrix> = ts
+            .iter()
+            .map(|t| DeviceMatrix::upload(&dev, t).unwrap())
+            .collect();
+        let xd = ops::upload(&dev, &x).unwrap();
+        let mut ys: Vec<cudarc::driver::CudaSlice<f32>> = outs
+            .iter()
+            .map(|&o| dev.stream().alloc_zeros::<f32>(rows * o).unwrap())
+            .collect();
+        {
+            let refs: Vec<&DeviceMatrix> = ws.iter().collect();
+            let mut views: Vec<_> = ys.iter_mut().map(|y| y.as_view_mut()).collect();
+            ops::matmul_f32_many(&dev, &refs, &xd.as_view(), &mut views, rows).unwrap();
+        }
+        for (t, y) in ts.iter().zip(&ys) {
+            let cpu: Vec<f32> = cpu_matmul(&x, rows, &dense(t), Act::Float);
+            let gpu = ops::download(&dev, &y.as_view()).unwrap();
+            assert_bitwise(&format!("matmul_f32_many {}", t.name), &gpu, &cpu);
+        }
+    }
+
+    let (n_q, n_k, head_dim, start, rows) = (9, 3, 64, 5, 4);
+    let q = rng.vec(rows * n_q * head_dim, 2.0);
+    let k = rng.vec(rows * n_k * head_dim, 2.0);
+    let (mut cq, mut ck) = (q.clone(), k.clone());
+    cpu_rope(&mut cq, n_q * head_dim, start, head_dim, 100000.0);
+    cpu_rope(&mut ck, n_k * head_dim, start, head_dim, 100000.0);
+    let (mut qd, mut kd) = (
+        ops::upload(&dev, &q).unwrap(),
+        ops::upload(&dev, &k).unwrap(),
+    );
+    let pos: Vec<u32> = (start as u32..(start + rows) as u32).collect();
+    let pd = ops::upload(&dev, &pos).unwrap();
+    ops::rope_qk(
+        &dev,
+        &mut qd.as_view_mut(),
+        &mut kd.as_view_mut(),
+        &pd.as_view(),
+        n_q,
+        n_k,
+        head_dim,
+        100000.0,
+    )
+    .unwrap();
+    let gq = ops::download(&dev, &qd.as_view()).unwrap();
+    let gk = ops::download(&dev, &kd.as_view()).unwrap();
+    assert!(worst_ulps("rope_qk q", &gq, &cq) <= 1);
+    assert!(worst_ulps("rope_qk k", &gk, &ck) <= 1);
+}

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaSlice, CudaView, PinnedHostSlice};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PinnedHostSlice};
 
 use super::device::Device;
 use super::ops::{self, AttentionShape, DeviceMatrix, QuantizedActs};
@@ -360,29 +360,29 @@ impl CudaForward {
                 c.rms_eps,
             )?;
             taps.tap(st::ATTN_NORM, li, &sc.h, d)?;
-            matmul(&dev, &lw.wq, &sc.h, &mut sc.q, &mut sc.qa, rows, acts.attn)?;
+            matmuls(
+                &dev,
+                &[&lw.wq, &lw.wk, &lw.wv],
+                &sc.h,
+                &mut [sc.q.slice_mut(..), sc.k.slice_mut(..), sc.v.slice_mut(..)],
+                &mut sc.qa,
+                rows,
+                acts.attn,
+            )?;
             taps.tap(st::Q_PROJ, li, &sc.q, qw)?;
-            matmul(&dev, &lw.wk, &sc.h, &mut sc.k, &mut sc.qa, rows, acts.attn)?;
             taps.tap(st::K_PROJ, li, &sc.k, kvw)?;
-            matmul(&dev, &lw.wv, &sc.h, &mut sc.v, &mut sc.qa, rows, acts.attn)?;
             taps.tap(st::V_PROJ, li, &sc.v, kvw)?;
-            ops::rope(
+            ops::rope_qk(
                 &dev,
                 &mut sc.q.slice_mut(..rows * qw),
-                &pos_dev.as_view(),
-                c.n_head,
-                c.head_dim,
-                c.rope_base,
-            )?;
-            taps.tap(st::Q_ROPE, li, &sc.q, qw)?;
-            ops::rope(
-                &dev,
                 &mut sc.k.slice_mut(..rows * kvw),
                 &pos_dev.as_view(),
+                c.n_head,
                 c.n_head_kv,
                 c.head_dim,
                 c.rope_base,
             )?;
+            taps.tap(st::Q_ROPE, li, &sc.q, qw)?;
             taps.tap(st::K_ROPE, li, &sc.k, kvw)?;
 
             for g in groups {
@@ -437,25 +437,16 @@ impl CudaForward {
                 c.rms_eps,
             )?;
             taps.tap(st::FFN_NORM, li, &sc.h, d)?;
-            matmul(
+            matmuls(
                 &dev,
-                &lw.w_gate,
+                &[&lw.w_gate, &lw.w_up],
                 &sc.h,
-                &mut sc.g,
+                &mut [sc.g.slice_mut(..), sc.u.slice_mut(..)],
                 &mut sc.qa,
                 rows,
                 acts.ffn_up,
             )?;
             taps.tap(st::FFN_GATE, li, &sc.g, ff)?;
-            matmul(
-                &dev,
-                &lw.w_up,
-                &sc.h,
-                &mut sc.u,
-                &mut sc.qa,
-                rows,
-                acts.ffn_up,
-            )?;
             taps.tap(st::FFN_UP, li, &sc.u, ff)?;
             ops::swiglu(
                 &dev,
@@ -535,13 +526,36 @@ fn matmul(
     rows: usize,
     q8: bool,
 ) -> Result<(), CudaError> {
-    let x = x.slice(..rows * w.cols);
-    let mut y = y.slice_mut(..rows * w.rows);
-    if q8 && w.ggml_type.is_quantized() {
-        ops::quantize_q8(dev, &x, qa, rows * w.cols)?;
-        ops::matmul_q8(dev, w, qa, &mut y, rows)
+    matmuls(dev, &[w], x, &mut [y.slice_mut(..)], qa, rows, q8)
+}
+
+/// `ys[i] = x W_i^T` for matrices sharing their input: in f32 one launch for
+/// all of them; in q8 the input quantized once, then one integer matmul each.
+fn matmuls(
+    dev: &Device,
+    ws: &[&DeviceMatrix],
+    x: &CudaSlice<f32>,
+    ys: &mut [CudaViewMut<f32>],
+    qa: &mut QuantizedActs,
+    rows: usize,
+    q8: bool,
+) -> Result<(), CudaError> {
+    let cols = ws[0].cols;
+    let x = x.slice(..rows * cols);
+    if q8 && ws.iter().any(|w| w.ggml_type.is_quantized()) {
+        ops::quantize_q8(dev, &x, qa, rows * cols)?;
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            if w.ggml_type.is_quantized() {
+                ops::matmul_q8(dev, w, qa, y, rows)?;
+            } else {
+                ops::matmul_f32(dev, w, &x, y, rows)?;
+            }
+        }
+        Ok(())
+    } else if ws.len() > 1 {
+        ops::matmul_f32_many(dev, ws, &x, ys, rows)
     } else {
-        ops::matmul_f32(dev, w, &x, &mut y, rows)
+        ops::matmul_f32(dev, ws[0], &x, &mut ys[0], rows)
     }
 }
 

@@ -89,11 +89,11 @@ __device__ __forceinline__ size_t staged_x_offset(size_t row_bytes) {
 // chain. Where the data is read from never changes the order of the sums.
 template <int TYPE>
 __device__ void matmul_f32_body(const u8* w, const float* x, float* y, int rows, int in, int out,
-                                int staged) {
+                                int staged, int bx) {
     extern __shared__ __align__(16) u8 smem[];
     int lane = threadIdx.x & 31;
     int j = lane & 7;
-    int o0 = blockIdx.x * WARPS * OUTS_PER_WARP;
+    int o0 = bx * WARPS * OUTS_PER_WARP;
     int o = o0 + (threadIdx.x >> 5) * OUTS_PER_WARP + (lane >> 3);
     // Lanes past the last row still take part in the shuffles below.
     bool live = o < out;
@@ -146,16 +146,41 @@ __device__ void matmul_f32_body(const u8* w, const float* x, float* y, int rows,
     }
 }
 
+__device__ void matmul_f32_dispatch(int type, const u8* w, const float* x, float* y, int rows,
+                                    int in, int out, int staged, int bx) {
+    switch (type) {
+        case T_F32: matmul_f32_body<T_F32>(w, x, y, rows, in, out, staged, bx); break;
+        case T_F16: matmul_f32_body<T_F16>(w, x, y, rows, in, out, staged, bx); break;
+        case T_BF16: matmul_f32_body<T_BF16>(w, x, y, rows, in, out, staged, bx); break;
+        case T_Q4_0: matmul_f32_body<T_Q4_0>(w, x, y, rows, in, out, staged, bx); break;
+        case T_Q4_1: matmul_f32_body<T_Q4_1>(w, x, y, rows, in, out, staged, bx); break;
+        case T_Q5_0: matmul_f32_body<T_Q5_0>(w, x, y, rows, in, out, staged, bx); break;
+        case T_Q8_0: matmul_f32_body<T_Q8_0>(w, x, y, rows, in, out, staged, bx); break;
+    }
+}
+
 extern "C" __global__ void matmul_f32(const u8* w, int type, const float* x, float* y,
                                       int rows, int in, int out, int staged) {
-    switch (type) {
-        case T_F32: matmul_f32_body<T_F32>(w, x, y, rows, in, out, staged); break;
-        case T_F16: matmul_f32_body<T_F16>(w, x, y, rows, in, out, staged); break;
-        case T_BF16: matmul_f32_body<T_BF16>(w, x, y, rows, in, out, staged); break;
-        case T_Q4_0: matmul_f32_body<T_Q4_0>(w, x, y, rows, in, out, staged); break;
-        case T_Q4_1: matmul_f32_body<T_Q4_1>(w, x, y, rows, in, out, staged); break;
-        case T_Q5_0: matmul_f32_body<T_Q5_0>(w, x, y, rows, in, out, staged); break;
-        case T_Q8_0: matmul_f32_body<T_Q8_0>(w, x, y, rows, in, out, staged); break;
+    matmul_f32_dispatch(type, w, x, y, rows, in, out, staged, blockIdx.x);
+}
+
+// Up to three matrices against the same x in one launch (q, k and v; gate
+// and up): blocks [0, b0) take W0, the next b1 take W1, the rest W2. One
+// launch instead of three at one row, where a launch costs more than the
+// work; each output is computed exactly as by matmul_f32.
+extern "C" __global__ void matmul_f32_x3(const u8* w0, const u8* w1, const u8* w2, int t0,
+                                         int t1, int t2, float* y0, float* y1, float* y2,
+                                         int n0, int n1, int n2, int s0, int s1, int s2,
+                                         const float* x, int rows, int in) {
+    int per = WARPS * OUTS_PER_WARP;
+    int b0 = (n0 + per - 1) / per, b1 = (n1 + per - 1) / per;
+    int bx = blockIdx.x;
+    if (bx < b0) {
+        matmul_f32_dispatch(t0, w0, x, y0, rows, in, n0, s0, bx);
+    } else if (bx < b0 + b1) {
+        matmul_f32_dispatch(t1, w1, x, y1, rows, in, n1, s1, bx - b0);
+    } else {
+        matmul_f32_dispatch(t2, w2, x, y2, rows, in, n2, s2, bx - b0 - b1);
     }
 }
 

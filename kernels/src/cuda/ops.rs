@@ -181,18 +181,8 @@ pub fn matmul_f32(
     check(&format!("matmul {} y", w.name), y.len(), rows * w.rows)?;
     let f = dev.function(Family::Matmul, "matmul_f32")?;
     let (ty, r, i, o) = (w.type_id(), rows as i32, w.cols as i32, w.rows as i32);
-    // Shared memory for the staged variant: the block's weight rows (rounded
-    // up to 16 bytes), then up to 8 rows of x.
-    let row_bytes = w.ggml_type.row_bytes(w.cols);
-    let shared = (MATMUL_F32_OUTS * row_bytes).div_ceil(16) * 16 + rows.min(8) * w.cols * 4;
-    let staged = shared <= MATMUL_MAX_STAGED;
-    if staged && shared > 48 * 1024 {
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            shared as i32,
-        )
-        .map_err(|e| CudaError::driver("matmul_f32: raise shared memory", e))?;
-    }
+    let (staged, shared) = staging(w, rows);
+    raise_shared(&f, shared, "matmul_f32")?;
     let staged_flag = staged as i32;
     let mut b = dev.stream().launch_builder(&f);
     b.arg(&w.data)
@@ -210,6 +200,101 @@ pub fn matmul_f32(
     // SAFETY: W holds rows x cols of its type (checked at upload); x and y
     // hold what the shapes need (checked above).
     unsafe { b.launch(cfg) }.map_err(launch_err("matmul_f32"))?;
+    Ok(())
+}
+
+/// Whether `matmul_f32` stages `w`'s rows and `rows` rows of x in shared
+/// memory, and how many bytes that takes: the block's weight rows (rounded
+/// up to 16 bytes), then up to 8 rows of x.
+fn staging(w: &DeviceMatrix, rows: usize) -> (bool, usize) {
+    let row_bytes = w.ggml_type.row_bytes(w.cols);
+    let shared = (MATMUL_F32_OUTS * row_bytes).div_ceil(16) * 16 + rows.min(8) * w.cols * 4;
+    if shared <= MATMUL_MAX_STAGED {
+        (true, shared)
+    } else {
+        (false, 0)
+    }
+}
+
+/// Lets `f` take `shared` bytes of dynamic shared memory (past 48 KiB a
+/// kernel must opt in).
+fn raise_shared(
+    f: &cudarc::driver::CudaFunction,
+    shared: usize,
+    what: &str,
+) -> Result<(), CudaError> {
+    if shared > 48 * 1024 {
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            shared as i32,
+        )
+        .map_err(|e| CudaError::driver(&format!("{what}: raise shared memory"), e))?;
+    }
+    Ok(())
+}
+
+/// `ys[i] = x W_i^T` for two or three matrices of the same width against the
+/// same `x`, in one launch (q, k, v; gate, up). Each output is bitwise what
+/// [`matmul_f32`] gives.
+pub fn matmul_f32_many(
+    dev: &Device,
+    ws: &[&DeviceMatrix],
+    x: &CudaView<f32>,
+    ys: &mut [CudaViewMut<f32>],
+    rows: usize,
+) -> Result<(), CudaError> {
+    if !(2..=3).contains(&ws.len()) || ws.len() != ys.len() {
+        return Err(CudaError::Shape(format!(
+            "matmul_f32_many: {} matrices for {} outputs (2 or 3 each)",
+            ws.len(),
+            ys.len()
+        )));
+    }
+    let cols = ws[0].cols;
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        if w.cols != cols {
+            return Err(CudaError::Shape(format!(
+                "matmul_f32_many: {} has {} columns, {} has {cols}",
+                w.name, w.cols, ws[0].name
+            )));
+        }
+        check(&format!("matmul {} y", w.name), y.len(), rows * w.rows)?;
+    }
+    check("matmul_f32_many x", x.len(), rows * cols)?;
+    let f = dev.function(Family::Matmul, "matmul_f32_x3")?;
+    let st: Vec<(bool, usize)> = ws.iter().map(|w| staging(w, rows)).collect();
+    let shared = st.iter().map(|s| s.1).max().unwrap_or(0);
+    raise_shared(&f, shared, "matmul_f32_x3")?;
+    let w2 = ws.get(2).unwrap_or(&ws[1]);
+    let (t0, t1, t2) = (ws[0].type_id(), ws[1].type_id(), w2.type_id());
+    let n = |i: usize| ws.get(i).map_or(0, |w| w.rows as i32);
+    let (n0, n1, n2) = (n(0), n(1), n(2));
+    let s = |i: usize| st.get(i).map_or(0, |s| s.0 as i32);
+    let (s0, s1, s2) = (s(0), s(1), s(2));
+    let (r, c) = (rows as i32, cols as i32);
+    let blocks: usize = ws.iter().map(|w| w.rows.div_ceil(MATMUL_F32_OUTS)).sum();
+    let (y01, y2) = ys.split_at_mut(2);
+    let (y0, y1) = y01.split_at_mut(1);
+    // No third output: a null pointer the kernel never reaches (n2 = 0
+    // gives it no blocks).
+    let null = 0u64;
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(&ws[0].data).arg(&ws[1].data).arg(&w2.data);
+    b.arg(&t0).arg(&t1).arg(&t2);
+    b.arg(&mut y0[0]).arg(&mut y1[0]);
+    match y2.first_mut() {
+        Some(y) => b.arg(y),
+        None => b.arg(&null),
+    };
+    b.arg(&n0).arg(&n1).arg(&n2);
+    b.arg(&s0).arg(&s1).arg(&s2);
+    b.arg(x).arg(&r).arg(&c);
+    let mut cfg = matmul_grid(blocks, rows);
+    cfg.shared_mem_bytes = shared as u32;
+    // SAFETY: every W holds rows x cols of its type (checked at upload), x
+    // holds rows x cols, every y rows x W.rows (checked above); the blocks
+    // of a missing third matrix do not exist.
+    unsafe { b.launch(cfg) }.map_err(launch_err("matmul_f32_x3"))?;
     Ok(())
 }
 
@@ -295,6 +380,37 @@ pub fn rope(
     b.arg(x).arg(pos).arg(&h).arg(&d).arg(&base);
     // SAFETY: x holds rows * n_heads * head_dim floats (checked above).
     unsafe { b.launch(grid(rows, 128, 0)) }.map_err(launch_err("rope"))?;
+    Ok(())
+}
+
+/// RoPE of q (`[pos.len(), n_q * head_dim]`) and k (`[pos.len(), n_k *
+/// head_dim]`) in one launch; each bitwise as by [`rope`].
+#[allow(clippy::too_many_arguments)]
+pub fn rope_qk(
+    dev: &Device,
+    q: &mut CudaViewMut<f32>,
+    k: &mut CudaViewMut<f32>,
+    pos: &CudaView<u32>,
+    n_q: usize,
+    n_k: usize,
+    head_dim: usize,
+    base: f32,
+) -> Result<(), CudaError> {
+    let rows = pos.len();
+    check("rope q", q.len(), rows * n_q * head_dim)?;
+    check("rope k", k.len(), rows * n_k * head_dim)?;
+    let f = dev.function(Family::Rope, "rope_qk")?;
+    let (nq, nk, d) = (n_q as i32, n_k as i32, head_dim as i32);
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(q)
+        .arg(k)
+        .arg(pos)
+        .arg(&nq)
+        .arg(&nk)
+        .arg(&d)
+        .arg(&base);
+    // SAFETY: q and k hold rows * heads * head_dim floats (checked above).
+    unsafe { b.launch(grid(rows, 128, 0)) }.map_err(launch_err("rope_qk"))?;
     Ok(())
 }
 
