@@ -267,6 +267,18 @@ fn taptree_out_and_select_from_the_environment() {
     assert_eq!(entries.len(), 5);
     assert!(entries.iter().all(|e| e["key"]["layer"] == 1));
 
+    // A bad TAPTREE_SELECT is refused before anything runs.
+    let bad = d.path().join("bad");
+    let o = taptree()
+        .args(["capture", "--model", &m, "--tokens", TOKENS])
+        .env("TAPTREE_OUT", &bad)
+        .env("TAPTREE_SELECT", "layer=x")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("TAPTREE_SELECT"), "{}", text(&o));
+    assert!(!bad.exists());
+
     // --select on the command line; without any output, only the answer.
     let sel = capture(
         &m,

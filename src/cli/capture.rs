@@ -77,10 +77,28 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         );
     }
     let switches = Switches::from_env()?;
+    // --out and --select first, then the environment (`TAPTREE_OUT`,
+    // `TAPTREE_SELECT`, `TAPTREE_FORCE`), so a bisect's capture command
+    // writes where the bisect says; all parsed before any work.
+    let out = args.out.clone().or_else(|| {
+        std::env::var_os("TAPTREE_OUT")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    });
     let selection = match &args.select {
         Some(s) => capture::Selection::parse(s).with_context(|| format!("--select {s:?}"))?,
-        None => capture::Selection::all(),
+        None => match std::env::var("TAPTREE_SELECT") {
+            Ok(s) => {
+                capture::Selection::parse(&s).with_context(|| format!("TAPTREE_SELECT {s:?}"))?
+            }
+            Err(_) => capture::Selection::all(),
+        },
     };
+    let force = args.force
+        || matches!(
+            std::env::var("TAPTREE_FORCE").as_deref(),
+            Ok("1") | Ok("true") | Ok("yes")
+        );
     if args.prompt.is_empty() && args.chat.is_empty() && args.tokens.is_empty() {
         bail!("nothing to run: give --prompt, --chat or --tokens");
     }
@@ -138,15 +156,15 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         ..Default::default()
     };
     let stages = stages::llama();
-    let mut cap = match &args.out {
+    let mut cap = match out {
         Some(out) => Some(capture::Capture::start(capture::CaptureOptions {
-            out: out.clone(),
+            out,
             selection,
-            force: args.force,
+            force,
             stages,
             run: run_info,
         })?),
-        None => capture::Capture::from_env(stages, run_info)?,
+        None => None,
     };
 
     let t0 = Instant::now();
