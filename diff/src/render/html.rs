@@ -150,7 +150,28 @@ table{{border-collapse:collapse}}td,th{{padding:2px 6px;border:1px solid #ddd;fo
             }
             let _ = write!(h, "</tr>");
         }
-        let _ = write!(h, "</table><p>");
+        let _ = write!(
+            h,
+            "</table><p class=\"dim\">worst-position relative RMS error: "
+        );
+        for (label, status, rel) in [
+            ("equal", Status::Equal, 0.0),
+            ("< 1e-6", Status::Pass, 1e-7),
+            ("< 1e-4", Status::Pass, 1e-5),
+            ("< 1e-3", Status::Pass, 1e-4),
+            ("< 1e-2", Status::Pass, 1e-3),
+            ("< 0.1", Status::Pass, 1e-2),
+            ("≥ 0.1", Status::Pass, 1.0),
+            ("dtype/shape mismatch", Status::Mismatch, 0.0),
+            ("degenerate", Status::Degenerate, 0.0),
+        ] {
+            let _ = write!(
+                h,
+                "<span style=\"display:inline-block;width:12px;height:12px;background:{};margin:0 4px 0 10px;vertical-align:middle\"></span>{label}",
+                color(status, rel)
+            );
+        }
+        let _ = write!(h, "; outlined: the first diverging op</p><p>");
         for (i, r) in report
             .rows
             .iter()
