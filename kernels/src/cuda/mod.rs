@@ -3,8 +3,9 @@
 //!
 //! - [`device`]: the context, the stream, NVRTC compilation with a disk cache
 //!   of PTX keyed by source hash and device architecture.
-//! - [`ops`]: one launcher per kernel (`embedding`, `rms_norm`, `matmul_f32`,
-//!   `quantize_q8` + `matmul_q8`, `rope`, `attention`, `swiglu`, `add`), each
+//! - [`ops`]: one launcher per kernel (`embedding`, `rms_norm`, `matmul_f32`
+//!   and `matmul_f32_many`, `quantize_q8` + `matmul_q8`, `rope` and `rope_qk`,
+//!   `attention`, `swiglu`, `add`), each
 //!   beside its `.cu` source in this directory and its CPU twin in
 //!   `crate::cpu`; the differential tests (`kernels/tests/cuda_kernels.rs`)
 //!   hold each against the CPU op.
