@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::attention::{attention, Heads};
 use super::embedding::embed;
 use super::ffn::swiglu;
-use super::matmul::{matmul, Act};
+use super::matmul::Act;
 use super::norm::rms_norm;
 use super::rope::rope;
 use super::weights::DenseWeights;
@@ -227,11 +227,11 @@ impl<T: Real> Engine<T> {
             let li = Some(l as u32);
             let h = rms_norm(&x, &lw.attn_norm, cfg.rms_eps);
             tap(st::ATTN_NORM, li, pos.clone(), slot, d, &h);
-            let mut q = matmul(&h, n, &lw.wq, acts.attn);
+            let mut q = lw.wq.apply(&h, n, acts.attn);
             tap(st::Q_PROJ, li, pos.clone(), slot, q_width, &q);
-            let mut k = matmul(&h, n, &lw.wk, acts.attn);
+            let mut k = lw.wk.apply(&h, n, acts.attn);
             tap(st::K_PROJ, li, pos.clone(), slot, kv_width, &k);
-            let v = matmul(&h, n, &lw.wv, acts.attn);
+            let v = lw.wv.apply(&h, n, acts.attn);
             tap(st::V_PROJ, li, pos.clone(), slot, kv_width, &v);
             rope(&mut q, q_width, start, cfg.head_dim, cfg.rope_base);
             tap(st::Q_ROPE, li, pos.clone(), slot, q_width, &q);
@@ -242,7 +242,7 @@ impl<T: Real> Engine<T> {
             cache.v[l].extend_from_slice(&v);
             let a = attention(&q, n, start, &cache.k[l], &cache.v[l], heads);
             tap(st::ATTN, li, pos.clone(), slot, q_width, &a);
-            let o = matmul(&a, n, &lw.wo, acts.attn);
+            let o = lw.wo.apply(&a, n, acts.attn);
             tap(st::O_PROJ, li, pos.clone(), slot, d, &o);
             for (xi, oi) in x.iter_mut().zip(&o) {
                 *xi += *oi;
@@ -251,13 +251,13 @@ impl<T: Real> Engine<T> {
 
             let h = rms_norm(&x, &lw.ffn_norm, cfg.rms_eps);
             tap(st::FFN_NORM, li, pos.clone(), slot, d, &h);
-            let g = matmul(&h, n, &lw.w_gate, acts.ffn_up);
+            let g = lw.w_gate.apply(&h, n, acts.ffn_up);
             tap(st::FFN_GATE, li, pos.clone(), slot, cfg.n_ff, &g);
-            let u = matmul(&h, n, &lw.w_up, acts.ffn_up);
+            let u = lw.w_up.apply(&h, n, acts.ffn_up);
             tap(st::FFN_UP, li, pos.clone(), slot, cfg.n_ff, &u);
             let s = swiglu(&g, &u);
             tap(st::FFN_SWIGLU, li, pos.clone(), slot, cfg.n_ff, &s);
-            let dn = matmul(&s, n, &lw.w_down, acts.ffn_down);
+            let dn = lw.w_down.apply(&s, n, acts.ffn_down);
             tap(st::FFN_DOWN, li, pos.clone(), slot, d, &dn);
             for (xi, di) in x.iter_mut().zip(&dn) {
                 *xi += *di;
@@ -268,7 +268,7 @@ impl<T: Real> Engine<T> {
 
         let h = rms_norm(&x, &w.output_norm, cfg.rms_eps);
         tap(st::FINAL_NORM, None, pos.clone(), slot, d, &h);
-        let logits = matmul(&h, n, &w.output, acts.logits);
+        let logits = w.output.apply(&h, n, acts.logits);
         tap(st::LOGITS, None, pos, slot, cfg.vocab_size, &logits);
         logits[(n - 1) * cfg.vocab_size..]
             .iter()

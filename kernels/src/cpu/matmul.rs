@@ -34,6 +34,22 @@ pub struct Matrix {
     pub block: usize,
 }
 
+/// A matmul's weight: the dequantized matrix and, for Q4_1, its per-block
+/// minimums (`[rows, cols / 32]`), for the one term of llama.cpp's q8 dot
+/// that the block dot does not round the same way.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub m: Matrix,
+    pub mins: Option<Vec<f32>>,
+}
+
+impl Linear {
+    /// `x W^T` for `n` rows of `x`.
+    pub fn apply<T: Real>(&self, x: &[T], n: usize, act: Act) -> Vec<T> {
+        matmul_with_mins(x, n, &self.m, self.mins.as_deref(), act)
+    }
+}
+
 impl Matrix {
     pub fn row(&self, r: usize) -> &[f32] {
         &self.data[r * self.cols..(r + 1) * self.cols]
@@ -94,16 +110,19 @@ pub fn dot4<T: Real>(a: [&[T]; 4], w: &[f32]) -> [T; 4] {
 }
 
 /// An activation row quantized per block: integer values (held as `T`, so the
-/// block dot reuses [`dot`] exactly) and one scale per block.
+/// block dot reuses [`dot`] exactly), one scale per block, and for 32-blocks
+/// the rounding of `block_q8_1`'s f16 sum `s = d * sum(q)` against
+/// `f16(d) * sum(q)` (what a Q4_1 dot's min term sees).
 #[derive(Debug, Clone)]
 pub struct QuantRow<T> {
     pub q: Vec<T>,
     pub d: Vec<T>,
+    pub s_err: Vec<T>,
 }
 
-/// Quantizes `x` to int8 per block of `block` elements, as llama.cpp's
-/// `quantize_row_q8_0` (block 32, f16 scale) and `quantize_row_q8_K`
-/// (block 256, f32 scale) do.
+/// Quantizes `x` to int8 per block of `block` elements, in f32 as llama.cpp's
+/// `quantize_row_q8_0`/`q8_1` (block 32, f16 scale) and `quantize_row_q8_K`
+/// (block 256, f32 scale) do: `d = amax / 127`, `q = round(x / d)`.
 pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
     assert!(
         block > 0 && x.len() % block == 0,
@@ -112,29 +131,46 @@ pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
     );
     let mut q = Vec::with_capacity(x.len());
     let mut d = Vec::with_capacity(x.len() / block);
+    let mut s_err = Vec::with_capacity(x.len() / block);
     for b in x.chunks_exact(block) {
-        let amax = b.iter().fold(0.0f64, |m, v| m.max(v.to_f64().abs()));
+        let amax = b.iter().fold(0.0f32, |m, v| m.max(v.to_f32().abs()));
         let scale = amax / 127.0;
         let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+        let mut sum = 0i32;
         for v in b {
-            let r = (v.to_f64() * inv).round().clamp(-127.0, 127.0);
-            q.push(T::from_f64(r));
+            let r = (v.to_f32() * inv).round().clamp(-127.0, 127.0);
+            sum += r as i32;
+            q.push(T::from_f32(r));
         }
-        // block_q8_0 stores its scale as f16; block_q8_K keeps f32. The
+        // block_q8_0/q8_1 store the scale as f16, block_q8_K as f32; the
         // quantized values above use the unrounded scale, as llama.cpp does.
-        let stored = if block == 32 {
-            half::f16::from_f64(scale).to_f64()
+        if block == 32 {
+            let stored = half::f16::from_f32(scale).to_f32();
+            let s = half::f16::from_f32(sum as f32 * scale).to_f32();
+            d.push(T::from_f32(stored));
+            s_err.push(T::from_f64(s as f64 - stored as f64 * sum as f64));
         } else {
-            scale as f32 as f64
-        };
-        d.push(T::from_f64(stored));
+            d.push(T::from_f32(scale));
+            s_err.push(T::ZERO);
+        }
     }
-    QuantRow { q, d }
+    QuantRow { q, d, s_err }
 }
 
 /// `y[r, o] = sum_k x[r, k] * w[o, k]` for `n` rows of `x` (`[n, w.cols]`).
 /// Returns `[n, w.rows]`.
 pub fn matmul<T: Real>(x: &[T], n: usize, w: &Matrix, act: Act) -> Vec<T> {
+    matmul_with_mins(x, n, w, None, act)
+}
+
+/// [`matmul`] with a Q4_1 weight's block minimums (see [`Linear`]).
+pub fn matmul_with_mins<T: Real>(
+    x: &[T],
+    n: usize,
+    w: &Matrix,
+    mins: Option<&[f32]>,
+    act: Act,
+) -> Vec<T> {
     assert_eq!(x.len(), n * w.cols, "matmul input is not [{n}, {}]", w.cols);
     let quantized = act == Act::Q8 && w.block > 1;
     let qrows: Vec<QuantRow<T>> = if quantized {
@@ -160,6 +196,15 @@ pub fn matmul<T: Real>(x: &[T], n: usize, w: &Matrix, act: Act) -> Vec<T> {
                         for (b, d) in qr.d.iter().enumerate() {
                             let span = b * w.block..(b + 1) * w.block;
                             acc += *d * dot(&qr.q[span.clone()], &wr[span]);
+                        }
+                        // Q4_1: llama.cpp adds `m * s` with `s` rounded to
+                        // f16; the block dot above used `m * f16(d) * sum(q)`.
+                        if let Some(mins) = mins {
+                            let nb = w.cols / w.block;
+                            let m = &mins[(c * CHUNK + i) * nb..][..nb];
+                            for (mb, e) in m.iter().zip(&qr.s_err) {
+                                acc += T::from_f32(*mb) * *e;
+                            }
                         }
                         *y = acc;
                     }

@@ -1,22 +1,23 @@
 //! The model's weights as the CPU forward uses them: dequantized to f32 once,
 //! at open, each matrix remembering its source block size for the q8 path.
 
-use super::matmul::Matrix;
+use super::matmul::{Linear, Matrix};
 use crate::forward::ForwardError;
 use crate::model::{ModelWeights, QTensor};
+use crate::quant::GgmlType;
 
 /// One decoder layer, dense.
 #[derive(Debug, Clone)]
 pub struct DenseLayer {
     pub attn_norm: Vec<f32>,
-    pub wq: Matrix,
-    pub wk: Matrix,
-    pub wv: Matrix,
-    pub wo: Matrix,
+    pub wq: Linear,
+    pub wk: Linear,
+    pub wv: Linear,
+    pub wo: Linear,
     pub ffn_norm: Vec<f32>,
-    pub w_gate: Matrix,
-    pub w_up: Matrix,
-    pub w_down: Matrix,
+    pub w_gate: Linear,
+    pub w_up: Linear,
+    pub w_down: Linear,
 }
 
 /// All weights, dense. The output matrix is a copy of the embedding when
@@ -26,7 +27,7 @@ pub struct DenseWeights {
     pub token_embd: Matrix,
     pub layers: Vec<DenseLayer>,
     pub output_norm: Vec<f32>,
-    pub output: Matrix,
+    pub output: Linear,
 }
 
 impl DenseWeights {
@@ -40,21 +41,24 @@ impl DenseWeights {
             .map(|l| {
                 Ok(DenseLayer {
                     attn_norm: vector(&l.attn_norm, c.n_embd)?,
-                    wq: matrix(&l.wq, q_width, c.n_embd)?,
-                    wk: matrix(&l.wk, kv_width, c.n_embd)?,
-                    wv: matrix(&l.wv, kv_width, c.n_embd)?,
-                    wo: matrix(&l.wo, c.n_embd, q_width)?,
+                    wq: linear(&l.wq, q_width, c.n_embd)?,
+                    wk: linear(&l.wk, kv_width, c.n_embd)?,
+                    wv: linear(&l.wv, kv_width, c.n_embd)?,
+                    wo: linear(&l.wo, c.n_embd, q_width)?,
                     ffn_norm: vector(&l.ffn_norm, c.n_embd)?,
-                    w_gate: matrix(&l.w_gate, c.n_ff, c.n_embd)?,
-                    w_up: matrix(&l.w_up, c.n_ff, c.n_embd)?,
-                    w_down: matrix(&l.w_down, c.n_embd, c.n_ff)?,
+                    w_gate: linear(&l.w_gate, c.n_ff, c.n_embd)?,
+                    w_up: linear(&l.w_up, c.n_ff, c.n_embd)?,
+                    w_down: linear(&l.w_down, c.n_embd, c.n_ff)?,
                 })
             })
             .collect::<Result<Vec<_>, ForwardError>>()?;
         let token_embd = matrix(&w.token_embd, c.vocab_size, c.n_embd)?;
         let output = match &w.output {
-            Some(o) => matrix(o, c.vocab_size, c.n_embd)?,
-            None => token_embd.clone(),
+            Some(o) => linear(o, c.vocab_size, c.n_embd)?,
+            None => Linear {
+                m: token_embd.clone(),
+                mins: None,
+            },
         };
         Ok(DenseWeights {
             token_embd,
@@ -80,6 +84,13 @@ fn matrix(t: &QTensor, rows: usize, cols: usize) -> Result<Matrix, ForwardError>
     })
 }
 
+fn linear(t: &QTensor, rows: usize, cols: usize) -> Result<Linear, ForwardError> {
+    Ok(Linear {
+        m: matrix(t, rows, cols)?,
+        mins: (t.ggml_type == GgmlType::Q4_1).then(|| q4_1_mins(t)),
+    })
+}
+
 fn vector(t: &QTensor, len: usize) -> Result<Vec<f32>, ForwardError> {
     if t.numel() != len {
         return Err(ForwardError::Unsupported(format!(
@@ -94,4 +105,13 @@ fn vector(t: &QTensor, len: usize) -> Result<Vec<f32>, ForwardError> {
 pub fn dequantize(t: &QTensor) -> Result<Vec<f32>, ForwardError> {
     t.to_f32()
         .map_err(|e| ForwardError::Unsupported(format!("{}: {e}", t.name)))
+}
+
+/// The per-block minimums of a Q4_1 tensor (`f16 d, f16 m, 16 bytes`), in
+/// block order.
+fn q4_1_mins(t: &QTensor) -> Vec<f32> {
+    t.data
+        .chunks_exact(GgmlType::Q4_1.type_size())
+        .map(|b| half::f16::from_le_bytes([b[2], b[3]]).to_f32())
+        .collect()
 }
