@@ -568,9 +568,11 @@ fn python_reference() -> bool {
 const FRANCE: &str = "What is the capital of France?";
 
 #[test]
-fn smollm2_says_paris_in_f32_and_f64() {
+fn smollm2_says_paris_in_every_precision() {
     let Some(model) = smollm2() else { return };
-    for precision in ["f32", "f64"] {
+    // q8 holds by a 0.09-logit margin at the first answer token, and only
+    // with llama.cpp's exact rounding of Q4_1's min term (docs/GUIDE.md).
+    for precision in ["f32", "q8", "f64"] {
         let printed = ok(run(&[
             "capture",
             "--model",
@@ -584,24 +586,6 @@ fn smollm2_says_paris_in_f32_and_f64() {
         ]));
         assert!(printed.contains("Paris"), "{precision}: {printed}");
     }
-    // q8 runs the same prompt to completion; its greedy answer is not held
-    // to "Paris": f32's top two first tokens are 0.08 logits apart and int8
-    // activations move the logits by more (docs/GUIDE.md, precision modes).
-    let printed = ok(run(&[
-        "capture",
-        "--model",
-        &model,
-        "--chat",
-        FRANCE,
-        "--gen",
-        "16",
-        "--precision",
-        "q8",
-    ]));
-    assert!(
-        printed.contains("16 generated") || printed.contains("stopped"),
-        "{printed}"
-    );
 }
 
 #[test]

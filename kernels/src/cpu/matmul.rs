@@ -13,12 +13,16 @@
 //! the two scales (plus the min term for Q4_1). We quantize the activations
 //! exactly that way — `d` rounded to f16 for the 32-blocks as `block_q8_0`
 //! stores it, kept f32 for the 256-blocks as `block_q8_K` does — and dot the
-//! integer activations with the dequantized weights block by block:
-//! `sum_b d_b * sum_{i in b} q_i * w_i`. That equals llama.cpp's
-//! `sum_b d_b * d_w * sum q_i * q_w_i (+ m_w * d_b * sum q_i)` up to the f32
-//! rounding of `w_i = d_w * q_w_i (+ m_w)`, which is far below the int8
-//! rounding it models: the error that matters (one massive activation
-//! crushing the rest of its block) is reproduced exactly.
+//! integer activations with the dequantized weights block by block,
+//! `sum_b d_b * sum_{i in b} q_i * w_i`, and for Q4_1 add llama.cpp's
+//! rounding of its min term: `block_q8_1` carries `s = f16(d * sum q)`, so
+//! llama.cpp's `m_w * s` differs from our `m_w * f16(d) * sum q` by
+//! `m_w * (s - f16(d) * sum q)` ([`Linear`] keeps the minimums for it). What
+//! remains is the f32 rounding of `w_i = d_w * q_w_i (+ m_w)`, far below the
+//! int8 rounding being modelled (`kernels/tests/cpu_q8_dot.rs` checks it
+//! against the integer dots written out). That last detail is not cosmetic:
+//! it decides SmolLM2's first answer token to "What is the capital of
+//! France?".
 
 use super::Real;
 use rayon::prelude::*;
