@@ -13,7 +13,7 @@ use std::sync::Arc;
 use kernels::cpu::attention::{attention as cpu_attention, Heads};
 use kernels::cpu::embedding::embed;
 use kernels::cpu::ffn::swiglu as cpu_swiglu;
-use kernels::cpu::matmul::{matmul as cpu_matmul, quantize_row, Act, Matrix};
+use kernels::cpu::matmul::{matmul as cpu_matmul, matmul_with_mins, quantize_row, Act, Matrix};
 use kernels::cpu::norm::rms_norm as cpu_rms_norm;
 use kernels::cpu::rope::rope as cpu_rope;
 use kernels::cuda::device::{driver_present, Device};
@@ -129,6 +129,15 @@ fn dense(t: &QTensor) -> Matrix {
         data: t.to_f32().unwrap(),
         block: t.ggml_type.block_size(),
     }
+}
+
+/// A Q4_1 weight's block minimums, `[rows, cols / 32]`: what the CPU's q8
+/// dot adds llama.cpp's f16 min term with.
+fn q4_1_mins(t: &QTensor) -> Vec<f32> {
+    t.data
+        .chunks_exact(20)
+        .map(|b| half::f16::from_le_bytes([b[2], b[3]]).to_f32())
+        .collect()
 }
 
 const ALL_TYPES: [GgmlType; 7] = [
@@ -293,6 +302,17 @@ fn quantize_q8_matches_the_cpu_quantizer() {
         .map(|b| b.iter().map(|&v| v as i32).sum())
         .collect();
     assert_eq!(sums, cpu_sums);
+    // block_q8_1's s: the block's sum times its unrounded scale, to f16.
+    let s = ops::download(&dev, &qa.s.as_view()).unwrap();
+    let cpu_s: Vec<f32> = x
+        .chunks(32)
+        .zip(&cpu_sums)
+        .map(|(b, &sum)| {
+            let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+            half::f16::from_f32(sum as f32 * scale).to_f32()
+        })
+        .collect();
+    assert_bitwise("q8 block sums s", &s, &cpu_s);
     assert_eq!(q[7], -127, "the massive activation is its block's extreme");
     assert!(
         q[8..32].iter().all(|&v| v.abs() <= 1),
@@ -314,7 +334,8 @@ fn matmul_q8_dp4a_matches_the_cpu_q8_mode() {
             let t = weight(&mut rng, ty, out, cols, 0.5);
             let x = rng.vec(rows * cols, 3.0);
             let m = dense(&t);
-            let cpu_q8: Vec<f32> = cpu_matmul(&x, rows, &m, Act::Q8);
+            let mins = (ty == GgmlType::Q4_1).then(|| q4_1_mins(&t));
+            let cpu_q8: Vec<f32> = matmul_with_mins(&x, rows, &m, mins.as_deref(), Act::Q8);
             let cpu_f32: Vec<f32> = cpu_matmul(&x, rows, &m, Act::Float);
             let w = DeviceMatrix::upload(&dev, &t).unwrap();
             let xd = ops::upload(&dev, &x).unwrap();
@@ -324,8 +345,9 @@ fn matmul_q8_dp4a_matches_the_cpu_q8_mode() {
             ops::matmul_q8(&dev, &w, &qa, &mut y.as_view_mut(), rows).unwrap();
             let gpu = ops::download(&dev, &y.as_view()).unwrap();
             let what = format!("matmul_q8 {ty} [{out}, {cols}] x {rows} rows");
-            // Integer block sums are exact on the GPU and float on the CPU:
-            // the two agree to rounding, far closer than either to f32 acts.
+            // Integer block sums are exact on the GPU and float on the CPU
+            // (both with llama.cpp's f16 min term for Q4_1): the two agree to
+            // rounding, far closer than either to f32 activations.
             let err = rel_err(&gpu, &cpu_q8);
             assert!(err < 2e-6, "{what}: {err:e} from the CPU q8 mode");
             if cols >= 64 {

@@ -184,39 +184,36 @@ extern "C" __global__ void matmul_f32_x3(const u8* w0, const u8* w1, const u8* w
     }
 }
 
-// The q8 precision mode: activations quantized to int8 per 32-element block,
-// as the CPU reference (and llama.cpp's Q8_0) does before an integer dot
-// product: scale = amax / 127 in f64, quants round(x / scale) half away from
-// zero, the scale stored as f16. `sums` is the block's sum of quants, which
-// the Q4_0/Q4_1 dot products need for their offsets.
+// The q8 precision mode: activations quantized to int8 per 32-element block
+// in f32, as llama.cpp's quantize_row_q8_0/q8_1 (and the CPU reference):
+// scale = amax / 127, quants round(x * (1 / scale)) half away from zero, the
+// scale stored as f16. Per block also the integer sum of the quants (Q4_0's
+// offset term) and block_q8_1's `s`, f16(sum * scale) (Q4_1's min term).
 
-// x (>= 0) rounded to the nearest f16, ties to even, returned as a float.
-__device__ float round_to_f16(double x) {
-    if (x == 0.0) return 0.0f;
-    int e;
-    frexp(x, &e);
-    int q = max(e - 11, -24);  // the f16 quantum at this magnitude
-    double r = ldexp(rint(ldexp(x, -q)), q);
-    return r > 65504.0 ? __int_as_float(0x7f800000) : (float)r;
+// x rounded to the nearest f16 (ties to even), as a float.
+__device__ __forceinline__ float round_to_f16(float x) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return f16_to_f32(h);
 }
 
 extern "C" __global__ void quantize_q8(const float* x, i8* q, float* scales, int* sums,
-                                       int nblocks) {
+                                       float* s_f16, int nblocks) {
     int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (b >= nblocks) return;
-    double v = (double)x[(size_t)b * QK + lane];
-    double amax = fabs(v);
-    for (int o = 16; o > 0; o >>= 1) amax = fmax(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    double scale = amax / 127.0;
-    double inv = scale != 0.0 ? 1.0 / scale : 0.0;
-    int qi = (int)fmin(127.0, fmax(-127.0, round(v * inv)));
+    float v = x[(size_t)b * QK + lane];
+    float amax = warp_max(fabsf(v));
+    float scale = amax / 127.0f;
+    float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+    int qi = (int)fminf(127.0f, fmaxf(-127.0f, roundf(__fmul_rn(v, inv))));
     q[(size_t)b * QK + lane] = (i8)qi;
     int s = qi;
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (lane == 0) {
         scales[b] = round_to_f16(scale);
         sums[b] = s;
+        s_f16[b] = round_to_f16(__fmul_rn((float)s, scale));
     }
 }
 
@@ -225,7 +222,7 @@ extern "C" __global__ void quantize_q8(const float* x, i8* q, float* scales, int
 // the other types fall back to dequantized weights times dequantized
 // activations.
 __device__ __forceinline__ float block_dot_q8(const u8* wr, int type, int b, const i8* aq,
-                                              float ad, int asum) {
+                                              float ad, int asum, float a_s) {
     const int* a = (const int*)aq;  // 32 int8, 4-aligned (QK-byte blocks)
     switch (type) {
         case T_Q8_0: {
@@ -246,7 +243,7 @@ __device__ __forceinline__ float block_dot_q8(const u8* wr, int type, int b, con
                 isum = __dp4a(v & 0x0F0F0F0F, a[k], isum);
                 isum = __dp4a((v >> 4) & 0x0F0F0F0F, a[k + 4], isum);
             }
-            return d * ad * (float)isum + m * ad * (float)asum;
+            return d * ad * (float)isum + m * a_s;
         }
         case T_Q4_0: {
             const u8* blk = wr + (size_t)b * 18;
@@ -270,7 +267,8 @@ __device__ __forceinline__ float block_dot_q8(const u8* wr, int type, int b, con
 // y = W x with x given as quantize_q8's output; one warp per output row, one
 // lane per weight block, the warp's sum in a fixed order.
 extern "C" __global__ void matmul_q8(const u8* w, int type, const i8* q, const float* scales,
-                                     const int* sums, float* y, int rows, int in, int out) {
+                                     const int* sums, const float* s_f16, float* y, int rows,
+                                     int in, int out) {
     int lane = threadIdx.x & 31;
     int o = blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (o >= out) return;
@@ -288,7 +286,7 @@ extern "C" __global__ void matmul_q8(const u8* w, int type, const i8* q, const f
             for (int k = 0; k < ROWS_PER_PASS; ++k) {
                 if (k < nr) {
                     size_t ab = (size_t)(r0 + k) * nb + b;
-                    acc[k] += block_dot_q8(wr, type, b, q + ab * QK, scales[ab], sums[ab]);
+                    acc[k] += block_dot_q8(wr, type, b, q + ab * QK, scales[ab], sums[ab], s_f16[ab]);
                 }
             }
         }

@@ -78,12 +78,14 @@ impl DeviceMatrix {
     }
 }
 
-/// An int8-quantized activation matrix (the `q8` precision): quants, one
-/// scale and one quant sum per 32-element block.
+/// An int8-quantized activation matrix (the `q8` precision): quants and,
+/// per 32-element block, the f16-rounded scale, the sum of the quants, and
+/// `block_q8_1`'s f16 `s = sum * scale`.
 pub struct QuantizedActs {
     pub q: CudaSlice<i8>,
     pub scales: CudaSlice<f32>,
     pub sums: CudaSlice<i32>,
+    pub s: CudaSlice<f32>,
 }
 
 impl QuantizedActs {
@@ -94,6 +96,7 @@ impl QuantizedActs {
             q: s.alloc_zeros(elems).map_err(e)?,
             scales: s.alloc_zeros(elems / 32).map_err(e)?,
             sums: s.alloc_zeros(elems / 32).map_err(e)?,
+            s: s.alloc_zeros(elems / 32).map_err(e)?,
         })
     }
 }
@@ -320,9 +323,10 @@ pub fn quantize_q8(
         .arg(&mut out.q)
         .arg(&mut out.scales)
         .arg(&mut out.sums)
+        .arg(&mut out.s)
         .arg(&nb);
-    // SAFETY: x and q hold elems values, scales and sums elems / 32 (checked
-    // above and at allocation); one warp per block, 8 warps per CTA.
+    // SAFETY: x and q hold elems values, scales, sums and s elems / 32
+    // (checked above and at allocation); one warp per block, 8 warps per CTA.
     unsafe { b.launch(grid(nblocks.div_ceil(8), 256, 0)) }.map_err(launch_err("quantize_q8"))?;
     Ok(())
 }
@@ -352,6 +356,7 @@ pub fn matmul_q8(
         .arg(&x.q)
         .arg(&x.scales)
         .arg(&x.sums)
+        .arg(&x.s)
         .arg(y)
         .arg(&r)
         .arg(&i)
