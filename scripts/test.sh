@@ -13,3 +13,8 @@ python3 -m pip install --quiet --disable-pip-version-check numpy safetensors ggu
 cargo run --release --quiet -p kernels --example fetch_model
 
 cargo test --workspace --release
+
+# The CUDA forward builds without a CUDA toolkit (cudarc loads the driver at
+# run time): build it, and run its tests, which skip without a GPU except the
+# one that checks a missing driver is an error, not a panic.
+cargo test --release --features cuda -p kernels --test cuda_kernels --test cuda_forward
