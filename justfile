@@ -37,3 +37,17 @@ bench-tap:
 # `taptree verify A B` and `--rehash` against `diff -rq` on two generated 7B-shaped trees (~1.9 GB, deleted after).
 bench-verify runs="5":
     RUNS={{runs}} bash scripts/bench_verify.sh
+
+# Rewrite the golden fixture trees (fixtures/golden/) after an intended change to the CPU forward's numerics.
+golden:
+    bash scripts/regen_golden.sh
+
+# CPU forward throughput on SmolLM2 per precision, armed capture, then with taps compiled out.
+bench-forward:
+    cargo bench -p kernels --bench forward -- --save-baseline disarmed
+    cargo bench -p kernels --bench forward --features capture/compile-out -- --baseline disarmed
+
+# The f32 forward's logits against the independent numpy reference, on one prompt.
+reference prompt="What is the capital of France?" out="runs/reference":
+    cargo run --release -q -- capture --model smollm2 --chat "{{prompt}}" --select stage=logits --out {{out}} --force
+    python3 scripts/reference_forward.py --model "$(cargo run --release -q -p kernels --example fetch_model 2>/dev/null | tail -1)" --tree {{out}}
