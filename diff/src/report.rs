@@ -40,6 +40,29 @@ pub struct Report {
     pub controls: Vec<Control>,
 }
 
+impl Report {
+    /// Everything but the rows (renderers rebuild those as they need).
+    pub fn clone_without_rows(&self) -> Report {
+        Report {
+            schema: self.schema,
+            a: self.a.clone(),
+            b: self.b.clone(),
+            truth: self.truth.clone(),
+            tolerance: self.tolerance.clone(),
+            outcome: self.outcome,
+            summary: self.summary.clone(),
+            rows: Vec::new(),
+            first_divergence: self.first_divergence,
+            growth_ranking: self.growth_ranking.clone(),
+            only_in_a: self.only_in_a.clone(),
+            only_in_b: self.only_in_b.clone(),
+            inputs_split: self.inputs_split.clone(),
+            counts: self.counts.clone(),
+            controls: self.controls.clone(),
+        }
+    }
+}
+
 /// What the diff concluded; maps to the exit code 0, 1 or 2.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -88,7 +88,11 @@ fn index(
         order.push((key, i));
     }
     order.sort_unstable();
-    let mut out = Vec::with_capacity(m.entries.len());
+    let positions = order
+        .iter()
+        .map(|&(_, i)| m.entries[i].key.rows() as usize)
+        .sum();
+    let mut out = Vec::with_capacity(positions);
     for &((stage, ..), i) in &order {
         let e = &m.entries[i];
         let slot = match pick {

@@ -4,27 +4,38 @@
 //! always the worst one, which `worst` indexes): equal positions would be the
 //! bulk of the output and say nothing; `total` still counts them.
 
-use crate::report::Report;
+use crate::report::{Position, Report, Row};
 use crate::stat::StatReport;
 
 pub fn render(report: &Report) -> String {
-    let mut report = report.clone();
-    for row in &mut report.rows {
-        let worst = row.worst;
-        let mut kept = 0;
-        let mut new_worst = 0;
-        let positions = std::mem::take(&mut row.positions);
-        for (i, p) in positions.into_iter().enumerate() {
-            if i == worst || !p.metrics.bitwise() {
-                if i == worst {
-                    new_worst = kept;
-                }
-                kept += 1;
-                row.positions.push(p);
+    // Cloned row by row, and only the positions that are kept: a full clone
+    // of a large report is most of the time of a mostly-equal diff.
+    let rows = report
+        .rows
+        .iter()
+        .map(|row| {
+            let keep = |(i, p): &(usize, &Position)| *i == row.worst || !p.metrics.bitwise();
+            let kept: Vec<(usize, &Position)> =
+                row.positions.iter().enumerate().filter(keep).collect();
+            Row {
+                layer: row.layer,
+                stage: row.stage.clone(),
+                status: row.status,
+                reasons: row.reasons.clone(),
+                cause: row.cause.clone(),
+                worst: kept.iter().position(|(i, _)| *i == row.worst).unwrap_or(0),
+                total: row.total.clone(),
+                positions: kept.into_iter().map(|(_, p)| p.clone()).collect(),
+                skipped: row.skipped,
+                growth: row.growth.clone(),
+                truth: row.truth.clone(),
             }
-        }
-        row.worst = new_worst;
-    }
+        })
+        .collect();
+    let report = Report {
+        rows,
+        ..report.clone_without_rows()
+    };
     let mut s = serde_json::to_string_pretty(&report).expect("a report always serializes");
     s.push('\n');
     s
