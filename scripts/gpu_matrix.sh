@@ -142,6 +142,8 @@ step "CUDA q8 (DP4A) vs CPU q8"
 run taptree capture --model "$MODEL" --backend cpu --precision q8 --chat "$Q" --gen 8 --out runs/cpu-q8
 run taptree capture --model "$MODEL" --backend cuda --precision q8 --chat "$Q" --gen 8 --out runs/cuda-q8
 run taptree diff runs/cpu-q8 runs/cuda-q8 --truth runs/cpu-f64 --only-red
+echo "where CPU q8 and CUDA q8 first differ at all, and by how many ulps (layers 0-1)"
+taptree diff runs/cpu-q8 runs/cuda-q8 --bitwise --all-metrics --color never | grep -E '^(op|embedding|L0/|L1/)|first diverging'
 run taptree diff runs/cuda-f32 runs/cuda-q8 --truth runs/cpu-f64 --only-red
 
 step "figures"
