@@ -429,3 +429,52 @@ fn metrics_agree_with_the_numpy_peer() {
     // Every position differs (the wobble is everywhere): all 99 were checked.
     assert_eq!(checked, 99);
 }
+
+#[test]
+fn swapped_and_linked_tap_files_exit_2() {
+    let (d, a, b) = dirs();
+    plain(&a);
+    tree(
+        &b,
+        |x| x,
+        |stage, layer, _, v| {
+            if layer == Some(0) && (stage == "q_proj" || stage == "k_proj") {
+                v[0] += 1.0;
+            }
+        },
+    );
+    // Two files of B swapped: each header now disagrees with the manifest.
+    let (q, k) = (
+        b.join("L000/q_proj.p0-1.safetensors"),
+        b.join("L000/k_proj.p0-1.safetensors"),
+    );
+    let tmp = d.path().join("swap");
+    std::fs::rename(&q, &tmp).unwrap();
+    std::fs::rename(&k, &q).unwrap();
+    std::fs::rename(&tmp, &k).unwrap();
+    let o = taptree(&[&"diff", &a, &b]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{out}{err}");
+    assert!(
+        err.contains("_proj.p0-1.safetensors") && err.contains("disagree"),
+        "{err}"
+    );
+
+    // A tap file replaced by a link to a file outside the tree.
+    tree(
+        &b,
+        |x| x,
+        |stage, layer, _, v| {
+            if layer == Some(0) && stage == "q_proj" {
+                v[0] += 1.0;
+            }
+        },
+    );
+    let outside = d.path().join("outside.safetensors");
+    std::fs::rename(&q, &outside).unwrap();
+    std::os::unix::fs::symlink(&outside, &q).unwrap();
+    let o = taptree(&[&"diff", &a, &b]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{out}{err}");
+    assert!(err.contains("outside the tree"), "{err}");
+}

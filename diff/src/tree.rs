@@ -14,9 +14,14 @@ pub trait Tree: Sync {
     fn read(&self, index: usize) -> Result<Tensor, capture::Error>;
 }
 
-/// Tensor bytes, mapped from disk or owned.
+/// Tensor bytes: mapped, read from a tap file (with its header), or owned.
 pub enum Tensor {
     View(TensorView),
+    Read {
+        bytes: Vec<u8>,
+        start: usize,
+        len: usize,
+    },
     Owned(Vec<u8>),
 }
 
@@ -24,6 +29,7 @@ impl Tensor {
     pub fn bytes(&self) -> &[u8] {
         match self {
             Tensor::View(v) => v.bytes(),
+            Tensor::Read { bytes, start, len } => &bytes[*start..*start + *len],
             Tensor::Owned(b) => b,
         }
     }
@@ -38,9 +44,39 @@ impl Tree for TreeReader {
         TreeReader::manifest(self)
     }
 
+    /// One `read` into a buffer, not a map: a diff touches every byte once,
+    /// and in a multi-threaded process each unmap of touched pages makes the
+    /// kernel interrupt the other cores to flush their TLBs. The checks are
+    /// the reader's: no symlink out of the tree (a link goes through the
+    /// reader itself), a header that agrees with the manifest.
     fn read(&self, index: usize) -> Result<Tensor, capture::Error> {
         let entry = &self.manifest().entries[index];
-        TreeReader::read(self, entry).map(Tensor::View)
+        let path = self.file_path(entry);
+        let linked =
+            |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink());
+        if linked(&path) || path.parent().is_some_and(linked) {
+            return TreeReader::read(self, entry).map(Tensor::View);
+        }
+        let bytes = std::fs::read(&path).map_err(|source| capture::Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let corrupt = |reason: String| capture::Error::CorruptTap {
+            path: path.clone(),
+            reason,
+        };
+        let header = capture::tapfile::parse(&bytes).map_err(corrupt)?;
+        if header.key != entry.key || header.dtype != entry.dtype || header.shape != entry.shape {
+            return Err(corrupt(format!(
+                "file and manifest disagree: file holds {} {} {:?}, manifest says {} {} {:?}",
+                header.key, header.dtype, header.shape, entry.key, entry.dtype, entry.shape
+            )));
+        }
+        Ok(Tensor::Read {
+            bytes,
+            start: header.data_start,
+            len: header.data_len,
+        })
     }
 }
 
