@@ -25,6 +25,26 @@ pub enum Tensor {
     Owned(Vec<u8>),
 }
 
+thread_local! {
+    /// Read buffers to reuse: allocating one per tap had the kernel zero
+    /// fresh pages for every file (a fifth of a mostly-equal diff's time).
+    static BUFFERS: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Drop for Tensor {
+    fn drop(&mut self) {
+        if let Tensor::Read { bytes, .. } = self {
+            let buf = std::mem::take(bytes);
+            BUFFERS.with(|b| {
+                let mut b = b.borrow_mut();
+                if b.len() < 4 {
+                    b.push(buf);
+                }
+            });
+        }
+    }
+}
+
 impl Tensor {
     pub fn bytes(&self) -> &[u8] {
         match self {
@@ -57,10 +77,20 @@ impl Tree for TreeReader {
         if linked(&path) || path.parent().is_some_and(linked) {
             return TreeReader::read(self, entry).map(Tensor::View);
         }
-        let bytes = std::fs::read(&path).map_err(|source| capture::Error::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let mut bytes = BUFFERS.with(|b| b.borrow_mut().pop()).unwrap_or_default();
+        bytes.clear();
+        std::fs::File::open(&path)
+            .and_then(|mut f| {
+                use std::io::Read as _;
+                if let Ok(m) = f.metadata() {
+                    bytes.reserve(m.len() as usize);
+                }
+                f.read_to_end(&mut bytes)
+            })
+            .map_err(|source| capture::Error::Io {
+                path: path.clone(),
+                source,
+            })?;
         let corrupt = |reason: String| capture::Error::CorruptTap {
             path: path.clone(),
             reason,
