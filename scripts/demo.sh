@@ -22,9 +22,11 @@ echo "== taptree verify (a tree against itself)"
 echo "== taptree diff f32 vs q8, truth f64"
 # Exit 1 means "diverged", the expected finding here; 2 would be a failure.
 status=0
-"$taptree" diff "$out/cpu-f32" "$out/cpu-q8" --truth "$out/cpu-f64" || status=$?
+"$taptree" diff "$out/cpu-f32" "$out/cpu-q8" --truth "$out/cpu-f64" \
+    --html "$out/diff-f32-q8.html" || status=$?
 if [ "$status" -gt 1 ]; then
     echo "demo: taptree diff could not compare (exit $status)" >&2
     exit "$status"
 fi
-echo "== trees are in $out/; see docs/GUIDE.md for what the report means"
+echo "== trees are in $out/, the HTML report (layer x stage heatmap) is $out/diff-f32-q8.html;"
+echo "   docs/GUIDE.md says what each column and line of the report means"
