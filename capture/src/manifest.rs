@@ -126,7 +126,11 @@ impl Manifest {
 
 /// The directory a key's file lives in: `L007` (per layer) or `global`.
 pub fn dir_of(key: &Key) -> String {
-    match key.layer {
+    dir_of_layer(key.layer)
+}
+
+fn dir_of_layer(layer: Option<u32>) -> String {
+    match layer {
         Some(layer) => format!("L{layer:03}"),
         None => GLOBAL_DIR.to_string(),
     }
@@ -161,38 +165,76 @@ pub fn valid_stage_name(stage: &str) -> bool {
 
 /// The line an entry contributes to its directory's hash.
 pub fn hash_line(out: &mut String, key: &Key, dtype: DType, shape: &[usize], blake3: &str) {
-    let opt = |v: Option<u32>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
-    let _ = write!(
-        out,
-        "{}\t{}\t{}\t{}\t{}\t{}\t",
-        key.stage,
-        opt(key.layer),
-        key.pos.start,
-        key.pos.end,
-        opt(key.slot),
-        dtype.name()
-    );
-    for (i, d) in shape.iter().enumerate() {
+    // Written piece by piece, not through `write!`: opening a tree hashes
+    // every entry, and formatting was most of that.
+    let opt = |out: &mut String, v: Option<u32>| match v {
+        Some(v) => push_decimal(out, v as u64),
+        None => out.push('-'),
+    };
+    out.push_str(&key.stage);
+    out.push('\t');
+    opt(out, key.layer);
+    out.push('\t');
+    push_decimal(out, key.pos.start as u64);
+    out.push('\t');
+    push_decimal(out, key.pos.end as u64);
+    out.push('\t');
+    opt(out, key.slot);
+    out.push('\t');
+    out.push_str(dtype.name());
+    out.push('\t');
+    for (i, &d) in shape.iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
-        let _ = write!(out, "{d}");
+        push_decimal(out, d as u64);
     }
-    let _ = writeln!(out, "\t{blake3}");
+    out.push('\t');
+    out.push_str(blake3);
+    out.push('\n');
+}
+
+fn push_decimal(out: &mut String, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.push_str(std::str::from_utf8(&digits[i..]).expect("ASCII digits"));
 }
 
 /// Per-directory hashes and the root hash of `entries` (in capture order).
 pub fn tree_hashes(entries: &[Entry]) -> (BTreeMap<String, String>, String) {
-    let mut lines: BTreeMap<String, String> = BTreeMap::new();
+    // Texts by layer, found without building each entry's directory name:
+    // consecutive entries mostly share a layer, so the last one is tried first.
+    let mut texts: Vec<(Option<u32>, String)> = Vec::new();
+    let mut slot_of: std::collections::HashMap<Option<u32>, usize> = Default::default();
+    let mut last: Option<(Option<u32>, usize)> = None;
     for e in entries {
-        let text = lines
-            .entry(dir_of(&e.key))
-            .or_insert_with(|| "taptree dir v1\n".to_string());
-        hash_line(text, &e.key, e.dtype, &e.shape, &e.blake3);
+        let layer = e.key.layer;
+        let i = match last {
+            Some((l, i)) if l == layer => i,
+            _ => *slot_of.entry(layer).or_insert_with(|| {
+                texts.push((layer, "taptree dir v1\n".to_string()));
+                texts.len() - 1
+            }),
+        };
+        last = Some((layer, i));
+        hash_line(&mut texts[i].1, &e.key, e.dtype, &e.shape, &e.blake3);
     }
-    let dirs: BTreeMap<String, String> = lines
+    let dirs: BTreeMap<String, String> = texts
         .into_iter()
-        .map(|(dir, text)| (dir, blake3::hash(text.as_bytes()).to_hex().to_string()))
+        .map(|(layer, text)| {
+            (
+                dir_of_layer(layer),
+                blake3::hash(text.as_bytes()).to_hex().to_string(),
+            )
+        })
         .collect();
     let mut root = String::from("taptree root v1\n");
     for (dir, hash) in &dirs {

@@ -402,7 +402,7 @@ fn version_text(v: serde_json::Value) -> String {
 
 /// The manifest's bytes (at most `limit` of them); a missing manifest is an
 /// incomplete capture (or, in an empty directory, no tree at all).
-fn read_manifest(tree: &Path, limit: Option<usize>) -> Result<Vec<u8>> {
+fn read_manifest(tree: &Path, limit: Option<usize>) -> Result<ManifestBytes> {
     let path = tree.join(MANIFEST_FILE);
     if !std::fs::metadata(tree)
         .map_err(|e| Error::io(tree, e))?
@@ -413,14 +413,25 @@ fn read_manifest(tree: &Path, limit: Option<usize>) -> Result<Vec<u8>> {
             reason: "not a directory (a tree is a directory holding manifest.json)".into(),
         });
     }
-    let read = |path: &Path| -> std::io::Result<Vec<u8>> {
+    let read = |path: &Path| -> std::io::Result<ManifestBytes> {
         let file = std::fs::File::open(path)?;
         let mut bytes = Vec::new();
         match limit {
-            Some(n) => file.take(n as u64).read_to_end(&mut bytes)?,
-            None => (&file).read_to_end(&mut bytes)?,
+            Some(n) => {
+                file.take(n as u64).read_to_end(&mut bytes)?;
+            }
+            None => {
+                // Mapped, not read: a copy of a manifest of many megabytes
+                // costs as much in fresh zeroed pages as its parse saves.
+                // SAFETY: read-only; a manifest is renamed into place whole
+                // and never written again.
+                if let Ok(map) = unsafe { Mmap::map(&file) } {
+                    return Ok(ManifestBytes::Mapped(map));
+                }
+                (&file).read_to_end(&mut bytes)?;
+            }
         };
-        Ok(bytes)
+        Ok(ManifestBytes::Read(bytes))
     };
     match read(&path) {
         Ok(b) => Ok(b),
@@ -439,6 +450,23 @@ fn read_manifest(tree: &Path, limit: Option<usize>) -> Result<Vec<u8>> {
             })
         }
         Err(e) => Err(Error::io(&path, e)),
+    }
+}
+
+/// A manifest's bytes: a prefix read, or the whole file mapped.
+enum ManifestBytes {
+    Read(Vec<u8>),
+    Mapped(Mmap),
+}
+
+impl std::ops::Deref for ManifestBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            ManifestBytes::Read(b) => b,
+            ManifestBytes::Mapped(m) => m,
+        }
     }
 }
 
@@ -528,7 +556,7 @@ fn scan_head(prefix: &[u8]) -> HeadFields {
 }
 
 fn check_entries(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<()> {
-    let mut keys = HashSet::with_capacity(m.entries.len());
+    let mut keys = HashSet::with_capacity_and_hasher(m.entries.len(), KeyHasher::default());
     for e in &m.entries {
         check_entry_path(tree, e)?;
         let bad_shape = |reason: String| Error::BadShape {
@@ -574,9 +602,47 @@ fn check_entries(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<()> 
     Ok(())
 }
 
+/// FNV-1a for the duplicate-key check of [`check_entries`]: keys are short,
+/// and SipHash was a good part of opening a tree. Collisions only cost time.
+#[derive(Default, Clone, Copy)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl std::hash::BuildHasher for KeyHasher {
+    type Hasher = KeyHasher;
+
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher::default()
+    }
+}
+
 /// An entry path is `DIR/FILE.safetensors`, relative, with DIR the key's
 /// directory: nothing absolute, no `..`, nothing outside its directory.
 fn check_entry_path(tree: &Path, e: &Entry) -> Result<()> {
+    if is_plain_entry_path(&e.path, &e.key) {
+        return Ok(());
+    }
+    check_entry_path_fully(tree, e)
+}
+
+fn check_entry_path_fully(tree: &Path, e: &Entry) -> Result<()> {
     let unsafe_path = |reason: &str| Error::UnsafePath {
         tree: tree.to_path_buf(),
         entry: e.path.clone(),
@@ -601,6 +667,30 @@ fn check_entry_path(tree: &Path, e: &Entry) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Whether `path` is exactly `DIR/NAME.safetensors` with DIR the key's
+/// directory and NAME free of separators: what every writer produces, and
+/// accepted by [`check_entry_path`] without building components or the
+/// directory name. Anything else gets the full check.
+fn is_plain_entry_path(path: &str, key: &crate::key::Key) -> bool {
+    let Some((dir, name)) = path.split_once('/') else {
+        return false;
+    };
+    let dir_ok = match key.layer {
+        None => dir == manifest::GLOBAL_DIR,
+        // `L{layer:03}`: at least three digits, no more than the number needs.
+        Some(layer) => dir.strip_prefix('L').is_some_and(|digits| {
+            let len = layer.checked_ilog10().unwrap_or(0) as usize + 1;
+            digits.len() == len.max(3)
+                && digits.bytes().all(|c| c.is_ascii_digit())
+                && digits.parse::<u32>().ok() == Some(layer)
+        }),
+    };
+    dir_ok
+        && name.len() > ".safetensors".len()
+        && name.ends_with(".safetensors")
+        && !name.contains(['/', '\\'])
 }
 
 /// A tap's tensor, mapped from its file: no copy until asked for one.
@@ -670,5 +760,71 @@ impl std::fmt::Debug for TensorView {
             .field("dtype", &self.dtype)
             .field("shape", &self.shape)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::Key;
+
+    #[test]
+    fn plain_paths_are_a_subset_of_safe_ones() {
+        let keys = [
+            Key::new("ffn_down", Some(3), 0..7),
+            Key::new("x", Some(0), 0..1),
+            Key::new("x", Some(999), 0..1),
+            Key::new("x", Some(1000), 0..1),
+            Key::new("x", Some(12345), 0..1),
+            Key::new("logits", None, 5..6),
+        ];
+        let paths = [
+            "L003/ffn_down.p0-7.safetensors",
+            "L000/x.safetensors",
+            "L999/x.safetensors",
+            "L1000/x.safetensors",
+            "L12345/x.safetensors",
+            "global/logits.p5-6.safetensors",
+            "L3/x.safetensors",
+            "L0003/x.safetensors",
+            "L01000/x.safetensors",
+            "L+03/x.safetensors",
+            "l003/x.safetensors",
+            "L003//x.safetensors",
+            "L003/./x.safetensors",
+            "L003/../L003/x.safetensors",
+            "L003/a/x.safetensors",
+            "L003/a\\x.safetensors",
+            "/L003/x.safetensors",
+            "L003/.safetensors",
+            "L003/x.safetensor",
+            "global/x.safetensors",
+            "global",
+            "",
+        ];
+        let tree = Path::new("t");
+        let mut plain = 0;
+        for key in &keys {
+            let written = manifest::path_of(key);
+            for path in paths.into_iter().chain([written.as_str()]) {
+                let e = Entry {
+                    key: key.clone(),
+                    path: path.to_string(),
+                    dtype: DType::F32,
+                    shape: vec![1],
+                    blake3: String::new(),
+                    bytes: 4,
+                };
+                let full = check_entry_path_fully(tree, &e).is_ok();
+                if is_plain_entry_path(path, key) {
+                    plain += 1;
+                    assert!(full, "{path} for {key} taken as plain but unsafe");
+                }
+                if path == written {
+                    assert!(is_plain_entry_path(path, key), "{path} for {key}");
+                }
+            }
+        }
+        assert!(plain >= keys.len());
     }
 }

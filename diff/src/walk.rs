@@ -3,7 +3,7 @@
 
 use crate::divergence;
 use crate::graph::StageGraph;
-use crate::metrics::{compare, Acc};
+use crate::metrics::{compare, Acc, Metrics};
 use crate::report::{
     Closer, Counts, Outcome, Position, Report, Row, Status, TreeInfo, TruthVerdict, SCHEMA,
 };
@@ -62,45 +62,57 @@ impl Stages {
 /// A position's A-vs-B accumulator and, with a truth, (T-vs-A, T-vs-B).
 type Computed = (usize, Acc, Option<Box<(Acc, Acc)>>);
 
+/// Where a position lives: entry index and row. Narrow, because there is
+/// one per position of each tree and the index is built for every diff.
 #[derive(Clone, Copy)]
 struct Loc {
-    entry: usize,
-    row: usize,
+    entry: u32,
+    row: u32,
 }
 
-/// Every position a tree holds, sorted by key, after the slot pick.
-fn index(
-    tree: &dyn Tree,
-    pick: Option<Option<u32>>,
-    stages: &mut Stages,
-) -> Result<Vec<(PosKey, Loc)>, Error> {
+impl Loc {
+    fn entry(self) -> usize {
+        self.entry as usize
+    }
+
+    fn row(self) -> usize {
+        self.row as usize
+    }
+}
+
+/// The entries a tree contributes after the slot pick, keyed by their first
+/// position, in entry order. Numbering stages here, in entry order and one
+/// tree after the other, keeps stage numbers (and so the order of reported
+/// positions) independent of [`index`] running on both trees at once.
+fn picked(tree: &dyn Tree, pick: Option<Option<u32>>, stages: &mut Stages) -> Vec<(PosKey, usize)> {
     let m = tree.manifest();
-    // Sorting the entries (not the many more positions) and expanding each
-    // one's ascending positions gives the positions in key order.
     let mut order: Vec<(PosKey, usize)> = Vec::with_capacity(m.entries.len());
     for (i, e) in m.entries.iter().enumerate() {
-        let slot = match pick {
-            Some(want) if e.key.slot != want => continue,
-            Some(_) => None,
-            None => e.key.slot,
-        };
-        let key = (stages.id(&e.key.stage), e.key.layer, slot, e.key.pos.start);
-        order.push((key, i));
-    }
-    order.sort_unstable();
-    let positions = order
-        .iter()
-        .map(|&(_, i)| m.entries[i].key.rows() as usize)
-        .sum();
-    let mut out = Vec::with_capacity(positions);
-    for &((stage, ..), i) in &order {
-        let e = &m.entries[i];
         let slot = match pick {
             Some(want) if e.key.slot != want => continue,
             // Picked slots are paired with each other whatever their numbers.
             Some(_) => None,
             None => e.key.slot,
         };
+        let key = (stages.id(&e.key.stage), e.key.layer, slot, e.key.pos.start);
+        order.push((key, i));
+    }
+    order
+}
+
+/// Every position a tree holds, sorted by key, from its [`picked`] entries.
+fn index(tree: &dyn Tree, mut order: Vec<(PosKey, usize)>) -> Result<Vec<(PosKey, Loc)>, Error> {
+    let m = tree.manifest();
+    // Sorting the entries (not the many more positions) and expanding each
+    // one's ascending positions gives the positions in key order.
+    order.sort_unstable();
+    let positions = order
+        .iter()
+        .map(|&(_, i)| m.entries[i].key.rows() as usize)
+        .sum();
+    let mut out = Vec::with_capacity(positions);
+    for &((stage, layer, slot, _), i) in &order {
+        let e = &m.entries[i];
         let rows = e.key.rows() as usize;
         if e.shape.first().copied() != Some(rows) && !(rows == 1 && e.shape.is_empty()) {
             return Err(Error::BadRows {
@@ -110,11 +122,17 @@ fn index(
             });
         }
         for (row, pos) in e.key.pos.clone().enumerate() {
-            out.push(((stage, e.key.layer, slot, pos), Loc { entry: i, row }));
+            out.push((
+                (stage, layer, slot, pos),
+                Loc {
+                    entry: u32::try_from(i).expect("fewer than 2^32 taps"),
+                    row: row as u32,
+                },
+            ));
         }
     }
     if let Some(w) = out.windows(2).find(|w| w[0].0 == w[1].0) {
-        let e = &m.entries[w[1].1.entry];
+        let e = &m.entries[w[1].1.entry()];
         return Err(Error::DuplicatePosition {
             path: tree.path().to_path_buf(),
             key: e.key.to_string(),
@@ -215,13 +233,24 @@ pub fn diff(
     }
 
     let mut stages = Stages::default();
-    let ia = index(a, opts.slot_a, &mut stages)?;
-    let ib = index(b, opts.slot_b, &mut stages)?;
+    let (pa, pb) = (
+        picked(a, opts.slot_a, &mut stages),
+        picked(b, opts.slot_b, &mut stages),
+    );
+    let (ia, ib) = rayon::join(|| index(a, pa), || index(b, pb));
+    let (ia, ib) = (ia?, ib?);
     // Where the runs' input tokens part, per slot: later positions compute
     // different things and are not compared.
     let mut splits: HashMap<Option<u32>, Option<crate::inputs::InputSplit>> = HashMap::new();
+    // Positions come in runs of one slot: the last answer is remembered.
+    let mut last_split: Option<(Option<u32>, Option<u32>)> = None;
     let mut split_at = |slot: Option<u32>| -> Option<u32> {
-        splits
+        if let Some((s, at)) = last_split {
+            if s == slot {
+                return at;
+            }
+        }
+        let at = splits
             .entry(slot)
             .or_insert_with(|| {
                 let (sa, sb) = match (opts.slot_a, opts.slot_b) {
@@ -231,7 +260,9 @@ pub fn diff(
                 crate::inputs::split(&ma.run, &mb.run, sa, sb)
             })
             .as_ref()
-            .map(|s| s.pos)
+            .map(|s| s.pos);
+        last_split = Some((slot, at));
+        at
     };
     // Matched positions (a merge of the two sorted indexes), and the rest.
     let mut matched: Vec<(PosKey, Loc, Loc)> = Vec::with_capacity(ia.len().min(ib.len()));
@@ -298,31 +329,62 @@ pub fn diff(
     let mut groups: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
     let mut skipped_taps = vec![false; ma.entries.len()];
     let mut compared_taps = vec![false; ma.entries.len()];
+    // A pair of taps is judged once, not once per position it holds: its
+    // positions are consecutive in `matched`.
+    enum Judged {
+        /// Why they cannot be compared; whether rows still hold as many elements.
+        Mismatch(String, bool),
+        /// Equal by hash, with this many elements per row.
+        Equal(u64),
+        Differ,
+    }
+    let mut judged: Option<((usize, usize), Judged)> = None;
     for (i, (_, la, lb)) in matched.iter().enumerate() {
-        let (ea, eb) = (&ma.entries[la.entry], &mb.entries[lb.entry]);
-        if let Some(why) = mismatch(ea, eb) {
-            results.push(PosState::Read(Box::new(PosResult {
-                acc: Acc::default(),
-                mismatch: Some(why),
-                truth: None,
-            })));
-            // Same element count per row: the metrics still say something.
-            if row_elems(ea) == row_elems(eb) {
-                groups.entry((la.entry, lb.entry)).or_default().push(i);
+        let pair = (la.entry(), lb.entry());
+        let verdict = match &judged {
+            Some((p, v)) if *p == pair => v,
+            _ => {
+                let (ea, eb) = (&ma.entries[la.entry()], &mb.entries[lb.entry()]);
+                let v = if let Some(why) = mismatch(ea, eb) {
+                    Judged::Mismatch(why, row_elems(ea) == row_elems(eb))
+                } else if equal_by_hash(ea, eb) {
+                    Judged::Equal(row_elems(ea) as u64)
+                } else {
+                    Judged::Differ
+                };
+                &judged.insert((pair, v)).1
             }
-            compared_taps[la.entry] = true;
-        } else if equal_by_hash(ea, eb) {
-            results.push(PosState::Skipped(row_elems(ea) as u64));
-            skipped_taps[la.entry] = true;
-        } else {
-            results.push(PosState::Pending);
-            groups.entry((la.entry, lb.entry)).or_default().push(i);
-            compared_taps[la.entry] = true;
+        };
+        match verdict {
+            Judged::Mismatch(why, same_row_elems) => {
+                results.push(PosState::Read(Box::new(PosResult {
+                    acc: Acc::default(),
+                    mismatch: Some(why.clone()),
+                    truth: None,
+                })));
+                // Same element count per row: the metrics still say something.
+                if *same_row_elems {
+                    groups.entry(pair).or_default().push(i);
+                }
+                compared_taps[la.entry()] = true;
+            }
+            Judged::Equal(n) => {
+                results.push(PosState::Skipped(*n));
+                skipped_taps[la.entry()] = true;
+            }
+            Judged::Differ => {
+                results.push(PosState::Pending);
+                groups.entry(pair).or_default().push(i);
+                compared_taps[la.entry()] = true;
+            }
         }
     }
 
     let truth_index: Option<HashMap<PosKey, Loc>> = match truth {
-        Some(t) => Some(index(t, None, &mut stages)?.into_iter().collect()),
+        Some(t) => {
+            let order = picked(t, None, &mut stages);
+            Some(index(t, order)?.into_iter().collect())
+        }
         None => None,
     };
     // A truth that generated other tokens than A is no truth from there on.
@@ -356,22 +418,22 @@ pub fn diff(
             let mut truth_cache: HashMap<usize, Tensor> = HashMap::new();
             for &i in members {
                 let (k, la, lb) = &matched[i];
-                let (ra, rb) = (row_bytes(&ta, ea, la.row), row_bytes(&tb, eb, lb.row));
+                let (ra, rb) = (row_bytes(&ta, ea, la.row()), row_bytes(&tb, eb, lb.row()));
                 let acc = compare(ra, ea.dtype, rb, eb.dtype);
                 let mut t_pair = None;
                 let truth_fed_same = truth_split.get(&k.2).is_none_or(|&at| k.3 < at);
                 if let (Some(t), Some(ti), true) = (truth, truth_index.as_ref(), truth_fed_same) {
                     let lt = ti.get(k).or_else(|| ti.get(&(k.0, k.1, None, k.3)));
                     if let Some(lt) = lt {
-                        let et = &t.manifest().entries[lt.entry];
+                        let et = &t.manifest().entries[lt.entry()];
                         if row_elems(et) == row_elems(ea) {
                             if let std::collections::hash_map::Entry::Vacant(v) =
-                                truth_cache.entry(lt.entry)
+                                truth_cache.entry(lt.entry())
                             {
-                                v.insert(t.read(lt.entry)?);
+                                v.insert(t.read(lt.entry())?);
                             }
-                            let tt = &truth_cache[&lt.entry];
-                            let rt = row_bytes(tt, et, lt.row);
+                            let tt = &truth_cache[&lt.entry()];
+                            let rt = row_bytes(tt, et, lt.row());
                             t_pair = Some(Box::new((
                                 compare(rt, et.dtype, ra, ea.dtype),
                                 compare(rt, et.dtype, rb, eb.dtype),
@@ -544,7 +606,7 @@ fn build_row(
     has_truth: bool,
 ) -> Row {
     // Reports name A's own slot even when slots were paired.
-    let slot_of = |i: usize| ma.entries[matched[i].1.entry].key.slot;
+    let slot_of = |i: usize| ma.entries[matched[i].1.entry()].key.slot;
     let skipped = members
         .iter()
         .all(|&i| matches!(results[i], PosState::Skipped(_)));
@@ -581,17 +643,34 @@ fn build_row(
     let mut total = Acc::default();
     let mut mismatch = None;
     let mut truths = Vec::with_capacity(members.len());
+    // Positions equal by hash with as many elements have equal metrics: the
+    // last ones are reused rather than derived and judged again.
+    let mut last_skipped: Option<(u64, Metrics, bool)> = None;
     for &i in members {
         let k = &matched[i].0;
-        let (acc, r) = match &results[i] {
-            PosState::Skipped(n) => (Acc::identical(*n, 1), None),
-            PosState::Read(r) => (r.acc.clone(), Some(r)),
+        let (m, pass, r) = match &results[i] {
+            PosState::Skipped(n) => {
+                let acc = Acc::identical(*n, 1);
+                total.merge(&acc);
+                match &last_skipped {
+                    Some((ln, m, pass)) if ln == n => (m.clone(), *pass, None),
+                    _ => {
+                        let m = acc.metrics();
+                        let pass = tol.passes(&m);
+                        last_skipped = Some((*n, m.clone(), pass));
+                        (m, pass, None)
+                    }
+                }
+            }
+            PosState::Read(r) => {
+                total.merge(&r.acc);
+                let m = r.acc.metrics();
+                let pass = r.mismatch.is_none() && tol.passes(&m);
+                (m, pass, Some(r))
+            }
             PosState::Pending => unreachable!("every pending position was read"),
         };
-        total.merge(&acc);
-        let m = acc.metrics();
         let why = r.and_then(|r| r.mismatch.clone());
-        let pass = why.is_none() && tol.passes(&m);
         if why.is_some() {
             mismatch = why;
         }

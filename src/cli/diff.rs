@@ -111,6 +111,10 @@ impl Progress for Bar {
     }
 }
 
+fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+}
+
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let tolerance = if args.bitwise {
         Tolerance::bitwise()
@@ -127,9 +131,15 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         slot("--slot-a", &args.slot_a)?,
         slot("--slot-b", &args.slot_b)?,
     );
-    let a = TreeReader::open(&args.a)?;
-    let b = TreeReader::open(&args.b)?;
-    let truth = args.truth.as_ref().map(TreeReader::open).transpose()?;
+    // The manifests are opened at once: parsing and checking them is most of
+    // a mostly-equal diff. Errors are still reported A first, then B, then truth.
+    let (a, b, truth) = std::thread::scope(|s| {
+        let b = s.spawn(|| TreeReader::open(&args.b));
+        let truth = s.spawn(|| args.truth.as_ref().map(TreeReader::open).transpose());
+        let a = TreeReader::open(&args.a);
+        (a, join(b), join(truth))
+    });
+    let (a, b, truth) = (a?, b?, truth?);
 
     let bar = std::io::stderr().is_terminal().then(|| {
         let pb = indicatif::ProgressBar::new(0);
