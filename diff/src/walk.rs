@@ -100,18 +100,16 @@ fn picked(tree: &dyn Tree, pick: Option<Option<u32>>, stages: &mut Stages) -> Ve
     order
 }
 
-/// Every position a tree holds, sorted by key, from its [`picked`] entries.
-fn index(tree: &dyn Tree, mut order: Vec<(PosKey, usize)>) -> Result<Vec<(PosKey, Loc)>, Error> {
+/// Sorts a tree's [`picked`] entries into key order and checks that they
+/// hold one row per position and no position twice. The positions
+/// themselves are not stored: [`Positions`] expands them as the merge goes,
+/// which spares a diff two arrays of one element per position of each tree.
+fn index(tree: &dyn Tree, mut order: Vec<(PosKey, usize)>) -> Result<Vec<(PosKey, usize)>, Error> {
     let m = tree.manifest();
     // Sorting the entries (not the many more positions) and expanding each
     // one's ascending positions gives the positions in key order.
     order.sort_unstable();
-    let positions = order
-        .iter()
-        .map(|&(_, i)| m.entries[i].key.rows() as usize)
-        .sum();
-    let mut out = Vec::with_capacity(positions);
-    for &((stage, layer, slot, _), i) in &order {
+    for &(_, i) in &order {
         let e = &m.entries[i];
         let rows = e.key.rows() as usize;
         if e.shape.first().copied() != Some(rows) && !(rows == 1 && e.shape.is_empty()) {
@@ -121,25 +119,67 @@ fn index(tree: &dyn Tree, mut order: Vec<(PosKey, usize)>) -> Result<Vec<(PosKey
                 shape: e.shape.clone(),
             });
         }
-        for (row, pos) in e.key.pos.clone().enumerate() {
-            out.push((
-                (stage, layer, slot, pos),
-                Loc {
-                    entry: u32::try_from(i).expect("fewer than 2^32 taps"),
-                    row: row as u32,
-                },
-            ));
+    }
+    let mut previous: Option<PosKey> = None;
+    for (k, loc) in Positions::new(m, &order) {
+        if previous == Some(k) {
+            let e = &m.entries[loc.entry()];
+            return Err(Error::DuplicatePosition {
+                path: tree.path().to_path_buf(),
+                key: e.key.to_string(),
+                pos: k.3,
+            });
+        }
+        previous = Some(k);
+    }
+    Ok(order)
+}
+
+/// The positions of entries sorted by [`index`], in that order.
+struct Positions<'a> {
+    entries: &'a [Entry],
+    order: std::slice::Iter<'a, (PosKey, usize)>,
+    current: Option<(PosKey, u32, u32)>,
+    row: u32,
+}
+
+impl<'a> Positions<'a> {
+    fn new(m: &'a Manifest, order: &'a [(PosKey, usize)]) -> Positions<'a> {
+        Positions {
+            entries: &m.entries,
+            order: order.iter(),
+            current: None,
+            row: 0,
         }
     }
-    if let Some(w) = out.windows(2).find(|w| w[0].0 == w[1].0) {
-        let e = &m.entries[w[1].1.entry()];
-        return Err(Error::DuplicatePosition {
-            path: tree.path().to_path_buf(),
-            key: e.key.to_string(),
-            pos: w[1].0 .3,
-        });
+
+    /// How many positions there are in all.
+    fn count_all(m: &Manifest, order: &[(PosKey, usize)]) -> usize {
+        order
+            .iter()
+            .map(|&(_, i)| m.entries[i].key.rows() as usize)
+            .sum()
     }
-    Ok(out)
+}
+
+impl Iterator for Positions<'_> {
+    type Item = (PosKey, Loc);
+
+    fn next(&mut self) -> Option<(PosKey, Loc)> {
+        loop {
+            if let Some(((stage, layer, slot, start), entry, rows)) = self.current {
+                if self.row < rows {
+                    let row = self.row;
+                    self.row += 1;
+                    return Some(((stage, layer, slot, start + row), Loc { entry, row }));
+                }
+            }
+            let &(key, i) = self.order.next()?;
+            let entry = u32::try_from(i).expect("fewer than 2^32 taps");
+            self.current = Some((key, entry, self.entries[i].key.rows()));
+            self.row = 0;
+        }
+    }
 }
 
 fn info(tree: &dyn Tree) -> TreeInfo {
@@ -237,8 +277,8 @@ pub fn diff(
         picked(a, opts.slot_a, &mut stages),
         picked(b, opts.slot_b, &mut stages),
     );
-    let (ia, ib) = rayon::join(|| index(a, pa), || index(b, pb));
-    let (ia, ib) = (ia?, ib?);
+    let (oa, ob) = rayon::join(|| index(a, pa), || index(b, pb));
+    let (oa, ob) = (oa?, ob?);
     // Where the runs' input tokens part, per slot: later positions compute
     // different things and are not compared.
     let mut splits: HashMap<Option<u32>, Option<crate::inputs::InputSplit>> = HashMap::new();
@@ -265,39 +305,42 @@ pub fn diff(
         at
     };
     // Matched positions (a merge of the two sorted indexes), and the rest.
-    let mut matched: Vec<(PosKey, Loc, Loc)> = Vec::with_capacity(ia.len().min(ib.len()));
-    let (mut i, mut j) = (0, 0);
-    while i < ia.len() || j < ib.len() {
-        let order = match (ia.get(i), ib.get(j)) {
+    let mut matched: Vec<(PosKey, Loc, Loc)> =
+        Vec::with_capacity(Positions::count_all(ma, &oa).min(Positions::count_all(mb, &ob)));
+    let (mut ia, mut ib) = (Positions::new(ma, &oa), Positions::new(mb, &ob));
+    let (mut x, mut y) = (ia.next(), ib.next());
+    loop {
+        let order = match (&x, &y) {
             (Some(x), Some(y)) => x.0.cmp(&y.0),
             (Some(_), None) => std::cmp::Ordering::Less,
-            _ => std::cmp::Ordering::Greater,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => break,
         };
         match order {
             // Past the inputs' split a missing position is no news.
             std::cmp::Ordering::Less => {
-                let k = ia[i].0;
+                let k = x.expect("compared").0;
                 if split_at(k.2).is_none_or(|at| k.3 < at) {
                     report.only_in_a.push(pos_label(&k, &stages));
                 }
-                i += 1;
+                x = ia.next();
             }
             std::cmp::Ordering::Greater => {
-                let k = ib[j].0;
+                let k = y.expect("compared").0;
                 if split_at(k.2).is_none_or(|at| k.3 < at) {
                     report.only_in_b.push(pos_label(&k, &stages));
                 }
-                j += 1;
+                y = ib.next();
             }
             std::cmp::Ordering::Equal => {
-                let k = ia[i].0;
+                let ((k, la), (_, lb)) = (x.expect("compared"), y.expect("compared"));
                 if split_at(k.2).is_some_and(|at| k.3 >= at) {
                     report.counts.positions_inputs_differ += 1;
                 } else {
-                    matched.push((k, ia[i].1, ib[j].1));
+                    matched.push((k, la, lb));
                 }
-                i += 1;
-                j += 1;
+                x = ia.next();
+                y = ib.next();
             }
         }
     }
@@ -383,7 +426,8 @@ pub fn diff(
     let truth_index: Option<HashMap<PosKey, Loc>> = match truth {
         Some(t) => {
             let order = picked(t, None, &mut stages);
-            Some(index(t, order)?.into_iter().collect())
+            let order = index(t, order)?;
+            Some(Positions::new(t.manifest(), &order).collect())
         }
         None => None,
     };
@@ -494,8 +538,10 @@ pub fn diff(
             _ => by_row.push(((k.1, stages.names[k.0 as usize].clone()), vec![i])),
         }
     }
+    // Rows are built on every core: a row that is not all equal by hash
+    // derives and stores the metrics of each of its positions.
     let mut rows: Vec<Row> = by_row
-        .into_iter()
+        .into_par_iter()
         .map(|((layer, stage), members)| {
             build_row(
                 layer,
