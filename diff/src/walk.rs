@@ -865,3 +865,85 @@ fn pos_label(k: &PosKey, stages: &Stages) -> String {
 pub(crate) fn short_hash(h: &str) -> &str {
     &h[..h.len().min(12)]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Error;
+    use capture::{DType, Key, RunInfo};
+    use std::path::{Path, PathBuf};
+
+    struct Bare(PathBuf, Manifest);
+
+    impl Tree for Bare {
+        fn path(&self) -> &Path {
+            &self.0
+        }
+        fn manifest(&self) -> &Manifest {
+            &self.1
+        }
+        fn read(&self, _: usize) -> Result<Tensor, capture::Error> {
+            unreachable!("no tensor is read before the indexes are checked")
+        }
+    }
+
+    fn tree(name: &str, taps: &[(u32, u32, usize)]) -> Bare {
+        let entries = taps
+            .iter()
+            .map(|&(start, end, rows)| {
+                let key = Key::new("x", Some(0), start..end);
+                Entry {
+                    path: capture::manifest::path_of(&key),
+                    key,
+                    dtype: DType::F32,
+                    shape: vec![rows, 2],
+                    blake3: format!("{start}-{end}"),
+                    bytes: rows as u64 * 8,
+                }
+            })
+            .collect();
+        Bare(
+            PathBuf::from(name),
+            Manifest {
+                format: "taptree".into(),
+                format_version: capture::FORMAT_VERSION.into(),
+                root: name.into(),
+                run: RunInfo::default(),
+                selection: "all".into(),
+                stages: Vec::new(),
+                dirs: Default::default(),
+                entries,
+            },
+        )
+    }
+
+    #[test]
+    fn index_errors_name_the_first_problem_of_a_then_b() {
+        let good = tree("good", &[(0, 2, 2), (2, 3, 1)]);
+        let dup = tree("dup", &[(0, 2, 2), (1, 2, 1)]);
+        let bad_rows = tree("rows", &[(0, 2, 3), (1, 2, 1)]);
+        match diff(&good, &dup, None, &Options::default()) {
+            Err(Error::DuplicatePosition { path, key, pos }) => {
+                assert_eq!(
+                    (path, key.as_str(), pos),
+                    (PathBuf::from("dup"), "L0/x@1", 1)
+                )
+            }
+            other => panic!("{:?}", other.err()),
+        }
+        // Rows are checked before duplicates, and A before B.
+        match diff(&bad_rows, &dup, None, &Options::default()) {
+            Err(Error::BadRows { key, .. }) => assert_eq!(key, "L0/x@0..2"),
+            other => panic!("{:?}", other.err()),
+        }
+        let r = diff(
+            &good,
+            &tree("other", &[(0, 2, 2)]),
+            None,
+            &Options::default(),
+        )
+        .unwrap();
+        assert_eq!(r.counts.positions, 2);
+        assert_eq!(r.only_in_a, vec!["L0/x@2".to_string()]);
+    }
+}
