@@ -478,3 +478,39 @@ fn swapped_and_linked_tap_files_exit_2() {
     assert_eq!(o.status.code(), Some(2), "{out}{err}");
     assert!(err.contains("outside the tree"), "{err}");
 }
+
+/// Two real captures of a fixture model fed different prompts: by default
+/// the diff compares only the positions before the inputs part (and agrees
+/// there); `--all-positions` compares the rest too, and the first diverging
+/// op is the embedding at the first different token.
+#[test]
+fn different_inputs_are_left_out_unless_all_positions() {
+    let d = tempfile::tempdir().unwrap();
+    let (a, b) = (d.path().join("a"), d.path().join("b"));
+    for (out, tokens) in [(&a, "1,5,9,12"), (&b, "1,5,7,12")] {
+        let o = taptree(&[
+            &"capture",
+            &"--model",
+            &"tiny-q",
+            &"--tokens",
+            &tokens,
+            &"--gen",
+            &"0",
+            &"--out",
+            out,
+        ]);
+        assert!(o.status.success(), "{:?}", text(&o));
+    }
+    let o = taptree(&[&"diff", &a, &b]);
+    let (out, _) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(
+        out.contains("inputs differ from position 2 (A token 9, B token 7)"),
+        "{out}"
+    );
+    let o = taptree(&[&"diff", &a, &b, &"--all-positions"]);
+    let (out, _) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("first diverging op: embedding@2 (origin)"), "{out}");
+    assert!(out.contains("compared all the same (--all-positions)"), "{out}");
+}

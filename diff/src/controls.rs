@@ -102,6 +102,7 @@ fn quiet<'p>(opts: &Options<'p>) -> Options<'p> {
         tolerance: opts.tolerance.clone(),
         slot_a: None,
         slot_b: None,
+        all_positions: opts.all_positions,
         progress: None,
     }
 }

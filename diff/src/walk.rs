@@ -22,6 +22,10 @@ pub struct Options<'p> {
     /// against `slot_b` of B, whatever their slot numbers.
     pub slot_a: Option<Option<u32>>,
     pub slot_b: Option<Option<u32>>,
+    /// Compare every position, also past the one where the runs' input
+    /// tokens part (by default those are left out: they compute different
+    /// things). For probes that a different input must diverge.
+    pub all_positions: bool,
     /// Told how many tensor bytes are to be read, then each read as it ends.
     pub progress: Option<&'p (dyn Progress + Sync)>,
 }
@@ -304,6 +308,8 @@ pub fn diff(
         last_split = Some((slot, at));
         at
     };
+    // With `all_positions` the split is still reported, but nothing is cut.
+    let mut split_at = |slot: Option<u32>| split_at(slot).filter(|_| !opts.all_positions);
     // Matched positions (a merge of the two sorted indexes), and the rest.
     let mut matched: Vec<(PosKey, Loc, Loc)> =
         Vec::with_capacity(Positions::count_all(ma, &oa).min(Positions::count_all(mb, &ob)));
@@ -521,12 +527,15 @@ pub fn diff(
     report.counts.bytes_read = total;
 
     // Rows, in forward order.
-    let layers: BTreeSet<u32> = ma
-        .entries
-        .iter()
-        .chain(&mb.entries)
-        .filter_map(|e| e.key.layer)
-        .collect();
+    // Entries come in runs of one layer: only a change of layer is inserted.
+    let mut layers: BTreeSet<u32> = BTreeSet::new();
+    let mut last_layer = None;
+    for layer in ma.entries.iter().chain(&mb.entries).filter_map(|e| e.key.layer) {
+        if last_layer != Some(layer) {
+            layers.insert(layer);
+            last_layer = Some(layer);
+        }
+    }
     let graph = StageGraph::new(&vocabulary(ma, mb), &layers);
     // `matched` is sorted by (stage, layer, slot, pos): each row is a run.
     let mut by_row: Vec<(RowKey, Vec<usize>)> = Vec::new();
@@ -576,7 +585,11 @@ pub(crate) fn conclude(report: &mut Report) {
         (0, 0) => String::new(),
         (x, y) => format!(" ({x} positions only in A, {y} only in B, not compared)"),
     };
-    if let Some(split) = &report.inputs_split {
+    if let Some(split) = report
+        .inputs_split
+        .as_ref()
+        .filter(|_| report.counts.positions_inputs_differ > 0)
+    {
         missing.push_str(&format!(
             " (inputs differ from position {}: {} positions not compared)",
             split.pos, report.counts.positions_inputs_differ

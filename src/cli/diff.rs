@@ -49,6 +49,12 @@ pub struct Args {
     /// ... against slot M of B.
     #[arg(long, value_name = "M|none")]
     pub slot_b: Option<String>,
+    /// Compare every position, also those past where the runs' input tokens
+    /// part (greedy generation chose differently, or other prompts): by
+    /// default they are left out. The probe "a slot fed another prompt must
+    /// diverge" needs it.
+    #[arg(long)]
+    pub all_positions: bool,
     /// The report as JSON on stdout (schema in docs/GUIDE.md).
     #[arg(long)]
     pub json: bool,
@@ -155,6 +161,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         tolerance,
         slot_a,
         slot_b,
+        all_positions: args.all_positions,
         progress: bar.as_ref().map(|b| b as &(dyn Progress + Sync)),
     };
     let mut report = diff::diff(&a, &b, truth.as_ref().map(|t| t as &dyn diff::Tree), &opts)?;

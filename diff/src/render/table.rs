@@ -230,8 +230,16 @@ pub fn render(report: &Report, opts: &TableOptions) -> String {
             out,
             "{}",
             p.yellow(&format!(
-                "inputs differ from position {}{slot} (A token {}, B token {}): the runs generated different tokens; {} later positions not compared",
-                split.pos, split.token_a, split.token_b, report.counts.positions_inputs_differ
+                "inputs differ from position {}{slot} (A token {}, B token {}): {}",
+                split.pos,
+                split.token_a,
+                split.token_b,
+                match report.counts.positions_inputs_differ {
+                    0 => "compared all the same (--all-positions)".to_string(),
+                    n => format!(
+                        "the runs were fed different tokens; {n} later positions not compared"
+                    ),
+                }
             ))
         );
     }
