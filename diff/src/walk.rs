@@ -530,7 +530,12 @@ pub fn diff(
     // Entries come in runs of one layer: only a change of layer is inserted.
     let mut layers: BTreeSet<u32> = BTreeSet::new();
     let mut last_layer = None;
-    for layer in ma.entries.iter().chain(&mb.entries).filter_map(|e| e.key.layer) {
+    for layer in ma
+        .entries
+        .iter()
+        .chain(&mb.entries)
+        .filter_map(|e| e.key.layer)
+    {
         if last_layer != Some(layer) {
             layers.insert(layer);
             last_layer = Some(layer);
