@@ -511,6 +511,12 @@ fn different_inputs_are_left_out_unless_all_positions() {
     let o = taptree(&[&"diff", &a, &b, &"--all-positions"]);
     let (out, _) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}");
-    assert!(out.contains("first diverging op: embedding@2 (origin)"), "{out}");
-    assert!(out.contains("compared all the same (--all-positions)"), "{out}");
+    assert!(
+        out.contains("first diverging op: embedding@2 (origin)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("compared all the same (--all-positions)"),
+        "{out}"
+    );
 }

@@ -25,11 +25,18 @@ fn text(o: &Output) -> (String, String) {
     )
 }
 
+/// One capture may be armed per process, and the tests run on threads of one
+/// process: every test that captures holds this.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn one_capture_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A small tree: 3 layers × 2 stages over 4 positions, plus logits.
 /// `bump` changes one element of layer 2's `ffn_down`.
 fn make_tree(out: &Path, bump: f32) -> capture::Summary {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _guard = one_capture_at_a_time();
     let cap = Capture::start(CaptureOptions {
         out: out.to_path_buf(),
         selection: Selection::all(),
@@ -504,6 +511,7 @@ fn python_and_rust_write_the_same_tree() {
     let rust = dir.path().join("rust");
     let py = dir.path().join("py");
     {
+        let _guard = one_capture_at_a_time();
         let cap = Capture::start(CaptureOptions {
             out: rust.clone(),
             selection: Selection::all(),
@@ -595,6 +603,7 @@ fn ls_into_a_closed_pipe_is_not_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let tree = dir.path().join("big");
     {
+        let _guard = one_capture_at_a_time();
         let cap = Capture::start(CaptureOptions {
             out: tree.clone(),
             selection: Selection::all(),
