@@ -90,3 +90,43 @@ pub trait Forward {
     /// Forgets every cached position (all sequences).
     fn reset(&mut self);
 }
+
+/// Checks that `tokens` is a non-empty run of ids inside the vocabulary: the
+/// same refusal on every backend.
+pub fn check_tokens(config: &LlamaConfig, tokens: &[u32]) -> Result<(), ForwardError> {
+    if tokens.is_empty() {
+        return Err(ForwardError::Unsupported("no tokens to run".into()));
+    }
+    match tokens.iter().find(|&&t| t as usize >= config.vocab_size) {
+        Some(&id) => Err(ForwardError::TokenOutOfRange {
+            id,
+            vocab: config.vocab_size,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Checks that `rows` positions from `start` fit the context and continue
+/// the `cached` positions of `slot` (a forward cannot skip positions).
+pub fn check_positions(
+    config: &LlamaConfig,
+    slot: Option<u32>,
+    rows: usize,
+    start: usize,
+    cached: usize,
+) -> Result<(), ForwardError> {
+    let end = start + rows;
+    if end > config.context_length {
+        return Err(ForwardError::ContextOverflow {
+            end,
+            context: config.context_length,
+        });
+    }
+    if start > cached {
+        return Err(ForwardError::Unsupported(format!(
+            "position {start}{}: only {cached} positions are cached",
+            slot.map(|s| format!(" of slot {s}")).unwrap_or_default()
+        )));
+    }
+    Ok(())
+}

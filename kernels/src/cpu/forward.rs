@@ -145,33 +145,14 @@ impl CpuForward {
         tokens: &[u32],
         start_pos: usize,
     ) -> Result<(), ForwardError> {
-        if tokens.is_empty() {
-            return Err(ForwardError::Unsupported("no tokens to run".into()));
-        }
-        if let Some(&id) = tokens
-            .iter()
-            .find(|&&t| t as usize >= self.config.vocab_size)
-        {
-            return Err(ForwardError::TokenOutOfRange {
-                id,
-                vocab: self.config.vocab_size,
-            });
-        }
-        let end = start_pos + tokens.len();
-        if end > self.config.context_length {
-            return Err(ForwardError::ContextOverflow {
-                end,
-                context: self.config.context_length,
-            });
-        }
-        let cached = self.cached_len(slot);
-        if start_pos > cached {
-            return Err(ForwardError::Unsupported(format!(
-                "position {start_pos}{}: only {cached} positions are cached",
-                slot.map(|s| format!(" of slot {s}")).unwrap_or_default()
-            )));
-        }
-        Ok(())
+        crate::forward::check_tokens(&self.config, tokens)?;
+        crate::forward::check_positions(
+            &self.config,
+            slot,
+            tokens.len(),
+            start_pos,
+            self.cached_len(slot),
+        )
     }
 }
 

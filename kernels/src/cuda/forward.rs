@@ -193,19 +193,7 @@ impl CudaForward {
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<(), ForwardError> {
-        if tokens.is_empty() {
-            return Err(ForwardError::Unsupported("no tokens to run".into()));
-        }
-        if let Some(&id) = tokens
-            .iter()
-            .find(|&&t| t as usize >= self.config.vocab_size)
-        {
-            return Err(ForwardError::TokenOutOfRange {
-                id,
-                vocab: self.config.vocab_size,
-            });
-        }
-        Ok(())
+        crate::forward::check_tokens(&self.config, tokens)
     }
 
     fn check_group(
@@ -214,21 +202,8 @@ impl CudaForward {
         rows: usize,
         start: usize,
     ) -> Result<(), ForwardError> {
-        let end = start + rows;
-        if end > self.config.context_length {
-            return Err(ForwardError::ContextOverflow {
-                end,
-                context: self.config.context_length,
-            });
-        }
         let cached = self.caches.get(&slot).map_or(0, |c| c.len);
-        if start > cached {
-            return Err(ForwardError::Unsupported(format!(
-                "position {start}{}: only {cached} positions are cached",
-                slot.map(|s| format!(" of slot {s}")).unwrap_or_default()
-            )));
-        }
-        Ok(())
+        crate::forward::check_positions(&self.config, slot, rows, start, cached)
     }
 
     fn ensure_scratch(&mut self, rows: usize) -> Result<(), CudaError> {
