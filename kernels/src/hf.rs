@@ -82,24 +82,23 @@ fn gguf_name(hf: &str, config: &LlamaConfig) -> Option<(String, Option<usize>)> 
 /// row `2i + j` is old row `j * head_dim / 2 + i` (llama.cpp's
 /// `reshape(n_head, 2, hd/2, cols).swapaxes(1, 2)`).
 pub fn permute_rope_rows(data: &[u8], n_head: usize, rows: usize, row_bytes: usize) -> Vec<u8> {
-    let head_dim = rows / n_head;
-    let half = head_dim / 2;
-    let mut out = vec![0u8; data.len()];
-    for h in 0..n_head {
-        for i in 0..half {
-            for j in 0..2 {
-                let dst = h * head_dim + 2 * i + j;
-                let src = h * head_dim + j * half + i;
-                out[dst * row_bytes..(dst + 1) * row_bytes]
-                    .copy_from_slice(&data[src * row_bytes..(src + 1) * row_bytes]);
-            }
-        }
-    }
-    out
+    move_rope_rows(data, n_head, rows, row_bytes, true)
 }
 
 /// The inverse of [`permute_rope_rows`] (GGUF order back to HF order).
 pub fn unpermute_rope_rows(data: &[u8], n_head: usize, rows: usize, row_bytes: usize) -> Vec<u8> {
+    move_rope_rows(data, n_head, rows, row_bytes, false)
+}
+
+/// Moves every row between its HF index (`j * head_dim / 2 + i` within a
+/// head) and its GGUF index (`2i + j`), in the direction asked.
+fn move_rope_rows(
+    data: &[u8],
+    n_head: usize,
+    rows: usize,
+    row_bytes: usize,
+    to_gguf: bool,
+) -> Vec<u8> {
     let head_dim = rows / n_head;
     let half = head_dim / 2;
     let mut out = vec![0u8; data.len()];
@@ -108,8 +107,9 @@ pub fn unpermute_rope_rows(data: &[u8], n_head: usize, rows: usize, row_bytes: u
             for j in 0..2 {
                 let gguf = h * head_dim + 2 * i + j;
                 let hf = h * head_dim + j * half + i;
-                out[hf * row_bytes..(hf + 1) * row_bytes]
-                    .copy_from_slice(&data[gguf * row_bytes..(gguf + 1) * row_bytes]);
+                let (dst, src) = if to_gguf { (gguf, hf) } else { (hf, gguf) };
+                out[dst * row_bytes..(dst + 1) * row_bytes]
+                    .copy_from_slice(&data[src * row_bytes..(src + 1) * row_bytes]);
             }
         }
     }
