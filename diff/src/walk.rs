@@ -3,7 +3,7 @@
 
 use crate::divergence;
 use crate::graph::StageGraph;
-use crate::metrics::{compare, Acc, Metrics};
+use crate::metrics::{compare, Acc};
 use crate::report::{
     Closer, Counts, Outcome, Position, Report, Row, Status, TreeInfo, TruthVerdict, SCHEMA,
 };
@@ -12,7 +12,7 @@ use crate::tree::{Tensor, Tree};
 use crate::Error;
 use capture::{Entry, Manifest};
 use rayon::prelude::*;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
 /// How to compare.
 #[derive(Default)]
@@ -41,6 +41,13 @@ pub trait Progress {
 /// The stage is numbered by [`Stages`]: keys are `Copy` and compare fast.
 type PosKey = (u32, Option<u32>, Option<u32>, u32);
 
+/// The positions of one (stage, layer, slot): a [`PosKey`] without its position.
+type Group = (u32, Option<u32>, Option<u32>);
+
+fn group(k: &PosKey) -> Group {
+    (k.0, k.1, k.2)
+}
+
 /// A row: (layer, stage name).
 type RowKey = (Option<u32>, String);
 
@@ -62,9 +69,6 @@ impl Stages {
         id
     }
 }
-
-/// A position's A-vs-B accumulator and, with a truth, (T-vs-A, T-vs-B).
-type Computed = (usize, Acc, Option<Box<(Acc, Acc)>>);
 
 /// Where a position lives: entry index and row. Narrow, because there is
 /// one per position of each tree and the index is built for every diff.
@@ -106,12 +110,10 @@ fn picked(tree: &dyn Tree, pick: Option<Option<u32>>, stages: &mut Stages) -> Ve
 
 /// Sorts a tree's [`picked`] entries into key order and checks that they
 /// hold one row per position and no position twice. The positions
-/// themselves are not stored: [`Positions`] expands them as the merge goes,
-/// which spares a diff two arrays of one element per position of each tree.
+/// themselves are never listed: the merge walks whole taps ([`Cursor`]),
+/// so a diff costs per tap, not per position, where the taps agree.
 fn index(tree: &dyn Tree, mut order: Vec<(PosKey, usize)>) -> Result<Vec<(PosKey, usize)>, Error> {
     let m = tree.manifest();
-    // Sorting the entries (not the many more positions) and expanding each
-    // one's ascending positions gives the positions in key order.
     order.sort_unstable();
     for &(_, i) in &order {
         let e = &m.entries[i];
@@ -124,19 +126,91 @@ fn index(tree: &dyn Tree, mut order: Vec<(PosKey, usize)>) -> Result<Vec<(PosKey
             });
         }
     }
-    let mut previous: Option<PosKey> = None;
-    for (k, loc) in Positions::new(m, &order) {
-        if previous == Some(k) {
-            let e = &m.entries[loc.entry()];
-            return Err(Error::DuplicatePosition {
-                path: tree.path().to_path_buf(),
-                key: e.key.to_string(),
-                pos: k.3,
-            });
+    // Sorted by first position, a tap overlaps an earlier one of its
+    // (stage, layer, slot) exactly when it starts before the furthest end
+    // seen so far; its first position is then held twice.
+    let mut reach: Option<(Group, u32)> = None;
+    for &(k, i) in &order {
+        let e = &m.entries[i];
+        if e.key.rows() == 0 {
+            continue;
         }
-        previous = Some(k);
+        let end = e.key.pos.end;
+        match &mut reach {
+            Some((g, furthest)) if *g == group(&k) => {
+                if k.3 < *furthest {
+                    return Err(Error::DuplicatePosition {
+                        path: tree.path().to_path_buf(),
+                        key: e.key.to_string(),
+                        pos: k.3,
+                    });
+                }
+                *furthest = (*furthest).max(end);
+            }
+            _ => reach = Some((group(&k), end)),
+        }
     }
     Ok(order)
+}
+
+/// A run of matched positions held by one tap of each tree: positions
+/// `key.3 .. key.3 + len`, at rows `a.row ..` of A's tap and `b.row ..` of
+/// B's. Taps that hold the same positions in both trees (the usual case)
+/// make one segment each.
+#[derive(Clone, Copy)]
+struct Segment {
+    key: PosKey,
+    len: u32,
+    a: Loc,
+    b: Loc,
+}
+
+impl Segment {
+    fn key(&self, j: u32) -> PosKey {
+        (self.key.0, self.key.1, self.key.2, self.key.3 + j)
+    }
+}
+
+/// The positions of a tree not yet merged, a tap at a time: the current
+/// tap's next position, its end, and where that position lives.
+struct Cursor<'a> {
+    entries: &'a [Entry],
+    order: std::slice::Iter<'a, (PosKey, usize)>,
+    current: Option<(PosKey, u32, Loc)>,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(m: &'a Manifest, order: &'a [(PosKey, usize)]) -> Cursor<'a> {
+        let mut c = Cursor {
+            entries: &m.entries,
+            order: order.iter(),
+            current: None,
+        };
+        c.current = c.pull();
+        c
+    }
+
+    fn pull(&mut self) -> Option<(PosKey, u32, Loc)> {
+        loop {
+            let &(key, i) = self.order.next()?;
+            let rows = self.entries[i].key.rows();
+            if rows > 0 {
+                let entry = u32::try_from(i).expect("fewer than 2^32 taps");
+                return Some((key, key.3 + rows, Loc { entry, row: 0 }));
+            }
+        }
+    }
+
+    /// Moves past `n` positions of the current tap.
+    fn advance(&mut self, n: u32) {
+        if let Some((key, end, loc)) = &mut self.current {
+            key.3 += n;
+            loc.row += n;
+            if key.3 >= *end {
+                self.current = self.pull();
+            }
+        }
+    }
 }
 
 /// The positions of entries sorted by [`index`], in that order.
@@ -155,14 +229,6 @@ impl<'a> Positions<'a> {
             current: None,
             row: 0,
         }
-    }
-
-    /// How many positions there are in all.
-    fn count_all(m: &Manifest, order: &[(PosKey, usize)]) -> usize {
-        order
-            .iter()
-            .map(|&(_, i)| m.entries[i].key.rows() as usize)
-            .sum()
     }
 }
 
@@ -224,21 +290,19 @@ fn mismatch(a: &Entry, b: &Entry) -> Option<String> {
     }
 }
 
-/// The result at one matched position. Boxed: most positions of a typical
-/// diff are skipped, and the skipped ones should cost a word, not a struct.
-enum PosState {
-    /// Equal by hash, never read: `n` elements.
+/// What became of a segment.
+enum SegState {
+    /// Equal by hash, never read: `n` elements per position.
     Skipped(u64),
-    /// To be read.
-    Pending,
-    Read(Box<PosResult>),
+    /// Read, or not comparable (`mismatch`): one result per position.
+    Compared {
+        mismatch: Option<String>,
+        results: Vec<Computed>,
+    },
 }
 
-struct PosResult {
-    acc: Acc,
-    mismatch: Option<String>,
-    truth: Option<Box<(Acc, Acc)>>,
-}
+/// A position's A-vs-B accumulator and, with a truth, (T-vs-A, T-vs-B).
+type Computed = (Acc, Option<Box<(Acc, Acc)>>);
 
 /// Compares `a` with `b` (and, for red rows, both with `truth`).
 pub fn diff(
@@ -310,43 +374,64 @@ pub fn diff(
     };
     // With `all_positions` the split is still reported, but nothing is cut.
     let mut split_at = |slot: Option<u32>| split_at(slot).filter(|_| !opts.all_positions);
-    // Matched positions (a merge of the two sorted indexes), and the rest.
-    let mut matched: Vec<(PosKey, Loc, Loc)> =
-        Vec::with_capacity(Positions::count_all(ma, &oa).min(Positions::count_all(mb, &ob)));
-    let (mut ia, mut ib) = (Positions::new(ma, &oa), Positions::new(mb, &ob));
-    let (mut x, mut y) = (ia.next(), ib.next());
+    // Matched segments (a merge of the two sorted indexes, a tap at a
+    // time), and the positions only one tree holds.
+    let mut matched: Vec<Segment> = Vec::with_capacity(oa.len().max(ob.len()));
+    let (mut ca, mut cb) = (Cursor::new(ma, &oa), Cursor::new(mb, &ob));
     loop {
-        let order = match (&x, &y) {
-            (Some(x), Some(y)) => x.0.cmp(&y.0),
-            (Some(_), None) => std::cmp::Ordering::Less,
-            (None, Some(_)) => std::cmp::Ordering::Greater,
+        let (x, y) = (ca.current, cb.current);
+        // The side whose next positions are only its own, and how many.
+        let lone = match (x, y) {
             (None, None) => break,
-        };
-        match order {
-            // Past the inputs' split a missing position is no news.
-            std::cmp::Ordering::Less => {
-                let k = x.expect("compared").0;
-                if split_at(k.2).is_none_or(|at| k.3 < at) {
-                    report.only_in_a.push(pos_label(&k, &stages));
-                }
-                x = ia.next();
-            }
-            std::cmp::Ordering::Greater => {
-                let k = y.expect("compared").0;
-                if split_at(k.2).is_none_or(|at| k.3 < at) {
-                    report.only_in_b.push(pos_label(&k, &stages));
-                }
-                y = ib.next();
-            }
-            std::cmp::Ordering::Equal => {
-                let ((k, la), (_, lb)) = (x.expect("compared"), y.expect("compared"));
-                if split_at(k.2).is_some_and(|at| k.3 >= at) {
-                    report.counts.positions_inputs_differ += 1;
+            (Some((ka, ea, la)), Some((kb, eb, lb))) if group(&ka) == group(&kb) => {
+                if ka.3 < kb.3 {
+                    Some((true, ka, ea.min(kb.3) - ka.3))
+                } else if kb.3 < ka.3 {
+                    Some((false, kb, eb.min(ka.3) - kb.3))
                 } else {
-                    matched.push((k, la, lb));
+                    let n = ea.min(eb) - ka.3;
+                    // Past the inputs' split positions are counted, not compared.
+                    let cut = match split_at(ka.2) {
+                        Some(at) => at.saturating_sub(ka.3).min(n),
+                        None => n,
+                    };
+                    if cut > 0 {
+                        matched.push(Segment {
+                            key: ka,
+                            len: cut,
+                            a: la,
+                            b: lb,
+                        });
+                    }
+                    report.counts.positions_inputs_differ += u64::from(n - cut);
+                    ca.advance(n);
+                    cb.advance(n);
+                    None
                 }
-                x = ia.next();
-                y = ib.next();
+            }
+            (Some((ka, ea, _)), y) if y.is_none_or(|(kb, _, _)| group(&ka) < group(&kb)) => {
+                Some((true, ka, ea - ka.3))
+            }
+            (_, Some((kb, eb, _))) => Some((false, kb, eb - kb.3)),
+            (Some(_), None) => unreachable!("a lone A is taken above"),
+        };
+        if let Some((in_a, k, n)) = lone {
+            // Past the inputs' split a missing position is no news.
+            let at = split_at(k.2);
+            let list = if in_a {
+                &mut report.only_in_a
+            } else {
+                &mut report.only_in_b
+            };
+            for p in k.3..k.3 + n {
+                if at.is_none_or(|at| p < at) {
+                    list.push(pos_label(&(k.0, k.1, k.2, p), &stages));
+                }
+            }
+            if in_a {
+                ca.advance(n);
+            } else {
+                cb.advance(n);
             }
         }
     }
@@ -373,59 +458,33 @@ pub fn diff(
         .flatten()
         .min_by_key(|s| (s.pos, s.slot));
 
-    // The entry pairs that must be read.
-    let mut results: Vec<PosState> = Vec::with_capacity(matched.len());
-    let mut groups: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
+    // Each segment judged from the manifests: equal by hash, not
+    // comparable, or to be read (`to_read`: segment, why not comparable).
+    let mut states: Vec<Option<SegState>> = Vec::with_capacity(matched.len());
+    let mut to_read: Vec<(usize, Option<String>)> = Vec::new();
     let mut skipped_taps = vec![false; ma.entries.len()];
     let mut compared_taps = vec![false; ma.entries.len()];
-    // A pair of taps is judged once, not once per position it holds: its
-    // positions are consecutive in `matched`.
-    enum Judged {
-        /// Why they cannot be compared; whether rows still hold as many elements.
-        Mismatch(String, bool),
-        /// Equal by hash, with this many elements per row.
-        Equal(u64),
-        Differ,
-    }
-    let mut judged: Option<((usize, usize), Judged)> = None;
-    for (i, (_, la, lb)) in matched.iter().enumerate() {
-        let pair = (la.entry(), lb.entry());
-        let verdict = match &judged {
-            Some((p, v)) if *p == pair => v,
-            _ => {
-                let (ea, eb) = (&ma.entries[la.entry()], &mb.entries[lb.entry()]);
-                let v = if let Some(why) = mismatch(ea, eb) {
-                    Judged::Mismatch(why, row_elems(ea) == row_elems(eb))
-                } else if equal_by_hash(ea, eb) {
-                    Judged::Equal(row_elems(ea) as u64)
-                } else {
-                    Judged::Differ
-                };
-                &judged.insert((pair, v)).1
+    for (i, seg) in matched.iter().enumerate() {
+        let (ea, eb) = (&ma.entries[seg.a.entry()], &mb.entries[seg.b.entry()]);
+        if let Some(why) = mismatch(ea, eb) {
+            compared_taps[seg.a.entry()] = true;
+            // Same element count per row: the metrics still say something.
+            if row_elems(ea) == row_elems(eb) {
+                to_read.push((i, Some(why)));
+                states.push(None);
+            } else {
+                states.push(Some(SegState::Compared {
+                    mismatch: Some(why),
+                    results: (0..seg.len).map(|_| (Acc::default(), None)).collect(),
+                }));
             }
-        };
-        match verdict {
-            Judged::Mismatch(why, same_row_elems) => {
-                results.push(PosState::Read(Box::new(PosResult {
-                    acc: Acc::default(),
-                    mismatch: Some(why.clone()),
-                    truth: None,
-                })));
-                // Same element count per row: the metrics still say something.
-                if *same_row_elems {
-                    groups.entry(pair).or_default().push(i);
-                }
-                compared_taps[la.entry()] = true;
-            }
-            Judged::Equal(n) => {
-                results.push(PosState::Skipped(*n));
-                skipped_taps[la.entry()] = true;
-            }
-            Judged::Differ => {
-                results.push(PosState::Pending);
-                groups.entry(pair).or_default().push(i);
-                compared_taps[la.entry()] = true;
-            }
+        } else if equal_by_hash(ea, eb) {
+            skipped_taps[seg.a.entry()] = true;
+            states.push(Some(SegState::Skipped(row_elems(ea) as u64)));
+        } else {
+            compared_taps[seg.a.entry()] = true;
+            to_read.push((i, None));
+            states.push(None);
         }
     }
 
@@ -440,7 +499,7 @@ pub fn diff(
     // A truth that generated other tokens than A is no truth from there on.
     let truth_split: HashMap<Option<u32>, u32> = match truth {
         Some(t) => {
-            let slots: BTreeSet<Option<u32>> = matched.iter().map(|(k, _, _)| k.2).collect();
+            let slots: BTreeSet<Option<u32>> = matched.iter().map(|s| s.key.2).collect();
             slots
                 .into_iter()
                 .filter_map(|slot| {
@@ -451,29 +510,38 @@ pub fn diff(
         }
         None => HashMap::new(),
     };
-    let total: u64 = groups
-        .keys()
+    // A pair of taps is read once (segments of one pair are rare, but the
+    // bytes are counted once).
+    let pairs: BTreeSet<(usize, usize)> = to_read
+        .iter()
+        .map(|&(i, _)| (matched[i].a.entry(), matched[i].b.entry()))
+        .collect();
+    let total: u64 = pairs
+        .iter()
         .map(|(x, y)| ma.entries[*x].bytes + mb.entries[*y].bytes)
         .sum();
     if let Some(p) = opts.progress {
         p.start(total);
     }
-    let groups: Vec<((usize, usize), Vec<usize>)> = groups.into_iter().collect();
-    let computed: Vec<Vec<Computed>> = groups
+    let computed: Vec<Vec<Computed>> = to_read
         .par_iter()
-        .map(|&((xa, xb), ref members)| {
-            let (ea, eb) = (&ma.entries[xa], &mb.entries[xb]);
-            let (ta, tb) = (a.read(xa)?, b.read(xb)?);
-            let mut out = Vec::with_capacity(members.len());
+        .map(|&(i, _)| {
+            let seg = &matched[i];
+            let (ea, eb) = (&ma.entries[seg.a.entry()], &mb.entries[seg.b.entry()]);
+            let (ta, tb) = (a.read(seg.a.entry())?, b.read(seg.b.entry())?);
+            let mut out = Vec::with_capacity(seg.len as usize);
             let mut truth_cache: HashMap<usize, Tensor> = HashMap::new();
-            for &i in members {
-                let (k, la, lb) = &matched[i];
-                let (ra, rb) = (row_bytes(&ta, ea, la.row()), row_bytes(&tb, eb, lb.row()));
+            for j in 0..seg.len {
+                let k = seg.key(j);
+                let (ra, rb) = (
+                    row_bytes(&ta, ea, (seg.a.row + j) as usize),
+                    row_bytes(&tb, eb, (seg.b.row + j) as usize),
+                );
                 let acc = compare(ra, ea.dtype, rb, eb.dtype);
                 let mut t_pair = None;
                 let truth_fed_same = truth_split.get(&k.2).is_none_or(|&at| k.3 < at);
                 if let (Some(t), Some(ti), true) = (truth, truth_index.as_ref(), truth_fed_same) {
-                    let lt = ti.get(k).or_else(|| ti.get(&(k.0, k.1, None, k.3)));
+                    let lt = ti.get(&k).or_else(|| ti.get(&(k.0, k.1, None, k.3)));
                     if let Some(lt) = lt {
                         let et = &t.manifest().entries[lt.entry()];
                         if row_elems(et) == row_elems(ea) {
@@ -491,7 +559,7 @@ pub fn diff(
                         }
                     }
                 }
-                out.push((i, acc, t_pair));
+                out.push((acc, t_pair));
             }
             if let Some(p) = opts.progress {
                 p.advance(ea.bytes + eb.bytes);
@@ -502,22 +570,17 @@ pub fn diff(
     if let Some(p) = opts.progress {
         p.finish();
     }
-    for (i, acc, t) in computed.into_iter().flatten() {
-        match &mut results[i] {
-            PosState::Read(r) => {
-                r.acc = acc;
-                r.truth = t;
-            }
-            state => {
-                *state = PosState::Read(Box::new(PosResult {
-                    acc,
-                    mismatch: None,
-                    truth: t,
-                }))
-            }
-        }
+    for ((i, why), results) in to_read.into_iter().zip(computed) {
+        states[i] = Some(SegState::Compared {
+            mismatch: why,
+            results,
+        });
     }
-    report.counts.positions = matched.len() as u64;
+    let states: Vec<SegState> = states
+        .into_iter()
+        .map(|s| s.expect("every segment judged or read"))
+        .collect();
+    report.counts.positions = matched.iter().map(|s| u64::from(s.len)).sum();
     report.counts.taps_skipped = skipped_taps
         .iter()
         .zip(&compared_taps)
@@ -543,13 +606,18 @@ pub fn diff(
     }
     let graph = StageGraph::new(&vocabulary(ma, mb), &layers);
     // `matched` is sorted by (stage, layer, slot, pos): each row is a run.
-    let mut by_row: Vec<(RowKey, Vec<usize>)> = Vec::new();
-    for (i, (k, _, _)) in matched.iter().enumerate() {
+    let mut by_row: Vec<(RowKey, std::ops::Range<usize>)> = Vec::new();
+    for (i, seg) in matched.iter().enumerate() {
         match by_row.last_mut() {
-            Some(((layer, _), members)) if *layer == k.1 && matched[members[0]].0 .0 == k.0 => {
-                members.push(i)
+            Some(((layer, _), members))
+                if *layer == seg.key.1 && matched[members.start].key.0 == seg.key.0 =>
+            {
+                members.end = i + 1
             }
-            _ => by_row.push(((k.1, stages.names[k.0 as usize].clone()), vec![i])),
+            _ => by_row.push((
+                (seg.key.1, stages.names[seg.key.0 as usize].clone()),
+                i..i + 1,
+            )),
         }
     }
     // Rows are built on every core: a row that is not all equal by hash
@@ -560,9 +628,8 @@ pub fn diff(
             build_row(
                 layer,
                 stage,
-                &members,
-                &results,
-                &matched,
+                &matched[members.clone()],
+                &states[members],
                 ma,
                 &opts.tolerance,
                 truth.is_some(),
@@ -658,32 +725,29 @@ pub(crate) fn conclude(report: &mut Report) {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn build_row(
     layer: Option<u32>,
     stage: String,
-    members: &[usize],
-    results: &[PosState],
-    matched: &[(PosKey, Loc, Loc)],
+    segments: &[Segment],
+    states: &[SegState],
     ma: &Manifest,
     tol: &Tolerance,
     has_truth: bool,
 ) -> Row {
     // Reports name A's own slot even when slots were paired.
-    let slot_of = |i: usize| ma.entries[matched[i].1.entry()].key.slot;
-    let skipped = members
-        .iter()
-        .all(|&i| matches!(results[i], PosState::Skipped(_)));
+    let slot_of = |seg: &Segment| ma.entries[seg.a.entry()].key.slot;
+    let skipped = states.iter().all(|s| matches!(s, SegState::Skipped(_)));
     if skipped {
         // Every position equal by hash: one line stands for them all.
-        let n = members
+        let (n, count) = segments
             .iter()
-            .map(|&i| match results[i] {
-                PosState::Skipped(n) => n,
-                _ => 0,
+            .zip(states)
+            .map(|(seg, s)| match s {
+                SegState::Skipped(n) => (n * u64::from(seg.len), u64::from(seg.len)),
+                SegState::Compared { .. } => (0, 0),
             })
-            .sum();
-        let acc = Acc::identical(n, members.len() as u64);
+            .fold((0, 0), |(n, c), (x, y)| (n + x, c + y));
+        let acc = Acc::identical(n, count);
         return Row {
             layer,
             stage,
@@ -693,8 +757,8 @@ fn build_row(
             worst: 0,
             total: acc.metrics(),
             positions: vec![Position {
-                pos: matched[members[0]].0 .3,
-                slot: slot_of(members[0]),
+                pos: segments[0].key.3,
+                slot: slot_of(&segments[0]),
                 pass: true,
                 metrics: acc.metrics(),
             }],
@@ -703,48 +767,52 @@ fn build_row(
             truth: None,
         };
     }
-    let mut positions = Vec::with_capacity(members.len());
+    let count: usize = segments.iter().map(|s| s.len as usize).sum();
+    let mut positions = Vec::with_capacity(count);
     let mut total = Acc::default();
     let mut mismatch = None;
-    let mut truths = Vec::with_capacity(members.len());
-    // Positions equal by hash with as many elements have equal metrics: the
-    // last ones are reused rather than derived and judged again.
-    let mut last_skipped: Option<(u64, Metrics, bool)> = None;
-    for &i in members {
-        let k = &matched[i].0;
-        let (m, pass, r) = match &results[i] {
-            PosState::Skipped(n) => {
+    let mut truths = Vec::with_capacity(count);
+    for (seg, state) in segments.iter().zip(states) {
+        let slot = slot_of(seg);
+        match state {
+            // Positions equal by hash with as many elements have equal
+            // metrics: derived and judged once per segment.
+            SegState::Skipped(n) => {
                 let acc = Acc::identical(*n, 1);
-                total.merge(&acc);
-                match &last_skipped {
-                    Some((ln, m, pass)) if ln == n => (m.clone(), *pass, None),
-                    _ => {
-                        let m = acc.metrics();
-                        let pass = tol.passes(&m);
-                        last_skipped = Some((*n, m.clone(), pass));
-                        (m, pass, None)
-                    }
+                let m = acc.metrics();
+                let pass = tol.passes(&m);
+                for j in 0..seg.len {
+                    total.merge(&acc);
+                    positions.push(Position {
+                        pos: seg.key.3 + j,
+                        slot,
+                        pass,
+                        metrics: m.clone(),
+                    });
+                    truths.push(None);
                 }
             }
-            PosState::Read(r) => {
-                total.merge(&r.acc);
-                let m = r.acc.metrics();
-                let pass = r.mismatch.is_none() && tol.passes(&m);
-                (m, pass, Some(r))
+            SegState::Compared {
+                mismatch: why,
+                results,
+            } => {
+                if why.is_some() {
+                    mismatch = why.clone();
+                }
+                for (j, (acc, truth)) in (0..seg.len).zip(results) {
+                    total.merge(acc);
+                    let m = acc.metrics();
+                    let pass = why.is_none() && tol.passes(&m);
+                    positions.push(Position {
+                        pos: seg.key.3 + j,
+                        slot,
+                        pass,
+                        metrics: m,
+                    });
+                    truths.push(truth.as_deref());
+                }
             }
-            PosState::Pending => unreachable!("every pending position was read"),
-        };
-        let why = r.and_then(|r| r.mismatch.clone());
-        if why.is_some() {
-            mismatch = why;
         }
-        positions.push(Position {
-            pos: k.3,
-            slot: slot_of(i),
-            pass,
-            metrics: m,
-        });
-        truths.push(r.and_then(|r| r.truth.as_deref()));
     }
     // The worst position: failing first, then lowest cosine, then highest NMSE.
     let worst = (0..positions.len())
@@ -946,6 +1014,14 @@ mod tests {
                     (path, key.as_str(), pos),
                     (PathBuf::from("dup"), "L0/x@1", 1)
                 )
+            }
+            other => panic!("{:?}", other.err()),
+        }
+        // A tap inside an earlier, longer one (not next to it in key order).
+        let inside = tree("inside", &[(0, 3, 3), (1, 2, 1), (3, 4, 1)]);
+        match diff(&good, &inside, None, &Options::default()) {
+            Err(Error::DuplicatePosition { key, pos, .. }) => {
+                assert_eq!((key.as_str(), pos), ("L0/x@1", 1))
             }
             other => panic!("{:?}", other.err()),
         }

@@ -54,6 +54,78 @@ fn batched_prefill_tree_diffs_against_decode_tree_per_position() {
     assert_eq!(r.rows[47].name(), "logits");
 }
 
+/// The decode fixture's one-position taps joined into taps that start at
+/// `starts` (a chunked prefill): each tap's rows are its positions in order.
+fn chunked(starts: &[u32], edit: impl FnMut(&mut Tap)) -> Vec<Tap> {
+    let mut out: Vec<Tap> = Vec::new();
+    for t in taps(&Shape::default(), edit) {
+        let p = t.key.pos.start;
+        let joins = out.iter_mut().rev().find(|o| {
+            o.key.stage == t.key.stage && o.key.layer == t.key.layer && o.key.slot == t.key.slot
+        });
+        match joins {
+            Some(o) if !starts.contains(&p) => {
+                assert_eq!(o.key.pos.end, p, "decode taps come in position order");
+                o.key.pos.end = p + 1;
+                o.values.extend(t.values);
+            }
+            _ => out.push(t),
+        }
+    }
+    // Capture order is by first position, as a chunked prefill taps.
+    out.sort_by_key(|t| t.key.pos.start);
+    out
+}
+
+#[test]
+fn taps_cut_at_different_positions_are_matched_position_by_position() {
+    let a = MemTree::new("a", chunked(&[0, 3], |_| {}));
+    let b = MemTree::new("b", chunked(&[0, 1], |_| {}));
+    let r = diff::diff(&a, &b, None, &opts()).unwrap();
+    assert_eq!(r.outcome, Outcome::WithinTolerance, "{}", r.summary);
+    assert_eq!(r.counts.positions, 48 * 4);
+    assert!(r.rows.iter().all(|row| row.status == Status::Equal));
+    assert!(r.only_in_a.is_empty() && r.only_in_b.is_empty());
+
+    // One changed value at position 2, inside B's tap of positions 1..4 and
+    // A's of 0..3: named at that position, and only those taps are read.
+    let b = MemTree::new(
+        "b",
+        chunked(&[0, 1], |t| {
+            if is(t, Some(2), "o_proj") && t.key.pos.start == 2 {
+                t.values[1] -= 0.25;
+            }
+        }),
+    );
+    let r = diff::diff(&a, &b, None, &opts()).unwrap();
+    assert_eq!(r.outcome, Outcome::Diverged, "{}", r.summary);
+    let first = &r.rows[r.first_divergence.unwrap()];
+    assert_eq!((first.name().as_str(), first.worst().pos), ("L2/o_proj", 2));
+    assert_eq!(first.positions.len(), 4);
+    let red: Vec<u32> = first
+        .positions
+        .iter()
+        .filter(|p| !p.pass)
+        .map(|p| p.pos)
+        .collect();
+    assert_eq!(red, vec![2]);
+    // Taps of other positions have hashes of other bytes: every one is read.
+    assert_eq!(r.counts.taps_compared as usize, a.manifest_len());
+
+    // B without position 3 of one stage: listed once, the rest compared.
+    let mut short = chunked(&[0, 1], |_| {});
+    let t = short
+        .iter_mut()
+        .find(|t| is(t, Some(1), "ffn_gate") && t.key.pos.start == 1)
+        .unwrap();
+    t.key.pos.end = 3;
+    t.values.truncate(2 * t.width);
+    let r = diff::diff(&a, &MemTree::new("b", short), None, &opts()).unwrap();
+    assert_eq!(r.only_in_a, vec!["L1/ffn_gate@3".to_string()]);
+    assert!(r.only_in_b.is_empty());
+    assert_eq!(r.counts.positions, 48 * 4 - 1);
+}
+
 #[test]
 fn one_changed_tap_is_named_and_every_other_tap_is_skipped_unread() {
     let a = MemTree::new("a", taps(&Shape::default(), |_| {}));
