@@ -80,7 +80,49 @@ pub struct Manifest {
     /// Per-directory hash, by directory name.
     pub dirs: BTreeMap<String, String>,
     /// One per tap, in capture order (= forward order).
+    #[serde(deserialize_with = "entries")]
     pub entries: Vec<Entry>,
+}
+
+thread_local! {
+    /// How many entries the manifest being parsed on this thread holds, by
+    /// its head: see [`with_entries_hint`].
+    static ENTRIES_HINT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `parse` with the entries read into a vector of capacity `n` rather
+/// than one grown by doubling: on a manifest of many thousand entries each
+/// growth faults in and fills fresh pages, which costs more than the parse
+/// of the entries it holds. `n` is a hint (from the manifest's own head),
+/// so the caller bounds it by the manifest's size.
+pub(crate) fn with_entries_hint<T>(n: usize, parse: impl FnOnce() -> T) -> T {
+    ENTRIES_HINT.with(|h| h.set(n));
+    let out = parse();
+    ENTRIES_HINT.with(|h| h.set(0));
+    out
+}
+
+fn entries<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Entry>, D::Error> {
+    struct Entries;
+    impl<'de> serde::de::Visitor<'de> for Entries {
+        type Value = Vec<Entry>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of entries")
+        }
+
+        fn visit_seq<S: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: S,
+        ) -> Result<Vec<Entry>, S::Error> {
+            let mut out = Vec::with_capacity(ENTRIES_HINT.with(|h| h.get()));
+            while let Some(e) = seq.next_element()? {
+                out.push(e);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Entries)
 }
 
 /// The manifest as written: the head (`format`, `format_version`, `root`,

@@ -535,13 +535,17 @@ fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<Parsed> {
         .version
         .ok_or_else(|| bad("no format_version".into()))?;
     check_version(path, &version)?;
-    let manifest = serde_json::from_slice(bytes).map_err(|e| {
-        if e.is_data() {
-            bad(e.to_string())
-        } else {
-            bad(format!("not valid JSON: {e}"))
-        }
-    })?;
+    // No entry is written in fewer than 100 bytes: a head that claims more
+    // taps than that allows reserves no more than the file could hold.
+    let hint = head.taps.unwrap_or(0).min(bytes.len() as u64 / 100) as usize;
+    let manifest =
+        manifest::with_entries_hint(hint, || serde_json::from_slice(bytes)).map_err(|e| {
+            if e.is_data() {
+                bad(e.to_string())
+            } else {
+                bad(format!("not valid JSON: {e}"))
+            }
+        })?;
     Ok((manifest, (head.taps, head.bytes)))
 }
 
