@@ -124,6 +124,9 @@ pub fn growth(rows: &mut [Row], graph: &StageGraph) -> Vec<usize> {
 /// An input row's error at the same position (and slot), or its worst error
 /// when it does not hold that position.
 fn input_error(row: &Row, pos: u32, slot: Option<u32>) -> f64 {
+    if row.is_equal_at(pos, slot) {
+        return 0.0;
+    }
     let at = row
         .positions
         .iter()

@@ -169,7 +169,16 @@ pub struct Row {
     pub worst: usize,
     /// All positions merged.
     pub total: Metrics,
+    /// The positions that were read and compared. Positions equal by hash
+    /// (never read) are in `equal` instead; a row equal by hash throughout
+    /// has one position standing for them all.
     pub positions: Vec<Position>,
+    /// Positions equal by hash, as runs: a mostly-equal diff would
+    /// otherwise hold one full [`Position`] per position of every row that
+    /// has one changed tap. Not in the JSON, which lists only positions
+    /// that differ.
+    #[serde(skip)]
+    pub equal: Vec<EqualRun>,
     /// Whether every compared tap of this row was skipped as equal by hash.
     pub skipped: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -178,7 +187,22 @@ pub struct Row {
     pub truth: Option<TruthVerdict>,
 }
 
+/// Positions `start..end` of one slot, equal by hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EqualRun {
+    pub slot: Option<u32>,
+    pub start: u32,
+    pub end: u32,
+}
+
 impl Row {
+    /// Whether position `pos` of `slot` is equal by hash (never read).
+    pub fn is_equal_at(&self, pos: u32, slot: Option<u32>) -> bool {
+        self.equal
+            .iter()
+            .any(|r| r.slot == slot && (r.start..r.end).contains(&pos))
+    }
+
     /// `L3/ffn_down` or `logits`.
     pub fn name(&self) -> String {
         match self.layer {

@@ -5,7 +5,8 @@ use crate::divergence;
 use crate::graph::StageGraph;
 use crate::metrics::{compare, Acc};
 use crate::report::{
-    Closer, Counts, Outcome, Position, Report, Row, Status, TreeInfo, TruthVerdict, SCHEMA,
+    Closer, Counts, EqualRun, Outcome, Position, Report, Row, Status, TreeInfo, TruthVerdict,
+    SCHEMA,
 };
 use crate::tolerance::Tolerance;
 use crate::tree::{Tensor, Tree};
@@ -737,6 +738,17 @@ fn build_row(
     // Reports name A's own slot even when slots were paired.
     let slot_of = |seg: &Segment| ma.entries[seg.a.entry()].key.slot;
     let skipped = states.iter().all(|s| matches!(s, SegState::Skipped(_)));
+    // Positions equal by hash, as runs of one slot.
+    let mut equal: Vec<EqualRun> = Vec::new();
+    for (seg, state) in segments.iter().zip(states) {
+        if let SegState::Skipped(_) = state {
+            let (slot, start, end) = (slot_of(seg), seg.key.3, seg.key.3 + seg.len);
+            match equal.last_mut() {
+                Some(r) if r.slot == slot && r.end == start => r.end = end,
+                _ => equal.push(EqualRun { slot, start, end }),
+            }
+        }
+    }
     if skipped {
         // Every position equal by hash: one line stands for them all.
         let (n, count) = segments
@@ -762,12 +774,18 @@ fn build_row(
                 pass: true,
                 metrics: acc.metrics(),
             }],
+            equal,
             skipped: true,
             growth: None,
             truth: None,
         };
     }
-    let count: usize = segments.iter().map(|s| s.len as usize).sum();
+    let count: usize = segments
+        .iter()
+        .zip(states)
+        .filter(|(_, s)| matches!(s, SegState::Compared { .. }))
+        .map(|(seg, _)| seg.len as usize)
+        .sum();
     let mut positions = Vec::with_capacity(count);
     let mut total = Acc::default();
     let mut mismatch = None;
@@ -775,12 +793,16 @@ fn build_row(
     for (seg, state) in segments.iter().zip(states) {
         let slot = slot_of(seg);
         match state {
-            // Positions equal by hash with as many elements have equal
-            // metrics: derived and judged once per segment.
+            // Positions equal by hash are counted, not listed (they are in
+            // `equal`), unless identity itself fails the tolerance.
             SegState::Skipped(n) => {
                 let acc = Acc::identical(*n, 1);
                 let m = acc.metrics();
                 let pass = tol.passes(&m);
+                if pass {
+                    total.merge(&Acc::identical(n * u64::from(seg.len), u64::from(seg.len)));
+                    continue;
+                }
                 for j in 0..seg.len {
                     total.merge(&acc);
                     positions.push(Position {
@@ -888,6 +910,7 @@ fn build_row(
         worst,
         total: total.metrics(),
         positions,
+        equal,
         skipped,
         growth: None,
         truth,

@@ -147,6 +147,39 @@ fn one_changed_tap_is_named_and_every_other_tap_is_skipped_unread() {
     assert_eq!(r.counts.taps_compared, 1);
     assert_eq!(r.counts.taps_skipped as usize, a.manifest_len() - 1);
     assert!((first.worst().metrics.max_abs - 0.5).abs() < 1e-6);
+    // Only the position read is listed; the three equal by hash are runs,
+    // and the row's total still counts all four.
+    assert_eq!(first.positions.len(), 1);
+    assert!(first.is_equal_at(0, None) && first.is_equal_at(3, None));
+    assert!(!first.is_equal_at(2, None));
+    assert_eq!(first.total.rows, 4);
+}
+
+#[test]
+fn an_input_equal_by_hash_at_a_position_carries_no_error_there() {
+    // L1/ffn_up differs at position 2 only; L1/ffn_swiglu (which reads it)
+    // at position 0 only. At position 0 ffn_up is equal by hash: the error
+    // swiglu carries there is all its own.
+    let a = MemTree::new("a", taps(&Shape::default(), |_| {}));
+    let b = MemTree::new(
+        "b",
+        taps(&Shape::default(), |t| {
+            let at = t.key.pos.start;
+            if (is(t, Some(1), "ffn_up") && at == 2) || (is(t, Some(1), "ffn_swiglu") && at == 0) {
+                t.values[3] += 0.5;
+            }
+        }),
+    );
+    let r = diff::diff(&a, &b, None, &opts()).unwrap();
+    let swiglu = r
+        .rows
+        .iter()
+        .find(|row| row.name() == "L1/ffn_swiglu")
+        .unwrap();
+    let g = swiglu.growth.as_ref().unwrap();
+    assert_eq!(g.pos, 0);
+    assert_eq!(g.input_error, 0.0, "{g:?}");
+    assert_eq!(g.delta, g.output_error);
 }
 
 trait Len {

@@ -175,7 +175,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
     if args.json {
-        print!("{}", diff::render::json::render(&report));
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        diff::render::json::write(&report, &mut out)
+            .and_then(|()| std::io::Write::flush(&mut out))
+            .map_err(|e| anyhow::anyhow!("writing the report: {e}"))?;
     } else {
         let color = match args.color {
             ColorArg::Always => true,

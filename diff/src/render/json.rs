@@ -8,6 +8,14 @@ use crate::report::{Position, Report, Row};
 use crate::stat::StatReport;
 
 pub fn render(report: &Report) -> String {
+    let mut out = Vec::new();
+    write(report, &mut out).expect("writing to memory does not fail");
+    String::from_utf8(out).expect("JSON is UTF-8")
+}
+
+/// [`render`] written to `w` as it is serialized (a large report is never
+/// held whole as text).
+pub fn write(report: &Report, mut w: impl std::io::Write) -> std::io::Result<()> {
     // Cloned row by row, and only the positions that are kept: a full clone
     // of a large report is most of the time of a mostly-equal diff.
     let rows = report
@@ -26,6 +34,7 @@ pub fn render(report: &Report) -> String {
                 worst: kept.iter().position(|(i, _)| *i == row.worst).unwrap_or(0),
                 total: row.total.clone(),
                 positions: kept.into_iter().map(|(_, p)| p.clone()).collect(),
+                equal: Vec::new(),
                 skipped: row.skipped,
                 growth: row.growth.clone(),
                 truth: row.truth.clone(),
@@ -36,9 +45,8 @@ pub fn render(report: &Report) -> String {
         rows,
         ..report.clone_without_rows()
     };
-    let mut s = serde_json::to_string_pretty(&report).expect("a report always serializes");
-    s.push('\n');
-    s
+    serde_json::to_writer_pretty(&mut w, &report).map_err(std::io::Error::from)?;
+    w.write_all(b"\n")
 }
 
 pub fn render_stat(stat: &StatReport) -> String {
