@@ -252,9 +252,20 @@ fn push_decimal(out: &mut String, mut v: u64) {
 
 /// Per-directory hashes and the root hash of `entries` (in capture order).
 pub fn tree_hashes(entries: &[Entry]) -> (BTreeMap<String, String>, String) {
-    // Texts by layer, found without building each entry's directory name:
-    // consecutive entries mostly share a layer, so the last one is tried first.
-    let mut texts: Vec<(Option<u32>, String)> = Vec::new();
+    /// A directory's hash under way. Its lines are hashed a batch of whole
+    /// blake3 chunks at a time: each update still hashes many chunks at
+    /// once, and no directory's text (megabytes on a large tree, all fresh
+    /// pages) is ever held whole.
+    struct Dir {
+        layer: Option<u32>,
+        hasher: blake3::Hasher,
+        pending: String,
+    }
+    const CHUNK: usize = 1024;
+    const BATCH: usize = 16 * CHUNK;
+    // Found without building each entry's directory name: consecutive
+    // entries mostly share a layer, so the last one is tried first.
+    let mut dirs: Vec<Dir> = Vec::new();
     let mut slot_of: std::collections::HashMap<Option<u32>, usize> = Default::default();
     let mut last: Option<(Option<u32>, usize)> = None;
     for e in entries {
@@ -262,19 +273,33 @@ pub fn tree_hashes(entries: &[Entry]) -> (BTreeMap<String, String>, String) {
         let i = match last {
             Some((l, i)) if l == layer => i,
             _ => *slot_of.entry(layer).or_insert_with(|| {
-                texts.push((layer, "taptree dir v1\n".to_string()));
-                texts.len() - 1
+                let mut pending = String::with_capacity(BATCH + 256);
+                pending.push_str("taptree dir v1\n");
+                dirs.push(Dir {
+                    layer,
+                    hasher: blake3::Hasher::new(),
+                    pending,
+                });
+                dirs.len() - 1
             }),
         };
         last = Some((layer, i));
-        hash_line(&mut texts[i].1, &e.key, e.dtype, &e.shape, &e.blake3);
+        let d = &mut dirs[i];
+        hash_line(&mut d.pending, &e.key, e.dtype, &e.shape, &e.blake3);
+        if d.pending.len() >= BATCH {
+            // Whole chunks only, so that the next update starts on a chunk.
+            let whole = d.pending.len() / CHUNK * CHUNK;
+            d.hasher.update(&d.pending.as_bytes()[..whole]);
+            d.pending.drain(..whole);
+        }
     }
-    let dirs: BTreeMap<String, String> = texts
+    let dirs: BTreeMap<String, String> = dirs
         .into_iter()
-        .map(|(layer, text)| {
+        .map(|mut d| {
+            d.hasher.update(d.pending.as_bytes());
             (
-                dir_of_layer(layer),
-                blake3::hash(text.as_bytes()).to_hex().to_string(),
+                dir_of_layer(d.layer),
+                d.hasher.finalize().to_hex().to_string(),
             )
         })
         .collect();
@@ -356,6 +381,36 @@ mod tests {
         let mut e = a.clone();
         e[0].key.slot = Some(0);
         assert_ne!(tree_hashes(&e).1, root);
+    }
+
+    #[test]
+    fn directory_hashes_of_many_entries_equal_the_hash_of_the_whole_text() {
+        // Directories far larger than one hashing batch, their entries
+        // interleaved as a decode loop writes them.
+        let mut entries = Vec::new();
+        for p in 0..1000u32 {
+            for layer in [Some(0), Some(1), None] {
+                let key = Key::new("ffn_down", layer, p..p + 1);
+                entries.push(Entry {
+                    path: path_of(&key),
+                    key,
+                    dtype: DType::F32,
+                    shape: vec![1, 576],
+                    blake3: format!("{:064x}", p as u64 * 7 + layer.map_or(9, u64::from)),
+                    bytes: 576 * 4,
+                });
+            }
+        }
+        let (dirs, _) = tree_hashes(&entries);
+        for layer in [Some(0), Some(1), None] {
+            let mut text = String::from("taptree dir v1\n");
+            for e in entries.iter().filter(|e| e.key.layer == layer) {
+                hash_line(&mut text, &e.key, e.dtype, &e.shape, &e.blake3);
+            }
+            assert!(text.len() > 3 * 16 * 1024);
+            let want = blake3::hash(text.as_bytes()).to_hex().to_string();
+            assert_eq!(dirs[&dir_of_layer(layer)], want);
+        }
     }
 
     #[test]
