@@ -7,7 +7,9 @@
 //! old tree renamed aside (`.NAME.taptree-old-PID`), the new one renamed into
 //! place and the old one deleted. A crash before that leaves the old tree
 //! untouched; a crash between the two renames leaves both trees complete
-//! under their hidden names.
+//! under their hidden names. The next capture to the same path cleans up
+//! after a killed one: it puts the old tree back if the path is empty, and
+//! deletes what is left of the staging.
 
 use crate::arm;
 use crate::error::{Error, Result};
@@ -223,6 +225,7 @@ impl Drop for Capture {
 
 /// Makes `out` ready; returns the staging directory when replacing a tree.
 fn prepare_out(out: &Path, force: bool) -> Result<Option<PathBuf>> {
+    recover_siblings(out)?;
     match std::fs::symlink_metadata(out) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
@@ -258,6 +261,77 @@ fn prepare_out(out: &Path, force: bool) -> Result<Option<PathBuf>> {
             Ok(Some(staging))
         }
     }
+}
+
+/// Deals with what a replacing capture that was killed left beside `out`
+/// (a killed process cleans nothing up): the previous tree renamed aside is
+/// put back when `out` is gone (killed between the two renames of
+/// [`swap_into_place`]) and deleted when `out` holds its replacement; a
+/// staging directory is deleted. Only siblings of processes that are no
+/// longer running are touched, and only if they are trees.
+fn recover_siblings(out: &Path) -> Result<()> {
+    let Some(name) = out.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return Ok(());
+    };
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let Ok(listing) = std::fs::read_dir(parent) else {
+        return Ok(());
+    };
+    let prefix = format!(".{name}.taptree-");
+    // (renamed aside, modified, path): trees set aside first, newest first.
+    let mut stale: Vec<(bool, std::time::SystemTime, PathBuf)> = Vec::new();
+    for item in listing.flatten() {
+        let file = item.file_name();
+        let Some(rest) = file.to_str().and_then(|f| f.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let Some((what, pid)) = rest.split_once('-') else {
+            continue;
+        };
+        let (Ok(pid), true) = (pid.parse::<u32>(), matches!(what, "new" | "old")) else {
+            continue;
+        };
+        let path = item.path();
+        if pid == std::process::id() || running(pid) || !is_tree(&path) {
+            continue;
+        }
+        let modified = std::fs::symlink_metadata(&path)
+            .and_then(|m| m.modified())
+            .unwrap_or(std::time::UNIX_EPOCH);
+        stale.push((what == "old", modified, path));
+    }
+    stale.sort_by_key(|s| std::cmp::Reverse((s.0, s.1)));
+    for (aside, _, path) in stale {
+        let out_exists = std::fs::symlink_metadata(out).is_ok();
+        if aside && !out_exists {
+            std::fs::rename(&path, out).map_err(|e| Error::io(&path, e))?;
+        } else {
+            std::fs::remove_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether process `pid` is running (or may be: anything unsure is yes).
+#[cfg(unix)]
+fn running(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return true;
+    };
+    if pid <= 0 {
+        return true;
+    }
+    // SAFETY: signal 0 only checks that the process exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+#[cfg(not(unix))]
+fn running(_pid: u32) -> bool {
+    true
 }
 
 /// A tree, complete or not, carries the marker or a manifest.

@@ -377,6 +377,91 @@ fn an_existing_tree_needs_force_and_survives_a_failed_replacement() {
     assert_eq!(leftovers, ["t"]);
 }
 
+/// `tree` moved to where a capture of process `pid` replacing `out` puts
+/// the tree it replaces (`old`) or the one it writes (`new`).
+fn set_aside(tree: &Path, out: &Path, what: &str, pid: u32) -> PathBuf {
+    let name = out.file_name().unwrap().to_str().unwrap();
+    let to = out.with_file_name(format!(".{name}.taptree-{what}-{pid}"));
+    std::fs::rename(tree, &to).unwrap();
+    to
+}
+
+/// No process has this id (Linux's largest `pid_max` is 2^22).
+const DEAD: u32 = (1 << 22) + 1;
+
+#[test]
+fn a_capture_killed_between_the_renames_of_a_replacement_gets_the_old_tree_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t");
+    // What a replacing capture killed between its two renames leaves: the
+    // old tree set aside, the new one complete in staging, `t` gone.
+    let (x, y) = (dir.path().join("x"), dir.path().join("y"));
+    let old = capture_tree(&x, "", 0.0);
+    capture_tree(&y, "", 5.0);
+    set_aside(&x, &out, "old", DEAD);
+    set_aside(&y, &out, "new", DEAD);
+    // A staging directory of a capture still running is left alone.
+    let live = std::os::unix::process::parent_id();
+    let busy = dir.path().join(format!(".t.taptree-new-{live}"));
+    std::fs::create_dir(&busy).unwrap();
+    std::fs::write(busy.join(".taptree"), "in progress").unwrap();
+
+    let err = {
+        let _guard = serial();
+        Capture::start(opts(&out, "")).err().unwrap()
+    };
+    assert!(matches!(err, Error::TreeExists { .. }), "{err}");
+    let tree = TreeReader::open(&out).unwrap();
+    assert_eq!(tree.root(), old.root);
+    tree.verify().unwrap();
+    let mut left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(left, [format!(".t.taptree-new-{live}"), "t".to_string()]);
+}
+
+#[test]
+fn a_capture_killed_after_its_replacement_leaves_nothing_for_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t");
+    // Killed while deleting the tree it replaced, and another killed while
+    // writing its staging: `t` is the replacement.
+    let x = dir.path().join("x");
+    capture_tree(&x, "", 0.0);
+    let new = capture_tree(&out, "", 5.0);
+    set_aside(&x, &out, "old", DEAD);
+    let staging = dir.path().join(format!(".t.taptree-new-{}", DEAD - 1));
+    std::fs::create_dir(&staging).unwrap();
+    std::fs::write(staging.join(".taptree"), "in progress").unwrap();
+    // Not a tree: never touched, whatever its name.
+    let stranger = dir.path().join(format!(".t.taptree-old-{}", DEAD + 1));
+    std::fs::create_dir(&stranger).unwrap();
+    std::fs::write(stranger.join("notes.txt"), "mine").unwrap();
+
+    let replaced = {
+        let _guard = serial();
+        let mut o = opts(&out, "");
+        o.force = true;
+        let cap = Capture::start(o).unwrap();
+        forward(7.0);
+        cap.finish().unwrap()
+    };
+    assert_ne!(replaced.root, new.root);
+    assert_eq!(TreeReader::open(&out).unwrap().root(), replaced.root);
+    let mut left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [format!(".t.taptree-old-{}", DEAD + 1), "t".to_string()]
+    );
+    assert_eq!(std::fs::read(stranger.join("notes.txt")).unwrap(), b"mine");
+}
+
 #[test]
 fn from_env_arms_and_selects() {
     let _guard = serial();
