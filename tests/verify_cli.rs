@@ -1,6 +1,6 @@
 //! `taptree ls` and `taptree verify`, end to end through the binary.
 //!
-//! Contents: listing; integrity of one tree; the A/B oracle (identical,
+//! Contents: listing; integrity of one tree (and files it does not list); the A/B oracle (identical,
 //! changed, missing, JSON); bad input, each exiting 2 and naming the file and
 //! the problem (killed capture, flipped byte, truncated or foreign tap file,
 //! unsafe manifest paths, escaping symlink, bad shapes, unknown version).
@@ -185,6 +185,25 @@ fn verify_one_tree_rehashes_everything() {
         )),
         "{out}"
     );
+    assert!(!out.contains("note:"), "{out}");
+
+    // Files the manifest does not list are named, and are no failure.
+    std::fs::write(tree.join("L001/attn_norm.p0-4.safetensors.bak"), b"x").unwrap();
+    std::fs::write(tree.join("notes.txt"), b"x").unwrap();
+    std::fs::create_dir(tree.join("L009")).unwrap();
+    let o = taptree(&[&"verify", &tree]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        out.contains(
+            "note: 3 files are not in the manifest (not part of the tree, not checked): \
+             L001/attn_norm.p0-4.safetensors.bak, L009, notes.txt"
+        ),
+        "{out}"
+    );
+    let o = taptree(&[&"verify", &tree, &"--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(json["unlisted"].as_array().unwrap().len(), 3, "{json}");
 
     let file = tree.join("L001/attn_norm.p0-4.safetensors");
     flip_last_byte(&file);

@@ -179,6 +179,46 @@ impl TreeReader {
         Ok(())
     }
 
+    /// Files and directories inside the tree that its manifest does not
+    /// list (`/`-separated, relative to the tree, sorted): not part of the
+    /// tree, never read by taptree, but worth a word (a stray copy, another
+    /// capture's leftovers). The manifest and the marker are the tree's own.
+    pub fn unlisted(&self) -> Result<Vec<String>> {
+        let listed: HashSet<&str> = self.entries().iter().map(|e| e.path.as_str()).collect();
+        let dirs: HashSet<&str> = listed
+            .iter()
+            .filter_map(|p| p.split_once('/').map(|(d, _)| d))
+            .collect();
+        let names = |dir: &Path| -> Result<Vec<String>> {
+            let listing = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+            let mut out = Vec::new();
+            for item in listing {
+                let item = item.map_err(|e| Error::io(dir, e))?;
+                out.push(item.file_name().to_string_lossy().into_owned());
+            }
+            Ok(out)
+        };
+        let mut out = Vec::new();
+        for name in names(&self.path)? {
+            let path = self.path.join(&name);
+            if name == MANIFEST_FILE || name == manifest::MARKER_FILE {
+                continue;
+            }
+            if dirs.contains(name.as_str()) && !is_link(&path) && path.is_dir() {
+                for inner in names(&path)? {
+                    let rel = format!("{name}/{inner}");
+                    if !listed.contains(rel.as_str()) {
+                        out.push(rel);
+                    }
+                }
+            } else {
+                out.push(name);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
     /// Rehashes every tap (in parallel) and returns the first failure in
     /// forward order, or what was checked.
     pub fn verify(&self) -> Result<Verified> {

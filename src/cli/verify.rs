@@ -9,7 +9,8 @@ use std::path::PathBuf;
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 With one tree, every tensor file is reread and rehashed against the manifest: \
-exit 0 when all match, 2 naming the first damaged file.
+exit 0 when all match, 2 naming the first damaged file. Files in the tree that \
+the manifest does not list are named in a note; they are not part of the tree.
 
 With two trees, the manifests are trusted: the roots are compared (from the \
 first bytes of each manifest), then the per-layer hashes, and no tensor file \
@@ -41,6 +42,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
 fn integrity(path: &PathBuf, json: bool) -> anyhow::Result<u8> {
     let tree = TreeReader::open(path)?;
     let checked = tree.verify()?;
+    let unlisted = tree.unlisted()?;
     if json {
         let out = serde_json::json!({
             "tree": path,
@@ -48,6 +50,7 @@ fn integrity(path: &PathBuf, json: bool) -> anyhow::Result<u8> {
             "taps": checked.taps,
             "bytes": checked.bytes,
             "root": tree.root(),
+            "unlisted": unlisted,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -57,6 +60,21 @@ fn integrity(path: &PathBuf, json: bool) -> anyhow::Result<u8> {
             checked.bytes,
             tree.root()
         );
+        if !unlisted.is_empty() {
+            const SHOWN: usize = 5;
+            let more = match unlisted.len().saturating_sub(SHOWN) {
+                0 => String::new(),
+                n => format!(" and {n} more"),
+            };
+            println!(
+                "note: {} not in the manifest (not part of the tree, not checked): {}{more}",
+                match unlisted.len() {
+                    1 => "1 file is".to_string(),
+                    n => format!("{n} files are"),
+                },
+                unlisted[..unlisted.len().min(SHOWN)].join(", ")
+            );
+        }
     }
     Ok(exit::OK)
 }
