@@ -70,6 +70,26 @@ fn capture_tree(out: &Path, selection: &str, bump: f32) -> capture::Summary {
     cap.finish().unwrap()
 }
 
+/// A forced capture of everything: replaces the tree at `out`.
+fn replace_tree(out: &Path, bump: f32) -> capture::Summary {
+    let _guard = serial();
+    let mut o = opts(out, "");
+    o.force = true;
+    let cap = Capture::start(o).unwrap();
+    forward(bump);
+    cap.finish().unwrap()
+}
+
+/// The names in `dir`, sorted.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
 #[test]
 fn round_trip_every_dtype() {
     let _guard = serial();
@@ -360,21 +380,10 @@ fn an_existing_tree_needs_force_and_survives_a_failed_replacement() {
         "no staging left"
     );
     // A forced capture that finishes replaces it, and leaves nothing beside it.
-    let new = {
-        let _guard = serial();
-        let mut o = opts(&out, "");
-        o.force = true;
-        let cap = Capture::start(o).unwrap();
-        forward(5.0);
-        cap.finish().unwrap()
-    };
+    let new = replace_tree(&out, 5.0);
     assert_ne!(new.root, old.root);
     assert_eq!(TreeReader::open(&out).unwrap().root(), new.root);
-    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(leftovers, ["t"]);
+    assert_eq!(listing(dir.path()), ["t"]);
 }
 
 /// `tree` moved to where a capture of process `pid` replacing `out` puts
@@ -414,11 +423,7 @@ fn a_capture_killed_between_the_renames_of_a_replacement_gets_the_old_tree_back(
     let tree = TreeReader::open(&out).unwrap();
     assert_eq!(tree.root(), old.root);
     tree.verify().unwrap();
-    let mut left: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    left.sort();
+    let left = listing(dir.path());
     assert_eq!(left, [format!(".t.taptree-new-{live}"), "t".to_string()]);
 }
 
@@ -440,21 +445,10 @@ fn a_capture_killed_after_its_replacement_leaves_nothing_for_the_next() {
     std::fs::create_dir(&stranger).unwrap();
     std::fs::write(stranger.join("notes.txt"), "mine").unwrap();
 
-    let replaced = {
-        let _guard = serial();
-        let mut o = opts(&out, "");
-        o.force = true;
-        let cap = Capture::start(o).unwrap();
-        forward(7.0);
-        cap.finish().unwrap()
-    };
+    let replaced = replace_tree(&out, 7.0);
     assert_ne!(replaced.root, new.root);
     assert_eq!(TreeReader::open(&out).unwrap().root(), replaced.root);
-    let mut left: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    left.sort();
+    let left = listing(dir.path());
     assert_eq!(
         left,
         [format!(".t.taptree-old-{}", DEAD + 1), "t".to_string()]
