@@ -511,15 +511,13 @@ pub fn diff(
         }
         None => HashMap::new(),
     };
-    // A pair of taps is read once (segments of one pair are rare, but the
-    // bytes are counted once).
-    let pairs: BTreeSet<(usize, usize)> = to_read
+    // Two taps overlap in one run of positions: each pair is one segment,
+    // read once.
+    let total: u64 = to_read
         .iter()
-        .map(|&(i, _)| (matched[i].a.entry(), matched[i].b.entry()))
-        .collect();
-    let total: u64 = pairs
-        .iter()
-        .map(|(x, y)| ma.entries[*x].bytes + mb.entries[*y].bytes)
+        .map(|&(i, _)| {
+            ma.entries[matched[i].a.entry()].bytes + mb.entries[matched[i].b.entry()].bytes
+        })
         .sum();
     if let Some(p) = opts.progress {
         p.start(total);
