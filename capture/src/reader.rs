@@ -204,7 +204,7 @@ impl TreeReader {
             if name == MANIFEST_FILE || name == manifest::MARKER_FILE {
                 continue;
             }
-            if dirs.contains(name.as_str()) && !is_link(&path) && path.is_dir() {
+            if dirs.contains(name.as_str()) && path.is_dir() {
                 for inner in names(&path)? {
                     let rel = format!("{name}/{inner}");
                     if !listed.contains(rel.as_str()) {
