@@ -318,7 +318,7 @@ pub fn write(name: &str, dir: &Path) -> Result<PathBuf, FixtureError> {
         "tokenizer.chat_template",
         Value::String(CHAT_TEMPLATE.into()),
     );
-    for t in all_tensors(&m) {
+    for t in m.tensors() {
         g.tensor(&t.name, t.ggml_type, &t.shape, t.data.clone());
     }
     std::fs::create_dir_all(dir).map_err(|source| FixtureError::Io {
@@ -328,27 +328,6 @@ pub fn write(name: &str, dir: &Path) -> Result<PathBuf, FixtureError> {
     let path = dir.join(format!("{name}.gguf"));
     g.write(&path)?;
     Ok(path)
-}
-
-/// Every tensor of `m` in the order llama.cpp writes them.
-fn all_tensors(m: &ModelWeights) -> Vec<&QTensor> {
-    let mut v = vec![&m.token_embd];
-    for l in &m.layers {
-        v.extend([
-            &l.attn_norm,
-            &l.wq,
-            &l.wk,
-            &l.wv,
-            &l.wo,
-            &l.ffn_norm,
-            &l.w_gate,
-            &l.w_up,
-            &l.w_down,
-        ]);
-    }
-    v.push(&m.output_norm);
-    v.extend(m.output.as_ref());
-    v
 }
 
 /// HF's name for a GGUF tensor name.
@@ -391,7 +370,7 @@ pub fn write_hf(name: &str, dir: &Path) -> Result<PathBuf, FixtureError> {
     std::fs::create_dir_all(&out).map_err(io(&out))?;
 
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    for t in all_tensors(&m) {
+    for t in m.tensors() {
         let values = t.to_f32().expect("fixture tensors are whole blocks");
         let mut bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         let heads = if t.name.ends_with(".attn_q.weight") {

@@ -92,4 +92,25 @@ impl ModelWeights {
     pub fn output_matrix(&self) -> &QTensor {
         self.output.as_ref().unwrap_or(&self.token_embd)
     }
+
+    /// Every tensor, in the order llama.cpp writes them.
+    pub fn tensors(&self) -> Vec<&QTensor> {
+        let mut v = vec![&self.token_embd];
+        for l in &self.layers {
+            v.extend([
+                &l.attn_norm,
+                &l.wq,
+                &l.wk,
+                &l.wv,
+                &l.wo,
+                &l.ffn_norm,
+                &l.w_gate,
+                &l.w_up,
+                &l.w_down,
+            ]);
+        }
+        v.push(&self.output_norm);
+        v.extend(self.output.as_ref());
+        v
+    }
 }

@@ -5,32 +5,14 @@ mod gguf_python;
 
 use kernels::fixtures::{self, OUTLIER_DIM, OUTLIER_TOKEN, OUTLIER_VALUE};
 use kernels::load::{load_model, LoadedModel, ModelFormat};
-use kernels::{GgmlType, ModelWeights, QTensor};
-
-fn tensors(m: &ModelWeights) -> Vec<&QTensor> {
-    let mut v = vec![&m.token_embd, &m.output_norm];
-    v.extend(m.output.as_ref());
-    for l in &m.layers {
-        v.extend([
-            &l.attn_norm,
-            &l.wq,
-            &l.wk,
-            &l.wv,
-            &l.wo,
-            &l.ffn_norm,
-            &l.w_gate,
-            &l.w_up,
-            &l.w_down,
-        ]);
-    }
-    v
-}
+use kernels::GgmlType;
 
 /// Names of tensors whose dequantized values differ in any bit.
 fn differing(a: &LoadedModel, b: &LoadedModel) -> Vec<String> {
-    tensors(&a.weights)
+    a.weights
+        .tensors()
         .into_iter()
-        .zip(tensors(&b.weights))
+        .zip(b.weights.tensors())
         .filter(|(x, y)| {
             let (fx, fy) = (x.to_f32().unwrap(), y.to_f32().unwrap());
             x.shape != y.shape
