@@ -254,18 +254,10 @@ fn text(o: &[u8]) -> String {
 fn bisect_commits_names_commit_19_and_its_op_in_at_most_6_captures() {
     let t = setup(F32_CFG);
     let args = [
-        "bisect",
-        "commits",
-        "--good",
-        &t.ids[0],
-        "--bad",
-        "main",
-        "--reference",
-        t.reference.to_str().unwrap(),
-        "--capture",
-        &t.cmd,
-        "--json",
-    ];
+        commit_args(&t.ids[0], "main", t.reference.to_str().unwrap(), &t.cmd),
+        vec!["--json"],
+    ]
+    .concat();
 
     let out = taptree(&t.repo, &args);
     let stderr = text(&out.stderr);
@@ -350,18 +342,7 @@ fn worktrees(repo: &Path) -> usize {
 fn bisect_commits_lists_the_candidates_when_a_skip_hides_the_boundary() {
     // Commit 18, the last good one, does not build: 18 or 19 is first bad.
     let t = setup_broken(F32_CFG, 18);
-    let mut args = vec![
-        "bisect",
-        "commits",
-        "--good",
-        &t.ids[0],
-        "--bad",
-        &t.ids[31],
-        "--reference",
-        t.reference.to_str().unwrap(),
-        "--capture",
-        &t.cmd,
-    ];
+    let mut args = commit_args(&t.ids[0], &t.ids[31], t.reference.to_str().unwrap(), &t.cmd);
     let out = taptree(&t.repo, &args);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
@@ -388,18 +369,7 @@ fn bisect_commits_lists_the_candidates_when_a_skip_hides_the_boundary() {
 fn bisect_commits_refuses_a_good_commit_that_is_already_red() {
     // A reference captured at q8: the good commit (f32) diverges from it.
     let t = setup("TAPTREE_ACT_ATTN=f32\nTAPTREE_ACT_FFN_DOWN=q8\n");
-    let mut args = vec![
-        "bisect",
-        "commits",
-        "--good",
-        &t.ids[0],
-        "--bad",
-        &t.ids[10],
-        "--reference",
-        t.reference.to_str().unwrap(),
-        "--capture",
-        &t.cmd,
-    ];
+    let mut args = commit_args(&t.ids[0], &t.ids[10], t.reference.to_str().unwrap(), &t.cmd);
     // Checking the endpoints first: one capture, and the answer.
     let mut checked = args.clone();
     checked.extend(["--check-endpoints", "--json"]);
@@ -429,18 +399,10 @@ fn bisect_commits_refuses_a_bad_commit_that_is_green() {
     let out = taptree(
         &t.repo,
         &[
-            "bisect",
-            "commits",
-            "--good",
-            &t.ids[0],
-            "--bad",
-            &t.ids[9],
-            "--reference",
-            t.reference.to_str().unwrap(),
-            "--capture",
-            &t.cmd,
-            "--json",
-        ],
+            commit_args(&t.ids[0], &t.ids[9], t.reference.to_str().unwrap(), &t.cmd),
+            vec!["--json"],
+        ]
+        .concat(),
     );
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -453,18 +415,12 @@ fn bisect_commits_stops_on_a_failing_capture_naming_commit_status_and_stderr() {
     let t = setup(F32_CFG);
     let out = taptree(
         &t.repo,
-        &[
-            "bisect",
-            "commits",
-            "--good",
+        &commit_args(
             &t.ids[0],
-            "--bad",
             &t.ids[31],
-            "--reference",
             t.reference.to_str().unwrap(),
-            "--capture",
             "echo linker exploded >&2; exit 3",
-        ],
+        ),
     );
     assert_eq!(out.status.code(), Some(2));
     let stderr = text(&out.stderr);
@@ -478,18 +434,7 @@ fn bisect_commits_stops_on_a_failing_capture_naming_commit_status_and_stderr() {
     // Nothing was cached for it: a fixed command captures it.
     let out = taptree(
         &t.repo,
-        &[
-            "bisect",
-            "commits",
-            "--good",
-            &t.ids[0],
-            "--bad",
-            &t.ids[31],
-            "--reference",
-            t.reference.to_str().unwrap(),
-            "--capture",
-            &t.cmd,
-        ],
+        &commit_args(&t.ids[0], &t.ids[31], t.reference.to_str().unwrap(), &t.cmd),
     );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
 }
@@ -499,18 +444,12 @@ fn bisect_commits_rejects_a_command_that_writes_no_tree() {
     let t = setup(F32_CFG);
     let out = taptree(
         &t.repo,
-        &[
-            "bisect",
-            "commits",
-            "--good",
+        &commit_args(
             &t.ids[0],
-            "--bad",
             &t.ids[31],
-            "--reference",
             t.reference.to_str().unwrap(),
-            "--capture",
             "mkdir -p \"$TAPTREE_OUT\"; touch \"$TAPTREE_OUT/x\"",
-        ],
+        ),
     );
     assert_eq!(out.status.code(), Some(2));
     let stderr = text(&out.stderr);
@@ -526,21 +465,7 @@ fn bisect_commits_rejects_reversed_endpoints_and_bad_revisions() {
     let t = setup(F32_CFG);
     let reference = t.reference.to_str().unwrap();
     let run = |good: &str, bad: &str| {
-        let out = taptree(
-            &t.repo,
-            &[
-                "bisect",
-                "commits",
-                "--good",
-                good,
-                "--bad",
-                bad,
-                "--reference",
-                reference,
-                "--capture",
-                &t.cmd,
-            ],
-        );
+        let out = taptree(&t.repo, &commit_args(good, bad, reference, &t.cmd));
         assert_eq!(out.status.code(), Some(2));
         text(&out.stderr)
     };
@@ -549,6 +474,28 @@ fn bisect_commits_rejects_reversed_endpoints_and_bad_revisions() {
     assert!(run("main", "main").contains("no commits between"));
     assert_eq!(runs_logged(&t.log), 0);
     let _ = &t.tmp;
+}
+
+/// `bisect commits` from `good` to `bad` against `reference`, each commit
+/// captured by `capture`.
+fn commit_args<'a>(
+    good: &'a str,
+    bad: &'a str,
+    reference: &'a str,
+    capture: &'a str,
+) -> Vec<&'a str> {
+    vec![
+        "bisect",
+        "commits",
+        "--good",
+        good,
+        "--bad",
+        bad,
+        "--reference",
+        reference,
+        "--capture",
+        capture,
+    ]
 }
 
 fn switch_args<'a>(reference: &'a str, cmd: &'a str, switches: &[&'a str]) -> Vec<&'a str> {
