@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub struct TreeReader {
     path: PathBuf,
     manifest: Manifest,
+    /// The tree's directories that are links, found on first need.
+    linked_dirs: std::sync::OnceLock<HashSet<String>>,
 }
 
 /// What [`TreeReader::verify`] checked.
@@ -48,7 +50,11 @@ impl TreeReader {
                 });
             }
         }
-        Ok(TreeReader { path, manifest })
+        Ok(TreeReader {
+            path,
+            manifest,
+            linked_dirs: Default::default(),
+        })
     }
 
     /// Reads only the head of a tree's manifest (version, root, counts),
@@ -140,43 +146,61 @@ impl TreeReader {
     }
 
     fn verify_into(&self, entry: &Entry, buf: &mut Vec<u8>) -> Result<()> {
-        let path = self.checked_file(entry)?;
-        let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
-        self.hash_check(entry, &path, file, buf)
-    }
-
-    /// [`Self::verify_into`] for a file whose directory is known to be no
-    /// link: one `open` that refuses a link, instead of two `lstat`s. This is
-    /// the whole per-file cost `diff -rq` pays too.
-    fn verify_fast(&self, entry: &Entry, buf: &mut Vec<u8>) -> Result<()> {
-        let path = self.path.join(&entry.path);
-        match open_no_follow(&path) {
-            Ok(file) => self.hash_check(entry, &path, file, buf),
-            // A link (or anything odd): the careful path decides.
-            Err(_) => self.verify_into(entry, buf),
-        }
-    }
-
-    fn hash_check(
-        &self,
-        entry: &Entry,
-        path: &Path,
-        mut file: std::fs::File,
-        buf: &mut Vec<u8>,
-    ) -> Result<()> {
-        let len = read_all(&mut file, buf, entry.bytes as usize + 4096)
-            .map_err(|e| Error::io(path, e))?;
-        let bytes = &buf[..len];
-        let header = self.check_header(path, bytes, entry)?;
-        let actual = blake3::hash(&bytes[header.data_start..]).to_hex();
+        let data = self.read_into(entry, buf)?;
+        let actual = blake3::hash(&buf[data]).to_hex();
         if actual.as_str() != entry.blake3 {
             return Err(Error::HashMismatch {
-                path: path.to_path_buf(),
+                path: self.file_path(entry),
                 expected: entry.blake3.clone(),
                 actual: actual.to_string(),
             });
         }
         Ok(())
+    }
+
+    /// Reads an entry's tap file whole into `buf` (reused from call to
+    /// call: it is zero-filled only when it grows) and checks its header
+    /// against the manifest; returns where the tensor bytes lie in `buf`.
+    /// The checks are [`TreeReader::read`]'s, at the cost of one `open` that
+    /// refuses a link for a file in a directory that is no link (what
+    /// `diff -rq` pays too); a link takes the careful path.
+    pub fn read_into(&self, entry: &Entry, buf: &mut Vec<u8>) -> Result<std::ops::Range<usize>> {
+        let dir = entry.path.split('/').next().unwrap_or("");
+        let fast = if self.linked_dirs().contains(dir) {
+            None
+        } else {
+            let path = self.path.join(&entry.path);
+            open_no_follow(&path).ok().map(|f| (path, f))
+        };
+        let (path, mut file) = match fast {
+            Some(opened) => opened,
+            // A link (or anything odd): the careful path decides.
+            None => {
+                let path = self.checked_file(entry)?;
+                let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+                (path, file)
+            }
+        };
+        let len = read_all(&mut file, buf, entry.bytes as usize + 4096)
+            .map_err(|e| Error::io(&path, e))?;
+        let header = self.check_header(&path, &buf[..len], entry)?;
+        Ok(header.data_start..len)
+    }
+
+    /// The first components of the entries' paths that are links, each
+    /// checked once.
+    fn linked_dirs(&self) -> &HashSet<String> {
+        self.linked_dirs.get_or_init(|| {
+            let dirs: HashSet<&str> = self
+                .entries()
+                .iter()
+                .map(|e| e.path.split('/').next().unwrap_or(""))
+                .collect();
+            dirs.into_iter()
+                .filter(|d| is_link(&self.path.join(d)))
+                .map(str::to_string)
+                .collect()
+        })
     }
 
     /// Files and directories inside the tree that its manifest does not
@@ -226,15 +250,6 @@ impl TreeReader {
         let threads = std::thread::available_parallelism()
             .map_or(2, |n| n.get())
             .clamp(1, 8);
-        // Directories are checked for links once; files in a linked
-        // directory take the careful path.
-        let mut linked_dirs = HashSet::new();
-        for e in entries {
-            let dir = e.path.split('/').next().unwrap_or("");
-            if !linked_dirs.contains(dir) && is_link(&self.path.join(dir)) {
-                linked_dirs.insert(dir.to_string());
-            }
-        }
         let next = AtomicUsize::new(0);
         let mut failures: Vec<(usize, Error)> = std::thread::scope(|s| {
             let workers: Vec<_> = (0..threads)
@@ -245,13 +260,7 @@ impl TreeReader {
                         loop {
                             let i = next.fetch_add(1, Ordering::Relaxed);
                             let Some(entry) = entries.get(i) else { break };
-                            let dir = entry.path.split('/').next().unwrap_or("");
-                            let checked = if linked_dirs.contains(dir) {
-                                self.verify_into(entry, &mut buf)
-                            } else {
-                                self.verify_fast(entry, &mut buf)
-                            };
-                            if let Err(e) = checked {
+                            if let Err(e) = self.verify_into(entry, &mut buf) {
                                 failures.push((i, e));
                             }
                         }

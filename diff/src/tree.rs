@@ -67,45 +67,15 @@ impl Tree for TreeReader {
     /// One `read` into a buffer, not a map: a diff touches every byte once,
     /// and in a multi-threaded process each unmap of touched pages makes the
     /// kernel interrupt the other cores to flush their TLBs. The checks are
-    /// the reader's: no symlink out of the tree (a link goes through the
-    /// reader itself), a header that agrees with the manifest.
+    /// the reader's ([`TreeReader::read_into`]).
     fn read(&self, index: usize) -> Result<Tensor, capture::Error> {
         let entry = &self.manifest().entries[index];
-        let path = self.file_path(entry);
-        let linked =
-            |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink());
-        if linked(&path) || path.parent().is_some_and(linked) {
-            return TreeReader::read(self, entry).map(Tensor::View);
-        }
         let mut bytes = BUFFERS.with(|b| b.borrow_mut().pop()).unwrap_or_default();
-        bytes.clear();
-        std::fs::File::open(&path)
-            .and_then(|mut f| {
-                use std::io::Read as _;
-                if let Ok(m) = f.metadata() {
-                    bytes.reserve(m.len() as usize);
-                }
-                f.read_to_end(&mut bytes)
-            })
-            .map_err(|source| capture::Error::Io {
-                path: path.clone(),
-                source,
-            })?;
-        let corrupt = |reason: String| capture::Error::CorruptTap {
-            path: path.clone(),
-            reason,
-        };
-        let header = capture::tapfile::parse(&bytes).map_err(corrupt)?;
-        if header.key != entry.key || header.dtype != entry.dtype || header.shape != entry.shape {
-            return Err(corrupt(format!(
-                "file and manifest disagree: file holds {} {} {:?}, manifest says {} {} {:?}",
-                header.key, header.dtype, header.shape, entry.key, entry.dtype, entry.shape
-            )));
-        }
+        let data = self.read_into(entry, &mut bytes)?;
         Ok(Tensor::Read {
             bytes,
-            start: header.data_start,
-            len: header.data_len,
+            start: data.start,
+            len: data.len(),
         })
     }
 }
