@@ -249,7 +249,7 @@ impl<T: Real> Engine<T> {
 
         let h = rms_norm(&x, &w.output_norm, cfg.rms_eps);
         tap(st::FINAL_NORM, None, pos.clone(), slot, d, &h);
-        let logits = w.output.apply(&h, n, acts.logits);
+        let logits = w.logits(&h, n, acts.logits);
         tap(st::LOGITS, None, pos, slot, cfg.vocab_size, &logits);
         logits[(n - 1) * cfg.vocab_size..]
             .iter()

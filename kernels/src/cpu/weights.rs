@@ -1,7 +1,8 @@
 //! The model's weights as the CPU forward uses them: dequantized to f32 once,
 //! at open, each matrix remembering its source block size for the q8 path.
 
-use super::matmul::{Linear, Matrix};
+use super::matmul::{matmul_with_mins, Act, Linear, Matrix};
+use super::Real;
 use crate::forward::ForwardError;
 use crate::model::{ModelWeights, QTensor};
 use crate::quant::GgmlType;
@@ -20,14 +21,14 @@ pub struct DenseLayer {
     pub w_down: Linear,
 }
 
-/// All weights, dense. The output matrix is a copy of the embedding when
-/// tied: the forward never needs to know.
+/// All weights, dense.
 #[derive(Debug, Clone)]
 pub struct DenseWeights {
     pub token_embd: Matrix,
     pub layers: Vec<DenseLayer>,
     pub output_norm: Vec<f32>,
-    pub output: Linear,
+    /// `None` when the output is tied to the embedding (see [`Self::logits`]).
+    pub output: Option<Linear>,
 }
 
 impl DenseWeights {
@@ -54,11 +55,8 @@ impl DenseWeights {
             .collect::<Result<Vec<_>, ForwardError>>()?;
         let token_embd = matrix(&w.token_embd, c.vocab_size, c.n_embd)?;
         let output = match &w.output {
-            Some(o) => linear(o, c.vocab_size, c.n_embd)?,
-            None => Linear {
-                m: token_embd.clone(),
-                mins: None,
-            },
+            Some(o) => Some(linear(o, c.vocab_size, c.n_embd)?),
+            None => None,
         };
         Ok(DenseWeights {
             token_embd,
@@ -66,6 +64,15 @@ impl DenseWeights {
             output_norm: vector(&w.output_norm, c.n_embd)?,
             output,
         })
+    }
+
+    /// `x W^T` for `n` rows of `x`, through the output matrix: its own, or
+    /// the embedding when tied (never copied: for SmolLM2 that is 113 MB).
+    pub fn logits<T: Real>(&self, x: &[T], n: usize, act: Act) -> Vec<T> {
+        match &self.output {
+            Some(o) => o.apply(x, n, act),
+            None => matmul_with_mins(x, n, &self.token_embd, None, act),
+        }
     }
 }
 
