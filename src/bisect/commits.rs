@@ -1,8 +1,6 @@
 //! `bisect commits`: the first commit whose tree leaves tolerance of the
 //! reference, with the op where it shows.
 
-use super::cache::TreeCache;
-use super::command::CaptureCommand;
 use super::git::{Commit, GitError, Repo};
 use super::judge::{FirstOp, Judge, JudgeError};
 use super::runner::{Got, Runner, StepError, Workdir};
@@ -141,14 +139,7 @@ pub fn bisect(req: &Request, mut on_step: impl FnMut(&Step)) -> Result<Report, B
         .cache
         .clone()
         .unwrap_or_else(|| req.repo.common_dir.join("taptree").join("trees"));
-    let mut runner = Runner {
-        cache: TreeCache::new(&cache_dir, &req.command),
-        command: CaptureCommand::new(&req.command),
-        env: BTreeMap::new(),
-        runs: 0,
-        hits: 0,
-        complete: tree_is_complete,
-    };
+    let mut runner = Runner::new(&cache_dir, &req.command);
     // Worktrees live outside the repository so that no tool run inside the
     // user's checkout ever sees them.
     let tmp = std::env::temp_dir();

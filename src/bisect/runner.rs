@@ -67,17 +67,24 @@ pub enum Got {
 pub struct Runner {
     pub cache: TreeCache,
     pub command: CaptureCommand,
-    /// Extra environment for every run.
-    pub env: BTreeMap<String, String>,
     /// Capture commands actually run (skips included).
     pub runs: usize,
     /// Steps answered by the cache.
     pub hits: usize,
-    /// Whether `path` holds a complete tree; `Err` says why not.
-    pub complete: fn(&Path) -> Result<(), String>,
 }
 
 impl Runner {
+    /// Runs `command` (the user's capture command) through a cache in
+    /// `cache_dir`.
+    pub fn new(cache_dir: &Path, command: &str) -> Runner {
+        Runner {
+            cache: TreeCache::new(cache_dir, command),
+            command: CaptureCommand::new(command),
+            runs: 0,
+            hits: 0,
+        }
+    }
+
     /// The tree for `key`. `what` names the candidate in messages; `workdir`
     /// is called only when the command must run, `env` is added to its
     /// environment.
@@ -101,14 +108,12 @@ impl Runner {
         }
         let dir = workdir()?;
         let staged = self.cache.staging_path(key)?;
-        let mut all_env = self.env.clone();
-        all_env.extend(env.iter().map(|(k, v)| (k.clone(), v.clone())));
         self.runs += 1;
-        let outcome = self.command.run(dir.path(), &staged, &all_env);
+        let outcome = self.command.run(dir.path(), &staged, env);
         drop(dir);
         match outcome? {
             RunOutcome::Ok => {
-                if let Err(reason) = (self.complete)(&staged) {
+                if let Err(reason) = super::commits::tree_is_complete(&staged) {
                     self.cache.discard(&staged);
                     return Err(StepError::Incomplete {
                         what: what.to_string(),

@@ -5,8 +5,6 @@
 //! on. When no single switch is red but all on is, delta debugging finds a
 //! minimal culprit set; every arm it asks for goes through the same cache.
 
-use super::cache::TreeCache;
-use super::command::CaptureCommand;
 use super::ddmin::ddmin;
 use super::judge::{FirstOp, Judge, JudgeError};
 use super::runner::{Got, Runner, StepError, Workdir};
@@ -208,14 +206,7 @@ pub fn bisect(req: &Request, mut on_arm: impl FnMut(&Arm, usize)) -> Result<Repo
     };
     let mut arms = Arms {
         req,
-        runner: Runner {
-            cache: TreeCache::new(&cache_dir, &req.command),
-            command: CaptureCommand::new(&req.command),
-            env: BTreeMap::new(),
-            runs: 0,
-            hits: 0,
-            complete: super::commits::tree_is_complete,
-        },
+        runner: Runner::new(&cache_dir, &req.command),
         seen: HashMap::new(),
         arms: Vec::new(),
     };
