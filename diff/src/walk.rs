@@ -259,7 +259,7 @@ fn info(tree: &dyn Tree) -> TreeInfo {
         path: tree.path().display().to_string(),
         root: m.root.clone(),
         taps: m.entries.len(),
-        bytes: m.entries.iter().map(|e| e.bytes).sum(),
+        bytes: m.bytes_of_entries(),
         model: m.run.model.clone(),
         backend: m.run.backend.clone(),
         precision: m.run.precision.clone(),
@@ -351,15 +351,8 @@ pub fn diff(
     // Where the runs' input tokens part, per slot: later positions compute
     // different things and are not compared.
     let mut splits: HashMap<Option<u32>, Option<crate::inputs::InputSplit>> = HashMap::new();
-    // Positions come in runs of one slot: the last answer is remembered.
-    let mut last_split: Option<(Option<u32>, Option<u32>)> = None;
     let mut split_at = |slot: Option<u32>| -> Option<u32> {
-        if let Some((s, at)) = last_split {
-            if s == slot {
-                return at;
-            }
-        }
-        let at = splits
+        splits
             .entry(slot)
             .or_insert_with(|| {
                 let (sa, sb) = match (opts.slot_a, opts.slot_b) {
@@ -369,9 +362,7 @@ pub fn diff(
                 crate::inputs::split(&ma.run, &mb.run, sa, sb)
             })
             .as_ref()
-            .map(|s| s.pos);
-        last_split = Some((slot, at));
-        at
+            .map(|s| s.pos)
     };
     // With `all_positions` the split is still reported, but nothing is cut.
     let mut split_at = |slot: Option<u32>| split_at(slot).filter(|_| !opts.all_positions);

@@ -89,7 +89,7 @@ fn tree_line(label: &str, t: &crate::report::TreeInfo) -> String {
         what.join(" "),
         if what.is_empty() { "" } else { ", " },
         t.taps,
-        &t.root[..t.root.len().min(12)]
+        crate::walk::short_hash(&t.root)
     )
 }
 
@@ -389,7 +389,7 @@ pub fn render_stat(stat: &StatReport) -> String {
         out,
         "{}  (root {})",
         stat.path,
-        &stat.root[..stat.root.len().min(12)]
+        crate::walk::short_hash(&stat.root)
     );
     let _ = writeln!(out, "crushed: {}", stat.crushed_rule);
     let _ = writeln!(
