@@ -16,15 +16,6 @@ pub fn first_divergence(rows: &[Row]) -> Option<usize> {
 }
 
 /// The rows (indices) a row reads, looking through untapped stages.
-pub fn input_rows(rows: &[Row], graph: &StageGraph, at: usize) -> Vec<usize> {
-    let index: HashMap<RowId, usize> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, r)| ((r.layer, r.stage.clone()), i))
-        .collect();
-    resolve(&index, graph, (rows[at].layer, rows[at].stage.clone()))
-}
-
 fn resolve(index: &HashMap<RowId, usize>, graph: &StageGraph, row: RowId) -> Vec<usize> {
     let mut out = Vec::new();
     let mut seen = HashSet::new();
