@@ -37,6 +37,14 @@ impl DType {
         }
     }
 
+    /// The type named `name` in the safetensors spelling, if any.
+    pub fn from_name(name: &str) -> Option<DType> {
+        use DType::*;
+        [F32, F16, BF16, F64, I8, I32]
+            .into_iter()
+            .find(|d| d.name() == name)
+    }
+
     /// Whether the type is a floating-point type.
     pub fn is_float(self) -> bool {
         !matches!(self, DType::I8 | DType::I32)

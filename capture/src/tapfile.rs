@@ -126,7 +126,8 @@ pub fn parse(bytes: &[u8]) -> Result<Header, String> {
     let info = raw
         .tap
         .ok_or_else(|| format!("not a taptree tap: no tensor named {TENSOR_NAME:?}"))?;
-    let dtype = parse_dtype(info.dtype)?;
+    let dtype = DType::from_name(info.dtype)
+        .ok_or_else(|| format!("unsupported dtype {:?}", info.dtype))?;
     let elements = element_count(&info.shape)?;
     let expected = elements
         .checked_mul(dtype.size())
@@ -165,18 +166,6 @@ pub fn element_count(shape: &[usize]) -> Result<usize, String> {
     shape.iter().try_fold(1usize, |acc, &d| {
         acc.checked_mul(d)
             .ok_or_else(|| format!("shape {shape:?}: element count overflows"))
-    })
-}
-
-fn parse_dtype(name: &str) -> Result<DType, String> {
-    Ok(match name {
-        "F32" => DType::F32,
-        "F16" => DType::F16,
-        "BF16" => DType::BF16,
-        "F64" => DType::F64,
-        "I8" => DType::I8,
-        "I32" => DType::I32,
-        other => return Err(format!("unsupported dtype {other:?}")),
     })
 }
 
