@@ -91,6 +91,26 @@ pub trait Forward {
     fn reset(&mut self);
 }
 
+/// Checks that the heads of `c` are ones a forward can run: query heads that
+/// group over the KV heads, and an even head size for the rotary embedding.
+/// The same refusal on every backend.
+pub fn check_config(c: &LlamaConfig) -> Result<(), ForwardError> {
+    let bad = |why: String| Err(ForwardError::Unsupported(format!("{}: {why}", c.arch)));
+    if c.n_head == 0 || c.n_head_kv == 0 || c.n_head % c.n_head_kv != 0 {
+        return bad(format!(
+            "{} query heads do not group over {} KV heads",
+            c.n_head, c.n_head_kv
+        ));
+    }
+    if c.head_dim % 2 != 0 {
+        return bad(format!(
+            "odd head size {} cannot take rotary embedding",
+            c.head_dim
+        ));
+    }
+    Ok(())
+}
+
 /// Checks that `tokens` is a non-empty run of ids inside the vocabulary: the
 /// same refusal on every backend.
 pub fn check_tokens(config: &LlamaConfig, tokens: &[u32]) -> Result<(), ForwardError> {

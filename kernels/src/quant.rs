@@ -353,11 +353,6 @@ impl QTensor {
         &self.data[row * n..(row + 1) * n]
     }
 
-    /// Dequantizes row `row` into `out` (`self.cols()` elements).
-    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) -> Result<(), QuantError> {
-        dequantize(self.ggml_type, self.row_bytes(row), out)
-    }
-
     /// The whole tensor as f32, row-major, dequantized in parallel over rows.
     pub fn to_f32(&self) -> Result<Vec<f32>, QuantError> {
         let mut out = vec![0f32; self.numel()];

@@ -108,7 +108,7 @@ impl CpuForward {
         precision: Precision,
         switches: &Switches,
     ) -> Result<CpuForward, ForwardError> {
-        check_config(&config)?;
+        crate::forward::check_config(&config)?;
         let engine = match precision {
             Precision::F64 => EngineOf::F64(Engine {
                 caches: BTreeMap::new(),
@@ -154,23 +154,6 @@ impl CpuForward {
             self.cached_len(slot),
         )
     }
-}
-
-fn check_config(c: &LlamaConfig) -> Result<(), ForwardError> {
-    let bad = |why: String| Err(ForwardError::Unsupported(format!("{}: {why}", c.arch)));
-    if c.n_head == 0 || c.n_head_kv == 0 || c.n_head % c.n_head_kv != 0 {
-        return bad(format!(
-            "{} query heads do not group over {} KV heads",
-            c.n_head, c.n_head_kv
-        ));
-    }
-    if c.head_dim % 2 != 0 {
-        return bad(format!(
-            "odd head size {} cannot take rotary embedding",
-            c.head_dim
-        ));
-    }
-    Ok(())
 }
 
 impl<T: Real> Engine<T> {

@@ -116,8 +116,8 @@ pub struct CudaForward {
 }
 
 fn norm_weight(dev: &Device, t: &QTensor) -> Result<CudaSlice<f32>, CudaError> {
-    let mut host = vec![0f32; t.numel()];
-    crate::quant::dequantize(t.ggml_type, &t.data, &mut host)
+    let host = t
+        .to_f32()
         .map_err(|e| CudaError::Shape(format!("{}: {e}", t.name)))?;
     ops::upload(dev, &host)
 }
@@ -137,12 +137,7 @@ impl CudaForward {
             ));
         }
         let c = &weights.config;
-        if c.n_head == 0 || c.n_head_kv == 0 || c.n_head % c.n_head_kv != 0 || c.head_dim % 2 != 0 {
-            return Err(ForwardError::Unsupported(format!(
-                "{}: {} query heads of size {} over {} KV heads",
-                c.arch, c.n_head, c.head_dim, c.n_head_kv
-            )));
-        }
+        crate::forward::check_config(c)?;
         let q8 = |f| switches.resolve(f, precision) == ActPrecision::Q8;
         let acts = Acts {
             attn: q8(Family::Attn),
