@@ -140,30 +140,31 @@ impl Active {
         if !self.selection.matches_identity(stage, layer, slot) {
             return;
         }
-        let key = Key::new(stage, layer, pos.clone()).with_slot(slot);
+        // Built only for a misuse report: each selected run gets its own key.
+        let key = || Key::new(stage, layer, pos.clone()).with_slot(slot);
         if !manifest::valid_stage_name(stage) {
             return self.misuse(
-                &key,
+                &key(),
                 "stage names are [A-Za-z0-9_.-], not starting with '.'".into(),
             );
         }
         let rows = pos.end.saturating_sub(pos.start) as usize;
         if pos.start >= pos.end {
-            return self.misuse(&key, "empty or reversed position range".into());
+            return self.misuse(&key(), "empty or reversed position range".into());
         }
         if shape.first() != Some(&rows) {
             return self.misuse(
-                &key,
+                &key(),
                 format!("shape {shape:?}: axis 0 must be the {rows} positions of {pos:?}"),
             );
         }
         let elements = match tapfile::element_count(shape) {
             Ok(n) => n,
-            Err(reason) => return self.misuse(&key, reason),
+            Err(reason) => return self.misuse(&key(), reason),
         };
         if elements * dtype.size() != bytes.len() {
             return self.misuse(
-                &key,
+                &key(),
                 format!(
                     "shape {shape:?} holds {elements} elements, data has {}",
                     bytes.len() / dtype.size()
@@ -222,11 +223,12 @@ fn write_loop(dir: &Path, rx: &Mutex<Receiver<Job>>, budget: &Budget) -> Written
 
 fn write_one(dir: &Path, job: &Job, made_dirs: &mut HashSet<String>) -> Result<Entry, Error> {
     let rel = manifest::path_of(&job.key);
-    let sub = manifest::dir_of(&job.key);
-    if !made_dirs.contains(&sub) {
-        let d = dir.join(&sub);
+    // `path_of` is always `dir_of(key)/NAME`.
+    let sub = rel.split_once('/').map_or("", |(d, _)| d);
+    if !made_dirs.contains(sub) {
+        let d = dir.join(sub);
         std::fs::create_dir_all(&d).map_err(|e| Error::io(&d, e))?;
-        made_dirs.insert(sub);
+        made_dirs.insert(sub.to_string());
     }
     let path = dir.join(&rel);
     let hash = blake3::hash(&job.data).to_hex().to_string();
