@@ -346,7 +346,15 @@ impl Tokenizer {
 
     /// Whether `id` ends generation (EOS, or `<|im_end|>` in a chat).
     pub fn is_end(&self, id: u32) -> bool {
-        Some(id) == self.eos_id || self.token_to_id("<|im_end|>") == Some(id)
+        self.end_ids().contains(&id)
+    }
+
+    /// The ids that end an answer: end of sequence and ChatML's `<|im_end|>`.
+    pub fn end_ids(&self) -> Vec<u32> {
+        [self.eos_id, self.token_to_id("<|im_end|>")]
+            .into_iter()
+            .flatten()
+            .collect()
     }
 }
 

@@ -128,12 +128,11 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         }
     }
     let mut fwd = backend::open(&args.backend, &model.weights, precision, &switches)?;
-    let stop: Vec<u32> = match &model.tokenizer {
-        Some(t) => (0..cfg.vocab_size as u32)
-            .filter(|&i| t.is_end(i))
-            .collect(),
-        None => Vec::new(),
-    };
+    let stop: Vec<u32> = model
+        .tokenizer
+        .as_ref()
+        .map(|t| t.end_ids())
+        .unwrap_or_default();
 
     let run_info = capture::RunInfo {
         model: model.source.path.display().to_string(),

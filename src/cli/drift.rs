@@ -304,14 +304,7 @@ fn drift_one(
                 b.reset();
                 let mut context = ids.to_vec();
                 context.extend_from_slice(&own);
-                // The same stops as `Tokenizer::is_end`.
-                let stops: Vec<u32> = [
-                    tok.and_then(|k| k.eos_id),
-                    tok.and_then(|k| k.token_to_id("<|im_end|>")),
-                ]
-                .into_iter()
-                .flatten()
-                .collect();
+                let stops = tok.map(|k| k.end_ids()).unwrap_or_default();
                 let rest = kernels::generate::greedy(b, &context, gen - own.len(), &stops)?;
                 own.extend(rest.tokens);
             }
