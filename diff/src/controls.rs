@@ -199,10 +199,9 @@ pub fn perturbed(a: &dyn Tree, opts: &Options, at: Option<&At>) -> Result<Contro
         Some(l) => format!("L{l}/{}", key.stage),
         None => key.stage.clone(),
     };
-    let label = match key.slot {
-        Some(s) => format!("{name}@{pos} slot {s}"),
-        None => format!("{name}@{pos}"),
-    };
+    let label = capture::Key::new(key.stage.as_str(), key.layer, pos..pos + 1)
+        .with_slot(key.slot)
+        .to_string();
     let found = r.first_divergence.map(|i| {
         let row = &r.rows[i];
         let w = row.worst();

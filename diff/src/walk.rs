@@ -948,16 +948,11 @@ fn vocabulary(ma: &Manifest, mb: &Manifest) -> Vec<capture::StageSpec> {
     v
 }
 
+/// `L3/ffn_down@7 slot 1`: a one-position key, as capture spells keys.
 fn pos_label(k: &PosKey, stages: &Stages) -> String {
-    let stage = &stages.names[k.0 as usize];
-    let mut s = match k.1 {
-        Some(l) => format!("L{l}/{stage}@{}", k.3),
-        None => format!("{stage}@{}", k.3),
-    };
-    if let Some(slot) = k.2 {
-        s.push_str(&format!(" slot {slot}"));
-    }
-    s
+    capture::Key::new(stages.names[k.0 as usize].as_str(), k.1, k.3..k.3 + 1)
+        .with_slot(k.2)
+        .to_string()
 }
 
 pub(crate) fn short_hash(h: &str) -> &str {
