@@ -135,7 +135,7 @@ impl Switches {
     /// The activation precision `family` runs at under `precision`.
     pub fn resolve(&self, family: Family, precision: Precision) -> ActPrecision {
         self.get(family).unwrap_or(match precision {
-            Precision::Q8 => ActPrecision::Q8,
+            Precision::Q8 | Precision::LlamaCpp => ActPrecision::Q8,
             Precision::F32 | Precision::F64 => ActPrecision::F32,
         })
     }

@@ -40,8 +40,9 @@ pub struct Args {
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// Activation precision: `f32`, `q8` (int8 activations before quantized
-    /// matmuls, as llama.cpp) or `f64` (the truth). `TAPTREE_ACT_*`
-    /// variables override it per op family.
+    /// matmuls, as llama.cpp), `llamacpp` (`q8` with llama.cpp's own CPU
+    /// rounding, RoPE and f16 attention; cpu only) or `f64` (the truth).
+    /// `TAPTREE_ACT_*` variables override it per op family.
     #[arg(long, default_value = "f32")]
     pub precision: String,
     /// Which taps to write, e.g. `stage=ffn_*;layer=20..30;pos=0`. Default: all.
@@ -66,7 +67,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let started = Instant::now();
     let precision = Precision::parse(&args.precision).with_context(|| {
         format!(
-            "--precision: bad value {:?}: expected f32, q8 or f64",
+            "--precision: bad value {:?}: expected f32, q8, llamacpp or f64",
             args.precision
         )
     })?;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::attention::{attention, Heads};
 use super::embedding::embed;
 use super::ffn::swiglu;
+use super::llamacpp;
 use super::matmul::Act;
 use super::norm::rms_norm;
 use super::rope::rope;
@@ -30,6 +31,7 @@ impl Acts {
     fn resolve(precision: Precision, switches: &Switches) -> Acts {
         let act = |f| match switches.resolve(f, precision) {
             ActPrecision::F32 => Act::Float,
+            ActPrecision::Q8 if precision == Precision::LlamaCpp => Act::LlamaCpp,
             ActPrecision::Q8 => Act::Q8,
         };
         Acts {
@@ -71,6 +73,9 @@ impl<T: Real> KvCache<T> {
 /// The forward in one activation type, with a KV cache per slot.
 struct Engine<T> {
     caches: BTreeMap<Option<u32>, KvCache<T>>,
+    /// `--precision llamacpp`: RoPE, the K/V cache and attention as
+    /// llama.cpp computes them (`super::llamacpp`).
+    llamacpp: bool,
 }
 
 /// The CPU forward. Weights are dequantized once at [`CpuForward::new`];
@@ -112,9 +117,11 @@ impl CpuForward {
         let engine = match precision {
             Precision::F64 => EngineOf::F64(Engine {
                 caches: BTreeMap::new(),
+                llamacpp: false,
             }),
-            Precision::F32 | Precision::Q8 => EngineOf::F32(Engine {
+            Precision::F32 | Precision::Q8 | Precision::LlamaCpp => EngineOf::F32(Engine {
                 caches: BTreeMap::new(),
+                llamacpp: precision == Precision::LlamaCpp,
             }),
         };
         Ok(CpuForward {
@@ -197,14 +204,21 @@ impl<T: Real> Engine<T> {
             tap(st::K_PROJ, li, pos.clone(), slot, kv_width, &k);
             let v = lw.wv.apply(&h, n, acts.attn);
             tap(st::V_PROJ, li, pos.clone(), slot, kv_width, &v);
+            let rope = if self.llamacpp { llamacpp::rope } else { rope };
             rope(&mut q, q_width, start, cfg.head_dim, cfg.rope_base);
             tap(st::Q_ROPE, li, pos.clone(), slot, q_width, &q);
             rope(&mut k, kv_width, start, cfg.head_dim, cfg.rope_base);
             tap(st::K_ROPE, li, pos.clone(), slot, kv_width, &k);
 
-            cache.k[l].extend_from_slice(&k);
-            cache.v[l].extend_from_slice(&v);
-            let a = attention(&q, n, start, &cache.k[l], &cache.v[l], heads);
+            let a = if self.llamacpp {
+                cache.k[l].extend(k.iter().map(|x| llamacpp::f16_round(*x)));
+                cache.v[l].extend(v.iter().map(|x| llamacpp::f16_round(*x)));
+                llamacpp::attention(&q, n, start, &cache.k[l], &cache.v[l], heads)
+            } else {
+                cache.k[l].extend_from_slice(&k);
+                cache.v[l].extend_from_slice(&v);
+                attention(&q, n, start, &cache.k[l], &cache.v[l], heads)
+            };
             tap(st::ATTN, li, pos.clone(), slot, q_width, &a);
             let o = lw.wo.apply(&a, n, acts.attn);
             tap(st::O_PROJ, li, pos.clone(), slot, d, &o);

@@ -67,6 +67,9 @@ pub enum Act {
     Float,
     /// Quantized to int8 per block of the weight's block size.
     Q8,
+    /// Quantized as llama.cpp's CPU backend does (`--precision llamacpp`:
+    /// see [`super::llamacpp::quantize_row`]).
+    LlamaCpp,
 }
 
 /// Dot product in a fixed order: eight independent lanes (so the compiler
@@ -176,10 +179,14 @@ pub fn matmul_with_mins<T: Real>(
     act: Act,
 ) -> Vec<T> {
     assert_eq!(x.len(), n * w.cols, "matmul input is not [{n}, {}]", w.cols);
-    let quantized = act == Act::Q8 && w.block > 1;
+    let quantized = act != Act::Float && w.block > 1;
+    let quantize = match act {
+        Act::LlamaCpp => super::llamacpp::quantize_row::<T>,
+        Act::Float | Act::Q8 => quantize_row::<T>,
+    };
     let qrows: Vec<QuantRow<T>> = if quantized {
         x.chunks_exact(w.cols)
-            .map(|r| quantize_row(r, w.block))
+            .map(|r| quantize(r, w.block))
             .collect()
     } else {
         Vec::new()

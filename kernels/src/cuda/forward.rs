@@ -136,6 +136,12 @@ impl CudaForward {
                 "cuda: precision f64 (the truth) runs on the cpu backend only".into(),
             ));
         }
+        if precision == Precision::LlamaCpp {
+            return Err(ForwardError::Unsupported(
+                "cuda: precision llamacpp (llama.cpp's CPU arithmetic) runs on the cpu backend only"
+                    .into(),
+            ));
+        }
         let c = &weights.config;
         crate::forward::check_config(c)?;
         let q8 = |f| switches.resolve(f, precision) == ActPrecision::Q8;
