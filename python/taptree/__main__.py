@@ -37,6 +37,10 @@ def _tokens(text):
     return ids
 
 
+def _stop(text):
+    return _tokens(text) if text.strip() else []
+
+
 def parser():
     p = argparse.ArgumentParser(prog="python3 -m taptree", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -50,6 +54,7 @@ def parser():
     c.add_argument("--force", action="store_true", help="replace an existing tree at --out")
     c.add_argument("--precision", default="f32", choices=PRECISIONS, help="the engine's compute dtype")
     c.add_argument("--threads", type=int, default=0, help="CPU threads (0: the engine's default)")
+    c.add_argument("--stop", type=_stop, default=[], help="token ids that end the greedy answer, comma-separated")
     c.add_argument("--run", default="{}", help="JSON object merged into the manifest's run record")
     return p
 
@@ -81,9 +86,11 @@ def main(argv=None):
         return 2
     try:
         summary = engine.capture(args)
-    except (EngineError, TreeError) as e:
+    except (EngineError, TreeError, getattr(engine, "EngineError", EngineError)) as e:
         print("taptree: %s" % e, file=sys.stderr)
         return 2
+    if summary.get("generated"):
+        print("generated %d tokens: %s" % (len(summary["generated"]), ",".join(map(str, summary["generated"]))))
     print(
         "captured %d taps, %d bytes, root %s -> %s"
         % (summary["taps"], summary["bytes"], summary["root"], summary["path"])

@@ -177,28 +177,33 @@ class TreeWriter:
         start, end = _span(pos)
         return self.selection.wants(stage, layer, start, end, slot)
 
-    def tap(self, stage, layer, pos, array, slot=None):
+    def tap(self, stage, layer, pos, array, slot=None, dtype=None):
         """Records `array` (axis 0 = positions pos[0]..pos[1]) under its key.
 
-        Unselected taps are dropped; a multi-row tap is sliced into one tap per
-        run of selected positions, as the Rust writer does.
+        numpy has no bfloat16: pass its bit patterns as uint16 with
+        `dtype="BF16"`. Unselected taps are dropped; a multi-row tap is sliced
+        into one tap per run of selected positions, as the Rust writer does.
         """
         start, end = _span(pos)
         if not self.selection.matches_identity(stage, layer, slot):
             return
         if self.selection.is_all():
-            return self._write(stage, layer, start, end, array, slot)
+            return self._write(stage, layer, start, end, array, slot, dtype)
         arr = np.asarray(array)
         for a, b in self.selection.selected_runs(start, end):
             rows = arr[a - start : b - start] if arr.ndim and arr.shape[0] == end - start else arr
-            self._write(stage, layer, a, b, rows, slot)
+            self._write(stage, layer, a, b, rows, slot, dtype)
 
-    def _write(self, stage, layer, start, end, array, slot):
+    def _write(self, stage, layer, start, end, array, slot, as_dtype=None):
         key = {"stage": stage, "layer": layer, "pos": {"start": start, "end": end}, "slot": slot}
         if not _STAGE.match(stage):
             raise TreeError("bad tap %s: stage names are [A-Za-z0-9_.-], not starting with '.'" % key_text(key))
         arr = np.ascontiguousarray(array)
         dtype = _DTYPES.get(arr.dtype.name)
+        if as_dtype == "BF16" and arr.dtype.name in ("uint16", "int16"):
+            dtype = "BF16"
+        elif as_dtype is not None and as_dtype != dtype:
+            raise TreeError("bad tap %s: dtype=%s does not fit an array of %s" % (key_text(key), as_dtype, arr.dtype))
         if dtype is None:
             raise TreeError("bad tap %s: unsupported dtype %s" % (key_text(key), arr.dtype))
         if end <= start or arr.ndim == 0 or arr.shape[0] != end - start:

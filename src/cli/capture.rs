@@ -359,12 +359,18 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
         "argv": std::env::args().collect::<Vec<_>>(),
         "extra": {"model_spec": args.model, "gen": args.gen, "slots": [&seq.tokens]},
     });
+    let stop: Vec<u32> = model
+        .tokenizer
+        .as_ref()
+        .map(|t| t.end_ids())
+        .unwrap_or_default();
     engine::run(&EngineRun {
         engine: &args.engine,
         model_file: &model.source.path,
         tokens: &seq.tokens,
         out: &out,
         gen: args.gen,
+        stop: &stop,
         select: select.as_deref(),
         force,
         precision: &args.precision,

@@ -46,6 +46,8 @@ pub struct EngineRun<'a> {
     pub tokens: &'a [u32],
     pub out: &'a Path,
     pub gen: usize,
+    /// Token ids that end a greedy answer (the tokenizer's end ids).
+    pub stop: &'a [u32],
     pub select: Option<&'a str>,
     pub force: bool,
     pub precision: &'a str,
@@ -77,6 +79,10 @@ impl EngineRun<'_> {
             "--run".into(),
             self.run.to_string().into(),
         ];
+        if !self.stop.is_empty() {
+            let stop: Vec<String> = self.stop.iter().map(u32::to_string).collect();
+            a.extend(["--stop".into(), stop.join(",").into()]);
+        }
         if let Some(s) = self.select {
             a.extend(["--select".into(), s.into()]);
         }
