@@ -40,7 +40,9 @@ impl<'t> Shifted<'t> {
             manifest.entries.push(e);
             source.push((i, skip as usize));
         }
-        // Keys moved: no directory hash of the original stands for them.
+        // Keys moved: no directory hash of the original stands for them,
+        // nor its root (the first 12 characters, shown, stay the original's).
+        manifest.root = format!("{}-aligned{n}", manifest.root);
         for h in manifest.dirs.values_mut() {
             *h = format!("{h}-aligned{n}");
         }

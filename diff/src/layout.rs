@@ -173,6 +173,8 @@ pub fn reconcile<'t>(trees: &[&'t dyn Tree]) -> Result<Vec<Option<Reconciled<'t>
             e.blake3.push_str("+interleaved");
             touched_dirs.insert(capture::manifest::dir_of(&e.key));
         }
+        // Nor is the whole tree identical to an unpermuted one by its root.
+        manifest.root.push_str("+interleaved");
         for d in touched_dirs {
             if let Some(h) = manifest.dirs.get_mut(&d) {
                 h.push_str("+interleaved");

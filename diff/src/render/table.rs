@@ -208,11 +208,31 @@ pub fn render(report: &Report, opts: &TableOptions) -> String {
             top.join(", ")
         );
     }
+    let red_truth: Vec<&Row> = report
+        .rows
+        .iter()
+        .filter(|r| r.status.is_red() && r.truth.is_some())
+        .collect();
+    if !red_truth.is_empty() {
+        let (a, b) =
+            red_truth
+                .iter()
+                .fold((0, 0), |(a, b), r| match r.truth.as_ref().unwrap().closer {
+                    Closer::A => (a + 1, b),
+                    Closer::B => (a, b + 1),
+                    _ => (a, b),
+                });
+        let _ = writeln!(
+            out,
+            "truth: of {} red rows, A is closer to T in {a}, B in {b}",
+            red_truth.len()
+        );
+    }
     if report.truth.is_some() {
         let c = &report.counts;
         let _ = writeln!(
             out,
-            "truth: A is closer to T in {} rows, B in {}, neither clearly in {} (of {} rows compared with T)",
+            "truth over every row: A is closer to T in {} rows, B in {}, neither clearly in {} (of {} rows compared with T)",
             c.truth_closer_a,
             c.truth_closer_b,
             c.truth_neither,
