@@ -14,6 +14,7 @@ use kernels::load::{load_model, LoadedModel};
 use kernels::switches::Switches;
 use kernels::{backend, fetch, stages, Precision};
 
+use crate::cli::engine::{self, EngineRun};
 use crate::exit;
 
 /// Arguments of `taptree capture`.
@@ -55,6 +56,16 @@ pub struct Args {
     /// Replace an existing tree at `--out`.
     #[arg(long)]
     pub force: bool,
+    /// Whose forward runs: `builtin` (taptree's own), `hf` (Hugging Face
+    /// transformers) or `llama.cpp`. A foreign engine gets the prompt as
+    /// taptree tokenizes it and writes its taps through the Python package
+    /// (docs/ENGINES.md); its `--precision` is f32, f64, bf16 or f16.
+    #[arg(long, default_value = "builtin")]
+    pub engine: String,
+    /// CPU threads of a foreign engine's forward (the built-in forward
+    /// reads `RAYON_NUM_THREADS`).
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 /// One sequence to run: its label for the report and its token ids.
@@ -64,6 +75,21 @@ struct Sequence {
 }
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
+    if !engine::ENGINES.contains(&args.engine.as_str()) {
+        bail!(
+            "--engine: bad value {:?}: expected {}",
+            args.engine,
+            engine::ENGINES.join(", ")
+        );
+    }
+    if args.engine != "builtin" {
+        return run_engine(args);
+    }
+    if args.threads.is_some() {
+        bail!(
+            "--threads: only for a foreign --engine; the built-in forward reads RAYON_NUM_THREADS"
+        );
+    }
     let started = Instant::now();
     let precision = Precision::parse(&args.precision).with_context(|| {
         format!(
@@ -237,6 +263,121 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             positions as f64 / forward_s.max(1e-9)
         ),
     }
+    Ok(exit::OK)
+}
+
+/// `--engine hf|llama.cpp`: the same model resolution, tokenization and
+/// checks as the built-in forward, then the engine's Python adapter writes
+/// the tree.
+fn run_engine(args: Args) -> anyhow::Result<u8> {
+    if args.backend != "cpu" {
+        bail!(
+            "--backend {:?}: the built-in forward's flag; --engine {} picks its own device",
+            args.backend,
+            args.engine
+        );
+    }
+    if !engine::PRECISIONS.contains(&args.precision.as_str()) {
+        bail!(
+            "--precision: bad value {:?} for --engine {}: expected {}",
+            args.precision,
+            args.engine,
+            engine::PRECISIONS.join(", ")
+        );
+    }
+    let out = args
+        .out
+        .clone()
+        .or_else(|| {
+            std::env::var_os("TAPTREE_OUT")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
+        .with_context(|| {
+            format!(
+                "--engine {} writes a tree: give --out (or TAPTREE_OUT)",
+                args.engine
+            )
+        })?;
+    let select = match &args.select {
+        Some(s) => Some(s.clone()),
+        None => std::env::var("TAPTREE_SELECT").ok(),
+    };
+    if let Some(s) = &select {
+        capture::Selection::parse(s).with_context(|| format!("--select {s:?}"))?;
+    }
+    let force = args.force
+        || matches!(
+            std::env::var("TAPTREE_FORCE").as_deref(),
+            Ok("1") | Ok("true") | Ok("yes")
+        );
+    if args.prompt.is_empty() && args.chat.is_empty() && args.tokens.is_empty() {
+        bail!("nothing to run: give --prompt, --chat or --tokens");
+    }
+    let path = fetch::resolve(&args.model)?;
+    let model = load_model(&path)?;
+    let seqs = sequences(&args, &model)?;
+    if seqs.len() > 1 {
+        bail!(
+            "--engine {}: one sequence at a time ({} given)",
+            args.engine,
+            seqs.len()
+        );
+    }
+    let seq = &seqs[0];
+    let cfg = &model.weights.config;
+    if seq.tokens.len() + args.gen.saturating_sub(1) > cfg.context_length {
+        bail!(
+            "{}: {} prompt tokens + {} generated exceed the context length {} of {}",
+            seq.label,
+            seq.tokens.len(),
+            args.gen,
+            cfg.context_length,
+            path.display()
+        );
+    }
+    if let Some(&id) = seq.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+        bail!(
+            "{}: token id {id} is outside the vocabulary (size {})",
+            seq.label,
+            cfg.vocab_size
+        );
+    }
+    println!(
+        "model {} (blake3 {}), engine {} {}; {}: {} prompt tokens",
+        model.source.path.display(),
+        short(&model.source.blake3),
+        args.engine,
+        args.precision,
+        seq.label,
+        seq.tokens.len()
+    );
+    let run = serde_json::json!({
+        "model": model.source.path.display().to_string(),
+        "model_blake3": model.source.blake3,
+        "prompt_tokens": seq.tokens,
+        "git_rev": git_rev(),
+        "argv": std::env::args().collect::<Vec<_>>(),
+        "extra": {"model_spec": args.model, "gen": args.gen, "slots": [&seq.tokens]},
+    });
+    let stop: Vec<u32> = model
+        .tokenizer
+        .as_ref()
+        .map(|t| t.end_ids())
+        .unwrap_or_default();
+    engine::run(&EngineRun {
+        engine: &args.engine,
+        model_file: &model.source.path,
+        tokens: &seq.tokens,
+        out: &out,
+        gen: args.gen,
+        stop: &stop,
+        select: select.as_deref(),
+        force,
+        precision: &args.precision,
+        threads: args.threads,
+        run,
+    })?;
     Ok(exit::OK)
 }
 
