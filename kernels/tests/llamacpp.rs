@@ -112,11 +112,15 @@ fn rel_rms(got: &[f32], want: &[f32]) -> f64 {
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
-/// How an op is recomputed: llama.cpp's arithmetic, or taptree's plain q8.
+/// How an op is recomputed: llama.cpp's arithmetic, taptree's plain q8, or
+/// f32 activations throughout (within ~1e-7 of exact: against it, an op's
+/// error is the error llama.cpp's arithmetic adds at that op, free of what
+/// it inherited).
 #[derive(Clone, Copy, PartialEq)]
 enum Ops {
     LlamaCpp,
     PlainQ8,
+    F32,
 }
 
 /// Recomputes every tapped op from the tree's own inputs; returns
@@ -136,6 +140,7 @@ fn replay(
     let act = match ops {
         Ops::LlamaCpp => Act::LlamaCpp,
         Ops::PlainQ8 => Act::Q8,
+        Ops::F32 => Act::Float,
     };
     let heads = Heads {
         n_head: cfg.n_head,
@@ -167,7 +172,7 @@ fn replay(
             let mut r = get(from, li).clone();
             match ops {
                 Ops::LlamaCpp => llamacpp::rope(&mut r, width, 0, cfg.head_dim, cfg.rope_base),
-                Ops::PlainQ8 => rope(&mut r, width, 0, cfg.head_dim, cfg.rope_base),
+                Ops::PlainQ8 | Ops::F32 => rope(&mut r, width, 0, cfg.head_dim, cfg.rope_base),
             }
             check(stage, li, r);
         }
@@ -181,7 +186,7 @@ fn replay(
                 };
                 llamacpp::attention(q, n, 0, &f16(k), &f16(v), heads)
             }
-            Ops::PlainQ8 => attention(q, n, 0, k, v, heads),
+            Ops::PlainQ8 | Ops::F32 => attention(q, n, 0, k, v, heads),
         };
         check("attn", li, a);
         check("o_proj", li, lw.wo.apply(get("attn", li), n, act));
@@ -278,16 +283,29 @@ fn every_op_of_a_llamacpp_tree_recomputes_within_1e_6_and_plain_q8_does_not() {
     // Every stage of the vocabulary at every layer was recomputed.
     assert_eq!(rows.len(), 1 + 15 * r.cfg.n_layer + 2);
     let plain = replay(&r.cfg, &r.weights, &r.tokens, &r.taps, Ops::PlainQ8);
-    eprintln!("worst relative RMS error per stage, recomputed from llama.cpp's inputs");
-    eprintln!("{:<20} {:>14} {:>14}", "stage", "llamacpp", "q8");
-    for ((s, l, e), (_, lq, eq)) in worst_per_stage(&rows)
+    let exact = replay(&r.cfg, &r.weights, &r.tokens, &r.taps, Ops::F32);
+    eprintln!(
+        "relative RMS error of llama.cpp's output per stage, recomputed from its own inputs:"
+    );
+    eprintln!(
+        "worst over the layers (and its layer) in llamacpp and q8; mean over the layers in f32"
+    );
+    eprintln!(
+        "{:<20} {:>14} {:>14} {:>10}",
+        "stage", "llamacpp", "q8", "f32"
+    );
+    let at = |l: &Option<u32>| l.map(|l| format!("L{l}")).unwrap_or_default();
+    for (((s, l, e), (_, lq, eq)), (_, _, _)) in worst_per_stage(&rows)
         .iter()
         .zip(worst_per_stage(&plain).iter())
+        .zip(worst_per_stage(&exact).iter())
     {
+        let local: Vec<f64> = exact.iter().filter(|r| &r.0 == s).map(|r| r.2).collect();
+        let mean = local.iter().sum::<f64>() / local.len() as f64;
         eprintln!(
-            "{s:<20} {e:>10.2e} {:<4} {eq:>9.2e} {}",
-            l.map(|l| format!("L{l}")).unwrap_or_default(),
-            lq.map(|l| format!("L{l}")).unwrap_or_default()
+            "{s:<20} {e:>9.2e} {:<4} {eq:>9.2e} {:<4} {mean:>10.2e}",
+            at(l),
+            at(lq)
         );
     }
     let bad: Vec<String> = rows
