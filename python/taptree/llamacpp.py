@@ -225,7 +225,9 @@ class Mapper:
             below = self.stage_of.get(self._through_views(srcs[0]))
             if below and below[0] in ("q_proj", "k_proj"):
                 found = (below[0][0] + "_rope", below[1])
-        elif op in ("CONT", "CPY") and name.startswith("kqv_out-"):
+        elif op in ("CONT", "CPY", "RESHAPE") and name.startswith("kqv_out-"):
+            # CONT of the permuted KQV product; with flash attention, the
+            # RESHAPE of FLASH_ATTN_EXT's output.
             found = ("attn", int(name.rsplit("-", 1)[1]))
         elif op == "ADD":
             for i in (0, 1):
@@ -446,8 +448,28 @@ def capture_llamacpp(
     return summary
 
 
+def settings(env=None):
+    """The llama.cpp context settings from the environment, checked:
+    `TAPTREE_LLAMACPP_FLASH_ATTN` (0 or 1, default 0),
+    `TAPTREE_LLAMACPP_KV_TYPE` (f16 or f32, default f16),
+    `TAPTREE_LLAMACPP_N_BATCH` (a positive integer, default 512): by default
+    llama-cpp-python's own defaults. Each lands in the manifest."""
+    env = os.environ if env is None else env
+    fa = env.get("TAPTREE_LLAMACPP_FLASH_ATTN", "0").strip()
+    if fa not in ("0", "1"):
+        raise EngineError("TAPTREE_LLAMACPP_FLASH_ATTN: bad value %r: expected 0 or 1" % fa)
+    kv = env.get("TAPTREE_LLAMACPP_KV_TYPE", "f16").strip()
+    if kv not in ("f16", "f32"):
+        raise EngineError("TAPTREE_LLAMACPP_KV_TYPE: bad value %r: expected f16 or f32" % kv)
+    nb = env.get("TAPTREE_LLAMACPP_N_BATCH", "512").strip()
+    if not nb.isdigit() or int(nb) < 1:
+        raise EngineError("TAPTREE_LLAMACPP_N_BATCH: bad value %r: expected a positive integer" % nb)
+    return {"flash_attn": fa == "1", "kv_type": kv, "n_batch": int(nb)}
+
+
 def capture(args):
     """`python3 -m taptree capture --engine llama.cpp` (see taptree.__main__)."""
+    knobs = settings()
     if args.precision != "f32":
         raise EngineError(
             "--precision %s: llama.cpp's CPU forward has one arithmetic (f32 activations, quantized dot "
@@ -463,6 +485,7 @@ def capture(args):
         force=args.force,
         threads=args.threads or None,
         run=args.run,
+        **knobs,
     )
     summary.pop("logits")
     return summary

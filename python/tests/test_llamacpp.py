@@ -145,3 +145,14 @@ def test_selection_keeps_only_the_selected_taps(llama_cpp, tmp_path):
     tree = open_tree(summary["path"])
     keys = [(e["key"]["stage"], e["key"]["layer"], e["key"]["pos"]["start"], e["key"]["pos"]["end"]) for e in tree.entries]
     assert keys == [("attn", 3, 1, 3), ("logits", None, 1, 3)]
+
+
+def test_settings_come_from_the_environment_checked():
+    from taptree.llamacpp import EngineError, settings
+
+    assert settings({}) == {"flash_attn": False, "kv_type": "f16", "n_batch": 512}
+    assert settings({"TAPTREE_LLAMACPP_FLASH_ATTN": "1", "TAPTREE_LLAMACPP_N_BATCH": "8"})["flash_attn"] is True
+    for var, bad in [("TAPTREE_LLAMACPP_FLASH_ATTN", "yes"), ("TAPTREE_LLAMACPP_KV_TYPE", "q8_0"),
+                     ("TAPTREE_LLAMACPP_N_BATCH", "0")]:
+        with pytest.raises(EngineError, match="%s: bad value" % var):
+            settings({var: bad})
