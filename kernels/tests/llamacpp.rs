@@ -29,6 +29,7 @@ use kernels::cpu::norm::rms_norm;
 use kernels::cpu::rope::rope;
 use kernels::cpu::weights::DenseWeights;
 use kernels::load::load_model;
+use kernels::switches::FLASH_ATTN_VAR;
 use kernels::{fetch, LlamaConfig};
 
 const TOLERANCE: f64 = 1e-6;
@@ -63,8 +64,9 @@ fn llama_cpp_available() -> Result<(), String> {
     Err(why.to_string())
 }
 
-/// Captures `tokens` through llama.cpp into `out`.
-fn capture_llamacpp(model: &Path, tokens: &[u32], out: &Path) {
+/// Captures `tokens` through llama.cpp into `out`, with its flash attention
+/// or without.
+fn capture_llamacpp(model: &Path, tokens: &[u32], out: &Path, flash_attn: bool) {
     let ids: Vec<String> = tokens.iter().map(u32::to_string).collect();
     let o = Command::new("python3")
         .args([
@@ -79,6 +81,7 @@ fn capture_llamacpp(model: &Path, tokens: &[u32], out: &Path) {
         .args(["--tokens", &ids.join(","), "--threads", "2", "--out"])
         .arg(out)
         .env("PYTHONPATH", python_path())
+        .env(FLASH_ATTN_VAR, if flash_attn { "1" } else { "0" })
         .output()
         .expect("run python3");
     assert!(
@@ -119,6 +122,8 @@ fn rel_rms(got: &[f32], want: &[f32]) -> f64 {
 #[derive(Clone, Copy, PartialEq)]
 enum Ops {
     LlamaCpp,
+    /// `LlamaCpp` with llama.cpp's flash attention.
+    LlamaCppFlashAttn,
     PlainQ8,
     F32,
 }
@@ -138,7 +143,7 @@ fn replay(
             .unwrap_or_else(|| panic!("tree has no {s} at layer {l:?}"))
     };
     let act = match ops {
-        Ops::LlamaCpp => Act::LlamaCpp,
+        Ops::LlamaCpp | Ops::LlamaCppFlashAttn => Act::LlamaCpp,
         Ops::PlainQ8 => Act::Q8,
         Ops::F32 => Act::Float,
     };
@@ -171,21 +176,22 @@ fn replay(
         ] {
             let mut r = get(from, li).clone();
             match ops {
-                Ops::LlamaCpp => llamacpp::rope(&mut r, width, 0, cfg.head_dim, cfg.rope_base),
+                Ops::LlamaCpp | Ops::LlamaCppFlashAttn => {
+                    llamacpp::rope(&mut r, width, 0, cfg.head_dim, cfg.rope_base)
+                }
                 Ops::PlainQ8 | Ops::F32 => rope(&mut r, width, 0, cfg.head_dim, cfg.rope_base),
             }
             check(stage, li, r);
         }
         let (q, k, v) = (get("q_rope", li), get("k_rope", li), get("v_proj", li));
+        let f16 = |x: &Vec<f32>| {
+            x.iter()
+                .map(|v| llamacpp::f16_round(*v))
+                .collect::<Vec<_>>()
+        };
         let a = match ops {
-            Ops::LlamaCpp => {
-                let f16 = |x: &Vec<f32>| {
-                    x.iter()
-                        .map(|v| llamacpp::f16_round(*v))
-                        .collect::<Vec<_>>()
-                };
-                llamacpp::attention(q, n, 0, &f16(k), &f16(v), heads)
-            }
+            Ops::LlamaCpp => llamacpp::attention(q, n, 0, &f16(k), &f16(v), heads),
+            Ops::LlamaCppFlashAttn => llamacpp::flash_attention(q, n, 0, &f16(k), &f16(v), heads),
             Ops::PlainQ8 | Ops::F32 => attention(q, n, 0, k, v, heads),
         };
         check("attn", li, a);
@@ -249,7 +255,7 @@ struct Run {
     _dir: tempfile::TempDir,
 }
 
-fn llamacpp_run() -> Option<Run> {
+fn llamacpp_run(flash_attn: bool) -> Option<Run> {
     if let Err(why) = llama_cpp_available() {
         eprintln!("skipped: {why}");
         return None;
@@ -265,7 +271,7 @@ fn llamacpp_run() -> Option<Run> {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("llamacpp");
-    capture_llamacpp(&model_path, &tokens, &out);
+    capture_llamacpp(&model_path, &tokens, &out, flash_attn);
     let tree = TreeReader::open(&out).unwrap();
     Some(Run {
         cfg: model.weights.config.clone(),
@@ -278,7 +284,9 @@ fn llamacpp_run() -> Option<Run> {
 
 #[test]
 fn every_op_of_a_llamacpp_tree_recomputes_within_1e_6_and_plain_q8_does_not() {
-    let Some(r) = llamacpp_run() else { return };
+    let Some(r) = llamacpp_run(false) else {
+        return;
+    };
     let rows = replay(&r.cfg, &r.weights, &r.tokens, &r.taps, Ops::LlamaCpp);
     // Every stage of the vocabulary at every layer was recomputed.
     assert_eq!(rows.len(), 1 + 15 * r.cfg.n_layer + 2);
@@ -339,4 +347,36 @@ fn every_op_of_a_llamacpp_tree_recomputes_within_1e_6_and_plain_q8_does_not() {
             worst(&plain, stage)
         );
     }
+}
+
+#[test]
+fn with_flash_attention_every_op_recomputes_within_1e_6_and_plain_attention_does_not() {
+    let Some(r) = llamacpp_run(true) else {
+        return;
+    };
+    assert!(r.tokens.len() < llamacpp::FLASH_ATTN_TILE_ROWS);
+    let rows = replay(
+        &r.cfg,
+        &r.weights,
+        &r.tokens,
+        &r.taps,
+        Ops::LlamaCppFlashAttn,
+    );
+    assert_eq!(rows.len(), 1 + 15 * r.cfg.n_layer + 2);
+    let bad: Vec<String> = rows
+        .iter()
+        .filter(|(_, _, e)| e.is_nan() || *e > TOLERANCE)
+        .map(|(s, l, e)| format!("{s} L{l:?}: {e:.3e}"))
+        .collect();
+    let worst = worst_per_stage(&rows);
+    let attn = worst.iter().find(|w| w.0 == "attn").unwrap();
+    eprintln!(
+        "flash attention: worst attn error {:.2e} at {:?}",
+        attn.2, attn.1
+    );
+    assert!(bad.is_empty(), "ops outside {TOLERANCE:e}: {bad:?}");
+    // The red case: llama.cpp's attention without flash attention (f16
+    // probabilities, f32 sums) is not what it computed here.
+    let plain = replay(&r.cfg, &r.weights, &r.tokens, &r.taps, Ops::LlamaCpp);
+    assert!(plain.iter().any(|(s, _, e)| s == "attn" && *e > TOLERANCE));
 }

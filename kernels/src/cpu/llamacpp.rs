@@ -261,6 +261,84 @@ pub fn attention<T: Real>(
     out
 }
 
+/// Query rows from which llama.cpp's CPU flash attention switches to its
+/// tiled f32 kernel (`GGML_FA_TILE_Q`), which [`flash_attention`] does not
+/// model.
+pub const FLASH_ATTN_TILE_ROWS: usize = 64;
+
+/// llama.cpp's CPU flash attention over an F16 K/V cache, as
+/// `ggml_compute_forward_flash_attn_ext_f16_one_chunk` runs it for fewer
+/// than [`FLASH_ATTN_TILE_ROWS`] query rows: `q` rounded to f16, each score
+/// a `ggml_vec_dot_f16` scaled in f32, an online softmax with `expf`, and
+/// the weighted values accumulated **in f16**: on a new maximum the
+/// accumulator is rescaled (`f16(acc * e^(M_old - M))`), then each value row
+/// is added as `f16(v * e^(s - M) + acc)`; the f32 sum of weights divides at
+/// the end. Masked cells are skipped. `k` and `v` must hold f16 values.
+pub fn flash_attention<T: Real>(
+    q: &[T],
+    n: usize,
+    start: usize,
+    k: &[T],
+    v: &[T],
+    heads: Heads,
+) -> Vec<T> {
+    let Heads {
+        n_head,
+        n_head_kv,
+        head_dim,
+    } = heads;
+    let q_width = n_head * head_dim;
+    let kv_width = n_head_kv * head_dim;
+    let group = n_head / n_head_kv;
+    let scale = 1.0f32 / (head_dim as f32).sqrt();
+    let mut out = vec![T::ZERO; n * q_width];
+    out.par_chunks_mut(head_dim).enumerate().for_each_init(
+        || (Vec::new(), Vec::new(), Vec::new()),
+        |(qh16, kh, acc): &mut (Vec<f32>, Vec<f32>, Vec<f32>), (i, o)| {
+            let (r, h) = (i / n_head, i % n_head);
+            let kvh = h / group;
+            qh16.clear();
+            qh16.extend(
+                q[r * q_width + h * head_dim..][..head_dim]
+                    .iter()
+                    .map(|x| f16_round(x.to_f32())),
+            );
+            acc.clear();
+            acc.resize(head_dim, 0.0);
+            let (mut sum, mut max) = (0f32, f32::NEG_INFINITY);
+            for t in 0..start + r + 1 {
+                kh.clear();
+                kh.extend(
+                    k[t * kv_width + kvh * head_dim..][..head_dim]
+                        .iter()
+                        .map(|x| x.to_f32()),
+                );
+                let s = dot_f16(kh, qh16, 1) * scale;
+                let (mut ms, mut vs) = (1f32, 1f32);
+                if s > max {
+                    ms = (max - s).exp();
+                    max = s;
+                    for a in acc.iter_mut() {
+                        *a = f16_round(*a * ms);
+                    }
+                } else {
+                    vs = (s - max).exp();
+                }
+                let vh = &v[t * kv_width + kvh * head_dim..][..head_dim];
+                for (a, x) in acc.iter_mut().zip(vh) {
+                    *a = f16_round(x.to_f32().mul_add(vs, *a));
+                }
+                sum = sum.mul_add(ms, vs);
+            }
+            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+            for (o, a) in o.iter_mut().zip(acc.iter()) {
+                *o = T::from_f32(*a * inv);
+            }
+        },
+    );
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,6 +442,25 @@ mod tests {
         let mut z = vec![0.5f32; hd];
         rope(&mut z, hd, 0, hd, base);
         assert!(z.iter().all(|v| *v == 0.5));
+    }
+
+    #[test]
+    fn flash_attention_accumulates_in_f16() {
+        // Three equal scores over values 1, 2048, 1: the f16 accumulator
+        // holds 1 + 2048 = 2049, which f16 cannot (2048 or 2050): the sum of
+        // weights is 3, so the exact answer 2050/3 is missed by f16's step.
+        let heads = Heads {
+            n_head: 1,
+            n_head_kv: 1,
+            head_dim: 1,
+        };
+        let out = flash_attention(&[0.0f32; 3], 3, 0, &[1.0; 3], &[1.0, 2048.0, 1.0], heads);
+        // acc: 1, then f16(2048 + 1) = 2048 (ties to even), then 2049 -> 2048.
+        assert_eq!(out[2], 2048.0 / 3.0);
+        let exact = attention(&[0.0f32; 3], 3, 0, &[1.0; 3], &[1.0, 2048.0, 1.0], heads);
+        assert_ne!(out[2], exact[2]);
+        // One position: the value itself.
+        assert_eq!(out[0], 1.0);
     }
 
     #[test]

@@ -144,6 +144,7 @@ impl CudaForward {
         }
         let c = &weights.config;
         crate::forward::check_config(c)?;
+        switches.check(precision)?;
         let q8 = |f| switches.resolve(f, precision) == ActPrecision::Q8;
         let acts = Acts {
             attn: q8(Family::Attn),
