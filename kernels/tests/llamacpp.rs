@@ -380,3 +380,47 @@ fn with_flash_attention_every_op_recomputes_within_1e_6_and_plain_attention_does
     let plain = replay(&r.cfg, &r.weights, &r.tokens, &r.taps, Ops::LlamaCpp);
     assert!(plain.iter().any(|(s, _, e)| s == "attn" && *e > TOLERANCE));
 }
+
+#[test]
+fn the_llamacpp_forward_runs_and_refuses_what_it_does_not_model() {
+    use kernels::cpu::CpuForward;
+    use kernels::switches::Switches;
+    use kernels::{Forward, Precision};
+
+    // Q4_1 linear weights and a Q8_0 embedding, as SmolLM2.
+    let w = kernels::fixtures::weights("tiny-q").unwrap();
+    let vocab = w.config.vocab_size as u32;
+    let tokens: Vec<u32> = (0..70u32).map(|i| (i * 7 + 3) % vocab).collect();
+    let fa = Switches::none().with_flash_attn(true);
+    let run = |p: Precision, s: &Switches, toks: &[u32]| {
+        CpuForward::new(&w, p, s).unwrap().forward(None, toks, 0)
+    };
+    let plain = run(Precision::LlamaCpp, &Switches::none(), &tokens[..20]).unwrap();
+    let q8 = run(Precision::Q8, &Switches::none(), &tokens[..20]).unwrap();
+    let flash = run(Precision::LlamaCpp, &fa, &tokens[..20]).unwrap();
+    assert_ne!(plain, q8);
+    assert_ne!(plain, flash);
+    // Deterministic: the same run twice is bitwise the same.
+    assert_eq!(
+        plain,
+        run(Precision::LlamaCpp, &Switches::none(), &tokens[..20]).unwrap()
+    );
+    // Flash attention: 63 rows run the modelled kernel, 64 the tiled one.
+    assert!(run(Precision::LlamaCpp, &fa, &tokens[..63]).is_ok());
+    let e = run(Precision::LlamaCpp, &fa, &tokens[..64]).unwrap_err();
+    assert!(
+        e.to_string().contains("tiled flash attention kernel"),
+        "{e}"
+    );
+    // ... and is llama.cpp's, so no other precision takes the switch.
+    let e = CpuForward::new(&w, Precision::F32, &fa).err().unwrap();
+    assert!(
+        e.to_string()
+            .contains("only --precision llamacpp models llama.cpp's flash attention"),
+        "{e}"
+    );
+    // A decode step after the prefill, one row at a time.
+    let mut f = CpuForward::new(&w, Precision::LlamaCpp, &fa).unwrap();
+    f.forward(None, &tokens[..20], 0).unwrap();
+    assert!(f.forward(None, &tokens[20..21], 20).is_ok());
+}
