@@ -11,7 +11,9 @@ the truth to name its first op outside tolerance.
 
     python3 scripts/llamacpp_e2e.py runs/e2e      # after cargo build --release
 
-Trees are kept under the given directory (replaced with --force).
+Trees are kept under the given directory (replaced with --force). With
+TAPTREE_LLAMACPP_FLASH_ATTN=1 in the environment, llama.cpp and
+--precision llamacpp both run flash attention.
 """
 
 import json
@@ -72,7 +74,12 @@ def main():
     for name, prompt in PROMPTS:
         d = os.path.join(out, name)
         for p in RUNS:
-            sh([TAPTREE, "capture", "--model", "smollm2", "--precision", p, *prompt, "--out", os.path.join(d, p), "--force"])
+            # The flash attention switch is llama.cpp's: only llamacpp takes it.
+            env = dict(os.environ)
+            if p != "llamacpp":
+                env.pop("TAPTREE_LLAMACPP_FLASH_ATTN", None)
+            sh([TAPTREE, "capture", "--model", "smollm2", "--precision", p, *prompt, "--out", os.path.join(d, p), "--force"],
+               env=env)
         with open(os.path.join(d, "f64", "manifest.json")) as f:
             tokens = json.load(f)["run"]["prompt_tokens"]
         sh(
