@@ -86,11 +86,15 @@ fn flip_last_byte(file: &Path) {
     std::fs::write(file, bytes).unwrap();
 }
 
+/// Edits a manifest as a writer would have written it: sealed again (its
+/// `manifest_blake3` made to match), so that what is tested is the edit.
 fn edit_manifest(tree: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let path = tree.join("manifest.json");
     let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     edit(&mut m);
-    std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
+    let mut bytes = serde_json::to_vec(&m).unwrap();
+    capture::manifest::seal(&mut bytes);
+    std::fs::write(&path, bytes).unwrap();
 }
 
 /// Exit 2, and stderr names `file` and `problem`.
@@ -274,7 +278,9 @@ fn verify_counts_missing_and_extra_taps() {
         .filter(|e| e.key.layer != Some(1))
         .cloned()
         .collect();
-    let (dirs, root) = capture::manifest::tree_hashes(&kept);
+    let mut m = reader.manifest().clone();
+    m.entries = kept.clone();
+    let (dirs, root) = m.hashes();
     edit_manifest(&b, |m| {
         m["entries"] = serde_json::to_value(&kept).unwrap();
         m["dirs"] = serde_json::to_value(&dirs).unwrap();
@@ -442,6 +448,39 @@ fn damaged_tap_files_are_named() {
 }
 
 #[test]
+fn trusted_verify_refuses_a_damaged_manifest() {
+    // Trusted mode reads the roots from the heads, but a manifest cut right
+    // after a `}` (its head intact), or with a byte flipped in a field
+    // nothing else hashes, is damaged: exit 2, never "bitwise identical".
+    let (_dir, a, b) = two_trees(0.0);
+    let manifest = b.join("manifest.json");
+    let whole = std::fs::read(&manifest).unwrap();
+    let braces: Vec<usize> = (0..whole.len() - 2).filter(|&i| whole[i] == b'}').collect();
+    for &i in [
+        braces[0],
+        braces[braces.len() / 2],
+        braces[braces.len() - 1],
+    ]
+    .iter()
+    {
+        std::fs::write(&manifest, &whole[..=i]).unwrap();
+        assert_refused(&taptree(&[&"verify", &a, &b]), "manifest.json", "damaged");
+    }
+    let mut flipped = whole.clone();
+    let at = String::from_utf8_lossy(&whole).find("\"argv\"").unwrap() + 2;
+    flipped[at] ^= 0x20;
+    std::fs::write(&manifest, &flipped).unwrap();
+    assert_refused(&taptree(&[&"verify", &a, &b]), "manifest.json", "damaged");
+    std::fs::write(&manifest, b"not json at all").unwrap();
+    let o = taptree(&[&"verify", &a, &b]);
+    assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));
+    // Intact again: trusted.
+    std::fs::write(&manifest, &whole).unwrap();
+    let o = taptree(&[&"verify", &a, &b]);
+    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+}
+
+#[test]
 fn unsafe_manifests_are_refused() {
     type Edit = fn(&mut serde_json::Value);
     let cases: [(Edit, &str); 5] = [
@@ -465,7 +504,7 @@ fn unsafe_manifests_are_refused() {
         ),
         (
             |m| m["format_version"] = "3.1".into(),
-            "unsupported tree format version 3.1 (this taptree reads 1.x)",
+            "unsupported tree format version 3.1 (this taptree reads 1.x to 2.x)",
         ),
     ];
     for (edit, problem) in cases {

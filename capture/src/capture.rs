@@ -176,17 +176,19 @@ impl Capture {
                 });
             }
         }
-        let (dirs, root) = manifest::tree_hashes(&entries);
-        let manifest = Manifest {
+        let mut manifest = Manifest {
             format: "taptree".into(),
             format_version: FORMAT_VERSION.into(),
-            root: root.clone(),
+            root: String::new(),
+            manifest_blake3: None,
             run: std::mem::take(&mut self.run),
             selection: self.active.selection.to_string(),
             stages: std::mem::take(&mut self.stages),
-            dirs,
+            dirs: Default::default(),
             entries,
         };
+        (manifest.dirs, manifest.root) = manifest.hashes();
+        let root = manifest.root.clone();
         let dir = self.active.dir.clone();
         write_manifest(&dir, &manifest)?;
         if let Some(staging) = self.staging.take() {
@@ -365,12 +367,14 @@ fn write_marker(dir: &Path) -> Result<()> {
 fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<()> {
     let tmp = dir.join(format!("{MANIFEST_FILE}.tmp"));
     let path = dir.join(MANIFEST_FILE);
-    let json = serde_json::to_vec(&manifest::ManifestOut::new(manifest))
+    let mut json = serde_json::to_vec(&manifest::ManifestOut::new(manifest))
         .expect("a manifest always serializes");
+    json.push(b'\n');
+    let sealed = manifest::seal(&mut json);
+    debug_assert!(sealed, "ManifestOut writes a manifest_blake3");
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(&json)?;
-        f.write_all(b"\n")?;
         f.sync_all()
     };
     write().map_err(|e| Error::io(&tmp, e))?;

@@ -31,10 +31,12 @@ pub enum Error {
     Incomplete { path: PathBuf },
 
     /// The manifest's major version is not one this reader understands.
-    #[error("{}: unsupported tree format version {found} (this taptree reads {supported}.x)", path.display())]
+    #[error("{}: unsupported tree format version {found} (this taptree reads {oldest}.x to {supported}.x)", path.display())]
     UnsupportedVersion {
         path: PathBuf,
         found: String,
+        /// The oldest and newest major versions read.
+        oldest: u32,
         supported: u32,
     },
 

@@ -1,13 +1,20 @@
 //! The manifest (`manifest.json`): what a complete tree holds, and the hashes
 //! that make two trees comparable without reading their tensors.
 //!
-//! The per-directory hash covers, in capture order, one line per tap of that
-//! directory: `stage \t layer \t pos_start \t pos_end \t slot \t dtype \t shape \t blake3 \n`
+//! Format 2 hashes, per directory, one line per tap in **byte order of the
+//! lines** (so the root does not depend on the order the taps were
+//! captured in): `stage \t layer \t pos_start \t pos_end \t slot \t dtype \t shape \t blake3 \n`
 //! (`-` for an absent layer or slot, shape as comma-separated dimensions).
 //! The root hash covers `dir \t dir_hash \n` for every directory in byte
-//! order of its name. Nothing else — no time, host, path or run metadata —
-//! enters either hash, so equal roots mean bitwise-equal tensors under equal
-//! keys. docs/FORMAT.md is the normative description.
+//! order of its name, then everything else in the manifest that steers a
+//! verdict: the selection, the run's precision, prompt tokens and switches,
+//! and the stage vocabulary. No time, host, path, argv or other run metadata
+//! enters a hash, so equal roots mean bitwise-equal tensors under equal keys,
+//! compared the same way. Each entry also carries the blake3 of its file's
+//! safetensors header, and the manifest its own blake3 (`manifest_blake3`),
+//! so a damaged header or manifest is refused even where nothing else
+//! would notice. Format 1 (capture-order lines, nothing but the entries in
+//! the root) is still read. docs/FORMAT.md is the normative description.
 
 use crate::dtype::DType;
 use crate::key::Key;
@@ -17,10 +24,13 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 /// The format version this crate writes, `major.minor`. A reader refuses a
-/// different major version; a newer minor only adds fields it may ignore.
-pub const FORMAT_VERSION: &str = "1.0";
-/// The major version this crate reads.
-pub const FORMAT_MAJOR: u32 = 1;
+/// major version it does not know; a newer minor only adds fields it may ignore.
+pub const FORMAT_VERSION: &str = "2.0";
+/// The major version this crate writes, and the newest it reads.
+pub const FORMAT_MAJOR: u32 = 2;
+/// The oldest major version this crate reads (format 1: hashes in capture
+/// order, no header or manifest hashes).
+pub const FORMAT_MAJOR_OLDEST: u32 = 1;
 /// The manifest's file name at the root of a tree.
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// Marker written when a capture starts: a directory holding it is a tree
@@ -29,9 +39,10 @@ pub const MARKER_FILE: &str = ".taptree";
 /// The directory of the taps without a layer.
 pub const GLOBAL_DIR: &str = "global";
 
-/// Where and how a run was made. None of it enters a hash: it is there for
-/// people, for `diff` headers and for `bisect`. Empty `host`, `argv` and
-/// `time` are filled in by [`crate::Capture::start`].
+/// Where and how a run was made. Only what steers a verdict enters the root
+/// (`precision`, `switches`, `prompt_tokens`); the rest is there for people,
+/// for `diff` headers and for `bisect`. Empty `host`, `argv` and `time` are
+/// filled in by [`crate::Capture::start`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RunInfo {
@@ -61,6 +72,10 @@ pub struct Entry {
     pub blake3: String,
     /// Tensor bytes: element count × dtype size.
     pub bytes: u64,
+    /// blake3 of the file's bytes before the tensor data (length prefix,
+    /// JSON header, padding), lowercase hex. Format 2; absent in format 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header_blake3: Option<String>,
 }
 
 /// The whole manifest, as written at the end of a capture.
@@ -71,6 +86,10 @@ pub struct Manifest {
     /// `major.minor`.
     pub format_version: String,
     pub root: String,
+    /// blake3 of the manifest file with this value's 64 hex digits read as
+    /// `0`s (see [`seal`]). Format 2; absent in format 1.
+    #[serde(default)]
+    pub manifest_blake3: Option<String>,
     pub run: RunInfo,
     /// The selection the capture used (`all` for everything).
     #[serde(default)]
@@ -135,6 +154,8 @@ pub(crate) struct ManifestOut<'a> {
     pub root: &'a str,
     pub taps: u64,
     pub bytes: u64,
+    /// Written as zeros, then filled in by [`seal`].
+    pub manifest_blake3: &'static str,
     pub run: &'a RunInfo,
     pub selection: &'a str,
     pub stages: &'a [StageSpec],
@@ -150,6 +171,7 @@ impl<'a> ManifestOut<'a> {
             root: &m.root,
             taps: m.entries.len() as u64,
             bytes: m.bytes_of_entries(),
+            manifest_blake3: UNSEALED,
             run: &m.run,
             selection: &m.selection,
             stages: &m.stages,
@@ -164,6 +186,97 @@ impl Manifest {
     pub fn bytes_of_entries(&self) -> u64 {
         self.entries.iter().map(|e| e.bytes).sum()
     }
+
+    /// The directory and root hashes of this manifest's content, by the
+    /// definition of its major version (format 1 only hashed the entries,
+    /// in capture order).
+    pub fn hashes(&self) -> (BTreeMap<String, String>, String) {
+        match parse_version(&self.format_version) {
+            Some((1, _)) => tree_hashes_v1(&self.entries),
+            _ => tree_hashes(&self.entries, &self.verdict_inputs()),
+        }
+    }
+
+    /// What in this manifest, besides the entries, steers a verdict.
+    pub fn verdict_inputs(&self) -> VerdictInputs<'_> {
+        VerdictInputs {
+            selection: &self.selection,
+            run: &self.run,
+            stages: &self.stages,
+        }
+    }
+}
+
+/// Everything in a manifest besides its entries that steers a verdict, and
+/// so enters the root: which taps were selected, how the run was made
+/// (precision, prompt tokens, switches), and the stage graph that decides
+/// an origin from an inherited divergence.
+#[derive(Debug, Clone, Copy)]
+pub struct VerdictInputs<'a> {
+    pub selection: &'a str,
+    pub run: &'a RunInfo,
+    pub stages: &'a [StageSpec],
+}
+
+/// The `manifest_blake3` a writer puts down before sealing.
+pub const UNSEALED: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// Where the 64 hex digits of the manifest's `manifest_blake3` lie in
+/// `json`: after the first `"manifest_blake3"` key, its colon and quote.
+fn seal_digits(json: &[u8]) -> Option<std::ops::Range<usize>> {
+    const KEY: &[u8] = b"\"manifest_blake3\"";
+    let mut i = memchr::memmem::find(json, KEY)? + KEY.len();
+    let skip_blank = |i: &mut usize| {
+        while json.get(*i).is_some_and(|c| c.is_ascii_whitespace()) {
+            *i += 1;
+        }
+    };
+    skip_blank(&mut i);
+    (json.get(i) == Some(&b':')).then_some(())?;
+    i += 1;
+    skip_blank(&mut i);
+    (json.get(i) == Some(&b'"')).then_some(())?;
+    i += 1;
+    let digits = i..i + UNSEALED.len();
+    (json.get(digits.end) == Some(&b'"')).then_some(())?;
+    Some(digits)
+}
+
+/// The blake3 of `json` with its `manifest_blake3` digits read as zeros,
+/// or `None` when it has no such field.
+pub fn seal_of(json: &[u8]) -> Option<String> {
+    let digits = seal_digits(json)?;
+    let mut h = blake3::Hasher::new();
+    h.update(&json[..digits.start]);
+    h.update(UNSEALED.as_bytes());
+    h.update(&json[digits.end..]);
+    Some(h.finalize().to_hex().to_string())
+}
+
+/// Fills in the `manifest_blake3` of a manifest's bytes (written with any
+/// 64 characters there, normally [`UNSEALED`]). Returns false when `json`
+/// has no such field.
+pub fn seal(json: &mut [u8]) -> bool {
+    let (Some(digits), Some(hash)) = (seal_digits(json), seal_of(json)) else {
+        return false;
+    };
+    json[digits].copy_from_slice(hash.as_bytes());
+    true
+}
+
+/// Whether `json`'s `manifest_blake3` is its own blake3: `Err` names what
+/// is wrong (no field, or the hash it has).
+pub fn check_seal(json: &[u8]) -> Result<(), String> {
+    let digits = seal_digits(json).ok_or("no manifest_blake3 field (format 2 requires one)")?;
+    let stored = &json[digits];
+    let actual = seal_of(json).expect("the field was found");
+    if stored != actual.as_bytes() {
+        return Err(format!(
+            "its bytes hash to {actual}, its manifest_blake3 says {}: the manifest was edited or damaged",
+            String::from_utf8_lossy(stored)
+        ));
+    }
+    Ok(())
 }
 
 /// The directory a key's file lives in: `L007` (per layer) or `global`.
@@ -250,8 +363,119 @@ fn push_decimal(out: &mut String, mut v: u64) {
     out.push_str(std::str::from_utf8(&digits[i..]).expect("ASCII digits"));
 }
 
-/// Per-directory hashes and the root hash of `entries` (in capture order).
-pub fn tree_hashes(entries: &[Entry]) -> (BTreeMap<String, String>, String) {
+/// Per-directory hashes and the root hash (format 2) of `entries`, in any
+/// order, and of what else steers a verdict.
+pub fn tree_hashes(
+    entries: &[Entry],
+    inputs: &VerdictInputs,
+) -> (BTreeMap<String, String>, String) {
+    // Each directory's lines, in one buffer, then sorted in byte order.
+    #[derive(Default)]
+    struct Dir {
+        text: String,
+        lines: Vec<std::ops::Range<usize>>,
+    }
+    let mut dirs: Vec<(Option<u32>, Dir)> = Vec::new();
+    let mut slot_of: std::collections::HashMap<Option<u32>, usize> = Default::default();
+    // Consecutive entries mostly share a layer: the last one is tried first.
+    let mut last: Option<(Option<u32>, usize)> = None;
+    for e in entries {
+        let layer = e.key.layer;
+        let i = match last {
+            Some((l, i)) if l == layer => i,
+            _ => *slot_of.entry(layer).or_insert_with(|| {
+                dirs.push((layer, Dir::default()));
+                dirs.len() - 1
+            }),
+        };
+        last = Some((layer, i));
+        let d = &mut dirs[i].1;
+        let start = d.text.len();
+        hash_line(&mut d.text, &e.key, e.dtype, &e.shape, &e.blake3);
+        d.lines.push(start..d.text.len());
+    }
+    let dirs: BTreeMap<String, String> = dirs
+        .into_iter()
+        .map(|(layer, mut d)| {
+            let text = d.text.as_bytes();
+            d.lines
+                .sort_unstable_by(|a, b| text[a.clone()].cmp(&text[b.clone()]));
+            let mut hasher = blake3::Hasher::new();
+            hasher.update(b"taptree dir v2\n");
+            // Hashed a batch of lines at a time: each update still hashes
+            // many blake3 chunks at once.
+            let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
+            for line in d.lines {
+                batch.extend_from_slice(&text[line]);
+                if batch.len() >= 60 * 1024 {
+                    hasher.update(&batch);
+                    batch.clear();
+                }
+            }
+            hasher.update(&batch);
+            (dir_of_layer(layer), hasher.finalize().to_hex().to_string())
+        })
+        .collect();
+    let root = root_hash(&dirs, inputs);
+    (dirs, root)
+}
+
+/// The root hash (format 2) over directory hashes and what else steers a
+/// verdict. Strings are written `{byte length}:{text}`, so no value can
+/// forge a separator.
+pub fn root_hash(dirs: &BTreeMap<String, String>, inputs: &VerdictInputs) -> String {
+    fn text(out: &mut String, s: &str) {
+        let _ = write!(out, "{}:{s}", s.len());
+    }
+    fn list(out: &mut String, items: &[String]) {
+        for (i, s) in items.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            text(out, s);
+        }
+    }
+    let mut root = String::from("taptree root v2\n");
+    for (dir, hash) in dirs {
+        let _ = writeln!(root, "{dir}\t{hash}");
+    }
+    root.push_str("selection\t");
+    text(&mut root, inputs.selection);
+    root.push_str("\nprecision\t");
+    text(&mut root, &inputs.run.precision);
+    root.push_str("\ntokens\t");
+    for (i, t) in inputs.run.prompt_tokens.iter().enumerate() {
+        if i > 0 {
+            root.push(',');
+        }
+        push_decimal(&mut root, u64::from(*t));
+    }
+    root.push('\n');
+    for (name, value) in &inputs.run.switches {
+        root.push_str("switch\t");
+        text(&mut root, name);
+        root.push('\t');
+        text(&mut root, value);
+        root.push('\n');
+    }
+    for s in inputs.stages {
+        root.push_str("stage\t");
+        text(&mut root, &s.name);
+        root.push_str(match s.scope {
+            crate::stage::Scope::Global => "\tglobal\t",
+            crate::stage::Scope::Layer => "\tlayer\t",
+        });
+        list(&mut root, &s.inputs);
+        root.push('\t');
+        list(&mut root, &s.first_layer_inputs);
+        root.push('\n');
+    }
+    blake3::hash(root.as_bytes()).to_hex().to_string()
+}
+
+/// Format 1's per-directory hashes and root hash of `entries`: lines in
+/// capture order, and nothing but the entries in the root.
+pub fn tree_hashes_v1(entries: &[Entry]) -> (BTreeMap<String, String>, String) {
     /// A directory's hash under way. Its lines are hashed a batch of whole
     /// blake3 chunks at a time: each update still hashes many chunks at
     /// once, and no directory's text (megabytes on a large tree, all fresh
@@ -329,7 +553,20 @@ mod tests {
             shape: vec![2, 3],
             blake3: hash.to_string(),
             bytes: 24,
+            header_blake3: None,
         }
+    }
+
+    fn hashes(entries: &[Entry]) -> (BTreeMap<String, String>, String) {
+        let run = RunInfo::default();
+        tree_hashes(
+            entries,
+            &VerdictInputs {
+                selection: "all",
+                run: &run,
+                stages: &[],
+            },
+        )
     }
 
     #[test]
@@ -360,27 +597,124 @@ mod tests {
             entry("attn_norm", Some(0), "aa"),
             entry("logits", None, "bb"),
         ];
-        let (dirs, root) = tree_hashes(&a);
+        let (dirs, root) = hashes(&a);
         assert_eq!(dirs.len(), 2);
         // Same content, other run metadata: same root (the run never enters).
-        assert_eq!(tree_hashes(&a.clone()).1, root);
+        assert_eq!(hashes(&a.clone()).1, root);
         // A changed tensor changes its directory's hash and the root, not the other directory.
         let mut b = a.clone();
         b[1].blake3 = "cc".into();
-        let (dirs_b, root_b) = tree_hashes(&b);
+        let (dirs_b, root_b) = hashes(&b);
         assert_ne!(root_b, root);
         assert_eq!(dirs_b["L000"], dirs["L000"]);
         assert_ne!(dirs_b["global"], dirs["global"]);
         // Shape and dtype are part of the identity too.
         let mut c = a.clone();
         c[0].shape = vec![3, 2];
-        assert_ne!(tree_hashes(&c).1, root);
+        assert_ne!(hashes(&c).1, root);
         let mut d = a.clone();
         d[0].dtype = DType::I32;
-        assert_ne!(tree_hashes(&d).1, root);
+        assert_ne!(hashes(&d).1, root);
         let mut e = a.clone();
         e[0].key.slot = Some(0);
-        assert_ne!(tree_hashes(&e).1, root);
+        assert_ne!(hashes(&e).1, root);
+    }
+
+    #[test]
+    fn root_does_not_depend_on_capture_order() {
+        // A refactor that computes v before q and k taps them in another
+        // order: the same tensors must give the same root.
+        let a = vec![
+            entry("q_proj", Some(0), "aa"),
+            entry("k_proj", Some(0), "bb"),
+            entry("v_proj", Some(0), "cc"),
+            entry("logits", None, "dd"),
+        ];
+        let mut b = a.clone();
+        b.rotate_left(2);
+        assert_eq!(hashes(&b), hashes(&a));
+        // Format 1 hashed capture order: the defect this fixes.
+        assert_ne!(tree_hashes_v1(&b).1, tree_hashes_v1(&a).1);
+    }
+
+    #[test]
+    fn root_covers_what_steers_a_verdict() {
+        let a = vec![entry("attn_norm", Some(0), "aa")];
+        let run = RunInfo {
+            precision: "f32".into(),
+            prompt_tokens: vec![1, 2],
+            switches: [("fast".to_string(), "1".to_string())].into(),
+            host: "here".into(),
+            time: "2026-01-01T00:00:00Z".into(),
+            ..RunInfo::default()
+        };
+        let stages = [StageSpec::layer("attn_norm", &["post_ffn_residual@prev"])
+            .with_first_layer_inputs(&["embedding"])];
+        let root = |f: &dyn Fn(&mut RunInfo, &mut String, &mut Vec<StageSpec>)| {
+            let (mut run, mut selection, mut stages) =
+                (run.clone(), "all".to_string(), stages.to_vec());
+            f(&mut run, &mut selection, &mut stages);
+            let inputs = VerdictInputs {
+                selection: &selection,
+                run: &run,
+                stages: &stages,
+            };
+            tree_hashes(&a, &inputs).1
+        };
+        let base = root(&|_, _, _| {});
+        // Times, hosts, argv, revisions: not a verdict's business.
+        assert_eq!(root(&|r, _, _| r.host = "there".into()), base);
+        assert_eq!(
+            root(&|r, _, _| r.time = "2027-01-01T00:00:00Z".into()),
+            base
+        );
+        assert_eq!(root(&|r, _, _| r.git_rev = Some("abc".into())), base);
+        // Each of these changes what a verdict would say.
+        assert_ne!(root(&|r, _, _| r.precision = "q8".into()), base);
+        assert_ne!(root(&|r, _, _| r.prompt_tokens = vec![1, 3]), base);
+        assert_ne!(root(&|r, _, _| r.prompt_tokens = vec![12]), base);
+        assert_ne!(
+            root(&|r, _, _| {
+                r.switches.insert("fast".into(), "0".into());
+            }),
+            base
+        );
+        assert_ne!(root(&|_, s, _| *s = "stage=attn_*".into()), base);
+        assert_ne!(root(&|_, _, st| st[0].inputs.clear()), base);
+        assert_ne!(root(&|_, _, st| st[0].first_layer_inputs.clear()), base);
+        assert_ne!(
+            root(&|_, _, st| st[0].scope = crate::stage::Scope::Global),
+            base
+        );
+        // Length-prefixed strings: moving text between fields is seen.
+        assert_ne!(
+            root(&|r, _, _| {
+                r.switches = [("fa".to_string(), "st\t1".to_string())].into();
+            }),
+            root(&|r, _, _| {
+                r.switches = [("fa\tst".to_string(), "1".to_string())].into();
+            })
+        );
+    }
+
+    #[test]
+    fn a_sealed_manifest_detects_any_change_to_its_bytes() {
+        let mut json = format!(
+            "{{\"format\":\"taptree\",\"manifest_blake3\": \"{UNSEALED}\",\"entries\":[{{}}]}}\n"
+        )
+        .into_bytes();
+        assert!(check_seal(&json).is_err(), "unsealed");
+        assert!(seal(&mut json));
+        check_seal(&json).unwrap();
+        for i in 0..json.len() {
+            let mut flipped = json.clone();
+            flipped[i] ^= 0x04;
+            assert!(check_seal(&flipped).is_err(), "flip at {i}");
+        }
+        for len in 0..json.len() {
+            assert!(check_seal(&json[..len]).is_err(), "cut at {len}");
+        }
+        assert!(check_seal(b"{\"format\":\"taptree\"}").is_err());
     }
 
     #[test]
@@ -398,15 +732,23 @@ mod tests {
                     shape: vec![1, 576],
                     blake3: format!("{:064x}", p as u64 * 7 + layer.map_or(9, u64::from)),
                     bytes: 576 * 4,
+                    header_blake3: None,
                 });
             }
         }
-        let (dirs, _) = tree_hashes(&entries);
+        let (dirs, _) = hashes(&entries);
         for layer in [Some(0), Some(1), None] {
-            let mut text = String::from("taptree dir v1\n");
-            for e in entries.iter().filter(|e| e.key.layer == layer) {
-                hash_line(&mut text, &e.key, e.dtype, &e.shape, &e.blake3);
-            }
+            let mut lines: Vec<String> = entries
+                .iter()
+                .filter(|e| e.key.layer == layer)
+                .map(|e| {
+                    let mut line = String::new();
+                    hash_line(&mut line, &e.key, e.dtype, &e.shape, &e.blake3);
+                    line
+                })
+                .collect();
+            lines.sort();
+            let text = format!("taptree dir v2\n{}", lines.concat());
             assert!(text.len() > 3 * 16 * 1024);
             let want = blake3::hash(text.as_bytes()).to_hex().to_string();
             assert_eq!(dirs[&dir_of_layer(layer)], want);
@@ -424,13 +766,24 @@ mod tests {
         let mut text = String::new();
         hash_line(&mut text, &a[0].key, a[0].dtype, &a[0].shape, &a[0].blake3);
         assert_eq!(text, "attn_norm\t0\t0\t2\t-\tF32\t2,3\taa\n");
-        let dir = blake3::hash(format!("taptree dir v1\n{text}").as_bytes()).to_hex();
-        assert_eq!(tree_hashes(&a).0["L000"], dir.as_str());
+        let dir = blake3::hash(format!("taptree dir v2\n{text}").as_bytes()).to_hex();
+        assert_eq!(hashes(&a).0["L000"], dir.as_str());
+        let v1 = blake3::hash(format!("taptree dir v1\n{text}").as_bytes()).to_hex();
+        assert_eq!(tree_hashes_v1(&a).0["L000"], v1.as_str());
+        let global = hashes(&a).0["global"].clone();
+        let root = format!(
+            "taptree root v2\nL000\t{dir}\nglobal\t{global}\nselection\t3:all\nprecision\t0:\ntokens\t\n"
+        );
+        assert_eq!(
+            hashes(&a).1,
+            blake3::hash(root.as_bytes()).to_hex().as_str()
+        );
     }
 
     #[test]
     fn versions() {
         assert_eq!(parse_version("1.0"), Some((1, 0)));
+        assert_eq!(parse_version(FORMAT_VERSION), Some((FORMAT_MAJOR, 0)));
         assert_eq!(parse_version("12.34"), Some((12, 34)));
         assert_eq!(parse_version("1"), None);
         assert_eq!(parse_version("x.y"), None);

@@ -3,7 +3,7 @@
 
 use crate::dtype::{DType, TapElem};
 use crate::error::{Error, Result};
-use crate::manifest::{self, Entry, Manifest, FORMAT_MAJOR, MANIFEST_FILE};
+use crate::manifest::{self, Entry, Manifest, FORMAT_MAJOR, FORMAT_MAJOR_OLDEST, MANIFEST_FILE};
 use crate::tapfile;
 use memmap2::Mmap;
 use std::collections::HashSet;
@@ -57,10 +57,13 @@ impl TreeReader {
         })
     }
 
-    /// Reads only the head of a tree's manifest (version, root, counts),
-    /// normally from its first few hundred bytes: what `verify A B` needs
-    /// to call two trees identical without parsing their entries. The
-    /// entries are not checked; [`TreeReader::open`] checks them.
+    /// Reads the head of a tree's manifest (version, root, counts) and
+    /// checks the manifest whole against its own `manifest_blake3`: what
+    /// `verify A B` needs to call two trees identical without parsing their
+    /// entries. A damaged manifest (truncated, a flipped byte anywhere) is
+    /// refused; the entries are not checked against the root here
+    /// ([`TreeReader::open`] does). A format 1 manifest, which has no hash
+    /// of its own, is opened whole.
     pub fn head(path: impl AsRef<Path>) -> Result<ManifestHead> {
         let path = path.as_ref();
         let manifest_path = path.join(MANIFEST_FILE);
@@ -75,10 +78,12 @@ impl TreeReader {
         {
             if format == "taptree" {
                 check_version(&manifest_path, &version)?;
-                // A manifest cut short (damaged, not a capture in progress:
-                // it is renamed into place whole) goes to the full parse,
-                // which names the problem.
-                if (taps > 0 || bytes > 0) && ends_like_json_object(&manifest_path) {
+                if manifest::parse_version(&version).is_some_and(|(major, _)| major >= 2) {
+                    let whole = read_manifest(path, None)?;
+                    manifest::check_seal(&whole).map_err(|reason| Error::BadManifest {
+                        path: manifest_path.clone(),
+                        reason,
+                    })?;
                     return Ok(ManifestHead {
                         format_version: version,
                         root,
@@ -88,7 +93,7 @@ impl TreeReader {
                 }
             }
         }
-        // Another writer's field order, or no counts: read it all.
+        // Format 1, another writer's field order, or no counts: read it all.
         let tree = TreeReader::open(path)?;
         let m = tree.manifest;
         Ok(ManifestHead {
@@ -326,6 +331,19 @@ impl TreeReader {
                 header.dtype, header.shape, entry.dtype, entry.shape
             )));
         }
+        // The whole header, not only the fields read above: a tree that
+        // passes must stay readable by any safetensors reader.
+        if let Some(expected) = &entry.header_blake3 {
+            let actual = blake3::hash(&bytes[..header.data_start]).to_hex();
+            if actual.as_str() != expected {
+                return Err(Error::CorruptTap {
+                    path: path.to_path_buf(),
+                    reason: format!(
+                        "integrity failure: header blake3 is {actual}, manifest says {expected}"
+                    ),
+                });
+            }
+        }
         Ok(header)
     }
 }
@@ -519,26 +537,13 @@ impl std::ops::Deref for ManifestBytes {
     }
 }
 
-/// Whether the file's last non-blank byte closes a JSON object.
-fn ends_like_json_object(path: &Path) -> bool {
-    use std::io::{Seek, SeekFrom};
-    let tail = || -> std::io::Result<Vec<u8>> {
-        let mut f = std::fs::File::open(path)?;
-        let len = f.seek(SeekFrom::End(0))?;
-        f.seek(SeekFrom::Start(len.saturating_sub(16)))?;
-        let mut tail = Vec::new();
-        f.read_to_end(&mut tail)?;
-        Ok(tail)
-    };
-    tail().is_ok_and(|t| t.trim_ascii_end().last() == Some(&b'}'))
-}
-
 fn check_version(path: &Path, version: &str) -> Result<()> {
     match manifest::parse_version(version) {
-        Some((major, _)) if major == FORMAT_MAJOR => Ok(()),
+        Some((major, _)) if (FORMAT_MAJOR_OLDEST..=FORMAT_MAJOR).contains(&major) => Ok(()),
         _ => Err(Error::UnsupportedVersion {
             path: path.to_path_buf(),
             found: version.to_string(),
+            oldest: FORMAT_MAJOR_OLDEST,
             supported: FORMAT_MAJOR,
         }),
     }
@@ -584,6 +589,9 @@ fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<Parsed> {
         .version
         .ok_or_else(|| bad("no format_version".into()))?;
     check_version(path, &version)?;
+    if manifest::parse_version(&version).is_some_and(|(major, _)| major >= 2) {
+        manifest::check_seal(bytes).map_err(bad)?;
+    }
     // No entry is written in fewer than 100 bytes: a head that claims more
     // taps than that allows reserves no more than the file could hold.
     let hint = head.taps.unwrap_or(0).min(bytes.len() as u64 / 100) as usize;
@@ -642,7 +650,7 @@ fn check_entries(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<()> 
             });
         }
     }
-    let (dirs, root) = manifest::tree_hashes(&m.entries);
+    let (dirs, root) = m.hashes();
     if dirs != m.dirs || root != m.root {
         return Err(Error::BadManifest {
             path: manifest_path.to_path_buf(),
@@ -867,6 +875,7 @@ mod tests {
                     shape: vec![1],
                     blake3: String::new(),
                     bytes: 4,
+                    header_blake3: None,
                 };
                 let full = check_entry_path_fully(tree, &e).is_ok();
                 if is_plain_entry_path(path, key) {

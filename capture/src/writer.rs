@@ -244,5 +244,6 @@ fn write_one(dir: &Path, job: &Job, made_dirs: &mut HashSet<String>) -> Result<E
         shape: job.shape.clone(),
         blake3: hash,
         bytes: job.data.len() as u64,
+        header_blake3: Some(blake3::hash(&header).to_hex().to_string()),
     })
 }

@@ -2,7 +2,7 @@
 //! never accepts a damaged file as the original; selections agree with their
 //! definition; hashes depend on exactly what the format says.
 
-use capture::manifest::{path_of, tree_hashes};
+use capture::manifest::{path_of, tree_hashes, VerdictInputs};
 use capture::tapfile::{encode_header, parse};
 use capture::{DType, Entry, Key, Selection};
 use proptest::prelude::*;
@@ -99,7 +99,11 @@ proptest! {
             shape: vec![rows as usize, 4],
             blake3: hash,
             bytes: rows as u64 * 16,
+            header_blake3: None,
         };
+        let run = capture::RunInfo::default();
+        let inputs = VerdictInputs { selection: "all", run: &run, stages: &[] };
+        let tree_hashes = |entries: &[Entry]| tree_hashes(entries, &inputs);
         let root = tree_hashes(std::slice::from_ref(&entry)).1;
         let mut moved = entry.clone();
         moved.path = "elsewhere".into();

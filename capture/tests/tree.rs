@@ -489,11 +489,15 @@ fn fresh_tree(dir: &Path) -> PathBuf {
     out
 }
 
+/// Edits a manifest as a writer would have written it: sealed again (its
+/// `manifest_blake3` made to match), so that what is tested is the edit.
 fn edit_manifest(tree: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let path = tree.join("manifest.json");
     let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     edit(&mut m);
-    std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
+    let mut bytes = serde_json::to_vec(&m).unwrap();
+    capture::manifest::seal(&mut bytes);
+    std::fs::write(&path, bytes).unwrap();
 }
 
 #[test]
@@ -622,14 +626,14 @@ fn an_edited_manifest_does_not_match_its_root() {
 fn unknown_major_versions_are_refused_naming_both() {
     let dir = tempfile::tempdir().unwrap();
     let out = fresh_tree(dir.path());
-    edit_manifest(&out, |m| m["format_version"] = "2.0".into());
+    edit_manifest(&out, |m| m["format_version"] = "3.0".into());
     let err = TreeReader::open(&out).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, Error::UnsupportedVersion { .. }));
-    assert!(msg.contains("2.0") && msg.contains("1.x"), "{msg}");
+    assert!(msg.contains("3.0") && msg.contains("1.x to 2.x"), "{msg}");
     // A newer minor version with fields this reader does not know is read.
     edit_manifest(&out, |m| {
-        m["format_version"] = "1.7".into();
+        m["format_version"] = "2.7".into();
         m["future_field"] = serde_json::json!({"x": 1});
     });
     TreeReader::open(&out).unwrap();
@@ -718,7 +722,7 @@ fn the_head_is_read_from_the_first_bytes_and_agrees_with_the_entries() {
     let whole = std::fs::read(&manifest).unwrap();
     std::fs::write(&manifest, &whole[..whole.len() / 2]).unwrap();
     let err = TreeReader::head(&out).unwrap_err();
-    assert!(err.to_string().contains("not valid JSON"), "{err}");
+    assert!(err.to_string().contains("edited or damaged"), "{err}");
     std::fs::write(&manifest, &whole).unwrap();
     // Another writer's field order (here: alphabetical) is read in full.
     edit_manifest(&out, |_| {});
@@ -736,4 +740,130 @@ fn the_head_is_read_from_the_first_bytes_and_agrees_with_the_entries() {
         TreeReader::head(&out),
         Err(Error::Incomplete { .. })
     ));
+}
+
+#[test]
+fn a_flipped_byte_in_a_tap_header_is_an_integrity_failure() {
+    // Not only the fields the reader checks (key, dtype, shape, offsets):
+    // every header byte, so that what passes is always readable by safetensors.
+    let dir = tempfile::tempdir().unwrap();
+    let out = fresh_tree(dir.path());
+    let file = out.join("L001/ffn_down.p0-3.safetensors");
+    let whole = std::fs::read(&file).unwrap();
+    let header = String::from_utf8_lossy(&whole[8..]).into_owned();
+    for field in ["taptree.key", "taptree.format", "__metadata__"] {
+        let at = 8 + header.find(field).unwrap() + 2;
+        for (flip, what) in [(0x01u8, "a letter"), (0x80, "invalid UTF-8")] {
+            let mut bytes = whole.clone();
+            bytes[at] ^= flip;
+            std::fs::write(&file, &bytes).unwrap();
+            let tree = TreeReader::open(&out).unwrap();
+            let err = tree.verify().unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                msg.starts_with(&file.display().to_string()),
+                "{field}, {what}: {msg}"
+            );
+            let entry = &tree.entries()[tree
+                .entries()
+                .iter()
+                .position(|e| file.ends_with(&e.path))
+                .unwrap()];
+            assert!(tree.read(entry).is_err(), "{field}, {what}: read");
+        }
+    }
+    std::fs::write(&file, &whole).unwrap();
+    TreeReader::open(&out).unwrap().verify().unwrap();
+}
+
+#[test]
+fn a_manifest_cut_after_a_closing_brace_is_refused_by_its_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fresh_tree(dir.path());
+    let manifest = out.join("manifest.json");
+    let whole = std::fs::read(&manifest).unwrap();
+    let mut cuts = 0;
+    for (i, &c) in whole.iter().enumerate() {
+        if c == b'}' && i + 1 < whole.len() - 2 {
+            std::fs::write(&manifest, &whole[..=i]).unwrap();
+            let err = TreeReader::head(&out).unwrap_err();
+            assert!(
+                matches!(err, Error::BadManifest { .. }),
+                "cut at {i}: {err}"
+            );
+            assert!(TreeReader::open(&out).is_err(), "cut at {i}");
+            cuts += 1;
+        }
+    }
+    assert!(cuts > 6, "{cuts}");
+    // A byte flipped where nothing parses it either (the host name).
+    let text = String::from_utf8(whole.clone()).unwrap();
+    let mut flipped = whole.clone();
+    flipped[text.find("\"host\"").unwrap() + 1] ^= 0x01;
+    std::fs::write(&manifest, &flipped).unwrap();
+    let err = TreeReader::head(&out).unwrap_err();
+    assert!(err.to_string().contains("edited or damaged"), "{err}");
+    std::fs::write(&manifest, &whole).unwrap();
+    TreeReader::head(&out).unwrap();
+}
+
+#[test]
+fn editing_what_steers_a_verdict_breaks_the_root() {
+    // Stage graph (origin or inherited), run (tokens, precision, switches),
+    // selection: edited, even with the manifest's own hash made to match,
+    // the root no longer matches.
+    let dir = tempfile::tempdir().unwrap();
+    let out = fresh_tree(dir.path());
+    let whole = std::fs::read(out.join("manifest.json")).unwrap();
+    let edits: [(&str, fn(&mut serde_json::Value)); 5] = [
+        ("stages", |m| m["stages"] = serde_json::json!([])),
+        ("tokens", |m| {
+            m["run"]["prompt_tokens"] = serde_json::json!([9, 9])
+        }),
+        ("precision", |m| m["run"]["precision"] = "q8".into()),
+        ("switches", |m| {
+            m["run"]["switches"] = serde_json::json!({"x": "1"})
+        }),
+        ("selection", |m| m["selection"] = "stage=q_proj".into()),
+    ];
+    for (what, edit) in edits {
+        std::fs::write(out.join("manifest.json"), &whole).unwrap();
+        edit_manifest(&out, edit);
+        let err = TreeReader::open(&out).unwrap_err();
+        assert!(
+            err.to_string().contains("does not match its entries"),
+            "{what}: {err}"
+        );
+    }
+    // What does not steer a verdict may change.
+    std::fs::write(out.join("manifest.json"), &whole).unwrap();
+    edit_manifest(&out, |m| m["run"]["host"] = "elsewhere".into());
+    TreeReader::open(&out).unwrap();
+}
+
+#[test]
+fn format_1_trees_are_still_read() {
+    // Written by taptree before format 2 (hashes in capture order, no
+    // header or manifest hashes): fixtures/format1/.
+    let old = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/format1/tiny-f32-f32");
+    let tree = TreeReader::open(&old).unwrap();
+    assert_eq!(tree.manifest().format_version, "1.0");
+    assert!(tree.entries().iter().all(|e| e.header_blake3.is_none()));
+    tree.verify().unwrap();
+    assert_eq!(TreeReader::head(&old).unwrap().root, tree.root());
+    // Its tensors are the ones the current golden tree holds.
+    let new = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/golden/tiny-f32-f32");
+    let new = TreeReader::open(&new).unwrap();
+    assert_eq!(new.manifest().format_version, capture::FORMAT_VERSION);
+    assert_ne!(new.root(), tree.root());
+    let hashes = |t: &TreeReader| {
+        let mut v: Vec<_> = t
+            .entries()
+            .iter()
+            .map(|e| (e.key.to_string(), e.blake3.clone()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(hashes(&new), hashes(&tree));
 }

@@ -999,6 +999,7 @@ mod tests {
                     shape: vec![rows, 2],
                     blake3: format!("{start}-{end}"),
                     bytes: rows as u64 * 8,
+                    header_blake3: None,
                 }
             })
             .collect();
@@ -1008,6 +1009,7 @@ mod tests {
                 format: "taptree".into(),
                 format_version: capture::FORMAT_VERSION.into(),
                 root: name.into(),
+                manifest_blake3: None,
                 run: RunInfo::default(),
                 selection: "all".into(),
                 stages: Vec::new(),

@@ -83,6 +83,7 @@ class TorchCapture:
         self.layer = None  # the layer being run, for taps from patched functions
         self._handles = []
         self._mapping = [(_pattern(k), v) for k, v in mapping.items()]
+        self._names = {_pattern(k)[0].pattern: k for k in mapping}
         self._matched = set()
 
     def __enter__(self):
@@ -106,7 +107,7 @@ class TorchCapture:
                 else:
                     hook = module.register_forward_hook(self._post(stage, layer))
                 self._handles.append(hook)
-        missing = [rx.pattern for (rx, _), _ in self._mapping if rx.pattern not in self._matched]
+        missing = [self._names[rx.pattern] for (rx, _), _ in self._mapping if rx.pattern not in self._matched]
         if missing:
             self.detach()
             raise MappingError("no module of %s matches %s" % (type(self.model).__name__, ", ".join(missing)))

@@ -1,4 +1,4 @@
-"""Write and read taptree trees from Python (format 1.0, see docs/FORMAT.md).
+"""Write and read taptree trees from Python (format 2.0, see docs/FORMAT.md).
 
 For engines written in Python: tap every op of a forward into a tree that
 `taptree verify` and `taptree diff` read like one written by the Rust
@@ -34,8 +34,10 @@ import numpy as np
 
 from .select import Selection
 
-FORMAT_VERSION = "1.0"
-FORMAT_MAJOR = 1
+FORMAT_VERSION = "2.0"
+FORMAT_MAJOR = 2
+FORMAT_MAJOR_OLDEST = 1
+UNSEALED = "0" * 64
 MANIFEST = "manifest.json"
 MARKER = ".taptree"
 
@@ -77,28 +79,92 @@ def key_text(key):
     return out
 
 
-def tree_hashes(entries):
-    """(per-directory hashes, root hash) of manifest entries in capture order."""
+def _hash_line(e):
+    k = e["key"]
+    opt = lambda v: "-" if v is None else str(v)  # noqa: E731
+    line = "\t".join(
+        [
+            k["stage"],
+            opt(k["layer"]),
+            str(k["pos"]["start"]),
+            str(k["pos"]["end"]),
+            opt(k.get("slot")),
+            e["dtype"],
+            ",".join(str(d) for d in e["shape"]),
+            e["blake3"],
+        ]
+    )
+    return line + "\n"
+
+
+def _text(s):
+    """A string in the root text: `{byte length}:{text}`."""
+    return "%d:%s" % (len(s.encode()), s)
+
+
+def tree_hashes(entries, manifest=None):
+    """(per-directory hashes, root hash) of manifest entries (any order) and of
+    what else in `manifest` steers a verdict: selection, run precision, prompt
+    tokens and switches, stages. Format 1 manifests hash as format 1 did."""
+    manifest = manifest or {}
+    if str(manifest.get("format_version", FORMAT_VERSION)).split(".")[0] == "1":
+        return _tree_hashes_v1(entries)
     lines = {}
     for e in entries:
-        k = e["key"]
-        opt = lambda v: "-" if v is None else str(v)  # noqa: E731
-        line = "\t".join(
-            [
-                k["stage"],
-                opt(k["layer"]),
-                str(k["pos"]["start"]),
-                str(k["pos"]["end"]),
-                opt(k.get("slot")),
-                e["dtype"],
-                ",".join(str(d) for d in e["shape"]),
-                e["blake3"],
-            ]
+        lines.setdefault(dir_of(e["key"]["layer"]), []).append(_hash_line(e).encode())
+    dirs = {d: blake3.blake3(b"taptree dir v2\n" + b"".join(sorted(t))).hexdigest() for d, t in sorted(lines.items())}
+    run = manifest.get("run") or {}
+    root = "taptree root v2\n" + "".join("%s\t%s\n" % (d, h) for d, h in sorted(dirs.items()))
+    root += "selection\t%s\n" % _text(manifest.get("selection", "all"))
+    root += "precision\t%s\n" % _text(run.get("precision", ""))
+    root += "tokens\t%s\n" % ",".join(str(t) for t in run.get("prompt_tokens", []))
+    switches = run.get("switches") or {}
+    for name in sorted(switches, key=lambda n: n.encode()):
+        root += "switch\t%s\t%s\n" % (_text(name), _text(switches[name]))
+    for st in manifest.get("stages") or []:
+        root += "stage\t%s\t%s\t%s\t%s\n" % (
+            _text(st["name"]),
+            st["scope"],
+            ",".join(_text(i) for i in st.get("inputs", [])),
+            ",".join(_text(i) for i in st.get("first_layer_inputs", [])),
         )
-        lines.setdefault(dir_of(k["layer"]), ["taptree dir v1\n"]).append(line + "\n")
+    return dirs, blake3.blake3(root.encode()).hexdigest()
+
+
+def _tree_hashes_v1(entries):
+    lines = {}
+    for e in entries:
+        lines.setdefault(dir_of(e["key"]["layer"]), ["taptree dir v1\n"]).append(_hash_line(e))
     dirs = {d: blake3.blake3("".join(t).encode()).hexdigest() for d, t in sorted(lines.items())}
     root_text = "taptree root v1\n" + "".join("%s\t%s\n" % (d, h) for d, h in sorted(dirs.items()))
     return dirs, blake3.blake3(root_text.encode()).hexdigest()
+
+
+def _seal_digits(raw):
+    """Where the 64 hex digits of the first `manifest_blake3` value lie in raw bytes."""
+    m = re.search(rb'"manifest_blake3"\s*:\s*"', raw)
+    if m is None or raw[m.end() + 64 : m.end() + 65] != b'"':
+        return None
+    return m.end(), m.end() + 64
+
+
+def manifest_seal(raw):
+    """blake3 of a manifest's bytes with its manifest_blake3 digits read as zeros."""
+    at = _seal_digits(raw)
+    if at is None:
+        return None
+    return blake3.blake3(raw[: at[0]] + UNSEALED.encode() + raw[at[1] :]).hexdigest()
+
+
+def sealed(raw):
+    """The manifest's bytes with its manifest_blake3 filled in."""
+    at = _seal_digits(raw)
+    return raw[: at[0]] + manifest_seal(raw).encode() + raw[at[1] :]
+
+
+def header_hash(prefix):
+    """blake3 of a tap file's bytes before its tensor data."""
+    return blake3.blake3(prefix).hexdigest()
 
 
 def _is_tree(path):
@@ -228,8 +294,9 @@ class TreeWriter:
         header += b" " * ((8 - (8 + len(header)) % 8) % 8)
         rel = path_of(stage, layer, start, end, slot)
         os.makedirs(os.path.join(self.dir, dir_of(layer)), exist_ok=True)
+        prefix = struct.pack("<Q", len(header)) + header
         with open(os.path.join(self.dir, rel), "wb") as f:
-            f.write(struct.pack("<Q", len(header)) + header)
+            f.write(prefix)
             f.write(data)
         self.entries.append(
             {
@@ -239,29 +306,31 @@ class TreeWriter:
                 "shape": list(arr.shape),
                 "blake3": blake3.blake3(data).hexdigest(),
                 "bytes": len(data),
+                "header_blake3": header_hash(prefix),
             }
         )
 
     def finish(self):
         """Writes the manifest (last, atomically); returns root, taps, bytes, path."""
-        dirs, root = tree_hashes(self.entries)
         total = sum(e["bytes"] for e in self.entries)
         manifest = {
             "format": "taptree",
             "format_version": FORMAT_VERSION,
-            "root": root,
+            "root": None,
             "taps": len(self.entries),
             "bytes": total,
+            "manifest_blake3": UNSEALED,
             "run": self.run,
             "selection": str(self.selection),
             "stages": self.stages,
-            "dirs": dirs,
+            "dirs": None,
             "entries": self.entries,
         }
+        manifest["dirs"], manifest["root"] = tree_hashes(self.entries, manifest)
+        root = manifest["root"]
         tmp = os.path.join(self.dir, MANIFEST + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(manifest, f, separators=(",", ":"))
-            f.write("\n")
+        with open(tmp, "wb") as f:
+            f.write(sealed(json.dumps(manifest, separators=(",", ":")).encode() + b"\n"))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, os.path.join(self.dir, MANIFEST))
@@ -284,16 +353,24 @@ class Tree:
         if not os.path.isfile(mpath):
             raise TreeError("%s: incomplete capture: no manifest.json (the capture crashed or is still running)" % self.path)
         with open(mpath, "rb") as f:
-            self.manifest = json.load(f)
+            raw = f.read()
+        try:
+            self.manifest = json.loads(raw)
+        except ValueError as err:
+            raise TreeError("%s: bad manifest: not valid JSON: %s" % (mpath, err))
         version = str(self.manifest.get("format_version"))
         if self.manifest.get("format") != "taptree":
             raise TreeError("%s: bad manifest: not a taptree manifest" % mpath)
-        if version.split(".")[0] != str(FORMAT_MAJOR):
+        major = version.split(".")[0]
+        if not major.isdigit() or not FORMAT_MAJOR_OLDEST <= int(major) <= FORMAT_MAJOR:
             raise TreeError(
-                "%s: unsupported tree format version %s (this reader reads %d.x)" % (mpath, version, FORMAT_MAJOR)
+                "%s: unsupported tree format version %s (this reader reads %d.x to %d.x)"
+                % (mpath, version, FORMAT_MAJOR_OLDEST, FORMAT_MAJOR)
             )
+        if int(major) >= 2 and manifest_seal(raw) != self.manifest.get("manifest_blake3"):
+            raise TreeError("%s: bad manifest: its bytes do not match its manifest_blake3 (edited or damaged)" % mpath)
         self.entries = self.manifest["entries"]
-        dirs, root = tree_hashes(self.entries)
+        dirs, root = tree_hashes(self.entries, self.manifest)
         if root != self.manifest["root"] or dirs != self.manifest["dirs"]:
             raise TreeError("%s: bad manifest: root does not match its entries" % mpath)
         real_root = os.path.realpath(self.path)
@@ -325,6 +402,8 @@ class Tree:
         except (ValueError, KeyError, TypeError) as err:
             raise TreeError("%s: not a taptree tap: %s" % (path, err))
         data = raw[8 + n :]
+        if entry.get("header_blake3") not in (None, header_hash(raw[: 8 + n])):
+            raise TreeError("%s: integrity failure: header blake3 differs from the manifest's" % path)
         if info["dtype"] != entry["dtype"] or info["shape"] != entry["shape"]:
             raise TreeError("%s: file and manifest disagree on dtype or shape" % path)
         if len(data) != entry["bytes"] or info["data_offsets"] != [0, entry["bytes"]]:

@@ -20,7 +20,7 @@ def test_round_trip_and_root(tmp_path):
     assert np.array_equal(t.read(t.entries[0]), x)
     assert t.read(t.entries[1]).dtype == np.float64
     assert t.manifest["stages"][0]["name"] == "embedding"
-    assert tree_hashes(t.entries)[1] == t.manifest["root"]
+    assert tree_hashes(t.entries, t.manifest)[1] == t.manifest["root"]
 
 
 def test_selection_slices_rows_like_rust(tmp_path):

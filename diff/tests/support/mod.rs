@@ -180,22 +180,25 @@ impl MemTree {
                 dtype: t.dtype,
                 blake3: blake3::hash(&bytes).to_hex().to_string(),
                 bytes: bytes.len() as u64,
+                header_blake3: None,
             });
             data.push(bytes);
         }
-        let (dirs, root) = capture::manifest::tree_hashes(&entries);
+        let mut manifest = Manifest {
+            format: "taptree".into(),
+            format_version: capture::FORMAT_VERSION.into(),
+            root: String::new(),
+            manifest_blake3: None,
+            run: RunInfo::default(),
+            selection: "all".into(),
+            stages: llama(),
+            dirs: Default::default(),
+            entries,
+        };
+        (manifest.dirs, manifest.root) = manifest.hashes();
         MemTree {
             path: PathBuf::from(name),
-            manifest: Manifest {
-                format: "taptree".into(),
-                format_version: capture::FORMAT_VERSION.into(),
-                root,
-                run: RunInfo::default(),
-                selection: "all".into(),
-                stages: llama(),
-                dirs,
-                entries,
-            },
+            manifest,
             data,
         }
     }

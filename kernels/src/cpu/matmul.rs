@@ -45,12 +45,22 @@ pub struct Matrix {
 pub struct Linear {
     pub m: Matrix,
     pub mins: Option<Vec<f32>>,
+    /// Added to every output row (Qwen2's q/k/v projections).
+    pub bias: Option<Vec<f32>>,
 }
 
 impl Linear {
-    /// `x W^T` for `n` rows of `x`.
+    /// `x W^T (+ bias)` for `n` rows of `x`.
     pub fn apply<T: Real>(&self, x: &[T], n: usize, act: Act) -> Vec<T> {
-        matmul_with_mins(x, n, &self.m, self.mins.as_deref(), act)
+        let mut y = matmul_with_mins(x, n, &self.m, self.mins.as_deref(), act);
+        if let Some(b) = &self.bias {
+            for row in y.chunks_exact_mut(b.len()) {
+                for (v, &bi) in row.iter_mut().zip(b) {
+                    *v += T::from_f32(bi);
+                }
+            }
+        }
+        y
     }
 }
 
