@@ -206,8 +206,6 @@ def capture(args):
     """`python3 -m taptree capture --engine hf` (see taptree.__main__)."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    # transformers' GGUF dequantization draws its own progress bar.
-    os.environ.setdefault("TQDM_DISABLE", "1")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
