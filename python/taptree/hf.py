@@ -167,7 +167,7 @@ def capture_hf(model, input_ids, out, gen=0, stop=(), select=None, force=False, 
                         if nxt in stop or step == gen - 1:
                             break
                         cap.position = len(ids) + step
-                        res = model(input_ids=torch.tensor([[nxt]]), use_cache=True, **{cache_arg: res.past_key_values})
+                        res = model(input_ids=torch.tensor([[nxt]]), use_cache=True, **{cache_arg: _cache_of(res)})
             finally:
                 modeling.apply_rotary_pos_emb = original_rope
                 for h in hooks:
@@ -179,6 +179,11 @@ def capture_hf(model, input_ids, out, gen=0, stop=(), select=None, force=False, 
     summary = writer.finish()
     summary["generated"] = generated
     return summary
+
+
+def _cache_of(out):
+    """The KV cache a forward returned (`cache` in transformers 5)."""
+    return out["cache"] if "cache" in out else out.past_key_values
 
 
 def load(model_file, precision="f32"):

@@ -378,6 +378,22 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
         threads: args.threads,
         run,
     })?;
+    // The engine's greedy answer, in taptree's own words.
+    if args.gen > 0 {
+        let tree = capture::TreeReader::open(&out)?;
+        let extra = &tree.manifest().run.extra;
+        let ids: Vec<u32> = extra
+            .get("generated_tokens")
+            .and_then(|g| g.get(0))
+            .and_then(|g| serde_json::from_value(g.clone()).ok())
+            .unwrap_or_default();
+        let shown: Vec<u32> = ids.iter().copied().filter(|t| !stop.contains(t)).collect();
+        let text = match &model.tokenizer {
+            Some(t) => t.decode(&shown)?,
+            None => format!("{shown:?}"),
+        };
+        println!("{} generated: {}", ids.len(), text.trim_end());
+    }
     Ok(exit::OK)
 }
 
