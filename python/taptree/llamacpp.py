@@ -439,10 +439,14 @@ def capture_llamacpp(
     extra.update(facts)
     extra["generated_tokens"] = [generated]
     record["extra"] = extra
-    with TreeWriter(out, stages=vocabulary, run=record, force=force, select=select) as w:
+    writer = TreeWriter(out, stages=vocabulary, run=record, force=force, select=select)
+    try:
         for stage, layer, start, arr in taps:
-            w.tap(stage, layer, (start, start + arr.shape[0]), arr)
-        summary = w.finish()
+            writer.tap(stage, layer, (start, start + arr.shape[0]), arr)
+    except BaseException:
+        writer.__exit__(RuntimeError, None, None)  # drops the staging directory
+        raise
+    summary = writer.finish()
     summary["generated"] = generated
     summary["logits"] = logits
     return summary

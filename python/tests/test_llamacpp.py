@@ -138,6 +138,18 @@ def test_bad_input_is_refused_naming_it(llama_cpp, tmp_path):
     assert not os.path.exists(tmp_path / "t")
 
 
+def test_force_replaces_a_tree_and_only_a_tree(llama_cpp, tmp_path):
+    from taptree.llamacpp import capture
+
+    first = capture(_args(tmp_path))
+    with pytest.raises(TreeError, match="already holds a tree"):
+        capture(_args(tmp_path, tokens=TOKENS[:3]))
+    assert open_tree(first["path"]).manifest["root"] == first["root"]
+    second = capture(_args(tmp_path, tokens=TOKENS[:3], force=True))
+    assert open_tree(second["path"]).manifest["run"]["prompt_tokens"] == TOKENS[:3]
+    assert sorted(os.listdir(tmp_path)) == ["t"]  # no staging or set-aside tree left
+
+
 def test_selection_keeps_only_the_selected_taps(llama_cpp, tmp_path):
     from taptree.llamacpp import capture
 
