@@ -230,6 +230,11 @@ class Mapper:
             # RESHAPE of FLASH_ATTN_EXT's output.
             found = ("attn", int(name.rsplit("-", 1)[1]))
         elif op == "ADD":
+            if src_name(0).endswith(".bias") or src_name(1).endswith(".bias"):
+                # taptree's projections include their bias; llama.cpp adds it
+                # as a node of its own, which this mapping does not follow.
+                raise EngineError("node %s: a bias add (%s): models with biases are not mapped yet" % (
+                    name, src_name(1) if src_name(1).endswith(".bias") else src_name(0)))
             for i in (0, 1):
                 # The last layer picks its output rows (GET_ROWS by
                 # inp_out_ids) before the residual; every row is an output
