@@ -176,6 +176,68 @@ fn v_expf(x: f32) -> f32 {
     }
 }
 
+/// One attention layer's geometry, as both attention kernels index it.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    heads: Heads,
+    q_width: usize,
+    kv_width: usize,
+    group: usize,
+    /// `kq_scale = 1.0f / sqrtf(float(n_embd_head))`.
+    scale: f32,
+}
+
+impl Geometry {
+    fn of(heads: Heads) -> Geometry {
+        Geometry {
+            heads,
+            q_width: heads.n_head * heads.head_dim,
+            kv_width: heads.n_head_kv * heads.head_dim,
+            group: heads.n_head / heads.n_head_kv,
+            scale: 1.0f32 / (heads.head_dim as f32).sqrt(),
+        }
+    }
+
+    /// Query row `r` of head `h`, rounded to f16 (an F16 key's dot type).
+    fn query_f16<T: Real>(&self, q: &[T], r: usize, h: usize, out: &mut Vec<f32>) {
+        let d = self.heads.head_dim;
+        out.clear();
+        out.extend(
+            q[r * self.q_width + h * d..][..d]
+                .iter()
+                .map(|x| f16_round(x.to_f32())),
+        );
+    }
+
+    /// Cached row `t` of KV head `kvh` (keys or values), widened to f32.
+    fn cached<T: Real>(&self, kv: &[T], t: usize, kvh: usize, out: &mut Vec<f32>) {
+        let d = self.heads.head_dim;
+        out.clear();
+        out.extend(
+            kv[t * self.kv_width + kvh * d..][..d]
+                .iter()
+                .map(|x| x.to_f32()),
+        );
+    }
+
+    /// Runs `body(scratch, r, h, kvh, out)` for every query row `r` of `n`
+    /// and head `h`, in parallel; `out` is that row's head of the result.
+    fn per_head<T: Real, S: Default + Send>(
+        &self,
+        n: usize,
+        body: impl Fn(&mut S, usize, usize, usize, &mut [T]) + Sync + Send,
+    ) -> Vec<T> {
+        let mut out = vec![T::ZERO; n * self.q_width];
+        out.par_chunks_mut(self.heads.head_dim)
+            .enumerate()
+            .for_each_init(S::default, |scratch, (i, o)| {
+                let (r, h) = (i / self.heads.n_head, i % self.heads.n_head);
+                body(scratch, r, h, h / self.group, o)
+            });
+        out
+    }
+}
+
 /// llama.cpp's attention without flash attention over an F16 K/V cache:
 /// `q` (`[n, n_head * head_dim]`, row `r` at position `start + r`) is
 /// rounded to f16, `k` and `v` (`[start + n, n_head_kv * head_dim]`) must
@@ -194,57 +256,33 @@ pub fn attention<T: Real>(
     v: &[T],
     heads: Heads,
 ) -> Vec<T> {
-    let Heads {
-        n_head,
-        n_head_kv,
-        head_dim,
-    } = heads;
-    let q_width = n_head * head_dim;
-    let kv_width = n_head_kv * head_dim;
-    let group = n_head / n_head_kv;
-    // `kq_scale = 1.0f / sqrtf(float(n_embd_head))`, applied by soft_max_ext.
-    let scale = 1.0f32 / (head_dim as f32).sqrt();
-    let cells = start + n;
+    let g = Geometry::of(heads);
+    let (head_dim, cells) = (heads.head_dim, start + n);
     // The values of each KV head transposed, `[head_dim, cells]`: the rows
     // `kqv = mul_mat(v, kq)` dots with the probabilities (the cache keeps
     // V transposed for it).
-    let vt: Vec<Vec<f32>> = (0..n_head_kv)
+    let vt: Vec<Vec<f32>> = (0..heads.n_head_kv)
         .map(|h| {
             let mut t = vec![0f32; head_dim * cells];
             for c in 0..cells {
                 for d in 0..head_dim {
-                    t[d * cells + c] = v[c * kv_width + h * head_dim + d].to_f32();
+                    t[d * cells + c] = v[c * g.kv_width + h * head_dim + d].to_f32();
                 }
             }
             t
         })
         .collect();
-    let mut out = vec![T::ZERO; n * q_width];
-    out.par_chunks_mut(head_dim).enumerate().for_each_init(
-        || (Vec::new(), Vec::new(), Vec::new()),
-        |(qh16, kh, p): &mut (Vec<f32>, Vec<f32>, Vec<f32>), (i, o)| {
-            let (r, h) = (i / n_head, i % n_head);
-            let kvh = h / group;
-            qh16.clear();
-            qh16.extend(
-                q[r * q_width + h * head_dim..][..head_dim]
-                    .iter()
-                    .map(|x| f16_round(x.to_f32())),
-            );
-            let seen = start + r + 1;
+    g.per_head(
+        n,
+        |(qh16, kh, p): &mut (Vec<f32>, Vec<f32>, Vec<f32>), r, h, kvh, o: &mut [T]| {
+            g.query_f16(q, r, h, qh16);
             // Whole 8-lane vectors of scores; the masked tail is -inf.
-            let padded = cells.div_ceil(8) * 8;
             p.clear();
-            p.resize(padded, f32::NEG_INFINITY);
+            p.resize(cells.div_ceil(8) * 8, f32::NEG_INFINITY);
             let mut max = f32::NEG_INFINITY;
-            for (t, s) in p.iter_mut().enumerate().take(seen) {
-                kh.clear();
-                kh.extend(
-                    k[t * kv_width + kvh * head_dim..][..head_dim]
-                        .iter()
-                        .map(|x| x.to_f32()),
-                );
-                *s = dot_f16(kh, qh16, n) * scale;
+            for (t, s) in p.iter_mut().enumerate().take(start + r + 1) {
+                g.cached(k, t, kvh, kh);
+                *s = dot_f16(kh, qh16, n) * g.scale;
                 max = max.max(*s);
             }
             let mut sum = 0f64;
@@ -260,12 +298,10 @@ pub fn attention<T: Real>(
             }
             let vt = &vt[kvh];
             for (d, o) in o.iter_mut().enumerate() {
-                let row = &vt[d * cells..(d + 1) * cells];
-                *o = T::from_f32(dot_f16(row, &p[..cells], n));
+                *o = T::from_f32(dot_f16(&vt[d * cells..(d + 1) * cells], &p[..cells], n));
             }
         },
-    );
-    out
+    )
 }
 
 /// Query rows from which llama.cpp's CPU flash attention switches to its
@@ -289,38 +325,21 @@ pub fn flash_attention<T: Real>(
     v: &[T],
     heads: Heads,
 ) -> Vec<T> {
-    let Heads {
-        n_head,
-        n_head_kv,
-        head_dim,
-    } = heads;
-    let q_width = n_head * head_dim;
-    let kv_width = n_head_kv * head_dim;
-    let group = n_head / n_head_kv;
-    let scale = 1.0f32 / (head_dim as f32).sqrt();
-    let mut out = vec![T::ZERO; n * q_width];
-    out.par_chunks_mut(head_dim).enumerate().for_each_init(
-        || (Vec::new(), Vec::new(), Vec::new()),
-        |(qh16, kh, acc): &mut (Vec<f32>, Vec<f32>, Vec<f32>), (i, o)| {
-            let (r, h) = (i / n_head, i % n_head);
-            let kvh = h / group;
-            qh16.clear();
-            qh16.extend(
-                q[r * q_width + h * head_dim..][..head_dim]
-                    .iter()
-                    .map(|x| f16_round(x.to_f32())),
-            );
+    let g = Geometry::of(heads);
+    g.per_head(
+        n,
+        |(qh16, kh, vh, acc): &mut (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>),
+         r,
+         h,
+         kvh,
+         o: &mut [T]| {
+            g.query_f16(q, r, h, qh16);
             acc.clear();
-            acc.resize(head_dim, 0.0);
+            acc.resize(heads.head_dim, 0.0);
             let (mut sum, mut max) = (0f32, f32::NEG_INFINITY);
             for t in 0..start + r + 1 {
-                kh.clear();
-                kh.extend(
-                    k[t * kv_width + kvh * head_dim..][..head_dim]
-                        .iter()
-                        .map(|x| x.to_f32()),
-                );
-                let s = dot_f16(kh, qh16, 1) * scale;
+                g.cached(k, t, kvh, kh);
+                let s = dot_f16(kh, qh16, 1) * g.scale;
                 let (mut ms, mut vs) = (1f32, 1f32);
                 if s > max {
                     ms = (max - s).exp();
@@ -331,9 +350,9 @@ pub fn flash_attention<T: Real>(
                 } else {
                     vs = (s - max).exp();
                 }
-                let vh = &v[t * kv_width + kvh * head_dim..][..head_dim];
-                for (a, x) in acc.iter_mut().zip(vh) {
-                    *a = f16_round(x.to_f32().mul_add(vs, *a));
+                g.cached(v, t, kvh, vh);
+                for (a, x) in acc.iter_mut().zip(vh.iter()) {
+                    *a = f16_round(x.mul_add(vs, *a));
                 }
                 sum = sum.mul_add(ms, vs);
             }
@@ -342,8 +361,7 @@ pub fn flash_attention<T: Real>(
                 *o = T::from_f32(*a * inv);
             }
         },
-    );
-    out
+    )
 }
 
 #[cfg(test)]
