@@ -120,6 +120,16 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             Err(_) => capture::Selection::all(),
         },
     };
+    // A misspelt stage would capture nothing: said before anything runs.
+    let vocabulary = stages::llama();
+    let names: Vec<&str> = vocabulary.iter().map(|s| s.name.as_str()).collect();
+    if let Some(glob) = selection.unmatched_stage_globs(&names).first() {
+        bail!(
+            "--select {:?}: stage {glob:?} is not one of {}",
+            selection.to_string(),
+            names.join(", ")
+        );
+    }
     let force = args.force
         || matches!(
             std::env::var("TAPTREE_FORCE").as_deref(),
@@ -134,7 +144,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let seqs = sequences(&args, &model)?;
     let cfg = &model.weights.config;
     for s in &seqs {
-        let end = s.tokens.len() + args.gen.saturating_sub(1);
+        let end = s.tokens.len().saturating_add(args.gen.saturating_sub(1));
         if end > cfg.context_length {
             bail!(
                 "{}: {} prompt tokens + {} generated exceed the context length {} of {}",
@@ -180,7 +190,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         .collect(),
         ..Default::default()
     };
-    let stages = stages::llama();
+    let stages = vocabulary;
     let mut cap = match out {
         Some(out) => Some(capture::Capture::start(capture::CaptureOptions {
             out,
@@ -429,11 +439,13 @@ fn sequences(args: &Args, model: &LoadedModel) -> anyhow::Result<Vec<Sequence>> 
     for t in &args.tokens {
         let tokens = t
             .split(',')
-            .filter(|s| !s.trim().is_empty())
-            .map(|s| {
-                s.trim()
+            .filter(|_| !t.trim().is_empty())
+            .enumerate()
+            .map(|(i, s)| match s.trim() {
+                "" => bail!("--tokens {t:?}: token {} is empty", i + 1),
+                s => s
                     .parse::<u32>()
-                    .with_context(|| format!("--tokens {t:?}: bad token id {s:?}"))
+                    .with_context(|| format!("--tokens {t:?}: bad token id {s:?}")),
             })
             .collect::<anyhow::Result<Vec<u32>>>()?;
         seqs.push(Sequence {
