@@ -38,6 +38,17 @@ bench-tap:
 bench-verify runs="5":
     RUNS={{runs}} bash scripts/bench_verify.sh
 
+# Trust campaign (not CI, minutes): random corruptions of a golden tree, captures killed mid-write, hostile inputs.
+campaign corruptions="1000" kills="100" seed="1":
+    cargo build --release --bin taptree
+    cargo run --release -q -p kernels --example write_fixtures target/fixtures >/dev/null
+    python3 scripts/campaign.py --corruptions {{corruptions}} --kills {{kills}} --seed {{seed}}
+
+# Fuzz one parser (manifest, tapfile, tolerance or gguf) for N seconds; a panic exits 1 and keeps its input.
+fuzz target seconds="600" seed="1":
+    cargo run --release -q -p kernels --example write_fixtures target/fixtures >/dev/null
+    cargo run --release --example fuzz -- {{target}} --seconds {{seconds}} --seed {{seed}}
+
 # Rewrite the golden fixture trees (fixtures/golden/) after an intended change to the CPU forward's numerics.
 golden:
     bash scripts/regen_golden.sh

@@ -349,6 +349,37 @@ fn bad_input_exits_2_and_writes_nothing() {
         "empty prompt",
     );
     refused(
+        &["capture", "--model", &m, "--tokens", "1,,2"],
+        &[],
+        "token 2 is empty",
+    );
+    refused(
+        &[
+            "capture",
+            "--model",
+            &m,
+            "--tokens",
+            "1,2",
+            "--gen",
+            "18446744073709551615",
+        ],
+        &[],
+        "exceed the context length",
+    );
+    refused(
+        &[
+            "capture",
+            "--model",
+            &m,
+            "--tokens",
+            "1,2",
+            "--select",
+            "stage=ffn_dwon",
+        ],
+        &[],
+        "stage \"ffn_dwon\" is not one of embedding, attn_norm",
+    );
+    refused(
         &["capture", "--model", &m, "--prompt", ""],
         &[],
         "empty prompt",

@@ -530,3 +530,140 @@ fn different_prompts_exit_2_unless_all_positions() {
         "{out}"
     );
 }
+
+#[test]
+fn a_change_inside_tolerance_is_named_as_the_first_op_not_bitwise_equal() {
+    // The real change (a scale, as 1/sqrt(d) against 1/sqrt(d+1)) is in
+    // L0/q_rope, small enough to stay in tolerance; it leaves tolerance
+    // only at L0/attn. That row's inputs already differ: never "origin".
+    let (_d, a, b) = dirs();
+    plain(&a);
+    tree(
+        &b,
+        |x| x,
+        |stage, layer, _pos, v| {
+            if layer == Some(0) && stage == "q_rope" {
+                v.iter_mut().for_each(|x| *x *= 1.0 + 1e-6);
+            }
+            if layer == Some(0) && stage == "attn" {
+                v.iter_mut().for_each(|x| *x *= 1.3);
+            }
+        },
+    );
+    let o = taptree(&[&"diff", &a, &b, &"--color", &"never"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(
+        out.contains("first diverging op: L0/attn@0 (grew past tolerance <- L0/q_rope"),
+        "{out}"
+    );
+    assert!(
+        out.contains("first op not bitwise equal: L0/q_rope"),
+        "{out}"
+    );
+    assert!(!out.contains("(origin"), "{out}");
+    let o = taptree(&[&"diff", &a, &b, &"--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let e = v["first_inexact"].as_u64().unwrap() as usize;
+    assert_eq!(v["rows"][e]["stage"], "q_rope");
+    let d = v["first_divergence"].as_u64().unwrap() as usize;
+    assert_eq!(v["rows"][d]["cause"]["kind"], "grew_from");
+}
+
+#[test]
+fn the_first_failing_position_is_named_not_only_the_worst() {
+    // A decode-only bug from position 1 on, worse at position 2.
+    let (_d, a, b) = dirs();
+    plain(&a);
+    tree(
+        &b,
+        |x| x,
+        |stage, layer, pos, v| {
+            if layer == Some(1) && stage == "ffn_down" && pos >= 1 {
+                v[3] += pos as f32;
+            }
+        },
+    );
+    let o = taptree(&[&"diff", &a, &b, &"--color", &"never"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(
+        out.contains("first diverging op: L1/ffn_down@1 (origin, worst @2)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("first diverging op L1/ffn_down@1 (worst @2,"),
+        "{out}"
+    );
+}
+
+#[test]
+fn taps_in_one_tree_only_are_never_agreement() {
+    let (d, a, _) = dirs();
+    plain(&a);
+    // B lacks layer 1 (a capture that stopped early): what both hold is equal.
+    let narrow = d.path().join("narrow");
+    tree(&narrow, |x| x, |_, _, _, _| {});
+    let reader = capture::TreeReader::open(&narrow).unwrap();
+    let mut m = reader.manifest().clone();
+    m.entries.retain(|e| e.key.layer != Some(1));
+    (m.dirs, m.root) = m.hashes();
+    let mut json = serde_json::to_value(&m).unwrap();
+    json["taps"] = m.entries.len().into();
+    json["bytes"] = m.bytes_of_entries().into();
+    json["manifest_blake3"] = capture::manifest::UNSEALED.into();
+    let mut bytes = serde_json::to_vec(&json).unwrap();
+    capture::manifest::seal(&mut bytes);
+    std::fs::write(narrow.join("manifest.json"), bytes).unwrap();
+    let o = taptree(&[&"diff", &a, &narrow, &"--color", &"never"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(
+        out.contains("incomplete: the trees do not hold the same taps"),
+        "{out}"
+    );
+    let o = taptree(&[&"diff", &a, &narrow, &"--common-only"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(out.contains("bitwise equal by content"), "{out}");
+}
+
+#[test]
+fn a_closed_pipe_ends_every_stdout_command_quietly() {
+    let (_d, a, b) = dirs();
+    plain(&a);
+    tree(
+        &b,
+        |x| x,
+        |_, layer, _, v| {
+            if layer == Some(1) {
+                v[0] += 1.0;
+            }
+        },
+    );
+    let runs: [&[&str]; 4] = [
+        &["ls", "--json"],
+        &["ls"],
+        &["diff", "--color", "never"],
+        &["diff", "--json"],
+    ];
+    for args in runs {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_taptree"));
+        c.args(&args[..1]).arg(&a);
+        if args[0] == "diff" {
+            c.arg(&b);
+        }
+        c.args(&args[1..]);
+        let mut child = c
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away at once, as `| head -0` would.
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?}: {err}");
+    }
+}

@@ -57,6 +57,8 @@ pub struct Capture {
     stages: Vec<StageSpec>,
     run: RunInfo,
     done: bool,
+    /// Held from start to finish: one capture per path at a time.
+    lock: Option<PathLock>,
 }
 
 impl Capture {
@@ -69,6 +71,7 @@ impl Capture {
                 other: other.dir.clone(),
             });
         }
+        let lock = PathLock::acquire(&opts.out)?;
         let staging = prepare_out(&opts.out, opts.force)?;
         let dir = staging.clone().unwrap_or_else(|| opts.out.clone());
         let threads = std::thread::available_parallelism()
@@ -83,6 +86,7 @@ impl Capture {
             stages: opts.stages,
             run: opts.run,
             done: false,
+            lock: Some(lock),
         };
         fill_run_defaults(&mut capture.run);
         if arm::arm(active).is_err() {
@@ -166,6 +170,32 @@ impl Capture {
         }
         entries.sort_by_key(|(seq, _)| *seq);
         let entries: Vec<_> = entries.into_iter().map(|(_, e)| e).collect();
+        if entries.is_empty() && !self.active.selection.is_all() {
+            // Not a tree of nothing: the selection was meant to keep
+            // something. A misspelt stage is the likely cause: name them.
+            match self.staging.take() {
+                Some(staging) => {
+                    let _ = remove_tree(&staging);
+                }
+                None => {
+                    let _ = std::fs::remove_file(self.active.dir.join(MARKER_FILE));
+                    let _ = std::fs::remove_dir(&self.active.dir);
+                }
+            }
+            let names: Vec<&str> = self.stages.iter().map(|s| s.name.as_str()).collect();
+            let unknown = self.active.selection.unmatched_stage_globs(&names);
+            return Err(Error::SelectsNothing {
+                path: self.out.clone(),
+                selection: self.active.selection.to_string(),
+                reason: match unknown.first() {
+                    Some(glob) if !names.is_empty() => format!(
+                        "matched no tap: stage {glob:?} is not one of {} (no tree written)",
+                        names.join(", ")
+                    ),
+                    _ => "matched no tap of this run (no tree written)".into(),
+                },
+            });
+        }
         let mut seen = HashSet::new();
         for e in &entries {
             if !seen.insert(&e.key) {
@@ -194,6 +224,7 @@ impl Capture {
         if let Some(staging) = self.staging.take() {
             swap_into_place(&staging, &self.out)?;
         }
+        self.lock.take();
         Ok(Summary {
             taps: manifest.entries.len(),
             bytes: manifest.bytes_of_entries(),
@@ -212,9 +243,134 @@ impl Capture {
         // An abandoned replacement leaves the old tree as it was and no
         // half-written staging directory beside it.
         if let Some(staging) = self.staging.take() {
-            let _ = std::fs::remove_dir_all(staging);
+            let _ = remove_tree(&staging);
+        }
+        self.lock.take();
+    }
+}
+
+/// An advisory lock on a tree's path, held in a hidden sibling file
+/// `.NAME.taptree-lock` that names its holder. Released (and the file
+/// removed) on drop; a killed holder's lock is released by the kernel.
+struct PathLock {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+impl PathLock {
+    fn acquire(out: &Path) -> Result<PathLock> {
+        let path = sibling_named(out, "lock".into());
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+        }
+        loop {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(|e| Error::io(&path, e))?;
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                    let holder = match holder.trim() {
+                        "" => "its lock is held".to_string(),
+                        h => h.to_string(),
+                    };
+                    return Err(Error::Locked {
+                        path: out.to_path_buf(),
+                        holder,
+                    });
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
+            }
+            // The holder before us removes the file while still holding it:
+            // a lock taken on a file no longer at `path` is stale; retry.
+            if !same_file(&file, &path) {
+                continue;
+            }
+            let mut f = &file;
+            let _ = f.set_len(0);
+            let _ = writeln!(f, "held by process {}", std::process::id());
+            return Ok(PathLock { path, file });
         }
     }
+}
+
+impl Drop for PathLock {
+    fn drop(&mut self) {
+        // Removed while held, so that no one takes a lock on it in between.
+        let _ = std::fs::remove_file(&self.path);
+        let _ = self.file.unlock();
+    }
+}
+
+#[cfg(unix)]
+fn same_file(file: &std::fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+#[cfg(not(unix))]
+fn same_file(_file: &std::fs::File, path: &Path) -> bool {
+    path.exists()
+}
+
+/// Deletes a tree (or a staging directory) so that, if killed part way,
+/// what remains is still recognisably a tree: its marker goes last.
+fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    for item in std::fs::read_dir(dir)? {
+        let item = item?;
+        if item.file_name() == MARKER_FILE {
+            continue;
+        }
+        if item.file_type()?.is_dir() {
+            std::fs::remove_dir_all(item.path())?;
+        } else {
+            std::fs::remove_file(item.path())?;
+        }
+    }
+    let marker = dir.join(MARKER_FILE);
+    match std::fs::remove_file(&marker) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::remove_dir(dir)
+}
+
+/// What a tree killed while being deleted by an earlier taptree (which
+/// deleted its marker and manifest first) leaves: only tree-shaped files.
+fn tree_remains(dir: &Path) -> bool {
+    let Ok(listing) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    let is_layer_dir = |n: &str| {
+        n == manifest::GLOBAL_DIR
+            || n.strip_prefix('L')
+                .is_some_and(|d| !d.is_empty() && d.bytes().all(|c| c.is_ascii_digit()))
+    };
+    listing.flatten().all(|item| {
+        let name = item.file_name().to_string_lossy().into_owned();
+        let Ok(kind) = item.file_type() else {
+            return false;
+        };
+        if kind.is_file() {
+            return name == MARKER_FILE || name.starts_with(MANIFEST_FILE);
+        }
+        kind.is_dir()
+            && is_layer_dir(&name)
+            && std::fs::read_dir(item.path()).is_ok_and(|files| {
+                files.flatten().all(|f| {
+                    f.file_type().is_ok_and(|k| k.is_file())
+                        && f.file_name().to_string_lossy().ends_with(".safetensors")
+                })
+            })
+    })
 }
 
 impl Drop for Capture {
@@ -256,7 +412,7 @@ fn prepare_out(out: &Path, force: bool) -> Result<Option<PathBuf>> {
             }
             let staging = sibling(out, "new");
             if staging.exists() {
-                std::fs::remove_dir_all(&staging).map_err(|e| Error::io(&staging, e))?;
+                remove_tree(&staging).map_err(|e| Error::io(&staging, e))?;
             }
             std::fs::create_dir(&staging).map_err(|e| Error::io(&staging, e))?;
             write_marker(&staging)?;
@@ -297,7 +453,12 @@ fn recover_siblings(out: &Path) -> Result<()> {
             continue;
         };
         let path = item.path();
-        if pid == std::process::id() || running(pid) || !is_tree(&path) {
+        let is_dir = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir());
+        if pid == std::process::id()
+            || running(pid)
+            || !is_dir
+            || !(is_tree(&path) || tree_remains(&path))
+        {
             continue;
         }
         let modified = std::fs::symlink_metadata(&path)
@@ -308,10 +469,10 @@ fn recover_siblings(out: &Path) -> Result<()> {
     stale.sort_by_key(|s| std::cmp::Reverse((s.0, s.1)));
     for (aside, _, path) in stale {
         let out_exists = std::fs::symlink_metadata(out).is_ok();
-        if aside && !out_exists {
+        if aside && !out_exists && path.join(MANIFEST_FILE).is_file() {
             std::fs::rename(&path, out).map_err(|e| Error::io(&path, e))?;
         } else {
-            std::fs::remove_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+            remove_tree(&path).map_err(|e| Error::io(&path, e))?;
         }
     }
     Ok(())
@@ -342,12 +503,17 @@ fn is_tree(dir: &Path) -> bool {
 }
 
 fn sibling(out: &Path, what: &str) -> PathBuf {
+    sibling_named(out, format!("{what}-{}", std::process::id()))
+}
+
+/// `.NAME.taptree-{what}` beside `out`.
+fn sibling_named(out: &Path, what: String) -> PathBuf {
     let name = out
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "tree".into());
     let parent = out.parent().filter(|p| !p.as_os_str().is_empty());
-    let file = format!(".{name}.taptree-{what}-{}", std::process::id());
+    let file = format!(".{name}.taptree-{what}");
     match parent {
         Some(p) => p.join(file),
         None => PathBuf::from(file),
@@ -390,11 +556,11 @@ fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<()> {
 fn swap_into_place(staging: &Path, out: &Path) -> Result<()> {
     let old = sibling(out, "old");
     if old.exists() {
-        std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
+        remove_tree(&old).map_err(|e| Error::io(&old, e))?;
     }
     std::fs::rename(out, &old).map_err(|e| Error::io(out, e))?;
     std::fs::rename(staging, out).map_err(|e| Error::io(staging, e))?;
-    std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))
+    remove_tree(&old).map_err(|e| Error::io(&old, e))
 }
 
 fn fill_run_defaults(run: &mut RunInfo) {

@@ -22,6 +22,19 @@ pub enum Error {
     #[error("{}: already holds a tree; pass --force (or TAPTREE_FORCE=1) to replace it", path.display())]
     TreeExists { path: PathBuf },
 
+    /// A selection that selects no tap: a stage glob that matches no stage
+    /// of the vocabulary, or a capture that ended with no tap selected.
+    #[error("{}: --select {selection:?} {reason}", path.display())]
+    SelectsNothing {
+        path: PathBuf,
+        selection: String,
+        reason: String,
+    },
+
+    /// Another capture is writing to `path` right now.
+    #[error("{}: another capture to this path is running ({holder}); nothing was changed", path.display())]
+    Locked { path: PathBuf, holder: String },
+
     /// `path` is a directory with no file at all: nothing was captured there.
     #[error("{}: not a tree (empty directory)", path.display())]
     EmptyDir { path: PathBuf },

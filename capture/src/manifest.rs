@@ -182,9 +182,12 @@ impl<'a> ManifestOut<'a> {
 }
 
 impl Manifest {
-    /// Total tensor bytes of the entries.
+    /// Total tensor bytes of the entries (saturating: an opened tree's
+    /// total was checked not to overflow).
     pub fn bytes_of_entries(&self) -> u64 {
-        self.entries.iter().map(|e| e.bytes).sum()
+        self.entries
+            .iter()
+            .fold(0u64, |t, e| t.saturating_add(e.bytes))
     }
 
     /// The directory and root hashes of this manifest's content, by the
@@ -305,6 +308,34 @@ pub fn path_of(key: &Key) -> String {
     }
     p.push_str(".safetensors");
     p
+}
+
+/// The largest layer index a key may have: far beyond any model, small
+/// enough that nothing sized by a layer index can exhaust memory.
+pub const MAX_LAYER: u32 = 65_535;
+/// Positions are below this (16,777,216 tokens), and a tree's taps hold no
+/// more positions than this in all: bounds any work done per position.
+pub const MAX_POSITION: u32 = 1 << 24;
+
+/// Whether a key's layer and positions are within the format's bounds and
+/// its position range is not empty.
+pub fn check_key_bounds(layer: Option<u32>, pos: &std::ops::Range<u32>) -> Result<(), String> {
+    if layer.is_some_and(|l| l > MAX_LAYER) {
+        return Err(format!("layer index above the format's {MAX_LAYER}"));
+    }
+    if pos.end > MAX_POSITION {
+        return Err(format!(
+            "position range {}..{} goes past the format's {MAX_POSITION} positions",
+            pos.start, pos.end
+        ));
+    }
+    if pos.start >= pos.end {
+        return Err(format!(
+            "empty or reversed position range {}..{}",
+            pos.start, pos.end
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `stage` may be used as a stage name: it becomes part of a file

@@ -130,7 +130,7 @@ impl TreeReader {
     /// tensor bytes are not hashed here (see [`TreeReader::verify_entry`]).
     pub fn read(&self, entry: &Entry) -> Result<TensorView> {
         let path = self.checked_file(entry)?;
-        let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+        let file = open_regular(&path).map_err(|e| Error::io(&path, e))?;
         // SAFETY: the map is read-only; a tree is immutable once its manifest
         // exists, and a file changed underneath is caught by `verify`.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
@@ -182,11 +182,11 @@ impl TreeReader {
             // A link (or anything odd): the careful path decides.
             None => {
                 let path = self.checked_file(entry)?;
-                let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+                let file = open_regular(&path).map_err(|e| Error::io(&path, e))?;
                 (path, file)
             }
         };
-        let len = read_all(&mut file, buf, entry.bytes as usize + 4096)
+        let len = read_all(&mut file, buf, (entry.bytes as usize).saturating_add(4096))
             .map_err(|e| Error::io(&path, e))?;
         let header = self.check_header(&path, &buf[..len], entry)?;
         Ok(header.data_start..len)
@@ -356,11 +356,7 @@ fn is_link(p: &Path) -> bool {
 
 #[cfg(unix)]
 fn open_no_follow(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
+    open_flags(path, libc::O_NOFOLLOW)
 }
 
 #[cfg(not(unix))]
@@ -368,8 +364,52 @@ fn open_no_follow(path: &Path) -> std::io::Result<std::fs::File> {
     if is_link(path) {
         return Err(std::io::Error::other("a link"));
     }
-    std::fs::File::open(path)
+    open_regular(path)
 }
+
+/// Opens a file for reading, refusing anything but a regular file: a FIFO
+/// would block the reader forever, a device feed it without end. The open
+/// itself does not block (`O_NONBLOCK`, which reads of a regular file
+/// ignore).
+fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+    #[cfg(unix)]
+    return open_flags(path, 0);
+    #[cfg(not(unix))]
+    {
+        let f = std::fs::File::open(path)?;
+        check_regular(&f)?;
+        Ok(f)
+    }
+}
+
+#[cfg(unix)]
+fn open_flags(path: &Path, flags: i32) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags | libc::O_NONBLOCK)
+        .open(path)?;
+    check_regular(&f)?;
+    Ok(f)
+}
+
+fn check_regular(f: &std::fs::File) -> std::io::Result<()> {
+    let kind = f.metadata()?.file_type();
+    if kind.is_file() {
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        if kind.is_dir() {
+            "a directory, not a file"
+        } else {
+            "not a regular file (a FIFO, socket or device), refused"
+        },
+    ))
+}
+
+/// The most [`read_all`] reserves before reading.
+const MAX_RESERVE: usize = 256 << 20;
 
 /// Reads a whole file into `buf` (kept initialised and reused across files,
 /// so it is zero-filled only when it grows) and returns its length. No
@@ -379,6 +419,9 @@ fn read_all(
     buf: &mut Vec<u8>,
     expected: usize,
 ) -> std::io::Result<usize> {
+    // The expected size comes from a manifest: what is reserved up front
+    // is bounded, and the buffer grows only as the file's bytes arrive.
+    let expected = expected.min(MAX_RESERVE);
     if buf.len() < expected + 1 {
         buf.resize(expected + 1, 0);
     }
@@ -481,7 +524,7 @@ fn read_manifest(tree: &Path, limit: Option<usize>) -> Result<ManifestBytes> {
         });
     }
     let read = |path: &Path| -> std::io::Result<ManifestBytes> {
-        let file = std::fs::File::open(path)?;
+        let file = open_regular(path)?;
         let mut bytes = Vec::new();
         match limit {
             Some(n) => {
@@ -500,6 +543,7 @@ fn read_manifest(tree: &Path, limit: Option<usize>) -> Result<ManifestBytes> {
         };
         Ok(ManifestBytes::Read(bytes))
     };
+    check_manifest_link(tree, &path)?;
     match read(&path) {
         Ok(b) => Ok(b),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -518,6 +562,23 @@ fn read_manifest(tree: &Path, limit: Option<usize>) -> Result<ManifestBytes> {
         }
         Err(e) => Err(Error::io(&path, e)),
     }
+}
+
+/// A manifest that is a link must resolve inside its tree: a tree's
+/// description is the tree's own.
+fn check_manifest_link(tree: &Path, path: &Path) -> Result<()> {
+    if !is_link(path) {
+        return Ok(());
+    }
+    let root = tree.canonicalize().map_err(|e| Error::io(tree, e))?;
+    let target = path.canonicalize().map_err(|e| Error::io(path, e))?;
+    if target.starts_with(&root) {
+        return Ok(());
+    }
+    Err(Error::BadManifest {
+        path: path.to_path_buf(),
+        reason: format!("a symlink to {}, outside the tree", target.display()),
+    })
 }
 
 /// A manifest's bytes: a prefix read, or the whole file mapped.
@@ -618,7 +679,25 @@ fn scan_head(prefix: &[u8]) -> HeadFields {
 
 fn check_entries(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<()> {
     let mut keys = HashSet::with_capacity_and_hasher(m.entries.len(), KeyHasher::default());
+    let mut total: u64 = 0;
+    let mut rows: u64 = 0;
     for e in &m.entries {
+        if let Err(reason) = manifest::check_key_bounds(e.key.layer, &e.key.pos) {
+            return Err(Error::BadManifest {
+                path: manifest_path.to_path_buf(),
+                reason: format!("{}: {reason}", e.key),
+            });
+        }
+        rows += u64::from(e.key.rows());
+        if rows > u64::from(manifest::MAX_POSITION) {
+            return Err(Error::BadManifest {
+                path: manifest_path.to_path_buf(),
+                reason: format!(
+                    "its taps hold more than the format's {} positions in all",
+                    manifest::MAX_POSITION
+                ),
+            });
+        }
         check_entry_path(tree, e)?;
         let bad_shape = |reason: String| Error::BadShape {
             path: manifest_path.to_path_buf(),
@@ -636,6 +715,12 @@ fn check_entries(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<()> 
                 e.dtype, e.bytes
             )));
         }
+        total = total
+            .checked_add(e.bytes)
+            .ok_or_else(|| Error::BadManifest {
+                path: manifest_path.to_path_buf(),
+                reason: "the entries' byte counts overflow when summed".into(),
+            })?;
         if e.shape.first().map(|&r| r as u64) != Some(u64::from(e.key.rows())) {
             return Err(bad_shape(format!(
                 "axis 0 must be the {} positions of {}",

@@ -156,6 +156,17 @@ impl Selection {
         Ok(sel)
     }
 
+    /// The stage globs that match none of `names` (a misspelt stage): a
+    /// selection holding one selects nothing under that glob.
+    pub fn unmatched_stage_globs<'a>(&'a self, names: &[&str]) -> Vec<&'a str> {
+        self.stages
+            .iter()
+            .flatten()
+            .filter(|g| !names.iter().any(|n| glob_match(g.as_bytes(), n.as_bytes())))
+            .map(String::as_str)
+            .collect()
+    }
+
     /// Whether a tap with this identity has at least one selected row.
     pub fn wants(
         &self,

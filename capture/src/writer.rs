@@ -149,8 +149,8 @@ impl Active {
             );
         }
         let rows = pos.end.saturating_sub(pos.start) as usize;
-        if pos.start >= pos.end {
-            return self.misuse(&key(), "empty or reversed position range".into());
+        if let Err(reason) = manifest::check_key_bounds(layer, &pos) {
+            return self.misuse(&key(), reason);
         }
         if shape.first() != Some(&rows) {
             return self.misuse(

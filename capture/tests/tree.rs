@@ -234,7 +234,8 @@ fn wants_follows_the_selection() {
     assert!(capture::wants("k_rope", Some(0), 0..4, None));
     assert!(!capture::wants("k_rope", Some(0), 0..3, None));
     assert!(!capture::wants("q_rope", Some(0), 5..6, None));
-    cap.finish().unwrap();
+    // Nothing was tapped: a selection that selected nothing is an error.
+    assert!(cap.finish().is_err());
     assert!(!capture::wants("k_rope", Some(0), 0..4, None));
 }
 
@@ -866,4 +867,136 @@ fn format_1_trees_are_still_read() {
         v
     };
     assert_eq!(hashes(&new), hashes(&tree));
+}
+
+#[test]
+fn a_replaced_tree_half_deleted_by_a_killed_capture_is_cleaned_up() {
+    // The old tree's manifest and marker went first, then the kill: what
+    // is left is no longer a tree, only tree-shaped files. The next capture
+    // to the path cleans it up.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t");
+    let x = dir.path().join("x");
+    capture_tree(&x, "", 0.0);
+    capture_tree(&out, "", 5.0);
+    std::fs::remove_file(x.join("manifest.json")).unwrap();
+    std::fs::remove_file(x.join(".taptree")).unwrap();
+    std::fs::remove_dir_all(x.join("L000")).unwrap();
+    let left_over = set_aside(&x, &out, "old", DEAD);
+    // The same shape with a stranger's file inside is not ours: kept.
+    let stranger = dir.path().join(format!(".t.taptree-new-{}", DEAD + 1));
+    std::fs::create_dir_all(stranger.join("L000")).unwrap();
+    std::fs::write(stranger.join("L000/notes.txt"), "mine").unwrap();
+
+    let replaced = replace_tree(&out, 7.0);
+    assert_eq!(TreeReader::open(&out).unwrap().root(), replaced.root);
+    assert!(!left_over.exists());
+    assert_eq!(
+        listing(dir.path()),
+        [format!(".t.taptree-new-{}", DEAD + 1), "t".to_string()]
+    );
+}
+
+#[test]
+fn a_second_capture_to_a_locked_path_is_refused_naming_the_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t");
+    let before = capture_tree(&out, "", 0.0);
+    // Another process's capture to `t` holds the lock.
+    let lock_path = dir.path().join(".t.taptree-lock");
+    let held = std::fs::File::create(&lock_path).unwrap();
+    held.try_lock().unwrap();
+    std::fs::write(&lock_path, "held by process 4242\n").unwrap();
+    let err = {
+        let _guard = serial();
+        let mut o = opts(&out, "");
+        o.force = true;
+        Capture::start(o).err().unwrap()
+    };
+    assert!(matches!(err, Error::Locked { .. }), "{err}");
+    assert!(err.to_string().contains("held by process 4242"), "{err}");
+    assert_eq!(TreeReader::open(&out).unwrap().root(), before.root);
+    // Released: the capture runs, and leaves no lock file behind.
+    drop(held);
+    let after = replace_tree(&out, 3.0);
+    assert_ne!(after.root, before.root);
+    assert_eq!(listing(dir.path()), ["t".to_string()]);
+}
+
+#[test]
+fn a_selection_that_matches_no_stage_names_the_stages() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t");
+    for (selection, says) in [
+        (
+            "stage=ffn_dwon",
+            "stage \"ffn_dwon\" is not one of embedding, attn_norm, ffn_down",
+        ),
+        // Stages that exist, but no tap selected (a layer past the last).
+        ("layer=90", "matched no tap of this run"),
+    ] {
+        let err = {
+            let _guard = serial();
+            let cap = Capture::start(opts(&out, selection)).unwrap();
+            forward(0.0);
+            cap.finish().unwrap_err()
+        };
+        let msg = err.to_string();
+        assert!(matches!(err, Error::SelectsNothing { .. }), "{msg}");
+        assert!(msg.contains(says), "{msg}");
+        assert!(!out.exists(), "{selection}: no tree written");
+    }
+}
+
+#[test]
+fn absurd_layers_and_positions_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fresh_tree(dir.path());
+    let whole = std::fs::read(out.join("manifest.json")).unwrap();
+    let edits: [fn(&mut serde_json::Value); 2] = [
+        |m| m["entries"][0]["key"]["layer"] = u32::MAX.into(),
+        |m| m["entries"][0]["key"]["pos"] = serde_json::json!({"start": 0, "end": u32::MAX}),
+    ];
+    for edit in edits {
+        std::fs::write(out.join("manifest.json"), &whole).unwrap();
+        edit_manifest(&out, edit);
+        let err = TreeReader::open(&out).unwrap_err().to_string();
+        assert!(err.contains("format's"), "{err}");
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_or_device_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fresh_tree(dir.path());
+    let tap = out.join("L001/ffn_down.p0-3.safetensors");
+    std::fs::remove_file(&tap).unwrap();
+    let status = std::process::Command::new("mkfifo")
+        .arg(&tap)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let tree = TreeReader::open(&out).unwrap();
+    let err = tree.verify().unwrap_err().to_string();
+    assert!(err.contains("not a regular file"), "{err}");
+    // A manifest that is a device, or a link out of the tree.
+    std::fs::remove_file(out.join("manifest.json")).unwrap();
+    std::os::unix::fs::symlink("/dev/urandom", out.join("manifest.json")).unwrap();
+    let err = TreeReader::open(&out).unwrap_err().to_string();
+    assert!(err.contains("outside the tree"), "{err}");
+    let elsewhere = dir.path().join("elsewhere.json");
+    std::fs::write(&elsewhere, "{}").unwrap();
+    std::fs::remove_file(out.join("manifest.json")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, out.join("manifest.json")).unwrap();
+    let err = TreeReader::head(&out).unwrap_err().to_string();
+    assert!(err.contains("outside the tree"), "{err}");
+    std::fs::remove_file(out.join("manifest.json")).unwrap();
+    let status = std::process::Command::new("mkfifo")
+        .arg(out.join("manifest.json"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let err = TreeReader::head(&out).unwrap_err().to_string();
+    assert!(err.contains("not a regular file"), "{err}");
 }

@@ -104,6 +104,7 @@ fn quiet<'p>(opts: &Options<'p>) -> Options<'p> {
         slot_b: None,
         all_positions: opts.all_positions,
         progress: None,
+        common_only: opts.common_only,
     }
 }
 

@@ -2,17 +2,22 @@
 //!
 //! Rows arrive sorted in forward order. The first divergence is the first red
 //! row: whatever is red downstream of it is never the answer. A red row is an
-//! *origin* when every row it reads is within tolerance, *inherited* when one
-//! is red. Inputs that were not tapped are looked through: their own inputs
+//! *origin* when every row it reads is bitwise equal, *grew from* its inputs
+//! when they are within tolerance but not equal, *inherited* when one is red. Inputs that were not tapped are looked through: their own inputs
 //! stand in for them.
 
 use crate::graph::{RowId, StageGraph};
-use crate::report::{Cause, Growth, Row};
+use crate::report::{Cause, Growth, Row, Status};
 use std::collections::{HashMap, HashSet};
 
 /// The index of the first red row in forward order.
 pub fn first_divergence(rows: &[Row]) -> Option<usize> {
     rows.iter().position(|r| r.status.is_red())
+}
+
+/// The index of the first row, in forward order, that is not bitwise equal.
+pub fn first_inexact(rows: &[Row]) -> Option<usize> {
+    rows.iter().position(|r| r.status != Status::Equal)
 }
 
 /// The rows (indices) a row reads, looking through untapped stages.
@@ -46,15 +51,21 @@ pub fn classify(rows: &mut [Row], graph: &StageGraph) {
             continue;
         }
         let inputs = resolve(&index, graph, (rows[i].layer, rows[i].stage.clone()));
-        let red: Vec<String> = inputs
-            .iter()
-            .filter(|&&j| rows[j].status.is_red())
-            .map(|&j| rows[j].name())
-            .collect();
-        rows[i].cause = Some(if red.is_empty() {
-            Cause::Origin
-        } else {
+        let names = |keep: &dyn Fn(Status) -> bool| -> Vec<String> {
+            inputs
+                .iter()
+                .filter(|&&j| keep(rows[j].status))
+                .map(|&j| rows[j].name())
+                .collect()
+        };
+        let red = names(&|s| s.is_red());
+        let inexact = names(&|s| s != Status::Equal);
+        rows[i].cause = Some(if !red.is_empty() {
             Cause::Inherited { from: red }
+        } else if !inexact.is_empty() {
+            Cause::GrewFrom { from: inexact }
+        } else {
+            Cause::Origin
         });
     }
 }

@@ -27,6 +27,15 @@ pub struct Report {
     /// Index into `rows` of the first diverging op.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_divergence: Option<usize>,
+    /// Index into `rows` of the first op that is not bitwise equal: where
+    /// the two runs really start to differ, which may be ops before the
+    /// first one to leave tolerance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_inexact: Option<usize>,
+    /// Taps present in one tree only were accepted (`--common-only`):
+    /// they do not make the outcome diverged.
+    #[serde(default)]
+    pub common_only: bool,
     /// Rows ranked by error growth, largest jump first (indices into `rows`).
     pub growth_ranking: Vec<usize>,
     /// Keys (one per position) present in only one tree: never compared.
@@ -57,6 +66,8 @@ impl Report {
             summary: self.summary.clone(),
             rows: Vec::new(),
             first_divergence: self.first_divergence,
+            first_inexact: self.first_inexact,
+            common_only: self.common_only,
             growth_ranking: self.growth_ranking.clone(),
             only_in_a: self.only_in_a.clone(),
             only_in_b: self.only_in_b.clone(),
@@ -159,8 +170,12 @@ impl Status {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Cause {
-    /// Its inputs are within tolerance: this op made the error.
+    /// Its inputs are bitwise equal: this op made the error.
     Origin,
+    /// Its inputs are within tolerance but not bitwise equal (`from` names
+    /// those): this op took a difference already there past tolerance, so
+    /// it may be where the error grew or only where it showed.
+    GrewFrom { from: Vec<String> },
     /// An input is already red (`from` names them, `L3/ffn_down`).
     Inherited { from: Vec<String> },
 }
@@ -228,6 +243,15 @@ impl Row {
 
     pub fn worst(&self) -> &Position {
         &self.positions[self.worst]
+    }
+
+    /// The first failing position of a row (in position order): where a
+    /// bug starts, which may be before the worst position.
+    pub fn first_failing(&self) -> Option<&Position> {
+        self.positions
+            .iter()
+            .filter(|p| !p.pass)
+            .min_by_key(|p| (p.pos, p.slot))
     }
 }
 

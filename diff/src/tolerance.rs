@@ -152,7 +152,11 @@ impl Tolerance {
     }
 
     pub fn parse(input: &str) -> Result<Tolerance, ParseError> {
-        let mut p = Parser { input, pos: 0 };
+        let mut p = Parser {
+            input,
+            pos: 0,
+            depth: 0,
+        };
         p.skip_ws();
         if p.pos == input.len() {
             return Err(p.error(input, "empty tolerance"));
@@ -249,13 +253,24 @@ pub fn short(v: f64) -> String {
 struct Parser<'a> {
     input: &'a str,
     pos: usize,
+    /// Parentheses open at `pos`: bounded, so that no input can exhaust
+    /// the stack of this parser or of the evaluation of what it builds.
+    depth: usize,
 }
+
+/// How deep parentheses may nest in a tolerance.
+pub const MAX_DEPTH: usize = 32;
 
 impl<'a> Parser<'a> {
     fn error(&self, part: &str, reason: &str) -> ParseError {
+        // The message stays one readable line whatever the input's length.
+        let clip = |s: &str| match s.char_indices().nth(60) {
+            Some((end, _)) => format!("{}...", &s[..end]),
+            None => s.to_string(),
+        };
         ParseError {
-            input: self.input.to_string(),
-            part: part.to_string(),
+            input: clip(self.input),
+            part: clip(part),
             reason: reason.to_string(),
         }
     }
@@ -311,7 +326,17 @@ impl<'a> Parser<'a> {
         self.skip_ws();
         if self.eat("(") {
             let start = self.pos;
+            self.depth += 1;
+            if self.depth > MAX_DEPTH {
+                let part = &self.input[start - 1..];
+                let part = &part[..part.len().min(40)];
+                return Err(self.error(
+                    part,
+                    &format!("parentheses nested more than {MAX_DEPTH} deep"),
+                ));
+            }
             let e = self.or()?;
+            self.depth -= 1;
             if !self.eat(")") {
                 let part = &self.input[start.saturating_sub(1)..];
                 return Err(self.error(part, "unclosed parenthesis"));
@@ -379,5 +404,22 @@ impl<'a> Parser<'a> {
         }
         self.pos += num_len;
         Ok(Expr::Cmp(metric, op, value))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deep_parentheses_are_an_error_not_a_stack_overflow() {
+        let deep = format!("{}cos>=0.9{}", "(".repeat(20_000), ")".repeat(20_000));
+        let err = Tolerance::parse(&deep).unwrap_err();
+        assert!(err.reason.contains("nested more than"), "{err}");
+        assert!(err.to_string().len() < 300, "{err}");
+        let ok = format!("{}cos>=0.9{}", "(".repeat(MAX_DEPTH), ")".repeat(MAX_DEPTH));
+        Tolerance::parse(&ok).unwrap();
+        let unclosed = "(".repeat(20_000);
+        assert!(Tolerance::parse(&unclosed).is_err());
     }
 }

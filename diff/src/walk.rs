@@ -29,6 +29,10 @@ pub struct Options<'p> {
     pub all_positions: bool,
     /// Told how many tensor bytes are to be read, then each read as it ends.
     pub progress: Option<&'p (dyn Progress + Sync)>,
+    /// Compare only the taps both trees hold: taps in one tree only do not
+    /// make the outcome diverged (by default they do: a missing layer is
+    /// never agreement).
+    pub common_only: bool,
 }
 
 /// Progress of the metric pass (the CLI draws a bar; the library draws nothing).
@@ -324,6 +328,8 @@ pub fn diff(
         summary: String::new(),
         rows: Vec::new(),
         first_divergence: None,
+        first_inexact: None,
+        common_only: opts.common_only,
         growth_ranking: Vec::new(),
         only_in_a: Vec::new(),
         only_in_b: Vec::new(),
@@ -633,6 +639,7 @@ pub fn diff(
     crate::hints::layout(&mut rows, &graph);
     report.growth_ranking = divergence::growth(&mut rows, &graph);
     report.first_divergence = divergence::first_divergence(&rows);
+    report.first_inexact = divergence::first_inexact(&rows);
     report.counts.rows_red = rows.iter().filter(|r| r.status.is_red()).count() as u64;
     report.counts.rows_degenerate = rows
         .iter()
@@ -678,17 +685,38 @@ pub(crate) fn conclude(report: &mut Report) {
     if report.outcome == Outcome::Identical {
         return;
     }
+    // Where the runs really start to differ, when that is before the
+    // first op to leave tolerance.
+    let inexact = match (report.first_inexact, report.first_divergence) {
+        (Some(e), d) if d.is_none_or(|d| e < d) => {
+            format!("; first op not bitwise equal: {}", report.rows[e].name())
+        }
+        _ => String::new(),
+    };
+    let one_sided = report.only_in_a.len() + report.only_in_b.len();
     if let Some(i) = report.first_divergence {
         let r = &report.rows[i];
         let w = r.worst();
+        let first = r.first_failing().unwrap_or(w);
+        let worst = if first.label() == w.label() {
+            String::new()
+        } else {
+            format!("worst {}, ", w.label())
+        };
         report.outcome = Outcome::Diverged;
         report.summary = format!(
-            "diverged: first diverging op {}{} (cos {}, {} of {} rows red){missing}",
+            "diverged: first diverging op {}{} ({worst}cos {}, {} of {} rows red){inexact}{missing}",
             r.name(),
-            w.label(),
+            first.label(),
             crate::tolerance::short(w.metrics.cos),
             report.counts.rows_red,
             report.rows.len()
+        );
+    } else if one_sided > 0 && !report.common_only && report.counts.positions > 0 {
+        // Taps in one tree only: never agreement, unless asked for.
+        report.outcome = Outcome::Diverged;
+        report.summary = format!(
+            "incomplete: the trees do not hold the same taps{missing}; what both hold agrees (--common-only compares only that){inexact}"
         );
     } else if report.counts.positions == 0 {
         report.outcome = Outcome::Inconclusive;
@@ -710,7 +738,7 @@ pub(crate) fn conclude(report: &mut Report) {
             )
         } else {
             format!(
-                "within tolerance ({}): {} positions in {} rows{missing}",
+                "within tolerance ({}): {} positions in {} rows{inexact}{missing}",
                 report.tolerance,
                 report.counts.positions,
                 report.rows.len()

@@ -3,8 +3,17 @@
 This is what `taptree capture --engine hf|llama.cpp` runs after it has
 resolved the model and tokenized the prompt with taptree's own tokenizer, so
 every engine sees the same ids. Each engine is a module with
-`capture(args) -> dict` (the writer's summary: root, taps, bytes, path);
-`ENGINES` maps the `--engine` name to it.
+`capture(args) -> dict` (the writer's summary: root, taps, bytes, path, and
+`generated`, the greedy ids, when it generated); `ENGINES` maps the
+`--engine` name to it. `args` carries: `model_file` (a GGUF file or an HF
+directory), `tokens` (list of ints), `out`, `gen`, `stop` (ids that end the
+greedy answer), `select` (the text) and `selection` (a parsed
+`taptree.select.Selection`, to pass to `TreeWriter(select=...)`), `force`,
+`precision` (f32, f64, bf16, f16), `threads` (0: the engine's default) and
+`run` (a dict taptree fills with the model, its blake3, the prompt tokens,
+argv and git revision: merge it into the manifest's run record). Raise an
+exception named `EngineError` (or `taptree.tree.TreeError`) for a one-line
+exit-2 message.
 
 Exit codes: 0 captured, 2 could not capture (bad input, a missing package,
 an engine failure); the message is one line naming what is wrong.

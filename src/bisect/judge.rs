@@ -114,6 +114,7 @@ fn verdict(tree: &Path, report: &diff::Report) -> Result<Verdict, JudgeError> {
             at: worst.label(),
             cause: match &row.cause {
                 Some(diff::report::Cause::Inherited { .. }) => "inherited".into(),
+                Some(diff::report::Cause::GrewFrom { .. }) => "grew past tolerance".into(),
                 _ => "origin".into(),
             },
             cos: worst.metrics.cos,

@@ -104,56 +104,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         );
     }
     let switches = Switches::from_env()?;
-    // --out and --select first, then the environment (`TAPTREE_OUT`,
-    // `TAPTREE_SELECT`, `TAPTREE_FORCE`), so a bisect's capture command
-    // writes where the bisect says; all parsed before any work.
-    let out = args.out.clone().or_else(|| {
-        std::env::var_os("TAPTREE_OUT")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    });
-    let selection = match &args.select {
-        Some(s) => capture::Selection::parse(s).with_context(|| format!("--select {s:?}"))?,
-        None => match std::env::var("TAPTREE_SELECT") {
-            Ok(s) => {
-                capture::Selection::parse(&s).with_context(|| format!("TAPTREE_SELECT {s:?}"))?
-            }
-            Err(_) => capture::Selection::all(),
-        },
-    };
-    let force = args.force
-        || matches!(
-            std::env::var("TAPTREE_FORCE").as_deref(),
-            Ok("1") | Ok("true") | Ok("yes")
-        );
-    if args.prompt.is_empty() && args.chat.is_empty() && args.tokens.is_empty() {
-        bail!("nothing to run: give --prompt, --chat or --tokens");
-    }
-
-    let path = fetch::resolve(&args.model)?;
-    let model = load_model(&path)?;
-    let seqs = sequences(&args, &model)?;
-    let cfg = &model.weights.config;
-    for s in &seqs {
-        let end = s.tokens.len() + args.gen.saturating_sub(1);
-        if end > cfg.context_length {
-            bail!(
-                "{}: {} prompt tokens + {} generated exceed the context length {} of {}",
-                s.label,
-                s.tokens.len(),
-                args.gen,
-                cfg.context_length,
-                path.display()
-            );
-        }
-        if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-            bail!(
-                "{}: token id {id} is outside the vocabulary (size {})",
-                s.label,
-                cfg.vocab_size
-            );
-        }
-    }
+    let out = out_dir(&args);
+    let selection = selection(&args)?;
+    let force = force(&args);
+    let (path, model, seqs) = load_sequences(&args)?;
     let mut fwd = backend::open(&args.backend, &model.weights, precision, &switches)?;
     let stop: Vec<u32> = model
         .tokenizer
@@ -285,38 +239,15 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
             engine::PRECISIONS.join(", ")
         );
     }
-    let out = args
-        .out
-        .clone()
-        .or_else(|| {
-            std::env::var_os("TAPTREE_OUT")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        })
-        .with_context(|| {
-            format!(
-                "--engine {} writes a tree: give --out (or TAPTREE_OUT)",
-                args.engine
-            )
-        })?;
-    let select = match &args.select {
-        Some(s) => Some(s.clone()),
-        None => std::env::var("TAPTREE_SELECT").ok(),
-    };
-    if let Some(s) = &select {
-        capture::Selection::parse(s).with_context(|| format!("--select {s:?}"))?;
-    }
-    let force = args.force
-        || matches!(
-            std::env::var("TAPTREE_FORCE").as_deref(),
-            Ok("1") | Ok("true") | Ok("yes")
-        );
-    if args.prompt.is_empty() && args.chat.is_empty() && args.tokens.is_empty() {
-        bail!("nothing to run: give --prompt, --chat or --tokens");
-    }
-    let path = fetch::resolve(&args.model)?;
-    let model = load_model(&path)?;
-    let seqs = sequences(&args, &model)?;
+    let out = out_dir(&args).with_context(|| {
+        format!(
+            "--engine {} writes a tree: give --out (or TAPTREE_OUT)",
+            args.engine
+        )
+    })?;
+    let selection = selection(&args)?;
+    let force = force(&args);
+    let (_, model, seqs) = load_sequences(&args)?;
     if seqs.len() > 1 {
         bail!(
             "--engine {}: one sequence at a time ({} given)",
@@ -325,24 +256,8 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
         );
     }
     let seq = &seqs[0];
-    let cfg = &model.weights.config;
-    if seq.tokens.len() + args.gen.saturating_sub(1) > cfg.context_length {
-        bail!(
-            "{}: {} prompt tokens + {} generated exceed the context length {} of {}",
-            seq.label,
-            seq.tokens.len(),
-            args.gen,
-            cfg.context_length,
-            path.display()
-        );
-    }
-    if let Some(&id) = seq.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-        bail!(
-            "{}: token id {id} is outside the vocabulary (size {})",
-            seq.label,
-            cfg.vocab_size
-        );
-    }
+    // The engine parses the same grammar; "all" is no selection.
+    let select = (!selection.is_all()).then(|| selection.to_string());
     println!(
         "model {} (blake3 {}), engine {} {}; {}: {} prompt tokens",
         model.source.path.display(),
@@ -397,6 +312,82 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
     Ok(exit::OK)
 }
 
+/// `--out`, else `$TAPTREE_OUT`: a bisect's capture command writes where the
+/// bisect says.
+fn out_dir(args: &Args) -> Option<PathBuf> {
+    args.out.clone().or_else(|| {
+        std::env::var_os("TAPTREE_OUT")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    })
+}
+
+/// `--select`, else `$TAPTREE_SELECT`, parsed before any work; a misspelt
+/// stage would capture nothing, so it is refused.
+fn selection(args: &Args) -> anyhow::Result<capture::Selection> {
+    let selection = match &args.select {
+        Some(s) => capture::Selection::parse(s).with_context(|| format!("--select {s:?}"))?,
+        None => match std::env::var("TAPTREE_SELECT") {
+            Ok(s) => {
+                capture::Selection::parse(&s).with_context(|| format!("TAPTREE_SELECT {s:?}"))?
+            }
+            Err(_) => capture::Selection::all(),
+        },
+    };
+    let vocabulary = stages::llama();
+    let names: Vec<&str> = vocabulary.iter().map(|s| s.name.as_str()).collect();
+    if let Some(glob) = selection.unmatched_stage_globs(&names).first() {
+        bail!(
+            "--select {:?}: stage {glob:?} is not one of {}",
+            selection.to_string(),
+            names.join(", ")
+        );
+    }
+    Ok(selection)
+}
+
+/// `--force`, or `TAPTREE_FORCE=1|true|yes`.
+fn force(args: &Args) -> bool {
+    args.force
+        || matches!(
+            std::env::var("TAPTREE_FORCE").as_deref(),
+            Ok("1") | Ok("true") | Ok("yes")
+        )
+}
+
+/// The model and the command line's sequences, checked against its
+/// vocabulary and context length: the same for every engine.
+fn load_sequences(args: &Args) -> anyhow::Result<(PathBuf, LoadedModel, Vec<Sequence>)> {
+    if args.prompt.is_empty() && args.chat.is_empty() && args.tokens.is_empty() {
+        bail!("nothing to run: give --prompt, --chat or --tokens");
+    }
+    let path = fetch::resolve(&args.model)?;
+    let model = load_model(&path)?;
+    let seqs = sequences(args, &model)?;
+    let cfg = &model.weights.config;
+    for s in &seqs {
+        let end = s.tokens.len().saturating_add(args.gen.saturating_sub(1));
+        if end > cfg.context_length {
+            bail!(
+                "{}: {} prompt tokens + {} generated exceed the context length {} of {}",
+                s.label,
+                s.tokens.len(),
+                args.gen,
+                cfg.context_length,
+                path.display()
+            );
+        }
+        if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+            bail!(
+                "{}: token id {id} is outside the vocabulary (size {})",
+                s.label,
+                cfg.vocab_size
+            );
+        }
+    }
+    Ok((path, model, seqs))
+}
+
 /// The sequences of the command line, tokenized: prompts, then chat turns,
 /// then token lists.
 fn sequences(args: &Args, model: &LoadedModel) -> anyhow::Result<Vec<Sequence>> {
@@ -430,11 +421,13 @@ fn sequences(args: &Args, model: &LoadedModel) -> anyhow::Result<Vec<Sequence>> 
     for t in &args.tokens {
         let tokens = t
             .split(',')
-            .filter(|s| !s.trim().is_empty())
-            .map(|s| {
-                s.trim()
+            .filter(|_| !t.trim().is_empty())
+            .enumerate()
+            .map(|(i, s)| match s.trim() {
+                "" => bail!("--tokens {t:?}: token {} is empty", i + 1),
+                s => s
                     .parse::<u32>()
-                    .with_context(|| format!("--tokens {t:?}: bad token id {s:?}"))
+                    .with_context(|| format!("--tokens {t:?}: bad token id {s:?}")),
             })
             .collect::<anyhow::Result<Vec<u32>>>()?;
         seqs.push(Sequence {

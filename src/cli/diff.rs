@@ -68,6 +68,11 @@ pub struct Args {
     /// diverge" needs it.
     #[arg(long)]
     pub all_positions: bool,
+    /// Compare only the taps both trees hold: taps in one tree only (a
+    /// narrower selection, a shorter run) do not make the exit 1. By
+    /// default they do, and when nothing is left to compare the exit is 2.
+    #[arg(long)]
+    pub common_only: bool,
     /// The report as JSON on stdout (schema in docs/GUIDE.md).
     #[arg(long)]
     pub json: bool,
@@ -229,6 +234,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         slot_b,
         all_positions: args.all_positions,
         progress: bar.as_ref().map(|b| b as &(dyn Progress + Sync)),
+        common_only: args.common_only,
     };
     let mut report = diff::diff(a_ref, b_ref, t_ref, &opts)?;
     report.notes = notes;
@@ -245,7 +251,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         let mut out = std::io::BufWriter::new(std::io::stdout().lock());
         diff::render::json::write(&report, &mut out)
             .and_then(|()| std::io::Write::flush(&mut out))
-            .map_err(|e| anyhow::anyhow!("writing the report: {e}"))?;
+            .map_err(|e| anyhow::Error::new(e).context("writing the report"))?;
     } else {
         let color = match args.color {
             ColorArg::Always => true,

@@ -30,6 +30,17 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         .iter()
         .filter(|e| selection.wants(&e.key.stage, e.key.layer, e.key.pos.clone(), e.key.slot))
         .collect();
+    if shown.is_empty() && !m.entries.is_empty() && !selection.is_all() {
+        let mut stages: Vec<&str> = m.entries.iter().map(|e| e.key.stage.as_str()).collect();
+        stages.sort_unstable();
+        stages.dedup();
+        anyhow::bail!(
+            "{}: --select {:?} matches no tap of this tree (its stages: {})",
+            args.tree.display(),
+            selection.to_string(),
+            stages.join(", ")
+        );
+    }
     if args.json {
         let entries: Vec<_> = shown
             .iter()

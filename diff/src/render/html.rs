@@ -199,6 +199,9 @@ table{{border-collapse:collapse}}td,th{{padding:2px 6px;border:1px solid #ddd;fo
         let m = &w.metrics;
         let cause = match &r.cause {
             Some(Cause::Origin) => "origin".to_string(),
+            Some(Cause::GrewFrom { from }) => {
+                format!("grew past tolerance from {}", from.join(", "))
+            }
             Some(Cause::Inherited { from }) => format!("inherited from {}", from.join(", ")),
             None => String::new(),
         };

@@ -73,6 +73,7 @@ fn status_word(s: Status) -> &'static str {
 fn cause_word(row: &Row) -> String {
     match &row.cause {
         Some(Cause::Origin) => "origin".into(),
+        Some(Cause::GrewFrom { from }) => format!("grew past tolerance <- {}", from.join(", ")),
         Some(Cause::Inherited { from }) => format!("inherited <- {}", from.join(", ")),
         None => String::new(),
     }
@@ -168,12 +169,18 @@ pub fn render(report: &Report, opts: &TableOptions) -> String {
     if let Some(i) = report.first_divergence {
         let row = &report.rows[i];
         let w = row.worst();
+        let first = row.first_failing().unwrap_or(w);
+        let worst = if first.label() == w.label() {
+            String::new()
+        } else {
+            format!(", worst {}", w.label())
+        };
         let _ = writeln!(
             out,
-            "{} {}{} ({}): {}",
+            "{} {}{} ({}{worst}): {}",
             p.red("first diverging op:"),
             p.bold(&row.name()),
-            w.label(),
+            first.label(),
             cause_word(row),
             row.reasons.join("; ")
         );
@@ -183,6 +190,24 @@ pub fn render(report: &Report, opts: &TableOptions) -> String {
         if let Some(h) = &row.hint {
             let _ = writeln!(out, "{}", p.yellow(h));
         }
+    }
+    // Where the runs first differ at all, when that is before the first op
+    // out of tolerance: the change may start there, hidden by the tolerance.
+    if let Some(e) = report
+        .first_inexact
+        .filter(|&e| report.first_divergence.is_none_or(|d| e < d))
+    {
+        let row = &report.rows[e];
+        let _ = writeln!(
+            out,
+            "first op not bitwise equal: {} ({}), {}",
+            p.bold(&row.name()),
+            status_word(row.status),
+            match report.first_divergence {
+                Some(d) => format!("{} rows before the first diverging op", d - e),
+                None => "within tolerance from there on".to_string(),
+            }
+        );
     }
     let top: Vec<String> = report
         .growth_ranking

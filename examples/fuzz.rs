@@ -1,0 +1,322 @@
+//! A bounded fuzz loop on stable Rust over the four parsers that read what a
+//! user hands taptree: the manifest, the tap-file header, the tolerance
+//! expression and the GGUF reader.
+//!
+//! ```text
+//! cargo run --release --example fuzz -- TARGET [--seconds 60] [--seed 1] [--dir DIR]
+//! TARGET: manifest | tapfile | tolerance | gguf
+//! ```
+//!
+//! Each iteration takes a seed input (a golden tree's manifest or tap file,
+//! valid tolerances, a fixture GGUF), applies one to four random mutations
+//! (bit flips, interesting bytes and integers, inserts, deletions, copies,
+//! truncations) and parses it. A panic is caught, counted and its input
+//! saved in DIR; a single allocation over 1 GiB aborts the run, naming it
+//! (the input is in DIR/input). A mutated manifest is sealed again (its
+//! `manifest_blake3` redone) half the time, so that the parser behind the
+//! seal check is reached. Exit 1 if any panic was seen.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The largest single allocation allowed: anything above is a parser that
+/// trusts a size it read.
+const ALLOC_LIMIT: usize = 1 << 30;
+
+struct Bounded;
+
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator; only refuses sizes over the limit.
+unsafe impl GlobalAlloc for Bounded {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if layout.size() > ALLOC_LIMIT {
+            over_limit(layout.size());
+        }
+        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `alloc` above, that is from `System`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if new_size > ALLOC_LIMIT {
+            over_limit(new_size);
+        }
+        LARGEST.fetch_max(new_size, Ordering::Relaxed);
+        // SAFETY: as for `alloc`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Bounded = Bounded;
+
+fn over_limit(size: usize) -> ! {
+    // No allocation here: write the message with a fixed buffer.
+    use std::io::Write;
+    let mut buf = [0u8; 128];
+    let mut cur = std::io::Cursor::new(&mut buf[..]);
+    let _ = write!(cur, "fuzz: allocation of {size} bytes (over the limit)\n");
+    let n = cur.position() as usize;
+    let _ = std::io::stderr().write_all(&buf[..n]);
+    std::process::abort()
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Target {
+    Manifest,
+    TapFile,
+    Tolerance,
+    Gguf,
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("fuzz: {e}");
+        std::process::exit(2);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let mut args = std::env::args().skip(1);
+    let target = match args.next().as_deref() {
+        Some("manifest") => Target::Manifest,
+        Some("tapfile") => Target::TapFile,
+        Some("tolerance") => Target::Tolerance,
+        Some("gguf") => Target::Gguf,
+        other => {
+            return Err(format!(
+                "{other:?}: expected a target: manifest, tapfile, tolerance or gguf"
+            ))
+        }
+    };
+    let (mut seconds, mut seed, mut dir) = (60u64, 1u64, None);
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--seconds" => seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?,
+            "--seed" => seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
+            "--dir" => dir = Some(PathBuf::from(value()?)),
+            _ => return Err(format!("unexpected argument {flag:?}")),
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let golden = root.join("fixtures/golden/tiny-q-f32");
+    let dir = match dir {
+        Some(d) => d,
+        None => std::env::temp_dir().join(format!("taptree-fuzz-{}", std::process::id())),
+    };
+    let tree = dir.join("tree");
+    std::fs::create_dir_all(&tree).map_err(|e| format!("{}: {e}", tree.display()))?;
+    let seeds: Vec<Vec<u8>> = match target {
+        Target::Manifest => {
+            copy_tree(&golden, &tree)?;
+            vec![read(&golden.join("manifest.json"))?]
+        }
+        Target::TapFile => [
+            "L000/attn_norm.p0-5.safetensors",
+            "global/logits.p6-7.safetensors",
+        ]
+        .iter()
+        .map(|p| read(&golden.join(p)))
+        .collect::<Result<_, _>>()?,
+        Target::Tolerance => [
+            diff::tolerance::DEFAULT,
+            "cos>=0.999",
+            "ulp<=4",
+            "abs<=1e-3|rel<=1e-2",
+            "(cos>=0.99 & abs<1e-2) | bitwise",
+            "sqnr>=40 & nmse<=1e-4 & eq>=0.5 & argmax==1",
+        ]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect(),
+        Target::Gguf => vec![
+            read(&root.join("target/fixtures/tiny-q.gguf")).map_err(|e| {
+                format!("{e} (write it: cargo run --release -p kernels --example write_fixtures)")
+            })?,
+        ],
+    };
+    // Panics are caught and counted; the default hook would print each.
+    std::panic::set_hook(Box::new(|_| {}));
+    let input = dir.join("input");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let (mut iterations, mut accepted, mut panics) = (0u64, 0u64, 0u64);
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    while Instant::now() < deadline {
+        let mut data = seeds[rng.usize(..seeds.len())].clone();
+        for _ in 0..rng.usize(1..=4) {
+            mutate(&mut rng, &mut data, target);
+        }
+        if target == Target::Manifest && rng.bool() {
+            capture::manifest::seal(&mut data);
+        }
+        // Where an abort leaves its input; the file targets read it here.
+        let path = if target == Target::Manifest {
+            tree.join("manifest.json")
+        } else {
+            input.clone()
+        };
+        std::fs::write(&path, &data).map_err(|e| format!("{}: {e}", path.display()))?;
+        let outcome = std::panic::catch_unwind(|| parse(target, &data, &tree, &path));
+        iterations += 1;
+        match outcome {
+            Ok(true) => accepted += 1,
+            Ok(false) => {}
+            Err(_) => {
+                panics += 1;
+                let saved = dir.join(format!("panic-{iterations}"));
+                let _ = std::fs::write(&saved, &data);
+                eprintln!("fuzz: panic; input saved in {}", saved.display());
+            }
+        }
+    }
+    println!(
+        "fuzz {}: {iterations} inputs in {seconds} s (seed {seed}): {accepted} accepted, {} refused, {panics} panics; largest allocation {} bytes",
+        ["manifest", "tapfile", "tolerance", "gguf"][target as usize],
+        iterations - accepted - panics,
+        LARGEST.load(Ordering::Relaxed)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    if panics > 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// Parses one input; true when it was accepted.
+fn parse(target: Target, data: &[u8], tree: &Path, path: &Path) -> bool {
+    match target {
+        Target::Manifest => {
+            // Trusted verify's path, then the full one.
+            let _ = capture::TreeReader::head(tree).map_err(|e| e.to_string());
+            match capture::TreeReader::open(tree) {
+                Ok(t) => {
+                    // What a reader does next: list, read one tap.
+                    let _ = t.entries().first().map(|e| t.read(e).map(|v| v.to_f64()));
+                    true
+                }
+                Err(e) => {
+                    let _ = e.to_string();
+                    false
+                }
+            }
+        }
+        Target::TapFile => match capture::tapfile::parse(data) {
+            Ok(h) => {
+                let _ = &data[h.data_start..h.data_start + h.data_len];
+                true
+            }
+            Err(_) => false,
+        },
+        Target::Tolerance => match std::str::from_utf8(data).map(diff::Tolerance::parse) {
+            Ok(Ok(t)) => {
+                // Printed and parsed again, as a report and bisect do.
+                let again = diff::Tolerance::parse(&t.to_string());
+                assert!(again.is_ok(), "{t} does not parse again");
+                true
+            }
+            _ => false,
+        },
+        Target::Gguf => match kernels::gguf::GgufFile::open(path) {
+            Ok(g) => {
+                for t in g.tensors() {
+                    let _ = (t.shape(), t.numel());
+                }
+                true
+            }
+            Err(e) => {
+                let _ = e.to_string();
+                false
+            }
+        },
+    }
+}
+
+const INTERESTING: [u64; 10] = [
+    0,
+    1,
+    0x7f,
+    0xff,
+    0x8000,
+    0xffff_ffff,
+    0x1_0000_0000,
+    1 << 40,
+    i64::MAX as u64,
+    u64::MAX,
+];
+
+fn mutate(rng: &mut fastrand::Rng, data: &mut Vec<u8>, target: Target) {
+    if data.is_empty() {
+        data.push(rng.u8(..));
+        return;
+    }
+    // Parsers read their headers: most mutations land in the first 4 KiB.
+    let span = if target == Target::Gguf || target == Target::TapFile {
+        data.len().min(4096)
+    } else {
+        data.len()
+    };
+    let at = rng.usize(..span);
+    match rng.u8(..8) {
+        0 => data[at] ^= 1 << rng.u8(..8),
+        1 => {
+            data[at] = [0u8, 0xff, 0x7f, 0x80, b'"', b'{', b'}', b'[', b']', b','][rng.usize(..10)]
+        }
+        2 => {
+            let v = INTERESTING[rng.usize(..INTERESTING.len())].to_le_bytes();
+            let n = [1usize, 2, 4, 8][rng.usize(..4)].min(data.len() - at);
+            data[at..at + n].copy_from_slice(&v[..n]);
+        }
+        3 => {
+            let n = rng.usize(1..16);
+            let bytes: Vec<u8> = (0..n).map(|_| rng.u8(..)).collect();
+            data.splice(at..at, bytes);
+        }
+        4 => {
+            let end = (at + rng.usize(1..64)).min(data.len());
+            data.drain(at..end);
+        }
+        5 => {
+            let end = (at + rng.usize(1..64)).min(data.len());
+            let copy = data[at..end].to_vec();
+            let to = rng.usize(..data.len());
+            data.splice(to..to, copy);
+        }
+        6 => data.truncate(rng.usize(..data.len())),
+        _ => {
+            // Digits become other numbers: counts, shapes, offsets, positions.
+            if let Some(d) = data[at..].iter().position(u8::is_ascii_digit) {
+                let digits: Vec<u8> = INTERESTING[rng.usize(..INTERESTING.len())]
+                    .to_string()
+                    .into_bytes();
+                data.splice(at + d..at + d + 1, digits);
+            }
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
+    for item in walkdir::WalkDir::new(from) {
+        let item = item.map_err(|e| e.to_string())?;
+        let rel = item.path().strip_prefix(from).expect("under the root");
+        let dest = to.join(rel);
+        if item.file_type().is_dir() {
+            std::fs::create_dir_all(&dest).map_err(|e| format!("{}: {e}", dest.display()))?;
+        } else {
+            std::fs::copy(item.path(), &dest).map_err(|e| format!("{}: {e}", dest.display()))?;
+        }
+    }
+    Ok(())
+}
