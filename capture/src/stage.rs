@@ -5,6 +5,7 @@
 //! (its inputs agree) from one that inherited it.
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Whether a stage occurs once per layer or once per forward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,6 +32,12 @@ pub struct StageSpec {
     pub inputs: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub first_layer_inputs: Vec<String>,
+    /// How the stage's width is laid out where engines legitimately differ,
+    /// e.g. `{"rotary": "half_split", "head_dim": 64}`; empty means the
+    /// reference layout. The diff reconciles declared layouts before it
+    /// compares (docs/FORMAT.md, "The stage contract").
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub layout: BTreeMap<String, serde_json::Value>,
 }
 
 impl StageSpec {
@@ -40,6 +47,7 @@ impl StageSpec {
             scope: Scope::Global,
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
             first_layer_inputs: Vec::new(),
+            layout: BTreeMap::new(),
         }
     }
 
@@ -49,6 +57,7 @@ impl StageSpec {
             scope: Scope::Layer,
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
             first_layer_inputs: Vec::new(),
+            layout: BTreeMap::new(),
         }
     }
 

@@ -62,6 +62,67 @@ pub fn split(
     })
 }
 
+/// Two runs fed different prompts: nothing about either engine can be
+/// learned by comparing them position by position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptsDiffer {
+    pub slot: Option<u32>,
+    /// The first position whose prompt token differs.
+    pub pos: u32,
+    pub token_a: u32,
+    pub token_b: u32,
+    pub len_a: usize,
+    pub len_b: usize,
+    /// A shift of B (`--align N`) under which the prompts agree, if a small one does.
+    pub align_hint: Option<i64>,
+}
+
+fn prompt(run: &RunInfo, slot: Option<u32>) -> Option<Vec<u32>> {
+    match slot {
+        Some(i) => u32s(run.extra.get("slots")?.get(i as usize)?),
+        None if !run.prompt_tokens.is_empty() => Some(run.prompt_tokens.clone()),
+        None => u32s(run.extra.get("slots")?.get(0)?),
+    }
+    .filter(|p| !p.is_empty())
+}
+
+/// Whether the shorter prompt agrees with `b` shifted by `shift` (B's
+/// position `p + shift` is A's position `p`).
+fn agree(a: &[u32], b: &[u32], shift: i64) -> bool {
+    let (a, b) = if shift >= 0 {
+        (a, b.get(shift as usize..).unwrap_or(&[]))
+    } else {
+        (a.get((-shift) as usize..).unwrap_or(&[]), b)
+    };
+    let n = a.len().min(b.len());
+    n > 0 && a[..n] == b[..n]
+}
+
+/// The first position where the two runs' *prompts* differ (greedy
+/// generation choosing differently is not a prompt difference), if both
+/// recorded their prompts.
+pub fn prompts_differ(
+    a: &RunInfo,
+    b: &RunInfo,
+    slot_a: Option<u32>,
+    slot_b: Option<u32>,
+) -> Option<PromptsDiffer> {
+    let (pa, pb) = (prompt(a, slot_a)?, prompt(b, slot_b)?);
+    let pos = pa.iter().zip(&pb).position(|(x, y)| x != y)?;
+    let align_hint = (1..=4i64)
+        .flat_map(|s| [s, -s])
+        .find(|&s| agree(&pa, &pb, s));
+    Some(PromptsDiffer {
+        slot: slot_a,
+        pos: pos as u32,
+        token_a: pa[pos],
+        token_b: pb[pos],
+        len_a: pa.len(),
+        len_b: pb.len(),
+        align_hint,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,6 +153,26 @@ mod tests {
         assert_eq!(split(&a, &a, None, None), None);
         // A run that recorded nothing: no split claimed.
         assert_eq!(split(&a, &RunInfo::default(), None, None), None);
+    }
+
+    #[test]
+    fn a_prompt_with_an_extra_bos_differs_and_hints_the_shift() {
+        let a = run(&[7, 8, 9], &[10]);
+        let b = run(&[1, 7, 8, 9], &[10]);
+        let d = prompts_differ(&a, &b, None, None).unwrap();
+        assert_eq!((d.pos, d.token_a, d.token_b), (0, 7, 1));
+        assert_eq!(d.align_hint, Some(1));
+        assert_eq!(
+            prompts_differ(&b, &a, None, None).unwrap().align_hint,
+            Some(-1)
+        );
+        // Different generations are not different prompts.
+        assert_eq!(
+            prompts_differ(&a, &run(&[7, 8, 9], &[11]), None, None),
+            None
+        );
+        let c = run(&[5, 5, 5], &[]);
+        assert_eq!(prompts_differ(&a, &c, None, None).unwrap().align_hint, None);
     }
 
     #[test]

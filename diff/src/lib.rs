@@ -21,16 +21,20 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod align;
 pub mod controls;
 pub mod divergence;
 pub mod graph;
+pub mod hints;
 pub mod inputs;
+pub mod layout;
 pub mod metrics;
 pub mod render;
 pub mod report;
 pub mod stat;
 pub mod tolerance;
 pub mod tree;
+pub mod truth;
 pub mod walk;
 
 pub use metrics::Metrics;
@@ -62,6 +66,14 @@ pub enum Error {
         path: PathBuf,
         key: String,
         pos: u32,
+    },
+
+    /// A stage declares a layout the diff cannot reconcile.
+    #[error("{}: stage {stage}: {reason}", path.display())]
+    Layout {
+        path: PathBuf,
+        stage: String,
+        reason: String,
     },
 
     /// `--at` or a control named a tap the tree does not hold.

@@ -47,6 +47,10 @@ pub struct Report {
     pub inputs_split: Option<crate::inputs::InputSplit>,
     pub counts: Counts,
     pub controls: Vec<Control>,
+    /// How the trees were brought to one frame before comparing (declared
+    /// layouts reconciled, positions aligned): said, never silent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl Report {
@@ -70,6 +74,7 @@ impl Report {
             inputs_split: self.inputs_split.clone(),
             counts: self.counts.clone(),
             controls: self.controls.clone(),
+            notes: self.notes.clone(),
         }
     }
 }
@@ -129,6 +134,13 @@ pub struct Counts {
     pub bytes_read: u64,
     pub rows_red: u64,
     pub rows_degenerate: u64,
+    /// With a truth: rows where A is closer to it, B is, or neither clearly.
+    #[serde(default)]
+    pub truth_closer_a: u64,
+    #[serde(default)]
+    pub truth_closer_b: u64,
+    #[serde(default)]
+    pub truth_neither: u64,
 }
 
 /// A row's verdict.
@@ -200,6 +212,9 @@ pub struct Row {
     pub growth: Option<Growth>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub truth: Option<TruthVerdict>,
+    /// A red row that looks like a layout difference ("layout?").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
 }
 
 /// Positions `start..end` of one slot, equal by hash.

@@ -288,7 +288,8 @@ fn mismatch(a: &Entry, b: &Entry) -> Option<String> {
     );
     if sa != sb {
         Some(format!("shape mismatch: row shape {sa:?} vs {sb:?}"))
-    } else if a.dtype != b.dtype {
+    } else if a.dtype != b.dtype && !(a.dtype.is_float() && b.dtype.is_float()) {
+        // Float dtypes compare in f64 (an f64 tree against an f32 one).
         Some(format!("dtype mismatch: {} vs {}", a.dtype, b.dtype))
     } else {
         None
@@ -335,6 +336,7 @@ pub fn diff(
         inputs_split: None,
         counts: Counts::default(),
         controls: Vec::new(),
+        notes: Vec::new(),
     };
     let picking = opts.slot_a.is_some() || opts.slot_b.is_some();
     if ma.root == mb.root && !picking {
@@ -634,6 +636,7 @@ pub fn diff(
         .collect();
     rows.sort_by_key(|r| graph.order(r.layer, &r.stage));
     divergence::classify(&mut rows, &graph);
+    crate::hints::layout(&mut rows, &graph);
     report.growth_ranking = divergence::growth(&mut rows, &graph);
     report.first_divergence = divergence::first_divergence(&rows);
     report.first_inexact = divergence::first_inexact(&rows);
@@ -643,6 +646,7 @@ pub fn diff(
         .filter(|r| r.status == Status::Degenerate)
         .count() as u64;
     report.rows = rows;
+    crate::truth::count(&mut report);
     report.outcome = Outcome::WithinTolerance;
     conclude(&mut report);
     Ok(report)
@@ -795,6 +799,7 @@ fn build_row(
             skipped: true,
             growth: None,
             truth: None,
+            hint: None,
         };
     }
     let count: usize = segments
@@ -901,7 +906,8 @@ fn build_row(
             side(p.metrics.degenerate_b)
         ));
     }
-    let truth = if status.is_red() && has_truth {
+    // With a truth every row says which side is closer to it, green ones too.
+    let truth = if has_truth {
         let w = &positions[worst];
         Some(match &truths[worst] {
             Some((ta, tb)) => verdict(w.pos, w.slot, &ta.metrics(), &tb.metrics()),
@@ -931,6 +937,7 @@ fn build_row(
         skipped,
         growth: None,
         truth,
+        hint: None,
     }
 }
 

@@ -203,6 +203,9 @@ pub fn weights(name: &str) -> Result<ModelWeights, FixtureError> {
                 w_gate: lin("ffn_gate", c.n_ff, c.n_embd),
                 w_up: lin("ffn_up", c.n_ff, c.n_embd),
                 w_down: lin("ffn_down", c.n_embd, c.n_ff),
+                bq: None,
+                bk: None,
+                bv: None,
             }
         })
         .collect();

@@ -13,6 +13,10 @@ pub enum Precision {
     Q8,
     /// Every op in f64 from the dequantized weights: the truth.
     F64,
+    /// `q8` with llama.cpp's own CPU arithmetic where it differs: its
+    /// activation block rounding, f32 RoPE angles, F16 K/V cache and f16
+    /// attention operands (see `cpu::llamacpp`). CPU only.
+    LlamaCpp,
 }
 
 impl Precision {
@@ -21,6 +25,7 @@ impl Precision {
             Precision::F32 => "f32",
             Precision::Q8 => "q8",
             Precision::F64 => "f64",
+            Precision::LlamaCpp => "llamacpp",
         }
     }
 
@@ -29,6 +34,7 @@ impl Precision {
             "f32" => Some(Precision::F32),
             "q8" => Some(Precision::Q8),
             "f64" => Some(Precision::F64),
+            "llamacpp" => Some(Precision::LlamaCpp),
             _ => None,
         }
     }

@@ -67,6 +67,14 @@ fn gguf_name(hf: &str, config: &LlamaConfig) -> Option<(String, Option<usize>)> 
         "self_attn.q_proj.weight" => ("attn_q", Some(config.n_head)),
         "self_attn.k_proj.weight" => ("attn_k", Some(config.n_head_kv)),
         "self_attn.v_proj.weight" => ("attn_v", None),
+        // Qwen2's biases: Q and K rows move with their weight rows.
+        "self_attn.q_proj.bias" => {
+            return Some((format!("blk.{layer}.attn_q.bias"), Some(config.n_head)))
+        }
+        "self_attn.k_proj.bias" => {
+            return Some((format!("blk.{layer}.attn_k.bias"), Some(config.n_head_kv)))
+        }
+        "self_attn.v_proj.bias" => return Some((format!("blk.{layer}.attn_v.bias"), None)),
         "self_attn.o_proj.weight" => ("attn_output", None),
         "post_attention_layernorm.weight" => ("ffn_norm", None),
         "mlp.gate_proj.weight" => ("ffn_gate", None),
@@ -134,7 +142,14 @@ pub fn config_from_json(path: &Path, json: &Json) -> Result<(LlamaConfig, bool),
         .get("architectures")
         .and_then(Json::as_array)
         .is_some_and(|a| a.iter().any(|v| v.as_str() == Some("LlamaForCausalLM")));
-    if model_type != "llama" && !is_llama_arch {
+    // Qwen2 is a llama with q/k/v biases (loaded when present); its
+    // sliding window, when switched on, is not.
+    let qwen2 = model_type == "qwen2"
+        && !json
+            .get("use_sliding_window")
+            .and_then(Json::as_bool)
+            .unwrap_or(false);
+    if model_type != "llama" && !is_llama_arch && !qwen2 {
         return Err(LoadError::UnsupportedArchitecture {
             path: path.into(),
             arch: if model_type.is_empty() {
@@ -164,7 +179,9 @@ pub fn config_from_json(path: &Path, json: &Json) -> Result<(LlamaConfig, bool),
     };
     let req = |key: &'static str| uint(key)?.ok_or_else(|| bad(key, "missing".into()));
     let float = |key: &'static str, default: Option<f64>| -> Result<f32, LoadError> {
-        match json.get(key) {
+        // transformers 5 writes `rope_theta` inside `rope_parameters`.
+        let nested = json.get("rope_parameters").and_then(|r| r.get(key));
+        match json.get(key).filter(|v| !v.is_null()).or(nested) {
             None | Some(Json::Null) => default
                 .map(|d| d as f32)
                 .ok_or_else(|| bad(key, "missing".into())),
@@ -205,7 +222,7 @@ pub fn config_from_json(path: &Path, json: &Json) -> Result<(LlamaConfig, bool),
         .and_then(Json::as_bool)
         .unwrap_or(false);
     let config = LlamaConfig {
-        arch: "llama".into(),
+        arch: if qwen2 { "qwen2" } else { "llama" }.into(),
         n_layer: req("num_hidden_layers")?,
         n_embd,
         n_head,
@@ -293,6 +310,9 @@ pub fn load_hf(dir: &Path) -> Result<LoadedModel, LoadError> {
             let data = match (heads, shape.as_slice()) {
                 (Some(h), &[rows, cols]) if rows % (2 * h) == 0 => {
                     permute_rope_rows(view.data(), h, rows, ggml_type.row_bytes(cols))
+                }
+                (Some(h), &[rows]) if rows % (2 * h) == 0 => {
+                    permute_rope_rows(view.data(), h, rows, ggml_type.row_bytes(1))
                 }
                 _ => view.data().to_vec(),
             };

@@ -80,7 +80,7 @@ pub enum LoadError {
     },
     #[error("{path}: not a GGUF file nor a directory holding config.json")]
     NotAModel { path: PathBuf },
-    #[error("{path}: architecture {arch:?} is not supported (supported: llama)")]
+    #[error("{path}: architecture {arch:?} is not supported (supported: llama, qwen2 without sliding window)")]
     UnsupportedArchitecture { path: PathBuf, arch: String },
     #[error("{path}: metadata {key} is missing")]
     MissingKey { path: PathBuf, key: String },
@@ -291,11 +291,17 @@ pub(crate) fn assemble(
     let c = &config;
     let q_dim = c.n_head * c.head_dim;
     let kv_dim = c.n_head_kv * c.head_dim;
-    let mut get = |name: &str, expected: &[usize]| -> Result<QTensor, LoadError> {
-        let t = lookup(name).ok_or_else(|| LoadError::MissingTensor {
-            path: path.into(),
-            tensor: name.into(),
-        })?;
+    // A tensor of `expected` shape; an absent optional one is `None`.
+    let mut find = |name: &str, expected: &[usize], required: bool| {
+        let Some(t) = lookup(name) else {
+            return match required {
+                true => Err(LoadError::MissingTensor {
+                    path: path.into(),
+                    tensor: name.into(),
+                }),
+                false => Ok(None),
+            };
+        };
         if t.shape != expected {
             return Err(LoadError::Shape {
                 path: path.into(),
@@ -304,11 +310,14 @@ pub(crate) fn assemble(
                 got: t.shape,
             });
         }
-        Ok(t)
+        Ok(Some(t))
     };
+    let required = |t: Option<QTensor>| t.expect("a required tensor is Some or an error");
     let mut layers = Vec::with_capacity(c.n_layer);
     for i in 0..c.n_layer {
-        let mut t = |n: &str, shape: &[usize]| get(&format!("blk.{i}.{n}.weight"), shape);
+        let mut t = |n: &str, shape: &[usize]| {
+            find(&format!("blk.{i}.{n}.weight"), shape, true).map(required)
+        };
         layers.push(LayerWeights {
             attn_norm: t("attn_norm", &[c.n_embd])?,
             wq: t("attn_q", &[q_dim, c.n_embd])?,
@@ -319,17 +328,30 @@ pub(crate) fn assemble(
             w_gate: t("ffn_gate", &[c.n_ff, c.n_embd])?,
             w_up: t("ffn_up", &[c.n_ff, c.n_embd])?,
             w_down: t("ffn_down", &[c.n_embd, c.n_ff])?,
+            bq: None,
+            bk: None,
+            bv: None,
         });
+        // Biases are optional (Qwen2 has them, Llama not); a present one has
+        // its projection's width.
+        let l = layers.last_mut().expect("just pushed");
+        for (field, name, len) in [
+            (&mut l.bq, "attn_q", q_dim),
+            (&mut l.bk, "attn_k", kv_dim),
+            (&mut l.bv, "attn_v", kv_dim),
+        ] {
+            *field = find(&format!("blk.{i}.{name}.bias"), &[len], false)?;
+        }
     }
     let output = if has_output {
-        Some(get("output.weight", &[c.vocab_size, c.n_embd])?)
+        Some(find("output.weight", &[c.vocab_size, c.n_embd], true).map(required)?)
     } else {
         None
     };
     Ok(ModelWeights {
-        token_embd: get("token_embd.weight", &[c.vocab_size, c.n_embd])?,
+        token_embd: find("token_embd.weight", &[c.vocab_size, c.n_embd], true).map(required)?,
         layers,
-        output_norm: get("output_norm.weight", &[c.n_embd])?,
+        output_norm: find("output_norm.weight", &[c.n_embd], true).map(required)?,
         output,
         config,
     })

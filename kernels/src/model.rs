@@ -40,8 +40,8 @@ impl QTensor {
     }
 }
 
-/// Hyperparameters of a llama-architecture decoder (Llama, SmolLM, Qwen2-like
-/// without biases).
+/// Hyperparameters of a llama-architecture decoder (Llama, SmolLM, Qwen2-like:
+/// q/k/v biases are weights, [`LayerWeights::bq`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
     /// `general.architecture` of the source (`llama`).
@@ -73,6 +73,11 @@ pub struct LayerWeights {
     pub w_gate: QTensor,
     pub w_up: QTensor,
     pub w_down: QTensor,
+    /// Q, K and V projection biases (Qwen2); `None` for Llama. Q and K in
+    /// the same interleaved RoPE order as their weight rows.
+    pub bq: Option<QTensor>,
+    pub bk: Option<QTensor>,
+    pub bv: Option<QTensor>,
 }
 
 /// All weights of a llama-architecture model.
@@ -108,6 +113,7 @@ impl ModelWeights {
                 &l.w_up,
                 &l.w_down,
             ]);
+            v.extend([&l.bq, &l.bk, &l.bv].into_iter().flatten());
         }
         v.push(&self.output_norm);
         v.extend(self.output.as_ref());

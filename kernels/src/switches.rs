@@ -10,8 +10,14 @@
 //!
 //! Each takes `f32` (activations as they are: f32, or f64 in the f64 mode)
 //! or `q8` (quantized per block of the weight's block size). Unset means
-//! "as `--precision` says". The switches that are set are recorded in the
-//! manifest's `run.switches`, so `taptree bisect switches` can flip them.
+//! "as `--precision` says".
+//!
+//! `TAPTREE_LLAMACPP_FLASH_ATTN` (`0` or `1`) selects, under `--precision
+//! llamacpp`, llama.cpp's flash attention instead of its plain attention (the
+//! same variable switches it in the llama.cpp adapter's captures).
+//!
+//! The switches that are set are recorded in the manifest's `run.switches`,
+//! so `taptree bisect switches` can flip them.
 
 use std::collections::BTreeMap;
 
@@ -65,12 +71,20 @@ pub enum SwitchError {
     BadValue { var: String, value: String },
     #[error("{var}: unknown precision switch (known: TAPTREE_ACT_ATTN, TAPTREE_ACT_FFN_UP, TAPTREE_ACT_FFN_DOWN, TAPTREE_ACT_LOGITS)")]
     Unknown { var: String },
+    #[error("TAPTREE_LLAMACPP_FLASH_ATTN: bad value {value:?}: expected 0 or 1")]
+    BadFlashAttn { value: String },
 }
 
-/// The families whose activation precision is overridden.
+/// The variable that selects llama.cpp's flash attention under
+/// `--precision llamacpp`.
+pub const FLASH_ATTN_VAR: &str = "TAPTREE_LLAMACPP_FLASH_ATTN";
+
+/// The families whose activation precision is overridden, and whether
+/// llama.cpp's flash attention is asked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Switches {
     set: BTreeMap<Family, ActPrecision>,
+    flash_attn: Option<bool>,
 }
 
 impl Switches {
@@ -99,6 +113,18 @@ impl Switches {
         let mut s = Switches::none();
         for (k, v) in vars {
             let (k, v) = (k.as_ref(), v.as_ref());
+            if k == FLASH_ATTN_VAR {
+                s.flash_attn = Some(match v.trim() {
+                    "0" => false,
+                    "1" => true,
+                    _ => {
+                        return Err(SwitchError::BadFlashAttn {
+                            value: v.to_string(),
+                        })
+                    }
+                });
+                continue;
+            }
             if !k.starts_with("TAPTREE_ACT_") {
                 continue;
             }
@@ -127,6 +153,28 @@ impl Switches {
         self
     }
 
+    /// Asks for llama.cpp's flash attention (or not) under `--precision llamacpp`.
+    pub fn with_flash_attn(mut self, on: bool) -> Switches {
+        self.flash_attn = Some(on);
+        self
+    }
+
+    /// Whether llama.cpp's flash attention is asked for.
+    pub fn flash_attn(&self) -> bool {
+        self.flash_attn == Some(true)
+    }
+
+    /// Refuses switches that `precision` cannot honour (every backend asks):
+    /// flash attention is llama.cpp's, modelled by `--precision llamacpp` only.
+    pub fn check(&self, precision: Precision) -> Result<(), crate::forward::ForwardError> {
+        if self.flash_attn() && precision != Precision::LlamaCpp {
+            return Err(crate::forward::ForwardError::Unsupported(format!(
+                "{FLASH_ATTN_VAR}=1: only --precision llamacpp models llama.cpp's flash attention (got {precision})"
+            )));
+        }
+        Ok(())
+    }
+
     /// The override of `family`, if any.
     pub fn get(&self, family: Family) -> Option<ActPrecision> {
         self.set.get(&family).copied()
@@ -135,17 +183,25 @@ impl Switches {
     /// The activation precision `family` runs at under `precision`.
     pub fn resolve(&self, family: Family, precision: Precision) -> ActPrecision {
         self.get(family).unwrap_or(match precision {
-            Precision::Q8 => ActPrecision::Q8,
+            Precision::Q8 | Precision::LlamaCpp => ActPrecision::Q8,
             Precision::F32 | Precision::F64 => ActPrecision::F32,
         })
     }
 
     /// `{"TAPTREE_ACT_ATTN": "q8", ...}` for the manifest's `run.switches`.
     pub fn to_map(&self) -> BTreeMap<String, String> {
-        self.set
+        let mut m: BTreeMap<String, String> = self
+            .set
             .iter()
             .map(|(f, a)| (f.var().to_string(), a.name().to_string()))
-            .collect()
+            .collect();
+        if let Some(on) = self.flash_attn {
+            m.insert(
+                FLASH_ATTN_VAR.to_string(),
+                if on { "1" } else { "0" }.into(),
+            );
+        }
+        m
     }
 }
 
@@ -188,6 +244,19 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "TAPTREE_ACT_LOGITS: bad value \"int4\": expected f32 or q8"
+        );
+    }
+
+    #[test]
+    fn flash_attention_is_a_recorded_switch() {
+        let s = Switches::from_vars([("TAPTREE_LLAMACPP_FLASH_ATTN", "1")]).unwrap();
+        assert!(s.flash_attn());
+        assert_eq!(s.to_map()["TAPTREE_LLAMACPP_FLASH_ATTN"], "1");
+        assert!(!Switches::none().flash_attn());
+        let e = Switches::from_vars([("TAPTREE_LLAMACPP_FLASH_ATTN", "on")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "TAPTREE_LLAMACPP_FLASH_ATTN: bad value \"on\": expected 0 or 1"
         );
     }
 

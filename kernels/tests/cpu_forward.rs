@@ -116,6 +116,9 @@ fn model(tied: bool) -> ModelWeights {
                 s,
                 0.0,
             ),
+            bq: None,
+            bk: None,
+            bv: None,
         })
         .collect();
     let token_embd = f32_tensor(

@@ -130,6 +130,9 @@ fn tiny_model() -> ModelWeights {
                 0.3,
                 0.0,
             ),
+            bq: None,
+            bk: None,
+            bv: None,
         })
         .collect();
     ModelWeights {

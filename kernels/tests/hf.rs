@@ -104,8 +104,18 @@ fn unsupported_dtypes_and_architectures_are_named() {
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(
         &config,
+        text.replace("\"llama\"", "\"gpt_neox\"")
+            .replace("LlamaForCausalLM", "GPTNeoXForCausalLM"),
+    )
+    .unwrap();
+    let e = load_model(&dir).unwrap_err().to_string();
+    assert!(e.contains("\"gpt_neox\" is not supported"), "{e}");
+    // Qwen2 is a llama with biases, but not with its sliding window on.
+    std::fs::write(
+        &config,
         text.replace("\"llama\"", "\"qwen2\"")
-            .replace("LlamaForCausalLM", "Qwen2ForCausalLM"),
+            .replace("LlamaForCausalLM", "Qwen2ForCausalLM")
+            .replacen('{', "{\"use_sliding_window\": true, ", 1),
     )
     .unwrap();
     let e = load_model(&dir).unwrap_err().to_string();

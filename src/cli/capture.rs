@@ -14,6 +14,7 @@ use kernels::load::{load_model, LoadedModel};
 use kernels::switches::Switches;
 use kernels::{backend, fetch, stages, Precision};
 
+use crate::cli::engine::{self, EngineRun};
 use crate::exit;
 
 /// Arguments of `taptree capture`.
@@ -40,8 +41,9 @@ pub struct Args {
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// Activation precision: `f32`, `q8` (int8 activations before quantized
-    /// matmuls, as llama.cpp) or `f64` (the truth). `TAPTREE_ACT_*`
-    /// variables override it per op family.
+    /// matmuls, as llama.cpp), `llamacpp` (`q8` with llama.cpp's own CPU
+    /// rounding, RoPE and f16 attention; cpu only) or `f64` (the truth).
+    /// `TAPTREE_ACT_*` variables override it per op family.
     #[arg(long, default_value = "f32")]
     pub precision: String,
     /// Which taps to write, e.g. `stage=ffn_*;layer=20..30;pos=0`. Default: all.
@@ -54,6 +56,16 @@ pub struct Args {
     /// Replace an existing tree at `--out`.
     #[arg(long)]
     pub force: bool,
+    /// Whose forward runs: `builtin` (taptree's own), `hf` (Hugging Face
+    /// transformers) or `llama.cpp`. A foreign engine gets the prompt as
+    /// taptree tokenizes it and writes its taps through the Python package
+    /// (docs/ENGINES.md); its `--precision` is f32, f64, bf16 or f16.
+    #[arg(long, default_value = "builtin")]
+    pub engine: String,
+    /// CPU threads of a foreign engine's forward (the built-in forward
+    /// reads `RAYON_NUM_THREADS`).
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 /// One sequence to run: its label for the report and its token ids.
@@ -63,10 +75,25 @@ struct Sequence {
 }
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
+    if !engine::ENGINES.contains(&args.engine.as_str()) {
+        bail!(
+            "--engine: bad value {:?}: expected {}",
+            args.engine,
+            engine::ENGINES.join(", ")
+        );
+    }
+    if args.engine != "builtin" {
+        return run_engine(args);
+    }
+    if args.threads.is_some() {
+        bail!(
+            "--threads: only for a foreign --engine; the built-in forward reads RAYON_NUM_THREADS"
+        );
+    }
     let started = Instant::now();
     let precision = Precision::parse(&args.precision).with_context(|| {
         format!(
-            "--precision: bad value {:?}: expected f32, q8 or f64",
+            "--precision: bad value {:?}: expected f32, q8, llamacpp or f64",
             args.precision
         )
     })?;
@@ -77,66 +104,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         );
     }
     let switches = Switches::from_env()?;
-    // --out and --select first, then the environment (`TAPTREE_OUT`,
-    // `TAPTREE_SELECT`, `TAPTREE_FORCE`), so a bisect's capture command
-    // writes where the bisect says; all parsed before any work.
-    let out = args.out.clone().or_else(|| {
-        std::env::var_os("TAPTREE_OUT")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    });
-    let selection = match &args.select {
-        Some(s) => capture::Selection::parse(s).with_context(|| format!("--select {s:?}"))?,
-        None => match std::env::var("TAPTREE_SELECT") {
-            Ok(s) => {
-                capture::Selection::parse(&s).with_context(|| format!("TAPTREE_SELECT {s:?}"))?
-            }
-            Err(_) => capture::Selection::all(),
-        },
-    };
-    // A misspelt stage would capture nothing: said before anything runs.
-    let vocabulary = stages::llama();
-    let names: Vec<&str> = vocabulary.iter().map(|s| s.name.as_str()).collect();
-    if let Some(glob) = selection.unmatched_stage_globs(&names).first() {
-        bail!(
-            "--select {:?}: stage {glob:?} is not one of {}",
-            selection.to_string(),
-            names.join(", ")
-        );
-    }
-    let force = args.force
-        || matches!(
-            std::env::var("TAPTREE_FORCE").as_deref(),
-            Ok("1") | Ok("true") | Ok("yes")
-        );
-    if args.prompt.is_empty() && args.chat.is_empty() && args.tokens.is_empty() {
-        bail!("nothing to run: give --prompt, --chat or --tokens");
-    }
-
-    let path = fetch::resolve(&args.model)?;
-    let model = load_model(&path)?;
-    let seqs = sequences(&args, &model)?;
-    let cfg = &model.weights.config;
-    for s in &seqs {
-        let end = s.tokens.len().saturating_add(args.gen.saturating_sub(1));
-        if end > cfg.context_length {
-            bail!(
-                "{}: {} prompt tokens + {} generated exceed the context length {} of {}",
-                s.label,
-                s.tokens.len(),
-                args.gen,
-                cfg.context_length,
-                path.display()
-            );
-        }
-        if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-            bail!(
-                "{}: token id {id} is outside the vocabulary (size {})",
-                s.label,
-                cfg.vocab_size
-            );
-        }
-    }
+    let out = out_dir(&args);
+    let selection = selection(&args)?;
+    let force = force(&args);
+    let (path, model, seqs) = load_sequences(&args)?;
     let mut fwd = backend::open(&args.backend, &model.weights, precision, &switches)?;
     let stop: Vec<u32> = model
         .tokenizer
@@ -164,7 +135,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         .collect(),
         ..Default::default()
     };
-    let stages = vocabulary;
+    let stages = stages::llama();
     let mut cap = match out {
         Some(out) => Some(capture::Capture::start(capture::CaptureOptions {
             out,
@@ -247,6 +218,174 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         ),
     }
     Ok(exit::OK)
+}
+
+/// `--engine hf|llama.cpp`: the same model resolution, tokenization and
+/// checks as the built-in forward, then the engine's Python adapter writes
+/// the tree.
+fn run_engine(args: Args) -> anyhow::Result<u8> {
+    if args.backend != "cpu" {
+        bail!(
+            "--backend {:?}: the built-in forward's flag; --engine {} picks its own device",
+            args.backend,
+            args.engine
+        );
+    }
+    if !engine::PRECISIONS.contains(&args.precision.as_str()) {
+        bail!(
+            "--precision: bad value {:?} for --engine {}: expected {}",
+            args.precision,
+            args.engine,
+            engine::PRECISIONS.join(", ")
+        );
+    }
+    let out = out_dir(&args).with_context(|| {
+        format!(
+            "--engine {} writes a tree: give --out (or TAPTREE_OUT)",
+            args.engine
+        )
+    })?;
+    let selection = selection(&args)?;
+    let force = force(&args);
+    let (_, model, seqs) = load_sequences(&args)?;
+    if seqs.len() > 1 {
+        bail!(
+            "--engine {}: one sequence at a time ({} given)",
+            args.engine,
+            seqs.len()
+        );
+    }
+    let seq = &seqs[0];
+    // The engine parses the same grammar; "all" is no selection.
+    let select = (!selection.is_all()).then(|| selection.to_string());
+    println!(
+        "model {} (blake3 {}), engine {} {}; {}: {} prompt tokens",
+        model.source.path.display(),
+        short(&model.source.blake3),
+        args.engine,
+        args.precision,
+        seq.label,
+        seq.tokens.len()
+    );
+    let run = serde_json::json!({
+        "model": model.source.path.display().to_string(),
+        "model_blake3": model.source.blake3,
+        "prompt_tokens": seq.tokens,
+        "git_rev": git_rev(),
+        "argv": std::env::args().collect::<Vec<_>>(),
+        "extra": {"model_spec": args.model, "gen": args.gen, "slots": [&seq.tokens]},
+    });
+    let stop: Vec<u32> = model
+        .tokenizer
+        .as_ref()
+        .map(|t| t.end_ids())
+        .unwrap_or_default();
+    engine::run(&EngineRun {
+        engine: &args.engine,
+        model_file: &model.source.path,
+        tokens: &seq.tokens,
+        out: &out,
+        gen: args.gen,
+        stop: &stop,
+        select: select.as_deref(),
+        force,
+        precision: &args.precision,
+        threads: args.threads,
+        run,
+    })?;
+    // The engine's greedy answer, in taptree's own words.
+    if args.gen > 0 {
+        let tree = capture::TreeReader::open(&out)?;
+        let extra = &tree.manifest().run.extra;
+        let ids: Vec<u32> = extra
+            .get("generated_tokens")
+            .and_then(|g| g.get(0))
+            .and_then(|g| serde_json::from_value(g.clone()).ok())
+            .unwrap_or_default();
+        let shown: Vec<u32> = ids.iter().copied().filter(|t| !stop.contains(t)).collect();
+        let text = match &model.tokenizer {
+            Some(t) => t.decode(&shown)?,
+            None => format!("{shown:?}"),
+        };
+        println!("{} generated: {}", ids.len(), text.trim_end());
+    }
+    Ok(exit::OK)
+}
+
+/// `--out`, else `$TAPTREE_OUT`: a bisect's capture command writes where the
+/// bisect says.
+fn out_dir(args: &Args) -> Option<PathBuf> {
+    args.out.clone().or_else(|| {
+        std::env::var_os("TAPTREE_OUT")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    })
+}
+
+/// `--select`, else `$TAPTREE_SELECT`, parsed before any work; a misspelt
+/// stage would capture nothing, so it is refused.
+fn selection(args: &Args) -> anyhow::Result<capture::Selection> {
+    let selection = match &args.select {
+        Some(s) => capture::Selection::parse(s).with_context(|| format!("--select {s:?}"))?,
+        None => match std::env::var("TAPTREE_SELECT") {
+            Ok(s) => {
+                capture::Selection::parse(&s).with_context(|| format!("TAPTREE_SELECT {s:?}"))?
+            }
+            Err(_) => capture::Selection::all(),
+        },
+    };
+    let vocabulary = stages::llama();
+    let names: Vec<&str> = vocabulary.iter().map(|s| s.name.as_str()).collect();
+    if let Some(glob) = selection.unmatched_stage_globs(&names).first() {
+        bail!(
+            "--select {:?}: stage {glob:?} is not one of {}",
+            selection.to_string(),
+            names.join(", ")
+        );
+    }
+    Ok(selection)
+}
+
+/// `--force`, or `TAPTREE_FORCE=1|true|yes`.
+fn force(args: &Args) -> bool {
+    args.force
+        || matches!(
+            std::env::var("TAPTREE_FORCE").as_deref(),
+            Ok("1") | Ok("true") | Ok("yes")
+        )
+}
+
+/// The model and the command line's sequences, checked against its
+/// vocabulary and context length: the same for every engine.
+fn load_sequences(args: &Args) -> anyhow::Result<(PathBuf, LoadedModel, Vec<Sequence>)> {
+    if args.prompt.is_empty() && args.chat.is_empty() && args.tokens.is_empty() {
+        bail!("nothing to run: give --prompt, --chat or --tokens");
+    }
+    let path = fetch::resolve(&args.model)?;
+    let model = load_model(&path)?;
+    let seqs = sequences(args, &model)?;
+    let cfg = &model.weights.config;
+    for s in &seqs {
+        let end = s.tokens.len().saturating_add(args.gen.saturating_sub(1));
+        if end > cfg.context_length {
+            bail!(
+                "{}: {} prompt tokens + {} generated exceed the context length {} of {}",
+                s.label,
+                s.tokens.len(),
+                args.gen,
+                cfg.context_length,
+                path.display()
+            );
+        }
+        if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+            bail!(
+                "{}: token id {id} is outside the vocabulary (size {})",
+                s.label,
+                cfg.vocab_size
+            );
+        }
+    }
+    Ok((path, model, seqs))
 }
 
 /// The sequences of the command line, tokenized: prompts, then chat turns,

@@ -31,10 +31,23 @@ pub struct Args {
     /// Exact agreement only: every element bitwise equal.
     #[arg(long, conflicts_with = "tolerance")]
     pub bitwise: bool,
-    /// A higher-precision tree of the same forward (f64): for each red row,
-    /// the error of A and of B against it and which side is closer.
+    /// A tree of the same forward with every op in f64: for every row, the
+    /// error of A and of B against it and which side is closer. A tree whose
+    /// manifest does not show every op in f64 is refused (exit 2).
     #[arg(long, value_name = "TREE")]
     pub truth: Option<PathBuf>,
+    /// Use --truth even though its manifest does not show every op in f64.
+    #[arg(long, requires = "truth")]
+    pub force_truth: bool,
+    /// Compare position p of A with position p+N of B: N=1 when B has one
+    /// extra leading token (a second BOS), -1 when A has.
+    #[arg(
+        long,
+        value_name = "N",
+        allow_hyphen_values = true,
+        default_value_t = 0
+    )]
+    pub align: i64,
     /// Also run the SELF, PERTURBED and FIXTURE VALIDITY controls; a failed
     /// control exits 2.
     #[arg(long)]
@@ -151,6 +164,59 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         (a, join(b), join(truth))
     });
     let (a, b, truth) = (a?, b?, truth?);
+    if let (Some(t), false) = (&truth, args.force_truth) {
+        if let Some(why) = diff::truth::not_all_f64(t.manifest()) {
+            anyhow::bail!(
+                "{}: not a truth: {why}; a truth must compute every op in f64 \
+                 (--force-truth uses it anyway)",
+                t.path().display()
+            );
+        }
+    }
+    let mut notes = Vec::new();
+    // --align: the side with the extra leading tokens is shifted (a truth
+    // goes with A).
+    let shift = u32::try_from(args.align.unsigned_abs())
+        .map_err(|_| anyhow::anyhow!("--align {}: too large", args.align))?;
+    let shifted_a = (args.align < 0).then(|| diff::align::Shifted::new(&a, shift));
+    let shifted_t = match (&truth, args.align < 0) {
+        (Some(t), true) => Some(diff::align::Shifted::new(t, shift)),
+        _ => None,
+    };
+    let shifted_b = (args.align > 0).then(|| diff::align::Shifted::new(&b, shift));
+    if args.align != 0 {
+        notes.push(format!(
+            "aligned: position p of A is compared with position p{:+} of B",
+            args.align
+        ));
+    }
+    let a_ref: &dyn diff::Tree = shifted_a.as_ref().map_or(&a, |s| s as _);
+    let b_ref: &dyn diff::Tree = shifted_b.as_ref().map_or(&b, |s| s as _);
+    let t_ref: Option<&dyn diff::Tree> = match (&shifted_t, &truth) {
+        (Some(s), _) => Some(s as _),
+        (None, Some(t)) => Some(t as _),
+        _ => None,
+    };
+    if !args.all_positions {
+        check_prompts(a_ref, b_ref, "B", slot_a, slot_b, args.align)?;
+        if let Some(t) = t_ref {
+            check_prompts(a_ref, t, "T", slot_a, None, 0)?;
+        }
+    }
+    let mut trees = vec![a_ref, b_ref];
+    trees.extend(t_ref);
+    let reconciled = diff::layout::reconcile(&trees)?;
+    let stages = diff::layout::reconciled_stages(&reconciled);
+    if !stages.is_empty() {
+        notes.push(format!(
+            "declared layouts reconciled: {} compared in interleaved rotary order",
+            stages.join(", ")
+        ));
+    }
+    let pick =
+        |i: usize| -> &dyn diff::Tree { reconciled[i].as_ref().map_or(trees[i], |r| r as _) };
+    let (a_ref, b_ref) = (pick(0), pick(1));
+    let t_ref = t_ref.map(|_| pick(2));
 
     let bar = std::io::stderr().is_terminal().then(|| {
         let pb = indicatif::ProgressBar::new(0);
@@ -170,9 +236,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         progress: bar.as_ref().map(|b| b as &(dyn Progress + Sync)),
         common_only: args.common_only,
     };
-    let mut report = diff::diff(&a, &b, truth.as_ref().map(|t| t as &dyn diff::Tree), &opts)?;
+    let mut report = diff::diff(a_ref, b_ref, t_ref, &opts)?;
+    report.notes = notes;
     if args.controls {
-        let c = controls::run(&a, &b, &opts, perturb_at.as_ref())?;
+        let c = controls::run(a_ref, b_ref, &opts, perturb_at.as_ref())?;
         controls::attach(&mut report, c);
     }
 
@@ -210,6 +277,59 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     };
     // The process ends here: freeing the manifests' and the report's many
     // small allocations one by one would only delay the exit.
-    std::mem::forget((a, b, truth, report));
+    std::mem::forget(report);
+    std::mem::forget(reconciled);
+    std::mem::forget((shifted_a, shifted_b, shifted_t));
+    std::mem::forget((a, b, truth));
     Ok(code)
+}
+
+/// Exit 2 when the two runs were fed different prompts: their positions
+/// compute different things, and no comparison of them means anything.
+fn check_prompts(
+    a: &dyn diff::Tree,
+    other: &dyn diff::Tree,
+    name: &str,
+    slot_a: Option<Option<u32>>,
+    slot_b: Option<Option<u32>>,
+    align: i64,
+) -> anyhow::Result<()> {
+    let (ra, rb) = (&a.manifest().run, &other.manifest().run);
+    let pairs: Vec<(Option<u32>, Option<u32>)> = match (slot_a, slot_b) {
+        (None, None) => {
+            let n = |r: &capture::RunInfo| {
+                r.extra
+                    .get("slots")
+                    .and_then(|s| s.as_array())
+                    .map_or(0, |s| s.len())
+            };
+            let slots = n(ra).min(n(rb)) as u32;
+            std::iter::once((None, None))
+                .chain((1..slots).map(|s| (Some(s), Some(s))))
+                .collect()
+        }
+        (x, y) => vec![(x.flatten(), y.flatten())],
+    };
+    for (sa, sb) in pairs {
+        let Some(d) = diff::inputs::prompts_differ(ra, rb, sa, sb) else {
+            continue;
+        };
+        let slot = sa.map_or(String::new(), |s| format!(" (slot {s})"));
+        let hint = match d.align_hint {
+            Some(h) if name == "B" => format!("; the prompts agree under --align {}", h + align),
+            _ => String::new(),
+        };
+        anyhow::bail!(
+            "{} and {}: the runs were fed different prompts{slot}: first differing token at position {}: \
+             A has {}, {name} has {} (prompts of {} and {} tokens){hint}; nothing was compared",
+            a.path().display(),
+            other.path().display(),
+            d.pos,
+            d.token_a,
+            d.token_b,
+            d.len_a,
+            d.len_b
+        );
+    }
+    Ok(())
 }

@@ -76,7 +76,9 @@ impl Arm {
             match key {
                 "precision" => {
                     precision = Precision::parse(value).with_context(|| {
-                        format!("arm {spec:?}: precision {value:?}: expected f32, q8 or f64")
+                        format!(
+                            "arm {spec:?}: precision {value:?}: expected f32, q8, llamacpp or f64"
+                        )
                     })?
                 }
                 "backend" => backend = value.to_string(),

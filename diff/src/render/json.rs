@@ -38,6 +38,7 @@ pub fn write(report: &Report, mut w: impl std::io::Write) -> std::io::Result<()>
                 skipped: row.skipped,
                 growth: row.growth.clone(),
                 truth: row.truth.clone(),
+                hint: row.hint.clone(),
             }
         })
         .collect();

@@ -102,6 +102,9 @@ pub fn render(report: &Report, opts: &TableOptions) -> String {
     if let Some(t) = &report.truth {
         let _ = writeln!(out, "{}", tree_line("T", t));
     }
+    for n in &report.notes {
+        let _ = writeln!(out, "{}", p.dim(n));
+    }
     if report.outcome == Outcome::Identical {
         let _ = writeln!(out, "{}", p.green(&report.summary));
         render_controls(&mut out, report, &p);
@@ -184,6 +187,9 @@ pub fn render(report: &Report, opts: &TableOptions) -> String {
         if let Some(t) = &row.truth {
             let _ = writeln!(out, "{}", truth_sentence(row, t));
         }
+        if let Some(h) = &row.hint {
+            let _ = writeln!(out, "{}", p.yellow(h));
+        }
     }
     // Where the runs first differ at all, when that is before the first op
     // out of tolerance: the change may start there, hidden by the tolerance.
@@ -245,6 +251,17 @@ pub fn render(report: &Report, opts: &TableOptions) -> String {
             out,
             "truth: of {} red rows, A is closer to T in {a}, B in {b}",
             red_truth.len()
+        );
+    }
+    if report.truth.is_some() {
+        let c = &report.counts;
+        let _ = writeln!(
+            out,
+            "truth over every row: A is closer to T in {} rows, B in {}, neither clearly in {} (of {} rows compared with T)",
+            c.truth_closer_a,
+            c.truth_closer_b,
+            c.truth_neither,
+            c.truth_closer_a + c.truth_closer_b + c.truth_neither
         );
     }
     if let Some(split) = &report.inputs_split {
@@ -399,6 +416,10 @@ fn format_row(report: &Report, i: usize, opts: &TableOptions, p: &Paint) -> Stri
     if !cause.is_empty() {
         s.push_str("  ");
         s.push_str(&cause);
+    }
+    if row.hint.is_some() {
+        s.push_str("  ");
+        s.push_str(&p.yellow("layout?"));
     }
     if row.status == Status::Mismatch || row.status == Status::Degenerate {
         s.push_str("  ");

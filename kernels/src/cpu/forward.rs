@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::attention::{attention, Heads};
 use super::embedding::embed;
 use super::ffn::swiglu;
+use super::llamacpp;
 use super::matmul::Act;
 use super::norm::rms_norm;
 use super::rope::rope;
@@ -30,6 +31,7 @@ impl Acts {
     fn resolve(precision: Precision, switches: &Switches) -> Acts {
         let act = |f| match switches.resolve(f, precision) {
             ActPrecision::F32 => Act::Float,
+            ActPrecision::Q8 if precision == Precision::LlamaCpp => Act::LlamaCpp,
             ActPrecision::Q8 => Act::Q8,
         };
         Acts {
@@ -68,9 +70,21 @@ impl<T: Real> KvCache<T> {
     }
 }
 
+/// How RoPE, the K/V cache and attention are computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ops {
+    Reference,
+    /// `--precision llamacpp`: as llama.cpp computes them
+    /// (`super::llamacpp`), with its flash attention or without.
+    LlamaCpp {
+        flash_attn: bool,
+    },
+}
+
 /// The forward in one activation type, with a KV cache per slot.
 struct Engine<T> {
     caches: BTreeMap<Option<u32>, KvCache<T>>,
+    ops: Ops,
 }
 
 /// The CPU forward. Weights are dequantized once at [`CpuForward::new`];
@@ -109,12 +123,21 @@ impl CpuForward {
         switches: &Switches,
     ) -> Result<CpuForward, ForwardError> {
         crate::forward::check_config(&config)?;
+        switches.check(precision)?;
         let engine = match precision {
             Precision::F64 => EngineOf::F64(Engine {
                 caches: BTreeMap::new(),
+                ops: Ops::Reference,
             }),
-            Precision::F32 | Precision::Q8 => EngineOf::F32(Engine {
+            Precision::F32 | Precision::Q8 | Precision::LlamaCpp => EngineOf::F32(Engine {
                 caches: BTreeMap::new(),
+                ops: if precision == Precision::LlamaCpp {
+                    Ops::LlamaCpp {
+                        flash_attn: switches.flash_attn(),
+                    }
+                } else {
+                    Ops::Reference
+                },
             }),
         };
         Ok(CpuForward {
@@ -146,6 +169,20 @@ impl CpuForward {
         start_pos: usize,
     ) -> Result<(), ForwardError> {
         crate::forward::check_tokens(&self.config, tokens)?;
+        if let EngineOf::F32(Engine {
+            ops: Ops::LlamaCpp { flash_attn: true },
+            ..
+        }) = &self.engine
+        {
+            if tokens.len() >= llamacpp::FLASH_ATTN_TILE_ROWS {
+                return Err(ForwardError::Unsupported(format!(
+                    "{} rows in one forward: llama.cpp runs {} or more through its tiled flash \
+                     attention kernel, which --precision llamacpp does not model",
+                    tokens.len(),
+                    llamacpp::FLASH_ATTN_TILE_ROWS
+                )));
+            }
+        }
         crate::forward::check_positions(
             &self.config,
             slot,
@@ -197,14 +234,29 @@ impl<T: Real> Engine<T> {
             tap(st::K_PROJ, li, pos.clone(), slot, kv_width, &k);
             let v = lw.wv.apply(&h, n, acts.attn);
             tap(st::V_PROJ, li, pos.clone(), slot, kv_width, &v);
+            let rope = match self.ops {
+                Ops::LlamaCpp { .. } => llamacpp::rope,
+                Ops::Reference => rope,
+            };
             rope(&mut q, q_width, start, cfg.head_dim, cfg.rope_base);
             tap(st::Q_ROPE, li, pos.clone(), slot, q_width, &q);
             rope(&mut k, kv_width, start, cfg.head_dim, cfg.rope_base);
             tap(st::K_ROPE, li, pos.clone(), slot, kv_width, &k);
 
-            cache.k[l].extend_from_slice(&k);
-            cache.v[l].extend_from_slice(&v);
-            let a = attention(&q, n, start, &cache.k[l], &cache.v[l], heads);
+            let a = if let Ops::LlamaCpp { flash_attn } = self.ops {
+                cache.k[l].extend(k.iter().map(|x| llamacpp::f16_round(*x)));
+                cache.v[l].extend(v.iter().map(|x| llamacpp::f16_round(*x)));
+                let attend = if flash_attn {
+                    llamacpp::flash_attention
+                } else {
+                    llamacpp::attention
+                };
+                attend(&q, n, start, &cache.k[l], &cache.v[l], heads)
+            } else {
+                cache.k[l].extend_from_slice(&k);
+                cache.v[l].extend_from_slice(&v);
+                attention(&q, n, start, &cache.k[l], &cache.v[l], heads)
+            };
             tap(st::ATTN, li, pos.clone(), slot, q_width, &a);
             let o = lw.wo.apply(&a, n, acts.attn);
             tap(st::O_PROJ, li, pos.clone(), slot, d, &o);

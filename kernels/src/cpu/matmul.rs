@@ -45,12 +45,22 @@ pub struct Matrix {
 pub struct Linear {
     pub m: Matrix,
     pub mins: Option<Vec<f32>>,
+    /// Added to every output row (Qwen2's q/k/v projections).
+    pub bias: Option<Vec<f32>>,
 }
 
 impl Linear {
-    /// `x W^T` for `n` rows of `x`.
+    /// `x W^T (+ bias)` for `n` rows of `x`.
     pub fn apply<T: Real>(&self, x: &[T], n: usize, act: Act) -> Vec<T> {
-        matmul_with_mins(x, n, &self.m, self.mins.as_deref(), act)
+        let mut y = matmul_with_mins(x, n, &self.m, self.mins.as_deref(), act);
+        if let Some(b) = &self.bias {
+            for row in y.chunks_exact_mut(b.len()) {
+                for (v, &bi) in row.iter_mut().zip(b) {
+                    *v += T::from_f32(bi);
+                }
+            }
+        }
+        y
     }
 }
 
@@ -67,6 +77,9 @@ pub enum Act {
     Float,
     /// Quantized to int8 per block of the weight's block size.
     Q8,
+    /// Quantized as llama.cpp's CPU backend does (`--precision llamacpp`:
+    /// see [`super::llamacpp::quantize_row`]).
+    LlamaCpp,
 }
 
 /// Dot product in a fixed order: eight independent lanes (so the compiler
@@ -176,10 +189,14 @@ pub fn matmul_with_mins<T: Real>(
     act: Act,
 ) -> Vec<T> {
     assert_eq!(x.len(), n * w.cols, "matmul input is not [{n}, {}]", w.cols);
-    let quantized = act == Act::Q8 && w.block > 1;
+    let quantized = act != Act::Float && w.block > 1;
+    let quantize = match act {
+        Act::LlamaCpp => super::llamacpp::quantize_row::<T>,
+        Act::Float | Act::Q8 => quantize_row::<T>,
+    };
     let qrows: Vec<QuantRow<T>> = if quantized {
         x.chunks_exact(w.cols)
-            .map(|r| quantize_row(r, w.block))
+            .map(|r| quantize(r, w.block))
             .collect()
     } else {
         Vec::new()

@@ -14,6 +14,7 @@ pub mod attention;
 pub mod embedding;
 pub mod ffn;
 pub mod forward;
+pub mod llamacpp;
 pub mod matmul;
 pub mod norm;
 pub mod rope;

@@ -42,9 +42,9 @@ impl DenseWeights {
             .map(|l| {
                 Ok(DenseLayer {
                     attn_norm: vector(&l.attn_norm, c.n_embd)?,
-                    wq: linear(&l.wq, q_width, c.n_embd)?,
-                    wk: linear(&l.wk, kv_width, c.n_embd)?,
-                    wv: linear(&l.wv, kv_width, c.n_embd)?,
+                    wq: biased(linear(&l.wq, q_width, c.n_embd)?, &l.bq, q_width)?,
+                    wk: biased(linear(&l.wk, kv_width, c.n_embd)?, &l.bk, kv_width)?,
+                    wv: biased(linear(&l.wv, kv_width, c.n_embd)?, &l.bv, kv_width)?,
                     wo: linear(&l.wo, c.n_embd, q_width)?,
                     ffn_norm: vector(&l.ffn_norm, c.n_embd)?,
                     w_gate: linear(&l.w_gate, c.n_ff, c.n_embd)?,
@@ -95,7 +95,13 @@ fn linear(t: &QTensor, rows: usize, cols: usize) -> Result<Linear, ForwardError>
     Ok(Linear {
         m: matrix(t, rows, cols)?,
         mins: (t.ggml_type == GgmlType::Q4_1).then(|| q4_1_mins(t)),
+        bias: None,
     })
+}
+
+fn biased(mut l: Linear, bias: &Option<QTensor>, len: usize) -> Result<Linear, ForwardError> {
+    l.bias = bias.as_ref().map(|b| vector(b, len)).transpose()?;
+    Ok(l)
 }
 
 fn vector(t: &QTensor, len: usize) -> Result<Vec<f32>, ForwardError> {

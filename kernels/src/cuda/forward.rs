@@ -136,8 +136,24 @@ impl CudaForward {
                 "cuda: precision f64 (the truth) runs on the cpu backend only".into(),
             ));
         }
+        if precision == Precision::LlamaCpp {
+            return Err(ForwardError::Unsupported(
+                "cuda: precision llamacpp (llama.cpp's CPU arithmetic) runs on the cpu backend only"
+                    .into(),
+            ));
+        }
         let c = &weights.config;
         crate::forward::check_config(c)?;
+        switches.check(precision)?;
+        if weights
+            .layers
+            .iter()
+            .any(|l| l.bq.is_some() || l.bk.is_some() || l.bv.is_some())
+        {
+            return Err(ForwardError::Unsupported(
+                "cuda: q/k/v projection biases (Qwen2) run on the cpu backend only".into(),
+            ));
+        }
         let q8 = |f| switches.resolve(f, precision) == ActPrecision::Q8;
         let acts = Acts {
             attn: q8(Family::Attn),

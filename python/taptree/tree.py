@@ -5,7 +5,7 @@ For engines written in Python: tap every op of a forward into a tree that
 `capture` crate. Equal tensors under equal keys give the same root hash,
 whichever side wrote them.
 
-    from taptree_tree import TreeWriter, open_tree
+    from taptree.tree import TreeWriter, open_tree
 
     with TreeWriter("runs/py", run={"backend": "numpy", "precision": "f32"}) as w:
         w.tap("attn_norm", 0, (0, 7), x)          # x.shape[0] == 7 positions
@@ -15,8 +15,9 @@ whichever side wrote them.
         print(entry["key"], tree.read(entry).shape)
     tree.verify()
 
-Needs numpy and blake3 (`python3 -m pip install numpy blake3`). Writes are
-synchronous; the manifest is written last and atomically, as in Rust.
+Needs numpy and blake3 (`python3 -m pip install ./python` installs them).
+Writes are synchronous; the manifest is written last and atomically, as in
+Rust.
 """
 
 import datetime
@@ -30,6 +31,8 @@ import sys
 
 import blake3
 import numpy as np
+
+from .select import Selection
 
 FORMAT_VERSION = "2.0"
 FORMAT_MAJOR = 2
@@ -173,12 +176,22 @@ def _sibling(out, what):
     return os.path.join(parent, ".%s.taptree-%s-%d" % (name, what, os.getpid()))
 
 
+def _span(pos):
+    if isinstance(pos, int):
+        return pos, pos + 1
+    if isinstance(pos, range):
+        return pos.start, pos.stop
+    start, end = pos
+    return int(start), int(end)
+
+
 class TreeWriter:
     """Writes one tree. Use as a context manager, or call finish()."""
 
-    def __init__(self, out, stages=None, run=None, force=False):
+    def __init__(self, out, stages=None, run=None, force=False, select=None):
         self.out = str(out)
         self.stages = list(stages or [])
+        self.selection = select if isinstance(select, Selection) else Selection.parse(select or "")
         self.run = {
             "model": "",
             "model_blake3": None,
@@ -225,19 +238,38 @@ class TreeWriter:
             shutil.rmtree(self._staging, ignore_errors=True)
         return False
 
-    def tap(self, stage, layer, pos, array, slot=None):
-        """Records `array` (axis 0 = positions pos[0]..pos[1]) under its key."""
-        if isinstance(pos, int):
-            start, end = pos, pos + 1
-        elif isinstance(pos, range):
-            start, end = pos.start, pos.stop
-        else:
-            start, end = pos
+    def wants(self, stage, layer, pos, slot=None):
+        """Whether the selection keeps any row of this tap (skip the work if not)."""
+        start, end = _span(pos)
+        return self.selection.wants(stage, layer, start, end, slot)
+
+    def tap(self, stage, layer, pos, array, slot=None, dtype=None):
+        """Records `array` (axis 0 = positions pos[0]..pos[1]) under its key.
+
+        numpy has no bfloat16: pass its bit patterns as uint16 with
+        `dtype="BF16"`. Unselected taps are dropped; a multi-row tap is sliced
+        into one tap per run of selected positions, as the Rust writer does.
+        """
+        start, end = _span(pos)
+        if not self.selection.matches_identity(stage, layer, slot):
+            return
+        if self.selection.is_all():
+            return self._write(stage, layer, start, end, array, slot, dtype)
+        arr = np.asarray(array)
+        for a, b in self.selection.selected_runs(start, end):
+            rows = arr[a - start : b - start] if arr.ndim and arr.shape[0] == end - start else arr
+            self._write(stage, layer, a, b, rows, slot, dtype)
+
+    def _write(self, stage, layer, start, end, array, slot, as_dtype=None):
         key = {"stage": stage, "layer": layer, "pos": {"start": start, "end": end}, "slot": slot}
         if not _STAGE.match(stage):
             raise TreeError("bad tap %s: stage names are [A-Za-z0-9_.-], not starting with '.'" % key_text(key))
         arr = np.ascontiguousarray(array)
         dtype = _DTYPES.get(arr.dtype.name)
+        if as_dtype == "BF16" and arr.dtype.name in ("uint16", "int16"):
+            dtype = "BF16"
+        elif as_dtype is not None and as_dtype != dtype:
+            raise TreeError("bad tap %s: dtype=%s does not fit an array of %s" % (key_text(key), as_dtype, arr.dtype))
         if dtype is None:
             raise TreeError("bad tap %s: unsupported dtype %s" % (key_text(key), arr.dtype))
         if end <= start or arr.ndim == 0 or arr.shape[0] != end - start:
@@ -289,7 +321,7 @@ class TreeWriter:
             "bytes": total,
             "manifest_blake3": UNSEALED,
             "run": self.run,
-            "selection": "all",
+            "selection": str(self.selection),
             "stages": self.stages,
             "dirs": None,
             "entries": self.entries,

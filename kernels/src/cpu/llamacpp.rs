@@ -1,0 +1,514 @@
+//! `--precision llamacpp`: the CPU forward with llama.cpp's own CPU
+//! arithmetic wherever it differs from the plain `q8` model of it.
+//!
+//! Each rule below is read from the llama.cpp that llama-cpp-python 0.3.36
+//! vendors (ggml-org/llama.cpp@0c1e57098, built for x86-64 with AVX2, F16C
+//! and FMA, with llama-cpp-python's F16 K/V cache):
+//!
+//! - **Activation blocks** ([`quantize_row`]): a matmul against a Q8_0 weight
+//!   quantizes its activations to `block_q8_0`, against Q4_1 to `block_q8_1`,
+//!   both through the AVX2 `quantize_row_q8_0`/`q8_1`: `d = amax / 127`
+//!   stored as f16, but the values are scaled by `id = 127 / amax` (not
+//!   `1 / d`) and rounded half to even (`_mm256_round_ps`), not half away
+//!   from zero as the reference `roundf` does; `block_q8_1` adds
+//!   `s = f16(d * sum q)`. (Q8_K for K-quant weights is not modelled here;
+//!   those blocks fall back to `q8`'s rule.)
+//! - **RoPE** ([`rope`]): `ggml_rope_cache_init` walks the angle in f32,
+//!   `theta_{i+1} = theta_i * powf(base, -2 / n_dims)` from `theta_0 = pos`,
+//!   and takes `cosf`/`sinf` of that; the reference computes each angle in
+//!   f64. The difference grows with the position (3.7e-7 relative RMS over
+//!   SmolLM2's first 37 positions, ten times what remains with this rule).
+//! - **Attention** ([`attention`]): keys and values live in an F16 cache;
+//!   `kq = mul_mat(k, q)` converts `q` to f16 (an F16 weight's dot type is
+//!   F16), the scores are scaled and soft-maxed in f32 (the sum in f64, as
+//!   `ggml_float`, the exponential ggml's vectorized `ggml_v_expf`), and
+//!   `kqv = mul_mat(v, kq)` converts the probabilities to f16 before their
+//!   dot with the f16 values; both products sum in the lane order of the
+//!   kernel llama.cpp picks. Each f16 rounding is 2^-11 relative: far above
+//!   what an f32 recomputation of the op could tell apart from its truth.
+//! - **Flash attention** ([`flash_attention`], `TAPTREE_LLAMACPP_FLASH_ATTN=1`):
+//!   the per-row kernel llama.cpp runs for fewer than 64 query rows, whose
+//!   softmax-weighted values accumulate in f16. Its tiled f32 kernel for 64
+//!   rows or more is not modelled (the forward refuses such a batch).
+//!
+//! What stays as in the reference forward is f32 arithmetic that llama.cpp
+//! orders differently: the matmuls' sums (llama.cpp combines per-block
+//! integer dots with fused multiply-adds over eight lanes), the norms,
+//! SwiGLU's vectorized exponential. That is at most 7e-7 relative RMS on
+//! SmolLM2, inside the 1e-6 at which `tests/llamacpp.rs` holds every op of a
+//! llama.cpp tree to this forward.
+
+use half::f16;
+use rayon::prelude::*;
+
+use super::attention::Heads;
+use super::matmul::QuantRow;
+use super::Real;
+
+/// Rounds to f16 and back, round-to-nearest-even (F16C's `vcvtps2ph` with
+/// rounding mode 0, which `GGML_CPU_FP32_TO_FP16` is on x86).
+#[inline(always)]
+pub fn f16_round<T: Real>(v: T) -> T {
+    T::from_f32(f16::from_f32(v.to_f32()).to_f32())
+}
+
+/// Quantizes `x` per block of `block` as llama.cpp's AVX2
+/// `quantize_row_q8_0`/`quantize_row_q8_1` do (see the module doc); blocks
+/// of any other size take `q8`'s rule ([`super::matmul::quantize_row`]).
+pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
+    if block != 32 {
+        return super::matmul::quantize_row(x, block);
+    }
+    assert!(
+        x.len().is_multiple_of(block),
+        "row of {} is not a multiple of block {block}",
+        x.len()
+    );
+    let nb = x.len() / block;
+    let mut q = Vec::with_capacity(x.len());
+    let mut d = Vec::with_capacity(nb);
+    let mut s_err = Vec::with_capacity(nb);
+    for b in x.chunks_exact(block) {
+        let amax = b.iter().fold(0.0f32, |m, v| m.max(v.to_f32().abs()));
+        let scale = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for v in b {
+            // |v * id| <= 127 up to one rounding, so no clamp is needed, and
+            // ggml has none (`_mm256_packs_epi16` would saturate anyway).
+            let r = (v.to_f32() * id).round_ties_even();
+            sum += r as i32;
+            q.push(T::from_f32(r));
+        }
+        let stored = f16::from_f32(scale).to_f32();
+        let s = f16::from_f32(scale * sum as f32).to_f32();
+        d.push(T::from_f32(stored));
+        s_err.push(T::from_f64(s as f64 - stored as f64 * sum as f64));
+    }
+    QuantRow { q, d, s_err }
+}
+
+/// Interleaved-pair RoPE as ggml's `rope_f32` with llama.cpp's
+/// `LLAMA_ROPE_TYPE_NORM` (no scaling): the angle of pair `i` is walked in
+/// f32 from the position by `powf(base, -2 / head_dim)`, and the rotation is
+/// done in f32 with `cosf`/`sinf` of it.
+pub fn rope<T: Real>(x: &mut [T], width: usize, start: usize, head_dim: usize, base: f32) {
+    let half = head_dim / 2;
+    let theta_scale = base.powf(-2.0f32 / head_dim as f32);
+    let mut cs = vec![(0f32, 0f32); half];
+    for (r, row) in x.chunks_exact_mut(width).enumerate() {
+        let mut theta = (start + r) as f32;
+        for c in cs.iter_mut() {
+            *c = (theta.cos(), theta.sin());
+            theta *= theta_scale;
+        }
+        for head in row.chunks_exact_mut(head_dim) {
+            for (i, (c, s)) in cs.iter().enumerate() {
+                let (x0, x1) = (head[2 * i].to_f32(), head[2 * i + 1].to_f32());
+                head[2 * i] = T::from_f32(x0 * c - x1 * s);
+                head[2 * i + 1] = T::from_f32(x0 * s + x1 * c);
+            }
+        }
+    }
+}
+
+/// The horizontal sum of eight f32 lanes as ggml's AVX2 code does it
+/// (`hsum` in tinyBLAS, the soft max's per-vector sum): the high half
+/// onto the low, then `(a0 + a2) + (a1 + a3)`.
+#[inline(always)]
+fn hsum8(l: [f32; 8]) -> f32 {
+    let a = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
+    (a[0] + a[2]) + (a[1] + a[3])
+}
+
+/// A dot product of f16 values (held in f32, so each product is exact) in
+/// the order of the kernel llama.cpp picks for a matmul of `rows` rows:
+/// tinyBLAS (`llamafile_sgemm`, two rows or more) keeps one 8-lane
+/// accumulator and [`hsum8`]s it; one row goes through `ggml_vec_dot_f16`,
+/// four 8-lane accumulators folded pairwise, then `hadd` twice. Lengths are
+/// padded with zeros to whole vectors, as llama.cpp's padded cache is.
+fn dot_f16(a: &[f32], b: &[f32], rows: usize) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    if rows >= 2 {
+        let mut acc = [0f32; 8];
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            acc[i % 8] = x.mul_add(*y, acc[i % 8]);
+        }
+        return hsum8(acc);
+    }
+    let mut acc = [[0f32; 8]; 4];
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let (j, l) = ((i / 8) % 4, i % 8);
+        acc[j][l] = x.mul_add(*y, acc[j][l]);
+    }
+    let l: [f32; 8] = std::array::from_fn(|k| (acc[0][k] + acc[2][k]) + (acc[1][k] + acc[3][k]));
+    let t = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
+    (t[0] + t[1]) + (t[2] + t[3])
+}
+
+/// `expf` as ggml's AVX2 `ggml_v_expf` computes it, one lane: a degree-5
+/// polynomial after range reduction by `n = round(x / ln 2)`, with the
+/// special scaling of `|n| > 126` (so large negative `x` gives exact zeros).
+fn v_expf(x: f32) -> f32 {
+    let c = |bits: u32| f32::from_bits(bits);
+    let r = c(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(c(0x3fb8_aa3b), r); // x / ln 2 + r
+    let n = z - r;
+    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
+    let big = n.abs() > 126.0;
+    let u = b * b;
+    let j = c(0x3c07_2010)
+        .mul_add(b, c(0x3d2b_9f17))
+        .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)))
+        .mul_add(u, c(0x3f7f_fff6) * b);
+    if !big {
+        return j.mul_add(k, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
+/// One attention layer's geometry, as both attention kernels index it.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    heads: Heads,
+    q_width: usize,
+    kv_width: usize,
+    group: usize,
+    /// `kq_scale = 1.0f / sqrtf(float(n_embd_head))`.
+    scale: f32,
+}
+
+impl Geometry {
+    fn of(heads: Heads) -> Geometry {
+        Geometry {
+            heads,
+            q_width: heads.n_head * heads.head_dim,
+            kv_width: heads.n_head_kv * heads.head_dim,
+            group: heads.n_head / heads.n_head_kv,
+            scale: 1.0f32 / (heads.head_dim as f32).sqrt(),
+        }
+    }
+
+    /// Query row `r` of head `h`, rounded to f16 (an F16 key's dot type).
+    fn query_f16<T: Real>(&self, q: &[T], r: usize, h: usize, out: &mut Vec<f32>) {
+        let d = self.heads.head_dim;
+        out.clear();
+        out.extend(
+            q[r * self.q_width + h * d..][..d]
+                .iter()
+                .map(|x| f16_round(x.to_f32())),
+        );
+    }
+
+    /// Cached row `t` of KV head `kvh` (keys or values), widened to f32.
+    fn cached<T: Real>(&self, kv: &[T], t: usize, kvh: usize, out: &mut Vec<f32>) {
+        let d = self.heads.head_dim;
+        out.clear();
+        out.extend(
+            kv[t * self.kv_width + kvh * d..][..d]
+                .iter()
+                .map(|x| x.to_f32()),
+        );
+    }
+
+    /// Runs `body(scratch, r, h, kvh, out)` for every query row `r` of `n`
+    /// and head `h`, in parallel; `out` is that row's head of the result.
+    fn per_head<T: Real, S: Default + Send>(
+        &self,
+        n: usize,
+        body: impl Fn(&mut S, usize, usize, usize, &mut [T]) + Sync + Send,
+    ) -> Vec<T> {
+        let mut out = vec![T::ZERO; n * self.q_width];
+        out.par_chunks_mut(self.heads.head_dim)
+            .enumerate()
+            .for_each_init(S::default, |scratch, (i, o)| {
+                let (r, h) = (i / self.heads.n_head, i % self.heads.n_head);
+                body(scratch, r, h, h / self.group, o)
+            });
+        out
+    }
+}
+
+/// llama.cpp's attention without flash attention over an F16 K/V cache:
+/// `q` (`[n, n_head * head_dim]`, row `r` at position `start + r`) is
+/// rounded to f16, `k` and `v` (`[start + n, n_head_kv * head_dim]`) must
+/// already hold f16 values (the cache stores them so: see [`f16_round`]).
+/// `kq = mul_mat(k, q)` and `kqv = mul_mat(v, kq)` sum in the order of the
+/// kernel llama.cpp runs for `n` rows ([`dot_f16`]); `soft_max_ext` scales
+/// in f32, exponentiates with [`v_expf`] and sums per 8-lane vector into an
+/// f64 total; the probabilities are rounded to f16 before they weight the
+/// values. Row `r` sees positions `0..=start + r`: the padded, masked cache
+/// cells contribute exact zeros in llama.cpp, and do here.
+pub fn attention<T: Real>(
+    q: &[T],
+    n: usize,
+    start: usize,
+    k: &[T],
+    v: &[T],
+    heads: Heads,
+) -> Vec<T> {
+    let g = Geometry::of(heads);
+    let (head_dim, cells) = (heads.head_dim, start + n);
+    // The values of each KV head transposed, `[head_dim, cells]`: the rows
+    // `kqv = mul_mat(v, kq)` dots with the probabilities (the cache keeps
+    // V transposed for it).
+    let vt: Vec<Vec<f32>> = (0..heads.n_head_kv)
+        .map(|h| {
+            let mut t = vec![0f32; head_dim * cells];
+            for c in 0..cells {
+                for d in 0..head_dim {
+                    t[d * cells + c] = v[c * g.kv_width + h * head_dim + d].to_f32();
+                }
+            }
+            t
+        })
+        .collect();
+    g.per_head(
+        n,
+        |(qh16, kh, p): &mut (Vec<f32>, Vec<f32>, Vec<f32>), r, h, kvh, o: &mut [T]| {
+            g.query_f16(q, r, h, qh16);
+            // Whole 8-lane vectors of scores; the masked tail is -inf.
+            p.clear();
+            p.resize(cells.div_ceil(8) * 8, f32::NEG_INFINITY);
+            let mut max = f32::NEG_INFINITY;
+            for (t, s) in p.iter_mut().enumerate().take(start + r + 1) {
+                g.cached(k, t, kvh, kh);
+                *s = dot_f16(kh, qh16, n) * g.scale;
+                max = max.max(*s);
+            }
+            let mut sum = 0f64;
+            for chunk in p.chunks_exact_mut(8) {
+                for s in chunk.iter_mut() {
+                    *s = v_expf(*s - max);
+                }
+                sum += hsum8(chunk.try_into().unwrap()) as f64;
+            }
+            let inv = (1.0 / sum) as f32;
+            for x in p.iter_mut() {
+                *x = f16_round(*x * inv);
+            }
+            let vt = &vt[kvh];
+            for (d, o) in o.iter_mut().enumerate() {
+                *o = T::from_f32(dot_f16(&vt[d * cells..(d + 1) * cells], &p[..cells], n));
+            }
+        },
+    )
+}
+
+/// Query rows from which llama.cpp's CPU flash attention switches to its
+/// tiled f32 kernel (`GGML_FA_TILE_Q`), which [`flash_attention`] does not
+/// model.
+pub const FLASH_ATTN_TILE_ROWS: usize = 64;
+
+/// llama.cpp's CPU flash attention over an F16 K/V cache, as
+/// `ggml_compute_forward_flash_attn_ext_f16_one_chunk` runs it for fewer
+/// than [`FLASH_ATTN_TILE_ROWS`] query rows: `q` rounded to f16, each score
+/// a `ggml_vec_dot_f16` scaled in f32, an online softmax with `expf`, and
+/// the weighted values accumulated **in f16**: on a new maximum the
+/// accumulator is rescaled (`f16(acc * e^(M_old - M))`), then each value row
+/// is added as `f16(v * e^(s - M) + acc)`; the f32 sum of weights divides at
+/// the end. Masked cells are skipped. `k` and `v` must hold f16 values.
+pub fn flash_attention<T: Real>(
+    q: &[T],
+    n: usize,
+    start: usize,
+    k: &[T],
+    v: &[T],
+    heads: Heads,
+) -> Vec<T> {
+    let g = Geometry::of(heads);
+    g.per_head(
+        n,
+        |(qh16, kh, vh, acc): &mut (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>),
+         r,
+         h,
+         kvh,
+         o: &mut [T]| {
+            g.query_f16(q, r, h, qh16);
+            acc.clear();
+            acc.resize(heads.head_dim, 0.0);
+            let (mut sum, mut max) = (0f32, f32::NEG_INFINITY);
+            for t in 0..start + r + 1 {
+                g.cached(k, t, kvh, kh);
+                let s = dot_f16(kh, qh16, 1) * g.scale;
+                let (mut ms, mut vs) = (1f32, 1f32);
+                if s > max {
+                    ms = (max - s).exp();
+                    max = s;
+                    for a in acc.iter_mut() {
+                        *a = f16_round(*a * ms);
+                    }
+                } else {
+                    vs = (s - max).exp();
+                }
+                g.cached(v, t, kvh, vh);
+                for (a, x) in acc.iter_mut().zip(vh.iter()) {
+                    *a = f16_round(x.mul_add(vs, *a));
+                }
+                sum = sum.mul_add(ms, vs);
+            }
+            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+            for (o, a) in o.iter_mut().zip(acc.iter()) {
+                *o = T::from_f32(*a * inv);
+            }
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v_expf_is_expf_to_a_few_ulps_and_zero_far_below() {
+        for i in -2000..=200 {
+            let x = i as f32 * 0.0437;
+            let (got, want) = (v_expf(x), x.exp());
+            let ulps = (got.to_bits() as i64 - want.to_bits() as i64).abs();
+            assert!(ulps <= 2, "x {x}: {got} vs {want}");
+        }
+        assert_eq!(v_expf(f32::NEG_INFINITY), 0.0);
+        assert_eq!(v_expf(-200.0), 0.0);
+        assert_eq!(v_expf(0.0), 1.0);
+    }
+
+    #[test]
+    fn dot_f16_orders_lanes_as_the_kernel_of_its_row_count() {
+        // Lanes 0, 1, 2 hold 1e8, -1e8, 1. tinyBLAS folds lane 2 onto lane
+        // 0 first ((1e8 + 1) - 1e8 = 0 in f32); ggml_vec_dot_f16 pairs
+        // lanes 0 and 1 first ((1e8 - 1e8) + 1 = 1). The exact sum is 1.
+        let mut a = vec![0f32; 32];
+        a[0] = 1.0e8;
+        a[1] = -1.0e8;
+        a[2] = 1.0;
+        let b = vec![1f32; 32];
+        assert_eq!(dot_f16(&a, &b, 2), 0.0);
+        assert_eq!(dot_f16(&a, &b, 1), 1.0);
+    }
+
+    #[test]
+    fn quantize_rounds_ties_to_even_with_127_over_amax() {
+        // amax 127: id = 1, so x = 2.5 is a tie: ggml's AVX2 path gives 2,
+        // the reference roundf (and taptree's q8) 3.
+        let mut x = vec![0.0f32; 32];
+        x[0] = 127.0;
+        x[1] = 2.5;
+        x[2] = -3.5;
+        x[3] = 0.5;
+        let g = quantize_row(&x, 32);
+        assert_eq!(&g.q[..4], &[127.0, 2.0, -4.0, 0.0]);
+        let r = super::super::matmul::quantize_row(&x, 32);
+        assert_eq!(&r.q[..4], &[127.0, 3.0, -4.0, 1.0]);
+        assert_eq!(g.d[0], 1.0);
+    }
+
+    #[test]
+    fn quantize_scales_by_127_over_amax_not_one_over_d() {
+        // amax = 1.3: 1 / (1.3 / 127) and 127 / 1.3 differ in the last bit,
+        // which moves 0.65 * id across the .5 boundary of 63.5 or not.
+        let amax = 1.3f32;
+        let (id_ggml, id_ref) = (127.0 / amax, 1.0 / (amax / 127.0));
+        assert_ne!(id_ggml.to_bits(), id_ref.to_bits());
+        // Find an input whose product lands on different sides of a tie.
+        let mut found = false;
+        for k in 0..20000 {
+            let v = k as f32 * 1e-4;
+            if (v * id_ggml).round_ties_even() != (v * id_ref).round_ties_even() {
+                let mut x = vec![0.0f32; 32];
+                x[0] = amax;
+                x[1] = v;
+                assert_eq!(quantize_row(&x, 32).q[1], (v * id_ggml).round_ties_even());
+                found = true;
+                break;
+            }
+        }
+        assert!(found, "no input tells the two scalings apart");
+    }
+
+    #[test]
+    fn q8_1_sum_is_rounded_to_f16() {
+        let x: Vec<f32> = (0..32).map(|i| (i as f32 - 11.3) * 0.37).collect();
+        let g = quantize_row(&x, 32);
+        let sum: f32 = g.q.iter().sum();
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = f16::from_f32(amax / 127.0 * sum).to_f32() as f64;
+        assert_eq!(
+            g.s_err[0] as f64,
+            (s - g.d[0] as f64 * sum as f64) as f32 as f64
+        );
+    }
+
+    #[test]
+    fn rope_walks_the_angle_in_f32() {
+        // Position 40, head_dim 64, base 1e5: the last pair's angle walked
+        // in f32 differs from the f64 one, so the rotation does too.
+        let (hd, base, pos) = (64, 1e5f32, 40);
+        let mut x = vec![1.0f32; hd];
+        rope(&mut x, hd, pos, hd, base);
+        let mut y = vec![1.0f64; hd];
+        super::super::rope::rope(&mut y, hd, pos, hd, base);
+        let worst = x
+            .iter()
+            .zip(&y)
+            .map(|(a, b)| (*a as f64 - b).abs())
+            .fold(0f64, f64::max);
+        assert!(worst > 1e-6, "{worst}");
+        assert!(worst < 1e-3, "{worst}");
+        // Position 0 is still the identity.
+        let mut z = vec![0.5f32; hd];
+        rope(&mut z, hd, 0, hd, base);
+        assert!(z.iter().all(|v| *v == 0.5));
+    }
+
+    #[test]
+    fn flash_attention_accumulates_in_f16() {
+        // Three equal scores over values 1, 2048, 1: the f16 accumulator
+        // holds 1 + 2048 = 2049, which f16 cannot (2048 or 2050): the sum of
+        // weights is 3, so the exact answer 2050/3 is missed by f16's step.
+        let heads = Heads {
+            n_head: 1,
+            n_head_kv: 1,
+            head_dim: 1,
+        };
+        let out = flash_attention(&[0.0f32; 3], 3, 0, &[1.0; 3], &[1.0, 2048.0, 1.0], heads);
+        // acc: 1, then f16(2048 + 1) = 2048 (ties to even), then 2049 -> 2048.
+        assert_eq!(out[2], 2048.0 / 3.0);
+        let exact = attention(&[0.0f32; 3], 3, 0, &[1.0; 3], &[1.0, 2048.0, 1.0], heads);
+        assert_ne!(out[2], exact[2]);
+        // One position: the value itself.
+        assert_eq!(out[0], 1.0);
+    }
+
+    #[test]
+    fn attention_rounds_probabilities_to_f16() {
+        // Two positions with scores 0 and ln 3 (probabilities 1/4, 3/4):
+        // exact in f16. Scores whose probability is 1/3 are not: the output
+        // is f16(1/3) * v, not v / 3.
+        let heads = Heads {
+            n_head: 1,
+            n_head_kv: 1,
+            head_dim: 1,
+        };
+        let q = [0.0f32, 0.0];
+        let k = [1.0f32, 1.0];
+        let v = [3.0f32, 3.0];
+        let out = attention(&q, 2, 0, &k, &v, heads);
+        assert_eq!(out[0], 3.0);
+        // Row 1: two equal scores, p = 0.5 each, exact.
+        assert_eq!(out[1], 3.0);
+        let q3 = [0.0f32; 3];
+        let out = attention(&q3, 3, 0, &[1.0; 3], &[1.0, 1.0, 1.0], heads);
+        let third = f16::from_f32(1.0 / 3.0).to_f32() as f64;
+        assert_eq!(out[2], (3.0 * third) as f32);
+        assert_ne!(out[2], 1.0);
+    }
+}
