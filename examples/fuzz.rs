@@ -3,9 +3,12 @@
 //! expression and the GGUF reader.
 //!
 //! ```text
-//! cargo run --release --example fuzz -- TARGET [--seconds 60] [--seed 1] [--dir DIR]
+//! cargo run --release --example fuzz -- TARGET [--seconds 60] [--seed 1] [--dir DIR] [--root DIR]
 //! TARGET: manifest | tapfile | tolerance | gguf
 //! ```
+//!
+//! Seeds are read under `--root` (default: this repository):
+//! `fixtures/golden/tiny-q-f32` and `target/fixtures/tiny-q.gguf`.
 //!
 //! Each iteration takes a seed input (a golden tree's manifest or tap file,
 //! valid tolerances, a fixture GGUF), applies one to four random mutations
@@ -63,7 +66,7 @@ fn over_limit(size: usize) -> ! {
     use std::io::Write;
     let mut buf = [0u8; 128];
     let mut cur = std::io::Cursor::new(&mut buf[..]);
-    let _ = write!(cur, "fuzz: allocation of {size} bytes (over the limit)\n");
+    let _ = writeln!(cur, "fuzz: allocation of {size} bytes (over the limit)");
     let n = cur.position() as usize;
     let _ = std::io::stderr().write_all(&buf[..n]);
     std::process::abort()
@@ -98,16 +101,17 @@ fn run() -> Result<(), String> {
         }
     };
     let (mut seconds, mut seed, mut dir) = (60u64, 1u64, None);
+    let mut root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or(format!("{flag} needs a value"));
         match flag.as_str() {
             "--seconds" => seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?,
             "--seed" => seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--dir" => dir = Some(PathBuf::from(value()?)),
+            "--root" => root = PathBuf::from(value()?),
             _ => return Err(format!("unexpected argument {flag:?}")),
         }
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let golden = root.join("fixtures/golden/tiny-q-f32");
     let dir = match dir {
         Some(d) => d,

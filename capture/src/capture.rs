@@ -249,8 +249,8 @@ impl Capture {
     }
 }
 
-/// An advisory lock on a tree's path, held in a hidden sibling file
-/// `.NAME.taptree-lock` that names its holder. Released (and the file
+/// An advisory lock (`flock`) on a tree's path, held in a hidden sibling
+/// file `.NAME.taptree-lock` that names its holder. Released (and the file
 /// removed) on drop; a killed holder's lock is released by the kernel.
 struct PathLock {
     path: PathBuf,
@@ -271,9 +271,9 @@ impl PathLock {
                 .truncate(false)
                 .open(&path)
                 .map_err(|e| Error::io(&path, e))?;
-            match file.try_lock() {
-                Ok(()) => {}
-                Err(std::fs::TryLockError::WouldBlock) => {
+            match try_lock(&file) {
+                Ok(true) => {}
+                Ok(false) => {
                     let holder = std::fs::read_to_string(&path).unwrap_or_default();
                     let holder = match holder.trim() {
                         "" => "its lock is held".to_string(),
@@ -284,7 +284,7 @@ impl PathLock {
                         holder,
                     });
                 }
-                Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
+                Err(e) => return Err(Error::io(&path, e)),
             }
             // The holder before us removes the file while still holding it:
             // a lock taken on a file no longer at `path` is stale; retry.
@@ -303,8 +303,31 @@ impl Drop for PathLock {
     fn drop(&mut self) {
         // Removed while held, so that no one takes a lock on it in between.
         let _ = std::fs::remove_file(&self.path);
-        let _ = self.file.unlock();
+        // Closing the file (dropping it, next) releases the lock.
+        let _ = &self.file;
     }
+}
+
+/// An exclusive advisory lock without waiting: false when another holds it.
+#[cfg(unix)]
+fn try_lock(file: &std::fs::File) -> std::io::Result<bool> {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: flock on a descriptor this process owns; no memory is shared.
+    let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EWOULDBLOCK) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+/// Without `flock`, captures to one path are not kept apart.
+#[cfg(not(unix))]
+fn try_lock(_file: &std::fs::File) -> std::io::Result<bool> {
+    Ok(true)
 }
 
 #[cfg(unix)]

@@ -816,7 +816,8 @@ fn editing_what_steers_a_verdict_breaks_the_root() {
     let dir = tempfile::tempdir().unwrap();
     let out = fresh_tree(dir.path());
     let whole = std::fs::read(out.join("manifest.json")).unwrap();
-    let edits: [(&str, fn(&mut serde_json::Value)); 5] = [
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 5] = [
         ("stages", |m| m["stages"] = serde_json::json!([])),
         ("tokens", |m| {
             m["run"]["prompt_tokens"] = serde_json::json!([9, 9])
@@ -897,6 +898,7 @@ fn a_replaced_tree_half_deleted_by_a_killed_capture_is_cleaned_up() {
     );
 }
 
+#[cfg(unix)]
 #[test]
 fn a_second_capture_to_a_locked_path_is_refused_naming_the_holder() {
     let dir = tempfile::tempdir().unwrap();
@@ -905,7 +907,12 @@ fn a_second_capture_to_a_locked_path_is_refused_naming_the_holder() {
     // Another process's capture to `t` holds the lock.
     let lock_path = dir.path().join(".t.taptree-lock");
     let held = std::fs::File::create(&lock_path).unwrap();
-    held.try_lock().unwrap();
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(
+        unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
     std::fs::write(&lock_path, "held by process 4242\n").unwrap();
     let err = {
         let _guard = serial();
