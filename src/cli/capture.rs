@@ -107,7 +107,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let out = out_dir(&args);
     let selection = selection(&args)?;
     let force = force(&args);
-    let (path, model, seqs) = load_sequences(&args)?;
+    let (model, seqs) = load_sequences(&args)?;
     let mut fwd = backend::open(&args.backend, &model.weights, precision, &switches)?;
     let stop: Vec<u32> = model
         .tokenizer
@@ -247,7 +247,7 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
     })?;
     let selection = selection(&args)?;
     let force = force(&args);
-    let (_, model, seqs) = load_sequences(&args)?;
+    let (model, seqs) = load_sequences(&args)?;
     if seqs.len() > 1 {
         bail!(
             "--engine {}: one sequence at a time ({} given)",
@@ -357,7 +357,7 @@ fn force(args: &Args) -> bool {
 
 /// The model and the command line's sequences, checked against its
 /// vocabulary and context length: the same for every engine.
-fn load_sequences(args: &Args) -> anyhow::Result<(PathBuf, LoadedModel, Vec<Sequence>)> {
+fn load_sequences(args: &Args) -> anyhow::Result<(LoadedModel, Vec<Sequence>)> {
     if args.prompt.is_empty() && args.chat.is_empty() && args.tokens.is_empty() {
         bail!("nothing to run: give --prompt, --chat or --tokens");
     }
@@ -385,7 +385,7 @@ fn load_sequences(args: &Args) -> anyhow::Result<(PathBuf, LoadedModel, Vec<Sequ
             );
         }
     }
-    Ok((path, model, seqs))
+    Ok((model, seqs))
 }
 
 /// The sequences of the command line, tokenized: prompts, then chat turns,
