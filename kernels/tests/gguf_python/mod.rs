@@ -56,7 +56,9 @@ fn real_model(m: &kernels::fetch::RealModel) -> Option<PathBuf> {
         return Some(p);
     }
     if in_ci() || std::env::var("TAPTREE_FETCH").is_ok_and(|v| v == "1") {
-        return Some(kernels::fetch::ensure(m).unwrap_or_else(|e| panic!("fetching {}: {e}", m.name)));
+        return Some(
+            kernels::fetch::ensure(m).unwrap_or_else(|e| panic!("fetching {}: {e}", m.name)),
+        );
     }
     eprintln!(
         "skipped: {} is not in {} (run `cargo run --release -p kernels --example fetch_model {}`, or set TAPTREE_FETCH=1)",
