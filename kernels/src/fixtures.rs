@@ -134,6 +134,7 @@ pub fn config(name: &str) -> Result<LlamaConfig, FixtureError> {
         rope_base: 10000.0,
         rms_eps: 1e-5,
         context_length: 256,
+        family: crate::model::ModelFamily::llama(),
     })
 }
 
@@ -203,6 +204,7 @@ pub fn weights(name: &str) -> Result<ModelWeights, FixtureError> {
                 w_gate: lin("ffn_gate", c.n_ff, c.n_embd),
                 w_up: lin("ffn_up", c.n_ff, c.n_embd),
                 w_down: lin("ffn_down", c.n_embd, c.n_ff),
+                extra_norms: Default::default(),
             }
         })
         .collect();

@@ -29,6 +29,7 @@ pub mod cuda;
 pub mod fetch;
 pub mod fixtures;
 pub mod forward;
+pub mod gemma3;
 pub mod generate;
 pub mod gguf;
 pub mod hf;
@@ -40,5 +41,5 @@ pub mod switches;
 pub mod tokenizer;
 
 pub use forward::{Forward, ForwardError, Precision};
-pub use model::{LayerWeights, LlamaConfig, ModelWeights, QTensor};
+pub use model::{LayerWeights, LlamaConfig, ModelFamily, ModelWeights, QTensor};
 pub use quant::GgmlType;

@@ -49,6 +49,7 @@ fn model(tied: bool) -> ModelWeights {
         rope_base: 10000.0,
         rms_eps: 1e-5,
         context_length: 32,
+        family: kernels::model::ModelFamily::llama(),
     };
     let mut rng = Rng(7);
     let (d, kv, ff) = (
@@ -116,6 +117,7 @@ fn model(tied: bool) -> ModelWeights {
                 s,
                 0.0,
             ),
+            extra_norms: Default::default(),
         })
         .collect();
     let token_embd = f32_tensor(

@@ -154,7 +154,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         .collect(),
         ..Default::default()
     };
-    let stages = stages::llama();
+    let stages = stages::for_config(cfg);
     let mut cap = match out {
         Some(out) => Some(capture::Capture::start(capture::CaptureOptions {
             out,

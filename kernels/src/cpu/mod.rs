@@ -50,6 +50,7 @@ pub trait Real:
     fn to_f64(self) -> f64;
     fn to_f32(self) -> f32;
     fn exp(self) -> Self;
+    fn tanh(self) -> Self;
     fn sqrt(self) -> Self;
     fn abs(self) -> Self;
     fn round(self) -> Self;
@@ -79,6 +80,10 @@ macro_rules! impl_real {
             #[inline(always)]
             fn exp(self) -> Self {
                 <$t>::exp(self)
+            }
+            #[inline(always)]
+            fn tanh(self) -> Self {
+                <$t>::tanh(self)
             }
             #[inline(always)]
             fn sqrt(self) -> Self {

@@ -138,6 +138,12 @@ impl CudaForward {
         }
         let c = &weights.config;
         crate::forward::check_config(c)?;
+        if c.family != crate::model::ModelFamily::llama() {
+            return Err(ForwardError::Unsupported(format!(
+                "cuda: the {} family (extra norms, RoPE over halves, windows) runs on the cpu backend only",
+                c.arch
+            )));
+        }
         let q8 = |f| switches.resolve(f, precision) == ActPrecision::Q8;
         let acts = Acts {
             attn: q8(Family::Attn),
