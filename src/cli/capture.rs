@@ -19,7 +19,7 @@ use crate::exit;
 /// Arguments of `taptree capture`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// `smollm2` (fetched once into the cache), a GGUF file, or an HF
+    /// `smollm2` or `gemma3-270m` (fetched once into the cache), a GGUF file, or an HF
     /// directory (config.json + *.safetensors).
     #[arg(long)]
     pub model: String,
