@@ -1,5 +1,6 @@
-//! [`CpuForward`]: the instrumented reference forward of a llama-architecture
-//! decoder, in f32, q8 (int8 activations before quantized matmuls) or f64.
+//! [`CpuForward`]: the instrumented reference forward of a decoder (llama, or
+//! the family its [`ModelFamily`] describes), in f32, q8 (int8 activations
+//! before quantized matmuls) or f64.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
