@@ -269,12 +269,6 @@ impl Tokenizer {
             path: path.clone(),
             pre: pre.into(),
         })?;
-        let id_of = |key: &str| {
-            gguf.get(key)
-                .and_then(Value::as_u64)
-                .map(|v| v as u32)
-                .filter(|&v| (v as usize) < tokens.len())
-        };
         let special: Vec<&str> = tokens
             .iter()
             .zip(&types)
@@ -282,7 +276,23 @@ impl Tokenizer {
             .map(|(s, _)| s.as_str())
             .collect();
         let inner = build(&path, &tokens, merges, &special, pre_tok)?;
-        Ok(Some(Tokenizer {
+        Ok(Some(Tokenizer::with_gguf_specials(
+            inner,
+            gguf,
+            tokens.len(),
+        )))
+    }
+
+    /// `inner` with the BOS/EOS ids (those inside a vocabulary of `n_tokens`),
+    /// the add-BOS flag and the chat template the GGUF's metadata names.
+    fn with_gguf_specials(inner: HfTokenizer, gguf: &GgufFile, n_tokens: usize) -> Tokenizer {
+        let id_of = |key: &str| {
+            gguf.get(key)
+                .and_then(Value::as_u64)
+                .map(|v| v as u32)
+                .filter(|&v| (v as usize) < n_tokens)
+        };
+        Tokenizer {
             inner,
             bos_id: id_of("tokenizer.ggml.bos_token_id"),
             eos_id: id_of("tokenizer.ggml.eos_token_id"),
@@ -294,7 +304,7 @@ impl Tokenizer {
                 .get("tokenizer.chat_template")
                 .and_then(Value::as_str)
                 .map(str::to_string),
-        }))
+        }
     }
 
     /// Loads an HF `tokenizer.json`; `bos`/`eos` and the template come from
@@ -519,25 +529,7 @@ fn sentencepiece_gemma(gguf: &GgufFile) -> Result<Tokenizer, TokenizerError> {
         .map(|s| AddedToken::from(s.clone(), false).normalized(false))
         .collect();
     inner.add_tokens(&user);
-    let id_of = |key: &str| {
-        gguf.get(key)
-            .and_then(Value::as_u64)
-            .map(|v| v as u32)
-            .filter(|&v| (v as usize) < tokens.len())
-    };
-    Ok(Tokenizer {
-        inner,
-        bos_id: id_of("tokenizer.ggml.bos_token_id"),
-        eos_id: id_of("tokenizer.ggml.eos_token_id"),
-        add_bos: gguf
-            .get("tokenizer.ggml.add_bos_token")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
-        chat_template_source: gguf
-            .get("tokenizer.chat_template")
-            .and_then(Value::as_str)
-            .map(str::to_string),
-    })
+    Ok(Tokenizer::with_gguf_specials(inner, gguf, tokens.len()))
 }
 
 /// The merges a SentencePiece vocabulary implies, best first: every split of

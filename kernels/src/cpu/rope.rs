@@ -23,6 +23,13 @@ pub fn rope_styled<T: Real>(
     }
 }
 
+/// `base^(-2i / head_dim)` for each rotating pair `i`, in f64.
+fn inv_freq(head_dim: usize, base: f32) -> Vec<f64> {
+    (0..head_dim / 2)
+        .map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64))
+        .collect()
+}
+
 /// The cosines and sines of row `pos`, computed in f64 and rounded to `T`
 /// once.
 fn angles<T: Real>(pos: usize, inv_freq: &[f64], cs: &mut [(T, T)]) {
@@ -35,9 +42,7 @@ fn angles<T: Real>(pos: usize, inv_freq: &[f64], cs: &mut [(T, T)]) {
 /// Rotates `x` as [`rope`] does, pairing dimension `i` with `i + head_dim/2`.
 pub fn rope_halves<T: Real>(x: &mut [T], width: usize, start: usize, head_dim: usize, base: f32) {
     let half = head_dim / 2;
-    let inv_freq: Vec<f64> = (0..half)
-        .map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64))
-        .collect();
+    let inv_freq = inv_freq(head_dim, base);
     let mut cs = vec![(T::ZERO, T::ZERO); half];
     for (r, row) in x.chunks_exact_mut(width).enumerate() {
         angles(start + r, &inv_freq, &mut cs);
@@ -57,17 +62,10 @@ pub fn rope_halves<T: Real>(x: &mut [T], width: usize, start: usize, head_dim: u
 /// f64 and rounded to `T` once, so the f32 forward carries no error from the
 /// angle itself.
 pub fn rope<T: Real>(x: &mut [T], width: usize, start: usize, head_dim: usize, base: f32) {
-    let half = head_dim / 2;
-    let inv_freq: Vec<f64> = (0..half)
-        .map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64))
-        .collect();
-    let mut cs = vec![(T::ZERO, T::ZERO); half];
+    let inv_freq = inv_freq(head_dim, base);
+    let mut cs = vec![(T::ZERO, T::ZERO); head_dim / 2];
     for (r, row) in x.chunks_exact_mut(width).enumerate() {
-        let pos = (start + r) as f64;
-        for (i, f) in inv_freq.iter().enumerate() {
-            let theta = pos * f;
-            cs[i] = (T::from_f64(theta.cos()), T::from_f64(theta.sin()));
-        }
+        angles(start + r, &inv_freq, &mut cs);
         for head in row.chunks_exact_mut(head_dim) {
             for (i, (c, s)) in cs.iter().enumerate() {
                 let (x0, x1) = (head[2 * i], head[2 * i + 1]);
