@@ -171,8 +171,9 @@ fn gemma3_matches_hugging_face_transformers() {
             );
         }
         eprintln!(
-            "{text:?}: {} positions, worst logits cosine {worst:.8}",
-            ids.len()
+            "{text:?}: {} positions, worst logits cosine 1 - {:.2e}",
+            ids.len(),
+            1.0 - worst
         );
 
         // Greedy tokens: ours (batched prefill, then decode) equal HF's.
