@@ -40,6 +40,18 @@ pub fn llama() -> Vec<StageSpec> {
     for_family(&ModelFamily::llama())
 }
 
+/// Every stage any family's forward taps, each name once, in a forward
+/// order: what a selection can name before the model is known.
+pub fn every_family() -> Vec<StageSpec> {
+    let mut all = llama();
+    for spec in for_family(&crate::gemma3::family(6, 1e6, 512)) {
+        if !all.iter().any(|s| s.name == spec.name) {
+            all.push(spec);
+        }
+    }
+    all
+}
+
 /// The vocabulary of the model `config` describes.
 pub fn for_config(config: &LlamaConfig) -> Vec<StageSpec> {
     for_family(&config.family)

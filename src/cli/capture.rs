@@ -135,7 +135,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         .collect(),
         ..Default::default()
     };
-    let stages = stages::for_config(cfg);
+    let stages = stages::for_config(&model.weights.config);
+    check_selection(&selection, &stages)?;
     let mut cap = match out {
         Some(out) => Some(capture::Capture::start(capture::CaptureOptions {
             out,
@@ -248,6 +249,7 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
     let selection = selection(&args)?;
     let force = force(&args);
     let (model, seqs) = load_sequences(&args)?;
+    check_selection(&selection, &stages::for_config(&model.weights.config))?;
     if seqs.len() > 1 {
         bail!(
             "--engine {}: one sequence at a time ({} given)",
@@ -323,7 +325,9 @@ fn out_dir(args: &Args) -> Option<PathBuf> {
 }
 
 /// `--select`, else `$TAPTREE_SELECT`, parsed before any work; a misspelt
-/// stage would capture nothing, so it is refused.
+/// stage would capture nothing, so one that no model family taps is refused
+/// here, before the model loads ([`check_selection`] then holds it to the
+/// model's own vocabulary).
 fn selection(args: &Args) -> anyhow::Result<capture::Selection> {
     let selection = match &args.select {
         Some(s) => capture::Selection::parse(s).with_context(|| format!("--select {s:?}"))?,
@@ -334,7 +338,16 @@ fn selection(args: &Args) -> anyhow::Result<capture::Selection> {
             Err(_) => capture::Selection::all(),
         },
     };
-    let vocabulary = stages::llama();
+    check_selection(&selection, &stages::every_family())?;
+    Ok(selection)
+}
+
+/// Refuses a selection with a stage glob that matches no stage of
+/// `vocabulary`, naming the stages there are.
+fn check_selection(
+    selection: &capture::Selection,
+    vocabulary: &[capture::StageSpec],
+) -> anyhow::Result<()> {
     let names: Vec<&str> = vocabulary.iter().map(|s| s.name.as_str()).collect();
     if let Some(glob) = selection.unmatched_stage_globs(&names).first() {
         bail!(
@@ -343,7 +356,7 @@ fn selection(args: &Args) -> anyhow::Result<capture::Selection> {
             names.join(", ")
         );
     }
-    Ok(selection)
+    Ok(())
 }
 
 /// `--force`, or `TAPTREE_FORCE=1|true|yes`.
