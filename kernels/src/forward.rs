@@ -59,7 +59,7 @@ pub enum ForwardError {
     Device(String),
 }
 
-/// A forward of a llama-architecture model with its own KV cache(s).
+/// A forward of a decoder (llama, or a family its [`crate::ModelFamily`] describes) with its own KV cache(s).
 ///
 /// Each call taps every stage (through `capture`) with keys carrying the
 /// positions it ran, so the tree of a prefill-then-decode run and the tree of

@@ -233,6 +233,7 @@ pub fn config_from_json(path: &Path, json: &Json) -> Result<(LlamaConfig, bool),
         rope_base: float("rope_theta", Some(10000.0))?,
         rms_eps: float("rms_norm_eps", None)?,
         context_length: req("max_position_embeddings")?,
+        family: crate::model::ModelFamily::llama(),
     };
     Ok((config, tied))
 }

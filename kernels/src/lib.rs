@@ -3,11 +3,14 @@
 //! [`load::load_model`] reads a GGUF file or a Hugging Face checkpoint into
 //! [`ModelWeights`] (quantized tensors as [`QTensor`], dequantized bit for bit
 //! as ggml does in [`quant`]) with its [`tokenizer`]; [`fetch`] resolves
-//! `smollm2` and the seeded [`fixtures`]. [`backend::open`] gives a
-//! [`Forward`]: the CPU reference ([`cpu`]) or, with the `cuda` feature, the
-//! CUDA forward, both tapping every stage of [`stages::llama`] through
-//! `capture`, in f32, q8 or f64 activations ([`Precision`], overridden per op
-//! family by [`switches`]). [`generate`] runs greedy generation over either.
+//! `smollm2`, `gemma3-270m` and the seeded [`fixtures`]. A model family is
+//! one layer description ([`ModelFamily`]: llama's, or [`gemma3`]'s extra
+//! norms, GeGLU, RoPE layout and windows) read by one forward skeleton.
+//! [`backend::open`] gives a [`Forward`]: the CPU reference ([`cpu`]) or,
+//! with the `cuda` feature, the CUDA forward (llama family only), both
+//! tapping every stage of [`stages::for_config`] through `capture`, in f32,
+//! q8 or f64 activations ([`Precision`], overridden per op family by
+//! [`switches`]). [`generate`] runs greedy generation over either.
 //!
 //! ```
 //! use kernels::{backend, fixtures, generate, switches::Switches, Precision};
@@ -29,6 +32,7 @@ pub mod cuda;
 pub mod fetch;
 pub mod fixtures;
 pub mod forward;
+pub mod gemma3;
 pub mod generate;
 pub mod gguf;
 pub mod hf;
@@ -40,5 +44,5 @@ pub mod switches;
 pub mod tokenizer;
 
 pub use forward::{Forward, ForwardError, Precision};
-pub use model::{LayerWeights, LlamaConfig, ModelWeights, QTensor};
+pub use model::{LayerWeights, LlamaConfig, ModelFamily, ModelWeights, QTensor};
 pub use quant::GgmlType;

@@ -80,7 +80,7 @@ pub enum LoadError {
     },
     #[error("{path}: not a GGUF file nor a directory holding config.json")]
     NotAModel { path: PathBuf },
-    #[error("{path}: architecture {arch:?} is not supported (supported: llama, qwen2 without sliding window)")]
+    #[error("{path}: architecture {arch:?} is not supported (supported: llama, qwen2 without sliding window, gemma3)")]
     UnsupportedArchitecture { path: PathBuf, arch: String },
     #[error("{path}: metadata {key} is missing")]
     MissingKey { path: PathBuf, key: String },
@@ -164,7 +164,7 @@ pub fn config_from_gguf(gguf: &GgufFile) -> Result<LlamaConfig, LoadError> {
             path: path.into(),
             key: "general.architecture".into(),
         })?;
-    if arch != "llama" {
+    if arch != "llama" && arch != "gemma3" {
         return Err(LoadError::UnsupportedArchitecture {
             path: path.into(),
             arch: arch.into(),
@@ -245,22 +245,29 @@ pub fn config_from_gguf(gguf: &GgufFile) -> Result<LlamaConfig, LoadError> {
                 .unwrap_or(0) as usize,
         },
     };
+    let n_layer = req("block_count")?;
+    let rope_base = float("rope.freq_base").or_else(|e| match e {
+        // llama.cpp's default when a converter omitted it.
+        LoadError::MissingKey { .. } => Ok(10000.0),
+        e => Err(e),
+    })?;
+    let family = match arch {
+        "gemma3" => crate::gemma3::family(n_layer, rope_base, req("attention.sliding_window")?),
+        _ => crate::model::ModelFamily::llama(),
+    };
     Ok(LlamaConfig {
         arch: arch.into(),
-        n_layer: req("block_count")?,
+        n_layer,
         n_embd,
         n_head,
         n_head_kv,
         head_dim,
         n_ff: req("feed_forward_length")?,
         vocab_size,
-        rope_base: float("rope.freq_base").or_else(|e| match e {
-            // llama.cpp's default when a converter omitted it.
-            LoadError::MissingKey { .. } => Ok(10000.0),
-            e => Err(e),
-        })?,
+        rope_base,
         rms_eps: float("attention.layer_norm_rms_epsilon")?,
         context_length: req("context_length")?,
+        family,
     })
 }
 
@@ -318,7 +325,27 @@ pub(crate) fn assemble(
         let mut t = |n: &str, shape: &[usize]| {
             find(&format!("blk.{i}.{n}.weight"), shape, true).map(required)
         };
+        let f = &c.family;
+        let extra_norms = crate::model::ExtraNorms {
+            q_norm: f
+                .qk_norm
+                .then(|| t("attn_q_norm", &[c.head_dim]))
+                .transpose()?,
+            k_norm: f
+                .qk_norm
+                .then(|| t("attn_k_norm", &[c.head_dim]))
+                .transpose()?,
+            post_attn_norm: f
+                .post_norms
+                .then(|| t("post_attention_norm", &[c.n_embd]))
+                .transpose()?,
+            post_ffn_norm: f
+                .post_norms
+                .then(|| t("post_ffw_norm", &[c.n_embd]))
+                .transpose()?,
+        };
         layers.push(LayerWeights {
+            extra_norms,
             attn_norm: t("attn_norm", &[c.n_embd])?,
             wq: t("attn_q", &[q_dim, c.n_embd])?,
             wk: t("attn_k", &[kv_dim, c.n_embd])?,

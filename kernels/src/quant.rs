@@ -22,7 +22,10 @@ pub enum GgmlType {
     Q4_1,
     Q5_0,
     Q8_0,
+    Q2_K,
+    Q3_K,
     Q4_K,
+    Q5_K,
     Q6_K,
 }
 
@@ -32,7 +35,9 @@ impl GgmlType {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 => 32,
-            GgmlType::Q4_K | GgmlType::Q6_K => 256,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                256
+            }
         }
     }
 
@@ -45,7 +50,10 @@ impl GgmlType {
             GgmlType::Q4_1 => 20,
             GgmlType::Q5_0 => 22,
             GgmlType::Q8_0 => 34,
+            GgmlType::Q2_K => 84,
+            GgmlType::Q3_K => 110,
             GgmlType::Q4_K => 144,
+            GgmlType::Q5_K => 176,
             GgmlType::Q6_K => 210,
         }
     }
@@ -64,7 +72,10 @@ impl GgmlType {
             GgmlType::Q4_1 => 3,
             GgmlType::Q5_0 => 6,
             GgmlType::Q8_0 => 8,
+            GgmlType::Q2_K => 10,
+            GgmlType::Q3_K => 11,
             GgmlType::Q4_K => 12,
+            GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
             GgmlType::BF16 => 30,
         }
@@ -78,7 +89,10 @@ impl GgmlType {
             3 => GgmlType::Q4_1,
             6 => GgmlType::Q5_0,
             8 => GgmlType::Q8_0,
+            10 => GgmlType::Q2_K,
+            11 => GgmlType::Q3_K,
             12 => GgmlType::Q4_K,
+            13 => GgmlType::Q5_K,
             14 => GgmlType::Q6_K,
             30 => GgmlType::BF16,
             _ => return None,
@@ -106,6 +120,8 @@ pub enum QuantError {
         n: usize,
         block: usize,
     },
+    #[error("Q8_K: {n} activations are not a whole number of 256-element blocks")]
+    PartialQ8KBlock { n: usize },
     #[error("{ggml_type}: {n} elements need {expected} bytes, got {got}")]
     ByteLength {
         ggml_type: GgmlType,
@@ -252,6 +268,85 @@ fn dequantize_unchecked(ty: GgmlType, data: &[u8], out: &mut [f32]) {
                 }
             }
         }
+        GgmlType::Q2_K => {
+            for (b, y) in blocks {
+                let scales = &b[0..16];
+                let d = f16_at(b, 80);
+                let dmin = f16_at(b, 82);
+                // Two halves of 128: each reads 32 bytes of `qs` four times,
+                // two bits at a time, in sub-blocks of 16 with their own
+                // 4-bit scale and min.
+                for (half, (q, y)) in b[16..80]
+                    .chunks_exact(32)
+                    .zip(y.chunks_exact_mut(128))
+                    .enumerate()
+                {
+                    for j in 0..4 {
+                        let shift = 2 * j;
+                        for (k, (q16, y16)) in q
+                            .chunks_exact(16)
+                            .zip(y[32 * j..32 * j + 32].chunks_exact_mut(16))
+                            .enumerate()
+                        {
+                            let sc = scales[8 * half + 2 * j + k];
+                            let (dl, ml) = (d * (sc & 0x0F) as f32, dmin * (sc >> 4) as f32);
+                            for (yl, ql) in y16.iter_mut().zip(q16) {
+                                *yl = dl * ((ql >> shift) & 3) as f32 - ml;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        GgmlType::Q3_K => {
+            for (b, y) in blocks {
+                let hmask = &b[0..32];
+                let d = f16_at(b, 108);
+                let scales = q3_k_scales(&b[96..108]);
+                for (half, (q, y)) in b[32..96]
+                    .chunks_exact(32)
+                    .zip(y.chunks_exact_mut(128))
+                    .enumerate()
+                {
+                    for j in 0..4 {
+                        let shift = 2 * j;
+                        // The high bit of each value lives in `hmask`, one
+                        // bit plane per 32 values; a clear bit subtracts 4.
+                        let m = 1u8 << (4 * half + j);
+                        for k in 0..2 {
+                            let dl = d * (scales[8 * half + 2 * j + k] as i32 - 32) as f32;
+                            for l in 16 * k..16 * k + 16 {
+                                let low = ((q[l] >> shift) & 3) as i32;
+                                let high = if hmask[l] & m != 0 { 0 } else { 4 };
+                                y[32 * j + l] = dl * (low - high) as f32;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        GgmlType::Q5_K => {
+            for (b, y) in blocks {
+                let d = f16_at(b, 0);
+                let dmin = f16_at(b, 2);
+                let scales = &b[4..16];
+                let qh = &b[16..48];
+                let qs = &b[48..176];
+                for (chunk, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
+                    let (sc0, m0) = scale_min_k4(2 * chunk, scales);
+                    let (sc1, m1) = scale_min_k4(2 * chunk + 1, scales);
+                    let (d0, dm0) = (d * sc0 as f32, dmin * m0 as f32);
+                    let (d1, dm1) = (d * sc1 as f32, dmin * m1 as f32);
+                    let (u0, u1) = (1u8 << (2 * chunk), 2u8 << (2 * chunk));
+                    for l in 0..32 {
+                        let h0 = if qh[l] & u0 != 0 { 16 } else { 0 };
+                        let h1 = if qh[l] & u1 != 0 { 16 } else { 0 };
+                        y[l] = d0 * ((q[l] & 0x0F) + h0) as f32 - dm0;
+                        y[l + 32] = d1 * ((q[l] >> 4) + h1) as f32 - dm1;
+                    }
+                }
+            }
+        }
         GgmlType::Q6_K => {
             for (b, y) in blocks {
                 let ql = &b[0..128];
@@ -279,6 +374,20 @@ fn dequantize_unchecked(ty: GgmlType, data: &[u8], out: &mut [f32]) {
     }
 }
 
+/// The sixteen 6-bit scales of a Q3_K block, unpacked from its 12 bytes as
+/// ggml's `kmask1`/`kmask2` shuffle lays them out: the low four bits of
+/// scale `i` are the low (i < 8) or high nibble of byte `i % 8`, the high two
+/// bits are bits `2 * (i / 4)..` of byte `8 + i % 4`.
+fn q3_k_scales(s: &[u8]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        let low = if i < 8 { s[i] & 0x0F } else { s[i - 8] >> 4 };
+        let high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+        *o = low | (high << 4);
+    }
+    out
+}
+
 /// The 6-bit scale and min of sub-block `j` of a K-quant block (ggml's
 /// `get_scale_min_k4`).
 fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
@@ -304,6 +413,61 @@ pub fn quantize_q8_0(x: &[f32]) -> Result<Vec<u8>, QuantError> {
         out.extend(block.iter().map(|v| (v * id).round() as i8 as u8));
     }
     Ok(out)
+}
+
+/// One block of llama.cpp's `block_q8_K`: the activation format its K-quant
+/// dot products (`ggml_vec_dot_q4_K_q8_K`, `..._q6_K_q8_K`, ...) take.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockQ8K {
+    /// f32 scale: `x ~ d * q`.
+    pub d: f32,
+    pub qs: [i8; 256],
+    /// Sums of each 16 values of `qs` (what the dots use for the mins term).
+    pub bsums: [i16; 16],
+}
+
+/// Quantizes a row of activations to Q8_K as llama.cpp's
+/// `quantize_row_q8_K_ref` does: per block of 256, the value of largest
+/// magnitude `max` (the first one, on ties) maps to exactly -127 through
+/// `iscale = -127 / max`, every value to `nearest_int(iscale * x)` (round
+/// half to even, ggml's `nearest_int`) capped at 127, and `d = 1 / iscale`.
+/// An all-zero block is all zeros with `d = 0`.
+///
+/// Unlike Q8_0's `amax / 127`, the sign of the scale follows the outlier, and
+/// the scale is kept in f32, not f16.
+pub fn quantize_row_q8_k(x: &[f32]) -> Result<Vec<BlockQ8K>, QuantError> {
+    if x.len() % 256 != 0 {
+        return Err(QuantError::PartialQ8KBlock { n: x.len() });
+    }
+    Ok(x.chunks_exact(256)
+        .map(|b| {
+            let mut max = 0f32;
+            let mut amax = 0f32;
+            for &v in b {
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            let mut blk = BlockQ8K {
+                d: 0.0,
+                qs: [0; 256],
+                bsums: [0; 16],
+            };
+            if amax == 0.0 {
+                return blk;
+            }
+            let iscale = -127.0f32 / max;
+            for (q, &v) in blk.qs.iter_mut().zip(b) {
+                *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+            }
+            for (s, q) in blk.bsums.iter_mut().zip(blk.qs.chunks_exact(16)) {
+                *s = q.iter().map(|&v| v as i16).sum();
+            }
+            blk.d = 1.0 / iscale;
+            blk
+        })
+        .collect())
 }
 
 /// Quantizes `x` to Q4_1 as ggml's `quantize_row_q4_1_ref` does.

@@ -1,7 +1,11 @@
-//! The llama-family stage vocabulary, in forward order, with each stage's
-//! inputs. The CPU and CUDA forwards tap exactly these names.
+//! The stage vocabulary, in forward order, with each stage's inputs: llama's
+//! ([`llama`]), and the one a [`ModelFamily`] implies ([`for_family`]: Gemma
+//! 3 adds `q_norm`, `k_norm`, `post_attn_norm`, `post_ffn_norm` and gates with
+//! `ffn_geglu`). The CPU and CUDA forwards tap exactly these names.
 
 use capture::StageSpec;
+
+use crate::model::{FfnActivation, LlamaConfig, ModelFamily};
 
 pub const EMBEDDING: &str = "embedding";
 pub const ATTN_NORM: &str = "attn_norm";
@@ -17,6 +21,11 @@ pub const FFN_NORM: &str = "ffn_norm";
 pub const FFN_GATE: &str = "ffn_gate";
 pub const FFN_UP: &str = "ffn_up";
 pub const FFN_SWIGLU: &str = "ffn_swiglu";
+pub const FFN_GEGLU: &str = "ffn_geglu";
+pub const Q_NORM: &str = "q_norm";
+pub const K_NORM: &str = "k_norm";
+pub const POST_ATTN_NORM: &str = "post_attn_norm";
+pub const POST_FFN_NORM: &str = "post_ffn_norm";
 pub const FFN_DOWN: &str = "ffn_down";
 pub const POST_FFN_RESIDUAL: &str = "post_ffn_residual";
 pub const FINAL_NORM: &str = "final_norm";
@@ -28,26 +37,69 @@ pub const LOGITS: &str = "logits";
 /// softmax(QK^T)V before `o_proj`; its inputs include the K/V of earlier
 /// positions, which live in the same stages' earlier taps.
 pub fn llama() -> Vec<StageSpec> {
-    vec![
+    for_family(&ModelFamily::llama())
+}
+
+/// The vocabulary of the model `config` describes.
+pub fn for_config(config: &LlamaConfig) -> Vec<StageSpec> {
+    for_family(&config.family)
+}
+
+/// The vocabulary of a family: llama's, with a family's extra norms inserted
+/// where they run and its gate's stage named for its nonlinearity.
+pub fn for_family(f: &ModelFamily) -> Vec<StageSpec> {
+    let gated = match f.ffn {
+        FfnActivation::Silu => FFN_SWIGLU,
+        FfnActivation::GeluTanh => FFN_GEGLU,
+    };
+    let (q_in, k_in) = if f.qk_norm {
+        (Q_NORM, K_NORM)
+    } else {
+        (Q_PROJ, K_PROJ)
+    };
+    let attn_out = if f.post_norms { POST_ATTN_NORM } else { O_PROJ };
+    let ffn_out = if f.post_norms {
+        POST_FFN_NORM
+    } else {
+        FFN_DOWN
+    };
+    let mut v = vec![
         StageSpec::global(EMBEDDING, &[]),
         StageSpec::layer(ATTN_NORM, &["post_ffn_residual@prev"])
             .with_first_layer_inputs(&[EMBEDDING]),
         StageSpec::layer(Q_PROJ, &[ATTN_NORM]),
         StageSpec::layer(K_PROJ, &[ATTN_NORM]),
         StageSpec::layer(V_PROJ, &[ATTN_NORM]),
-        StageSpec::layer(Q_ROPE, &[Q_PROJ]),
-        StageSpec::layer(K_ROPE, &[K_PROJ]),
+    ];
+    if f.qk_norm {
+        v.push(StageSpec::layer(Q_NORM, &[Q_PROJ]));
+        v.push(StageSpec::layer(K_NORM, &[K_PROJ]));
+    }
+    v.extend([
+        StageSpec::layer(Q_ROPE, &[q_in]),
+        StageSpec::layer(K_ROPE, &[k_in]),
         StageSpec::layer(ATTN, &[Q_ROPE, K_ROPE, V_PROJ]),
         StageSpec::layer(O_PROJ, &[ATTN]),
-        StageSpec::layer(POST_ATTN_RESIDUAL, &[O_PROJ, "post_ffn_residual@prev"])
-            .with_first_layer_inputs(&[O_PROJ, EMBEDDING]),
+    ]);
+    if f.post_norms {
+        v.push(StageSpec::layer(POST_ATTN_NORM, &[O_PROJ]));
+    }
+    v.extend([
+        StageSpec::layer(POST_ATTN_RESIDUAL, &[attn_out, "post_ffn_residual@prev"])
+            .with_first_layer_inputs(&[attn_out, EMBEDDING]),
         StageSpec::layer(FFN_NORM, &[POST_ATTN_RESIDUAL]),
         StageSpec::layer(FFN_GATE, &[FFN_NORM]),
         StageSpec::layer(FFN_UP, &[FFN_NORM]),
-        StageSpec::layer(FFN_SWIGLU, &[FFN_GATE, FFN_UP]),
-        StageSpec::layer(FFN_DOWN, &[FFN_SWIGLU]),
-        StageSpec::layer(POST_FFN_RESIDUAL, &[FFN_DOWN, POST_ATTN_RESIDUAL]),
+        StageSpec::layer(gated, &[FFN_GATE, FFN_UP]),
+        StageSpec::layer(FFN_DOWN, &[gated]),
+    ]);
+    if f.post_norms {
+        v.push(StageSpec::layer(POST_FFN_NORM, &[FFN_DOWN]));
+    }
+    v.extend([
+        StageSpec::layer(POST_FFN_RESIDUAL, &[ffn_out, POST_ATTN_RESIDUAL]),
         StageSpec::global(FINAL_NORM, &["post_ffn_residual@last"]),
         StageSpec::global(LOGITS, &[FINAL_NORM]),
-    ]
+    ]);
+    v
 }

@@ -6,8 +6,13 @@
 //! user-defined tokens (`tokenizer.ggml.token_type` 3 and 4, e.g.
 //! `<|im_start|>`) become special added tokens matched verbatim in the input,
 //! and `tokenizer.ggml.pre` picks the pre-tokenizer regexes llama.cpp would
-//! use. The chat template is not run as Jinja: ChatML templates are
-//! recognised and rendered directly; any other template is refused by name.
+//! use. GGUF's `llama` tokenizer with Gemma's vocabulary is SentencePiece
+//! BPE ([`crate::tokenizer::Tokenizer::from_gguf`] builds it as Hugging
+//! Face's `GemmaTokenizer` does from a GGUF: merges rebuilt from the
+//! vocabulary in file order, byte fallback, spaces as `▁`). The chat template
+//! is not run as Jinja: ChatML and Gemma turn templates are recognised and
+//! rendered directly (a Gemma vocabulary without a template gets Gemma's
+//! turns); any other template is refused by name.
 
 use std::path::Path;
 
@@ -30,7 +35,7 @@ const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 /// Why a tokenizer could not be built or used.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
-    #[error("{path}: tokenizer model {model:?} is not supported (supported: gpt2 byte-level BPE)")]
+    #[error("{path}: tokenizer model {model:?} is not supported (supported: gpt2 byte-level BPE, llama SentencePiece with a Gemma vocabulary)")]
     UnsupportedModel { path: String, model: String },
     #[error("{path}: pre-tokenizer {pre:?} is not supported (supported: smollm, starcoder, refact, gpt-2, default, llama-bpe, qwen2)")]
     UnsupportedPre { path: String, pre: String },
@@ -42,7 +47,7 @@ pub enum TokenizerError {
     },
     #[error("{path}: {message}")]
     Build { path: String, message: String },
-    #[error("chat template is not ChatML and is not supported: {excerpt:?}")]
+    #[error("chat template is not ChatML nor Gemma's and is not supported: {excerpt:?}")]
     UnsupportedChatTemplate { excerpt: String },
     #[error("the model carries no chat template")]
     NoChatTemplate,
@@ -52,16 +57,38 @@ pub enum TokenizerError {
     Decode { ids: Vec<u32>, message: String },
 }
 
-/// A ChatML chat template (`<|im_start|>role\ncontent<|im_end|>\n`).
+/// A chat template: ChatML (`<|im_start|>role\ncontent<|im_end|>\n`) or
+/// Gemma's turns (`<start_of_turn>role\ncontent<end_of_turn>\n`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChatTemplate {
     /// The system turn the template inserts when the conversation has none.
     pub default_system: Option<String>,
+    pub turns: TurnFormat,
+}
+
+/// How a template marks a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TurnFormat {
+    ChatMl,
+    /// `<start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n`.
+    Gemma,
 }
 
 impl ChatTemplate {
-    /// Recognises a ChatML template and extracts its default system prompt.
+    /// Gemma's turns, no default system turn.
+    pub fn gemma() -> ChatTemplate {
+        ChatTemplate {
+            default_system: None,
+            turns: TurnFormat::Gemma,
+        }
+    }
+
+    /// Recognises a ChatML or Gemma template and extracts its default system
+    /// prompt.
     pub fn parse(template: &str) -> Result<ChatTemplate, TokenizerError> {
+        if template.contains("<start_of_turn>") && template.contains("<end_of_turn>") {
+            return Ok(ChatTemplate::gemma());
+        }
         let chatml = template.contains("<|im_start|>")
             && template.contains("<|im_end|>")
             && template.contains("add_generation_prompt")
@@ -87,12 +114,22 @@ impl ChatTemplate {
                 Some(body[..end].replace("\\n", "\n"))
             })
             .flatten();
-        Ok(ChatTemplate { default_system })
+        Ok(ChatTemplate {
+            default_system,
+            turns: TurnFormat::ChatMl,
+        })
     }
 
     /// One user turn, with the default system turn when the template has one,
     /// and the generation prompt (`<|im_start|>assistant\n`).
     pub fn render_user(&self, user: &str) -> String {
+        if self.turns == TurnFormat::Gemma {
+            // The template's `{{ bos_token }}` is the tokenizer's to add.
+            return format!(
+                "<start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n",
+                user.trim()
+            );
+        }
         let mut s = String::new();
         if let Some(system) = &self.default_system {
             s.push_str(&format!("<|im_start|>system\n{system}<|im_end|>\n"));
@@ -173,6 +210,9 @@ impl Tokenizer {
             return Ok(None);
         };
         let model = model.as_str().unwrap_or("");
+        if model == "llama" && has_gemma_turns(gguf) {
+            return sentencepiece_gemma(gguf).map(Some);
+        }
         if model != "gpt2" {
             return Err(TokenizerError::UnsupportedModel {
                 path,
@@ -229,12 +269,6 @@ impl Tokenizer {
             path: path.clone(),
             pre: pre.into(),
         })?;
-        let id_of = |key: &str| {
-            gguf.get(key)
-                .and_then(Value::as_u64)
-                .map(|v| v as u32)
-                .filter(|&v| (v as usize) < tokens.len())
-        };
         let special: Vec<&str> = tokens
             .iter()
             .zip(&types)
@@ -242,7 +276,23 @@ impl Tokenizer {
             .map(|(s, _)| s.as_str())
             .collect();
         let inner = build(&path, &tokens, merges, &special, pre_tok)?;
-        Ok(Some(Tokenizer {
+        Ok(Some(Tokenizer::with_gguf_specials(
+            inner,
+            gguf,
+            tokens.len(),
+        )))
+    }
+
+    /// `inner` with the BOS/EOS ids (those inside a vocabulary of `n_tokens`),
+    /// the add-BOS flag and the chat template the GGUF's metadata names.
+    fn with_gguf_specials(inner: HfTokenizer, gguf: &GgufFile, n_tokens: usize) -> Tokenizer {
+        let id_of = |key: &str| {
+            gguf.get(key)
+                .and_then(Value::as_u64)
+                .map(|v| v as u32)
+                .filter(|&v| (v as usize) < n_tokens)
+        };
+        Tokenizer {
             inner,
             bos_id: id_of("tokenizer.ggml.bos_token_id"),
             eos_id: id_of("tokenizer.ggml.eos_token_id"),
@@ -254,7 +304,7 @@ impl Tokenizer {
                 .get("tokenizer.chat_template")
                 .and_then(Value::as_str)
                 .map(str::to_string),
-        }))
+        }
     }
 
     /// Loads an HF `tokenizer.json`; `bos`/`eos` and the template come from
@@ -325,13 +375,18 @@ impl Tokenizer {
             })
     }
 
-    /// The parsed chat template.
+    /// The parsed chat template; Gemma's turns for a Gemma vocabulary that
+    /// carries no template (the Gemma 3 GGUFs of llama.cpp's converter).
     pub fn chat_template(&self) -> Result<ChatTemplate, TokenizerError> {
-        ChatTemplate::parse(
-            self.chat_template_source
-                .as_deref()
-                .ok_or(TokenizerError::NoChatTemplate)?,
-        )
+        match self.chat_template_source.as_deref() {
+            Some(t) => ChatTemplate::parse(t),
+            None if self.has_gemma_turns() => Ok(ChatTemplate::gemma()),
+            None => Err(TokenizerError::NoChatTemplate),
+        }
+    }
+
+    fn has_gemma_turns(&self) -> bool {
+        self.token_to_id("<start_of_turn>").is_some() && self.token_to_id("<end_of_turn>").is_some()
     }
 
     /// The prompt text of one user turn, ready for generation.
@@ -349,13 +404,169 @@ impl Tokenizer {
         self.end_ids().contains(&id)
     }
 
-    /// The ids that end an answer: end of sequence and ChatML's `<|im_end|>`.
+    /// The ids that end an answer: end of sequence, ChatML's `<|im_end|>`
+    /// and Gemma's `<end_of_turn>`.
     pub fn end_ids(&self) -> Vec<u32> {
-        [self.eos_id, self.token_to_id("<|im_end|>")]
-            .into_iter()
-            .flatten()
-            .collect()
+        [
+            self.eos_id,
+            self.token_to_id("<|im_end|>"),
+            self.token_to_id("<end_of_turn>"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
+}
+
+/// Whether a GGUF's vocabulary has Gemma's turn tokens.
+fn has_gemma_turns(gguf: &GgufFile) -> bool {
+    let Some(tokens) = gguf.get("tokenizer.ggml.tokens").and_then(Value::as_array) else {
+        return false;
+    };
+    let has = |s: &str| tokens.iter().any(|t| t.as_str() == Some(s));
+    has("<start_of_turn>") && has("<end_of_turn>")
+}
+
+/// Gemma's SentencePiece BPE from a GGUF, built as Hugging Face's
+/// `gemma_tokenizer` builds it from the same file (so the ids agree):
+/// all-space tokens respelled as `▁` runs, merges rebuilt from the
+/// vocabulary ranked by file order (the file's scores do not follow Gemma's
+/// merge order), byte fallback, spaces normalized to `▁`, control tokens as
+/// special added tokens and user-defined ones (`\n\n`, `<table>`) as added
+/// tokens.
+fn sentencepiece_gemma(gguf: &GgufFile) -> Result<Tokenizer, TokenizerError> {
+    use tokenizers::decoders::byte_fallback::ByteFallback;
+    use tokenizers::decoders::fuse::Fuse;
+    use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+    use tokenizers::normalizers::replace::Replace;
+
+    let path = gguf.path().display().to_string();
+    let bad = |key: &'static str, reason: &str| TokenizerError::BadMetadata {
+        path: path.clone(),
+        key,
+        reason: reason.into(),
+    };
+    let tokens: Vec<String> = gguf
+        .get("tokenizer.ggml.tokens")
+        .and_then(Value::as_array)
+        .and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect())
+        .ok_or_else(|| bad("tokenizer.ggml.tokens", "not an array of strings"))?;
+    let types: Vec<i64> = gguf
+        .get("tokenizer.ggml.token_type")
+        .and_then(Value::as_array)
+        .and_then(|a| a.iter().map(Value::as_i64).collect::<Option<Vec<_>>>())
+        .filter(|t| t.len() == tokens.len())
+        .ok_or_else(|| {
+            bad(
+                "tokenizer.ggml.token_type",
+                "not an integer array as long as the token list",
+            )
+        })?;
+    let tokens: Vec<String> = tokens
+        .into_iter()
+        .map(|t| {
+            if t.contains(' ') && t.trim().is_empty() {
+                "\u{2581}".repeat(t.chars().count())
+            } else {
+                t
+            }
+        })
+        .collect();
+    let vocab: std::collections::HashMap<String, u32> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect();
+    let merges = merges_from_vocabulary(&tokens, &vocab);
+    let bpe = BPE::builder()
+        .vocab_and_merges(
+            vocab
+                .iter()
+                .map(|(t, &i)| (t.clone(), i))
+                .collect::<tokenizers::models::bpe::Vocab>(),
+            merges,
+        )
+        .unk_token("<unk>".into())
+        .fuse_unk(true)
+        .byte_fallback(true)
+        .build()
+        .map_err(|e| TokenizerError::Build {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+    let build_err = |e: tokenizers::Error| TokenizerError::Build {
+        path: path.clone(),
+        message: e.to_string(),
+    };
+    let mut inner = HfTokenizer::new(bpe);
+    inner.with_normalizer(Some(Replace::new(" ", "\u{2581}").map_err(build_err)?));
+    inner.with_pre_tokenizer(Some(
+        Split::new(
+            SplitPattern::String(" ".into()),
+            SplitDelimiterBehavior::MergedWithPrevious,
+            false,
+        )
+        .map_err(build_err)?,
+    ));
+    inner.with_decoder(Some(DecoderSequence::new(vec![
+        Replace::new("\u{2581}", " ").map_err(build_err)?.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ])));
+    let of_type = |ty: i64| {
+        tokens
+            .iter()
+            .zip(&types)
+            .filter(move |(_, &t)| t == ty)
+            .map(|(s, _)| s)
+    };
+    let control: Vec<AddedToken> = of_type(TOKEN_TYPE_CONTROL)
+        .map(|s| AddedToken::from(s.clone(), true).normalized(false))
+        .collect();
+    inner.add_special_tokens(&control);
+    let user: Vec<AddedToken> = of_type(TOKEN_TYPE_USER_DEFINED)
+        .filter(|s| vocab.contains_key(*s))
+        .map(|s| AddedToken::from(s.clone(), false).normalized(false))
+        .collect();
+    inner.add_tokens(&user);
+    Ok(Tokenizer::with_gguf_specials(inner, gguf, tokens.len()))
+}
+
+/// The merges a SentencePiece vocabulary implies, best first: every split of
+/// a token into two tokens, ranked by the merged token's position in the
+/// file, then the longer left piece first (Hugging Face's `generate_merges`
+/// with `-index` as the score).
+fn merges_from_vocabulary(
+    tokens: &[String],
+    vocab: &std::collections::HashMap<String, u32>,
+) -> Vec<(String, String)> {
+    // (rank of the merged token, left length, right length, left, right)
+    let mut merges: Vec<(u32, usize, usize, &str, &str)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for t in tokens {
+        // A respelled duplicate ranks where its last copy sits, once.
+        if !seen.insert(t.as_str()) {
+            continue;
+        }
+        let rank = vocab[t];
+        let mut local: Vec<(u32, usize, usize, &str, &str)> = t
+            .char_indices()
+            .skip(1)
+            .filter_map(|(i, _)| {
+                let (l, r) = t.split_at(i);
+                (vocab.contains_key(l) && vocab.contains_key(r))
+                    .then(|| (rank, l.chars().count(), r.chars().count(), l, r))
+            })
+            .collect();
+        local.sort_by_key(|m| (vocab[m.3], vocab[m.4]));
+        merges.extend(local);
+    }
+    // Stable: equal keys keep the order above, as Python's sort does.
+    merges.sort_by(|a, b| (a.0, b.1, b.2).cmp(&(b.0, a.1, a.2)));
+    merges
+        .into_iter()
+        .map(|m| (m.3.to_string(), m.4.to_string()))
+        .collect()
 }
 
 /// A byte-level BPE tokenizer over `tokens` (ids are list positions).

@@ -49,6 +49,7 @@ fn model(tied: bool) -> ModelWeights {
         rope_base: 10000.0,
         rms_eps: 1e-5,
         context_length: 32,
+        family: kernels::model::ModelFamily::llama(),
     };
     let mut rng = Rng(7);
     let (d, kv, ff) = (
@@ -119,6 +120,7 @@ fn model(tied: bool) -> ModelWeights {
             bq: None,
             bk: None,
             bv: None,
+            extra_norms: Default::default(),
         })
         .collect();
     let token_embd = f32_tensor(

@@ -80,6 +80,7 @@ fn tiny_model() -> ModelWeights {
         rope_base: 10000.0,
         rms_eps: 1e-5,
         context_length: 64,
+        family: kernels::model::ModelFamily::llama(),
     };
     let mut r = Rng(42);
     let (d, qw, kvw, ff) = (64, 64, 32, 96);
@@ -133,6 +134,7 @@ fn tiny_model() -> ModelWeights {
             bq: None,
             bk: None,
             bv: None,
+            extra_norms: Default::default(),
         })
         .collect();
     ModelWeights {

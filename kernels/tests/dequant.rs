@@ -9,7 +9,7 @@ use kernels::gguf::{GgufFile, GgufWriter};
 use kernels::{GgmlType, QTensor};
 use sha2::{Digest, Sha256};
 
-const ALL_TYPES: [GgmlType; 9] = [
+const ALL_TYPES: [GgmlType; 12] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -17,7 +17,10 @@ const ALL_TYPES: [GgmlType; 9] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
     GgmlType::Q4_K,
+    GgmlType::Q5_K,
     GgmlType::Q6_K,
 ];
 
@@ -83,7 +86,9 @@ fn random_blocks(ty: GgmlType, n_blocks: usize, seed: u64) -> Vec<u8> {
         GgmlType::F16 => &[0],
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
         GgmlType::Q4_1 => &[0, 2],
-        GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
         GgmlType::F32 | GgmlType::BF16 => &[],
     };
@@ -128,7 +133,7 @@ fn synthetic_blocks_of_every_type_match_gguf_python() {
     let gguf = GgufFile::open(&path).unwrap();
     let rust = rust_hashes(&gguf);
     let python = python_hashes(&path);
-    assert_eq!(python.len(), 27, "python read every tensor");
+    assert_eq!(python.len(), 36, "python read every tensor");
     assert_eq!(mismatches(&rust, &python), Vec::<String>::new());
 
     // The comparison must see a one-bit change in one tensor, and only there.
@@ -166,6 +171,27 @@ fn every_tensor_of_smollm2_matches_gguf_python() {
     assert_eq!(
         types.into_iter().collect::<Vec<_>>(),
         ["F32", "Q4_1", "Q8_0"]
+    );
+    assert_eq!(mismatches(&rust, &python), Vec::<String>::new());
+}
+
+#[test]
+fn every_tensor_of_gemma3_matches_gguf_python() {
+    if !gguf_python::python_has(&["numpy", "gguf"]) {
+        return;
+    }
+    let Some(path) = gguf_python::gemma3() else {
+        return;
+    };
+    let gguf = GgufFile::open(&path).unwrap();
+    let rust = rust_hashes(&gguf);
+    let python = python_hashes(&path);
+    assert_eq!(rust.len(), 236);
+    assert_eq!(python.len(), 236);
+    let types: std::collections::BTreeSet<_> = rust.iter().map(|r| r.1.as_str()).collect();
+    assert_eq!(
+        types.into_iter().collect::<Vec<_>>(),
+        ["F32", "Q4_K", "Q5_0", "Q6_K", "Q8_0"]
     );
     assert_eq!(mismatches(&rust, &python), Vec::<String>::new());
 }

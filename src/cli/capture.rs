@@ -20,7 +20,7 @@ use crate::exit;
 /// Arguments of `taptree capture`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// `smollm2` (fetched once into the cache), a GGUF file, or an HF
+    /// `smollm2` or `gemma3-270m` (fetched once into the cache), a GGUF file, or an HF
     /// directory (config.json + *.safetensors).
     #[arg(long)]
     pub model: String,
@@ -181,7 +181,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         .collect(),
         ..Default::default()
     };
-    let stages = stages::llama();
+    let stages = stages::for_config(cfg);
     let mut cap = match out {
         Some(out) => Some(capture::Capture::start(capture::CaptureOptions {
             out,

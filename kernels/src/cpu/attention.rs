@@ -27,6 +27,21 @@ pub fn attention<T: Real>(
     v: &[T],
     heads: Heads,
 ) -> Vec<T> {
+    attention_windowed(q, n, start, k, v, heads, None)
+}
+
+/// [`attention`] where row `r` sees only the last `window` positions
+/// `start + r + 1 - window ..= start + r` (sliding-window attention, as
+/// Hugging Face's and llama.cpp's masks have it); `None` sees them all.
+pub fn attention_windowed<T: Real>(
+    q: &[T],
+    n: usize,
+    start: usize,
+    k: &[T],
+    v: &[T],
+    heads: Heads,
+    window: Option<usize>,
+) -> Vec<T> {
     let Heads {
         n_head,
         n_head_kv,
@@ -44,9 +59,10 @@ pub fn attention<T: Real>(
             let kvh = h / group;
             let qh = &q[r * q_width + h * head_dim..][..head_dim];
             let seen = start + r + 1;
+            let first = window.map_or(0, |w| seen.saturating_sub(w));
             scores.clear();
             let mut max = T::from_f64(f64::NEG_INFINITY);
-            for t in 0..seen {
+            for t in first..seen {
                 let kh = &k[t * kv_width + kvh * head_dim..][..head_dim];
                 let mut s = T::ZERO;
                 for (a, b) in qh.iter().zip(kh) {
@@ -64,7 +80,7 @@ pub fn attention<T: Real>(
                 sum += *s;
             }
             let inv = T::ONE / sum;
-            for (t, p) in scores.iter().enumerate() {
+            for (t, p) in (first..seen).zip(scores.iter()) {
                 let p = *p * inv;
                 let vh = &v[t * kv_width + kvh * head_dim..][..head_dim];
                 for (acc, x) in o.iter_mut().zip(vh) {
@@ -109,6 +125,23 @@ mod tests {
         let v = [3.0f64, 6.0, 9.0];
         let out = attention(&q, 3, 0, &k, &v, heads);
         assert_eq!(out, vec![3.0, 4.5, 6.0]);
+    }
+
+    #[test]
+    fn a_window_forgets_older_positions() {
+        // Window 2: row 2 averages v[1..=2] only; without one, v[0..=2].
+        let heads = Heads {
+            n_head: 1,
+            n_head_kv: 1,
+            head_dim: 1,
+        };
+        let (q, k, v) = ([0.0f64; 3], [1.0f64, 2.0, 3.0], [3.0f64, 6.0, 9.0]);
+        let out = attention_windowed(&q, 3, 0, &k, &v, heads, Some(2));
+        assert_eq!(out, vec![3.0, 4.5, 7.5]);
+        assert_eq!(
+            attention_windowed(&q, 3, 0, &k, &v, heads, None),
+            attention(&q, 3, 0, &k, &v, heads)
+        );
     }
 
     #[test]

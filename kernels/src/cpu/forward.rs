@@ -1,20 +1,21 @@
-//! [`CpuForward`]: the instrumented reference forward of a llama-architecture
-//! decoder, in f32, q8 (int8 activations before quantized matmuls) or f64.
+//! [`CpuForward`]: the instrumented reference forward of a decoder (llama, or
+//! the family its [`ModelFamily`] describes), in f32, q8 (int8 activations
+//! before quantized matmuls) or f64.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::attention::{attention, Heads};
+use super::attention::{attention_windowed, Heads};
 use super::embedding::embed;
-use super::ffn::swiglu;
+use super::ffn::gated;
 use super::llamacpp;
 use super::matmul::Act;
 use super::norm::rms_norm;
-use super::rope::rope;
+use super::rope::rope_styled;
 use super::weights::DenseWeights;
 use super::{tap, Real};
 use crate::forward::{Forward, ForwardError, Precision};
-use crate::model::{LlamaConfig, ModelWeights};
+use crate::model::{FfnActivation, LlamaConfig, ModelFamily, ModelWeights};
 use crate::stages as st;
 use crate::switches::{ActPrecision, Family, Switches};
 
@@ -124,6 +125,12 @@ impl CpuForward {
     ) -> Result<CpuForward, ForwardError> {
         crate::forward::check_config(&config)?;
         switches.check(precision)?;
+        if precision == Precision::LlamaCpp && config.family != ModelFamily::llama() {
+            return Err(ForwardError::Unsupported(format!(
+                "--precision llamacpp models llama.cpp's arithmetic for the llama family only, not {}",
+                config.arch
+            )));
+        }
         let engine = match precision {
             Precision::F64 => EngineOf::F64(Engine {
                 caches: BTreeMap::new(),
@@ -195,7 +202,9 @@ impl CpuForward {
 
 impl<T: Real> Engine<T> {
     /// One forward of `tokens` at `start..start + n`; returns the last row's
-    /// logits. Taps every stage of `stages::llama()` in its order.
+    /// logits. Taps every stage of `stages::for_config(cfg)` in its order:
+    /// the llama skeleton, with what `cfg.family` adds (extra norms, the
+    /// gate's nonlinearity, RoPE layout, windows, embedding scale).
     fn run(
         &mut self,
         cfg: &LlamaConfig,
@@ -221,11 +230,19 @@ impl<T: Real> Engine<T> {
             .or_insert_with(|| KvCache::new(cfg.n_layer));
         cache.truncate(start, kv_width);
 
+        let fam = &cfg.family;
         let mut x: Vec<T> = embed(&w.token_embd, tokens);
+        if fam.embed_scale {
+            // Rounded to the activation type first, as Hugging Face's
+            // `embed_scale` tensor is.
+            let scale = T::from_f64((d as f64).sqrt());
+            x.iter_mut().for_each(|v| *v = *v * scale);
+        }
         tap(st::EMBEDDING, None, pos.clone(), slot, d, &x);
 
         for (l, lw) in w.layers.iter().enumerate() {
             let li = Some(l as u32);
+            let la = fam.attention(l, cfg.rope_base);
             let h = rms_norm(&x, &lw.attn_norm, cfg.rms_eps);
             tap(st::ATTN_NORM, li, pos.clone(), slot, d, &h);
             let mut q = lw.wq.apply(&h, n, acts.attn);
@@ -234,13 +251,25 @@ impl<T: Real> Engine<T> {
             tap(st::K_PROJ, li, pos.clone(), slot, kv_width, &k);
             let v = lw.wv.apply(&h, n, acts.attn);
             tap(st::V_PROJ, li, pos.clone(), slot, kv_width, &v);
-            let rope = match self.ops {
-                Ops::LlamaCpp { .. } => llamacpp::rope,
-                Ops::Reference => rope,
+if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                // One norm per head: `rms_norm` takes rows of the weight's width.
+                q = rms_norm(&q, qn, cfg.rms_eps);
+                tap(st::Q_NORM, li, pos.clone(), slot, q_width, &q);
+                k = rms_norm(&k, kn, cfg.rms_eps);
+                tap(st::K_NORM, li, pos.clone(), slot, kv_width, &k);
+            }
+            let ops = self.ops;
+            let rope = |x: &mut [T], width: usize| match ops {
+                Ops::LlamaCpp { .. } => {
+                    llamacpp::rope(x, width, start, cfg.head_dim, la.rope_base)
+                }
+                Ops::Reference => {
+                    rope_styled(fam.rope, x, width, start, cfg.head_dim, la.rope_base)
+                }
             };
-            rope(&mut q, q_width, start, cfg.head_dim, cfg.rope_base);
+            rope(&mut q, q_width);
             tap(st::Q_ROPE, li, pos.clone(), slot, q_width, &q);
-            rope(&mut k, kv_width, start, cfg.head_dim, cfg.rope_base);
+            rope(&mut k, kv_width);
             tap(st::K_ROPE, li, pos.clone(), slot, kv_width, &k);
 
             let a = if let Ops::LlamaCpp { flash_attn } = self.ops {
@@ -255,11 +284,15 @@ impl<T: Real> Engine<T> {
             } else {
                 cache.k[l].extend_from_slice(&k);
                 cache.v[l].extend_from_slice(&v);
-                attention(&q, n, start, &cache.k[l], &cache.v[l], heads)
+                attention_windowed(&q, n, start, &cache.k[l], &cache.v[l], heads, la.window)
             };
             tap(st::ATTN, li, pos.clone(), slot, q_width, &a);
-            let o = lw.wo.apply(&a, n, acts.attn);
+            let mut o = lw.wo.apply(&a, n, acts.attn);
             tap(st::O_PROJ, li, pos.clone(), slot, d, &o);
+            if let Some(pn) = &lw.post_attn_norm {
+                o = rms_norm(&o, pn, cfg.rms_eps);
+                tap(st::POST_ATTN_NORM, li, pos.clone(), slot, d, &o);
+            }
             for (xi, oi) in x.iter_mut().zip(&o) {
                 *xi += *oi;
             }
@@ -271,10 +304,14 @@ impl<T: Real> Engine<T> {
             tap(st::FFN_GATE, li, pos.clone(), slot, cfg.n_ff, &g);
             let u = lw.w_up.apply(&h, n, acts.ffn_up);
             tap(st::FFN_UP, li, pos.clone(), slot, cfg.n_ff, &u);
-            let s = swiglu(&g, &u);
-            tap(st::FFN_SWIGLU, li, pos.clone(), slot, cfg.n_ff, &s);
-            let dn = lw.w_down.apply(&s, n, acts.ffn_down);
+            let s = gated(fam.ffn, &g, &u);
+            tap(gated_stage(fam), li, pos.clone(), slot, cfg.n_ff, &s);
+            let mut dn = lw.w_down.apply(&s, n, acts.ffn_down);
             tap(st::FFN_DOWN, li, pos.clone(), slot, d, &dn);
+            if let Some(pn) = &lw.post_ffn_norm {
+                dn = rms_norm(&dn, pn, cfg.rms_eps);
+                tap(st::POST_FFN_NORM, li, pos.clone(), slot, d, &dn);
+            }
             for (xi, di) in x.iter_mut().zip(&dn) {
                 *xi += *di;
             }
@@ -290,6 +327,14 @@ impl<T: Real> Engine<T> {
             .iter()
             .map(|v| v.to_f32())
             .collect()
+    }
+}
+
+/// The stage of the gated FFN product: `ffn_swiglu` or `ffn_geglu`.
+fn gated_stage(fam: &ModelFamily) -> &'static str {
+    match fam.ffn {
+        FfnActivation::Silu => st::FFN_SWIGLU,
+        FfnActivation::GeluTanh => st::FFN_GEGLU,
     }
 }
 

@@ -137,15 +137,30 @@ pub struct QuantRow<T> {
     pub s_err: Vec<T>,
 }
 
-/// Quantizes `x` to int8 per block of `block` elements, in f32 as llama.cpp's
-/// `quantize_row_q8_0`/`q8_1` (block 32, f16 scale) and `quantize_row_q8_K`
-/// (block 256, f32 scale) do: `d = amax / 127`, `q = round(x / d)`.
+/// Quantizes `x` to int8 per block of `block` elements, in f32 as llama.cpp
+/// does for the weight's dot product: `quantize_row_q8_0`/`q8_1` for 32-blocks
+/// (`d = amax / 127` stored as f16, `q = round(x / d)`), and for 256-blocks
+/// (K-quant weights) `quantize_row_q8_K` through
+/// [`crate::quant::quantize_row_q8_k`] (`d = -max / 127` in f32, round half
+/// to even).
 pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
     assert!(
         block > 0 && x.len() % block == 0,
         "row of {} is not a multiple of block {block}",
         x.len()
     );
+    if block == 256 {
+        let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+        let blocks = crate::quant::quantize_row_q8_k(&xf).expect("whole blocks, checked above");
+        return QuantRow {
+            q: blocks
+                .iter()
+                .flat_map(|b| b.qs.iter().map(|&v| T::from_f32(v as f32)))
+                .collect(),
+            d: blocks.iter().map(|b| T::from_f32(b.d)).collect(),
+            s_err: vec![T::ZERO; blocks.len()],
+        };
+    }
     let mut q = Vec::with_capacity(x.len());
     let mut d = Vec::with_capacity(x.len() / block);
     let mut s_err = Vec::with_capacity(x.len() / block);

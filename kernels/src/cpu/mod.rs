@@ -51,6 +51,7 @@ pub trait Real:
     fn to_f64(self) -> f64;
     fn to_f32(self) -> f32;
     fn exp(self) -> Self;
+    fn tanh(self) -> Self;
     fn sqrt(self) -> Self;
     fn abs(self) -> Self;
     fn round(self) -> Self;
@@ -80,6 +81,10 @@ macro_rules! impl_real {
             #[inline(always)]
             fn exp(self) -> Self {
                 <$t>::exp(self)
+            }
+            #[inline(always)]
+            fn tanh(self) -> Self {
+                <$t>::tanh(self)
             }
             #[inline(always)]
             fn sqrt(self) -> Self {

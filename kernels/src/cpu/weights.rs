@@ -19,6 +19,11 @@ pub struct DenseLayer {
     pub w_gate: Linear,
     pub w_up: Linear,
     pub w_down: Linear,
+    /// The family's extra norms (see [`crate::model::ExtraNorms`]).
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub post_ffn_norm: Option<Vec<f32>>,
 }
 
 /// All weights, dense.
@@ -40,7 +45,15 @@ impl DenseWeights {
             .layers
             .iter()
             .map(|l| {
+                let e = &l.extra_norms;
+                let opt = |t: &Option<QTensor>, len: usize| {
+                    t.as_ref().map(|t| vector(t, len)).transpose()
+                };
                 Ok(DenseLayer {
+                    q_norm: opt(&e.q_norm, c.head_dim)?,
+                    k_norm: opt(&e.k_norm, c.head_dim)?,
+                    post_attn_norm: opt(&e.post_attn_norm, c.n_embd)?,
+                    post_ffn_norm: opt(&e.post_ffn_norm, c.n_embd)?,
                     attn_norm: vector(&l.attn_norm, c.n_embd)?,
                     wq: biased(linear(&l.wq, q_width, c.n_embd)?, &l.bq, q_width)?,
                     wk: biased(linear(&l.wk, kv_width, c.n_embd)?, &l.bk, kv_width)?,

@@ -154,6 +154,12 @@ impl CudaForward {
                 "cuda: q/k/v projection biases (Qwen2) run on the cpu backend only".into(),
             ));
         }
+        if c.family != crate::model::ModelFamily::llama() {
+            return Err(ForwardError::Unsupported(format!(
+                "cuda: the {} family (extra norms, RoPE over halves, windows) runs on the cpu backend only",
+                c.arch
+            )));
+        }
         let q8 = |f| switches.resolve(f, precision) == ActPrecision::Q8;
         let acts = Acts {
             attn: q8(Family::Attn),

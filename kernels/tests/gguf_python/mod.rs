@@ -43,15 +43,28 @@ pub fn python_has(modules: &[&str]) -> bool {
 /// The real model: fetched in CI or with `TAPTREE_FETCH=1`, else only used
 /// when already cached.
 pub fn smollm2() -> Option<PathBuf> {
-    if let Some(p) = kernels::fetch::cached_smollm2() {
+    real_model(&kernels::fetch::SMOLLM2)
+}
+
+/// Gemma 3 270M, as [`smollm2`].
+pub fn gemma3() -> Option<PathBuf> {
+    real_model(&kernels::fetch::GEMMA3_270M)
+}
+
+fn real_model(m: &kernels::fetch::RealModel) -> Option<PathBuf> {
+    if let Some(p) = kernels::fetch::cached(m) {
         return Some(p);
     }
     if in_ci() || std::env::var("TAPTREE_FETCH").is_ok_and(|v| v == "1") {
-        return Some(kernels::fetch::ensure_smollm2().expect("fetching smollm2"));
+        return Some(
+            kernels::fetch::ensure(m).unwrap_or_else(|e| panic!("fetching {}: {e}", m.name)),
+        );
     }
     eprintln!(
-        "skipped: smollm2 is not in {} (run `cargo run --release -p kernels --example fetch_model`, or set TAPTREE_FETCH=1)",
-        kernels::fetch::cache_dir().display()
+        "skipped: {} is not in {} (run `cargo run --release -p kernels --example fetch_model {}`, or set TAPTREE_FETCH=1)",
+        m.name,
+        kernels::fetch::cache_dir().display(),
+        m.name
     );
     None
 }
