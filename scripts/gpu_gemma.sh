@@ -43,6 +43,18 @@ if [[ -n $nvrtc ]]; then
 fi
 export TAPTREE_PTX_CACHE=$WORK/ptx
 
+# The tests need no model: with TESTS=1 they run before the parts are
+# counted (so the first call of several does useful work), else once the
+# model is complete.
+tests() {
+    step "device"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+    step "differential kernel tests and forward tests"
+    run cuda_kernels --test-threads=1
+    run cuda_forward --test-threads=1
+}
+[[ ${TESTS:-0} == 1 ]] && tests
+
 for p in "$BUNDLE"/gemma.part*; do
     [[ -f $p ]] && cp "$p" "$WORK/"
 done
@@ -59,13 +71,7 @@ if [[ ! -f $MODEL ]]; then
     exit 0
 fi
 echo "model: $MODEL sha256 $MODEL_SHA256 (verified)"
-
-step "device"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
-
-step "differential kernel tests and forward tests"
-run cuda_kernels --test-threads=1
-run cuda_forward --test-threads=1
+[[ ${TESTS:-0} == 1 ]] || tests
 
 cd "$WORK"
 rm -rf runs

@@ -378,11 +378,8 @@ fn k_quant(r: &mut Rng, name: &str, ty: GgmlType, rows: usize, cols: usize) -> Q
     for _ in 0..rows * cols / 256 {
         let mut f16 = || half::f16::from_f32(0.002 * (1.5 + r.f32())).to_le_bytes();
         let (d, dmin) = (f16(), f16());
-        let mut bytes = |n: usize| -> Vec<u8> {
-            (0..n)
-                .map(|_| ((r.f32() + 1.0) * 127.9) as u8)
-                .collect()
-        };
+        let mut bytes =
+            |n: usize| -> Vec<u8> { (0..n).map(|_| ((r.f32() + 1.0) * 127.9) as u8).collect() };
         if ty == GgmlType::Q6_K {
             data.extend(bytes(208));
             data.extend_from_slice(&d);
@@ -419,16 +416,37 @@ fn tiny_gemma() -> ModelWeights {
     let q41 = GgmlType::Q4_1;
     let f32n = |r: &mut Rng, name: String, n| tensor(r, &name, GgmlType::F32, &[n], 0.2, 1.0);
     for (l, lw) in w.layers.iter_mut().enumerate() {
-        lw.wq = tensor(&mut r, &format!("blk.{l}.attn_q"), q41, &[4 * hd, d], 0.3, 0.0);
+        lw.wq = tensor(
+            &mut r,
+            &format!("blk.{l}.attn_q"),
+            q41,
+            &[4 * hd, d],
+            0.3,
+            0.0,
+        );
         lw.wk = tensor(&mut r, &format!("blk.{l}.attn_k"), q41, &[hd, d], 0.3, 0.0);
         lw.wv = tensor(&mut r, &format!("blk.{l}.attn_v"), q41, &[hd, d], 0.3, 0.0);
-        lw.wo = k_quant(&mut r, &format!("blk.{l}.attn_output"), GgmlType::Q4_K, d, 4 * hd);
-        lw.w_gate = tensor(&mut r, &format!("blk.{l}.ffn_gate"), q41, &[ff, d], 0.3, 0.0);
+        lw.wo = k_quant(
+            &mut r,
+            &format!("blk.{l}.attn_output"),
+            GgmlType::Q4_K,
+            d,
+            4 * hd,
+        );
+        lw.w_gate = tensor(
+            &mut r,
+            &format!("blk.{l}.ffn_gate"),
+            q41,
+            &[ff, d],
+            0.3,
+            0.0,
+        );
         lw.w_up = tensor(&mut r, &format!("blk.{l}.ffn_up"), q41, &[ff, d], 0.3, 0.0);
         lw.w_down = k_quant(&mut r, &format!("blk.{l}.ffn_down"), GgmlType::Q6_K, d, ff);
         lw.extra_norms.q_norm = Some(f32n(&mut r, format!("blk.{l}.attn_q_norm"), hd));
         lw.extra_norms.k_norm = Some(f32n(&mut r, format!("blk.{l}.attn_k_norm"), hd));
-        lw.extra_norms.post_attn_norm = Some(f32n(&mut r, format!("blk.{l}.post_attention_norm"), d));
+        lw.extra_norms.post_attn_norm =
+            Some(f32n(&mut r, format!("blk.{l}.post_attention_norm"), d));
         lw.extra_norms.post_ffn_norm = Some(f32n(&mut r, format!("blk.{l}.post_ffw_norm"), d));
     }
     w
@@ -446,7 +464,10 @@ fn gemma_family_matches_the_cpu_forward() {
     let a = gpu.forward(None, &PROMPT, 0).unwrap();
     let b = cpu.forward(None, &PROMPT, 0).unwrap();
     let err = rel_err(&a, &b);
-    assert!(err < 1e-5, "gemma prefill: logits {err:e} from the CPU forward");
+    assert!(
+        err < 1e-5,
+        "gemma prefill: logits {err:e} from the CPU forward"
+    );
     for (i, t) in [7u32, 8, 9].into_iter().enumerate() {
         let a = gpu.forward(None, &[t], PROMPT.len() + i).unwrap();
         let b = cpu.forward(None, &[t], PROMPT.len() + i).unwrap();
@@ -459,7 +480,10 @@ fn gemma_family_matches_the_cpu_forward() {
     let mut plain = cuda(&llama, Precision::F32);
     let c = plain.forward(None, &PROMPT, 0).unwrap();
     let moved = rel_err(&c, &b);
-    assert!(moved > 1e-2, "the family's layers changed nothing ({moved:e})");
+    assert!(
+        moved > 1e-2,
+        "the family's layers changed nothing ({moved:e})"
+    );
     // Batched decode equals each slot alone, bitwise.
     let prompts: [&[u32]; 4] = [&PROMPT, &[3, 4], &[90, 80, 70, 60, 50], &[11]];
     let mut batched = cuda(&w, Precision::F32);

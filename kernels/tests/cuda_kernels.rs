@@ -117,7 +117,7 @@ fn weight(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, scale: f32) -> 
             // Random quants, scales and mins under valid f16 super-block
             // scales (Q4_K/Q5_K: d and dmin first; Q6_K: d last).
             let mut out = Vec::new();
-            let mut f16 = |r: &mut Rng| {
+            let f16 = |r: &mut Rng| {
                 half::f16::from_f32(scale / 64.0 * (0.5 + r.f32().abs())).to_le_bytes()
             };
             for _ in 0..rows * cols / 256 {
@@ -641,14 +641,19 @@ fn gemma_ops_match_the_cpu() {
     let Some(dev) = gpu() else { return };
     let mut rng = Rng(12);
     // RoPE over halves (q and k in one launch).
-    for (n_q, n_k, head_dim, start, rows) in [(1, 1, 4, 0, 1), (4, 1, 256, 3, 5), (4, 1, 256, 8190, 2)] {
+    for (n_q, n_k, head_dim, start, rows) in
+        [(1, 1, 4, 0, 1), (4, 1, 256, 3, 5), (4, 1, 256, 8190, 2)]
+    {
         let (qw, kw) = (n_q * head_dim, n_k * head_dim);
         let q = rng.vec(rows * qw, 2.0);
         let k = rng.vec(rows * kw, 2.0);
         let (mut cq, mut ck) = (q.clone(), k.clone());
         rope_halves(&mut cq, qw, start, head_dim, 1e6);
         rope_halves(&mut ck, kw, start, head_dim, 1e6);
-        let (mut qd, mut kd) = (ops::upload(&dev, &q).unwrap(), ops::upload(&dev, &k).unwrap());
+        let (mut qd, mut kd) = (
+            ops::upload(&dev, &q).unwrap(),
+            ops::upload(&dev, &k).unwrap(),
+        );
         let pos: Vec<u32> = (start as u32..(start + rows) as u32).collect();
         let pd = ops::upload(&dev, &pos).unwrap();
         ops::rope_qk_styled(
@@ -674,7 +679,10 @@ fn gemma_ops_match_the_cpu() {
             // Control: the interleaved layout is a different rotation.
             let mut il = q.clone();
             cpu_rope(&mut il, qw, start, head_dim, 1e6);
-            assert!(worst_ulps("interleaved", &gq, &il) > 1, "{what}: layouts agree");
+            assert!(
+                worst_ulps("interleaved", &gq, &il) > 1,
+                "{what}: layouts agree"
+            );
         }
     }
     // Sliding-window attention: windows shorter and longer than the keys.
@@ -721,19 +729,41 @@ fn gemma_ops_match_the_cpu() {
         if keys > window {
             // Control: without the window the rows that lost keys differ.
             let full: Vec<f32> = attention_windowed(&q, rows, start, &k, &v, heads, None);
-            assert!(rel_err(&gpu, &full) > 1e-3, "{what}: the window changed nothing");
+            assert!(
+                rel_err(&gpu, &full) > 1e-3,
+                "{what}: the window changed nothing"
+            );
         }
     }
     // GeGLU.
     for n in [1, 255, 257, 2048 * 3] {
         let g = rng.vec(n, 6.0);
         let u = rng.vec(n, 2.0);
-        let (gd, ud) = (ops::upload(&dev, &g).unwrap(), ops::upload(&dev, &u).unwrap());
+        let (gd, ud) = (
+            ops::upload(&dev, &g).unwrap(),
+            ops::upload(&dev, &u).unwrap(),
+        );
         let mut out = dev.stream().alloc_zeros::<f32>(n).unwrap();
-        ops::geglu(&dev, &gd.as_view(), &ud.as_view(), &mut out.as_view_mut(), n).unwrap();
+        ops::geglu(
+            &dev,
+            &gd.as_view(),
+            &ud.as_view(),
+            &mut out.as_view_mut(),
+            n,
+        )
+        .unwrap();
         let gpu = ops::download(&dev, &out.as_view()).unwrap();
-        let worst = worst_ulps(&format!("geglu {n}"), &gpu, &cpu_geglu(&g, &u));
-        // tanh rounded from double against libm's tanhf.
-        assert!(worst <= 2, "geglu {n}: {worst} ulp");
+        // tanh rounded from double against libm's tanhf: an ulp apart, which
+        // 1 + tanh magnifies where tanh is near -1 (a 3-ulp output was seen
+        // on the H200), so the bound is relative to the largest output.
+        let cpu = cpu_geglu(&g, &u);
+        worst_ulps(&format!("geglu {n}"), &gpu, &cpu);
+        let err = rel_err(&gpu, &cpu);
+        assert!(err < 1e-6, "geglu {n}: {err:e}");
+        // Control: SwiGLU on the same inputs is another function.
+        assert!(
+            rel_err(&gpu, &cpu_swiglu(&g, &u)) > 1e-3,
+            "geglu {n}: equals swiglu"
+        );
     }
 }
