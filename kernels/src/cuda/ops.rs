@@ -435,11 +435,8 @@ pub fn rope_qk_styled(
     let rows = pos.len();
     check("rope q", q.len(), rows * n_q * head_dim)?;
     check("rope k", k.len(), rows * n_k * head_dim)?;
-    let name = match style {
-        RopeStyle::Interleaved => "rope_qk",
-        RopeStyle::Halves => "rope_qk_halves",
-    };
-    let f = dev.function(Family::Rope, name)?;
+    let f = dev.function(Family::Rope, "rope_qk")?;
+    let halves = (style == RopeStyle::Halves) as i32;
     let (nq, nk, d) = (n_q as i32, n_k as i32, head_dim as i32);
     let mut b = dev.stream().launch_builder(&f);
     b.arg(q)
@@ -448,9 +445,10 @@ pub fn rope_qk_styled(
         .arg(&nq)
         .arg(&nk)
         .arg(&d)
-        .arg(&base);
+        .arg(&base)
+        .arg(&halves);
     // SAFETY: q and k hold rows * heads * head_dim floats (checked above).
-    unsafe { b.launch(grid(rows, 128, 0)) }.map_err(launch_err(name))?;
+    unsafe { b.launch(grid(rows, 128, 0)) }.map_err(launch_err("rope_qk"))?;
     Ok(())
 }
 
