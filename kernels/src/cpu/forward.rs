@@ -251,7 +251,7 @@ impl<T: Real> Engine<T> {
             tap(st::K_PROJ, li, pos.clone(), slot, kv_width, &k);
             let v = lw.wv.apply(&h, n, acts.attn);
             tap(st::V_PROJ, li, pos.clone(), slot, kv_width, &v);
-if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 // One norm per head: `rms_norm` takes rows of the weight's width.
                 q = rms_norm(&q, qn, cfg.rms_eps);
                 tap(st::Q_NORM, li, pos.clone(), slot, q_width, &q);
@@ -260,9 +260,7 @@ if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
             }
             let ops = self.ops;
             let rope = |x: &mut [T], width: usize| match ops {
-                Ops::LlamaCpp { .. } => {
-                    llamacpp::rope(x, width, start, cfg.head_dim, la.rope_base)
-                }
+                Ops::LlamaCpp { .. } => llamacpp::rope(x, width, start, cfg.head_dim, la.rope_base),
                 Ops::Reference => {
                     rope_styled(fam.rope, x, width, start, cfg.head_dim, la.rope_base)
                 }

@@ -5,7 +5,8 @@
 // k, v: the sequence's cache for this layer, [ctx, n_kv * head_dim], already
 // holding positions 0..=pos0 + rows - 1. Query head h reads KV head
 // h / (n_head / n_kv). One block per (row, head); the scores of one row live
-// in dynamic shared memory (pos + 1 floats).
+// in dynamic shared memory (pos + 1 floats). `window` > 0 (sliding-window
+// attention) lets row r see only positions pos0 + r + 1 - window ..= pos0 + r.
 //
 // Every sum runs in the CPU op's order (a key's dot product over dimensions,
 // the softmax denominator over keys, the output over keys), so the kernel
@@ -13,12 +14,15 @@
 
 extern "C" __global__ void attention(const float* q, const float* k, const float* v,
                                      float* out, int pos0, int n_head, int n_kv,
-                                     int head_dim, float scale) {
+                                     int head_dim, float scale, int window) {
     extern __shared__ float scores[];
     __shared__ float scratch[32];
     __shared__ float inv_sum;
     int r = blockIdx.x, h = blockIdx.y;
-    int n_keys = pos0 + r + 1;
+    // A window (> 0) keeps the last `window` positions: keys [first, seen).
+    int seen = pos0 + r + 1;
+    int first = window > 0 && seen > window ? seen - window : 0;
+    int n_keys = seen - first;
     int kvh = h / (n_head / n_kv);
     int kv_stride = n_kv * head_dim;
     const float* qh = q + (size_t)r * n_head * head_dim + h * head_dim;
@@ -28,7 +32,7 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
     // runs over d in order.
     bool vec = head_dim % 4 == 0 && kv_stride % 4 == 0 && (((size_t)k | (size_t)qh) & 15) == 0;
     for (int j = threadIdx.x; j < n_keys; j += blockDim.x) {
-        const float* kj = k + (size_t)j * kv_stride + kvh * head_dim;
+        const float* kj = k + (size_t)(first + j) * kv_stride + kvh * head_dim;
         float s = 0.0f;
         if (vec) {
 #pragma unroll 16
@@ -66,7 +70,7 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
         float acc = 0.0f;
 #pragma unroll 8
         for (int j = 0; j < n_keys; ++j)
-            acc = mul_add_unfused(acc, __fmul_rn(scores[j], inv), v[(size_t)j * kv_stride + kvh * head_dim + d]);
+            acc = mul_add_unfused(acc, __fmul_rn(scores[j], inv), v[(size_t)(first + j) * kv_stride + kvh * head_dim + d]);
         oh[d] = acc;
     }
 }

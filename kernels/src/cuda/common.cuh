@@ -21,9 +21,14 @@ struct __align__(16) f32x4 {
 #define T_Q4_1 3
 #define T_Q5_0 6
 #define T_Q8_0 8
+#define T_Q4_K 12
+#define T_Q5_K 13
+#define T_Q6_K 14
 #define T_BF16 30
 
 #define QK 32
+// Elements per K-quant super-block.
+#define QK_K 256
 
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
@@ -50,12 +55,24 @@ __device__ __forceinline__ int type_size(int t) {
         case T_Q4_1: return 20;
         case T_Q5_0: return 22;
         case T_Q8_0: return 34;
+        case T_Q4_K: return 144;
+        case T_Q5_K: return 176;
+        case T_Q6_K: return 210;
     }
     return 0;
 }
 
 __device__ __forceinline__ int block_size(int t) {
-    return (t == T_F32 || t == T_F16 || t == T_BF16) ? 1 : QK;
+    if (t == T_F32 || t == T_F16 || t == T_BF16) return 1;
+    return (t == T_Q4_K || t == T_Q5_K || t == T_Q6_K) ? QK_K : QK;
+}
+
+// The 6-bit scale (`min` false) or min of sub-block `j` (of eight) of a
+// Q4_K/Q5_K block's 12 scale bytes (ggml's get_scale_min_k4).
+__device__ __forceinline__ int scale_min_k4(const u8* q, int j, bool min) {
+    if (j < 4) return min ? (q[j + 4] & 63) : (q[j] & 63);
+    return min ? ((q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+               : ((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4));
 }
 
 // Element `i` of a row stored in GGML type `t`: the same arithmetic as
@@ -96,6 +113,38 @@ __device__ __forceinline__ float dequant_elem(const u8* row, int t, int i) {
             int j = i % QK;
             float d = f16_to_f32(load_u16(b));
             return (float)((const i8*)(b + 2))[j] * d;
+        }
+        // K-quants: element j of a 256-element super-block, with the CPU's
+        // roundings (the sub-block's scale and min each one product, then
+        // scale * q - min unfused).
+        case T_Q4_K:
+        case T_Q5_K: {
+            int size = t == T_Q4_K ? 144 : 176;
+            const u8* b = row + (i / QK_K) * size;
+            int j = i % QK_K;
+            int chunk = j / 64, hi = (j % 64) / 32, l = j % 32;
+            float d = f16_to_f32(load_u16(b)), dmin = f16_to_f32(load_u16(b + 2));
+            int sub = 2 * chunk + hi;
+            float dl = __fmul_rn(d, (float)scale_min_k4(b + 4, sub, false));
+            float ml = __fmul_rn(dmin, (float)scale_min_k4(b + 4, sub, true));
+            const u8* qs = b + (t == T_Q4_K ? 16 : 48);
+            int q = qs[32 * chunk + l];
+            q = hi ? q >> 4 : q & 0x0F;
+            if (t == T_Q5_K && (b[16 + l] & (1 << sub))) q += 16;
+            return __fsub_rn(__fmul_rn(dl, (float)q), ml);
+        }
+        case T_Q6_K: {
+            const u8* b = row + (i / QK_K) * 210;
+            int j = i % QK_K;
+            int half = j / 128, quarter = (j % 128) / 32, l = j % 32;
+            const u8* ql = b + 64 * half;
+            const u8* qh = b + 128 + 32 * half;
+            const i8* sc = (const i8*)(b + 192 + 8 * half);
+            float d = f16_to_f32(load_u16(b + 208));
+            int lo = ql[l + 32 * (quarter & 1)];
+            lo = quarter >= 2 ? lo >> 4 : lo & 0x0F;
+            int q = (lo | (((qh[l] >> (2 * quarter)) & 3) << 4)) - 32;
+            return __fmul_rn(__fmul_rn(d, (float)sc[l / 16 + 2 * quarter]), (float)q);
         }
     }
     return __int_as_float(0x7fc00000);

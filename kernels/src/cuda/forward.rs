@@ -1,4 +1,7 @@
-//! [`CudaForward`]: the llama forward on the GPU, tapped stage by stage.
+//! [`CudaForward`]: the decoder forward on the GPU (llama, or the family its
+//! [`ModelFamily`](crate::model::ModelFamily) describes: Gemma 3's extra norms, RoPE over halves, GeGLU,
+//! scaled embedding and sliding windows), tapped stage by stage with the CPU
+//! forward's stage names.
 //!
 //! Weights stay in their file formats on the device and are decoded inside
 //! the matmul kernels. Activations live in per-forward scratch buffers grown
@@ -19,7 +22,7 @@ use super::device::Device;
 use super::ops::{self, AttentionShape, DeviceMatrix, QuantizedActs};
 use super::CudaError;
 use crate::forward::{Forward, ForwardError, Precision};
-use crate::model::{LlamaConfig, ModelWeights, QTensor};
+use crate::model::{FfnActivation, LlamaConfig, ModelWeights, QTensor};
 use crate::stages as st;
 use crate::switches::{ActPrecision, Family, Switches};
 
@@ -33,6 +36,12 @@ struct LayerOnDevice {
     w_gate: DeviceMatrix,
     w_up: DeviceMatrix,
     w_down: DeviceMatrix,
+    /// The family's extra norms (`[head_dim]` for q/k, `[n_embd]` after
+    /// attention and the FFN); `None` where it has none.
+    q_norm: Option<CudaSlice<f32>>,
+    k_norm: Option<CudaSlice<f32>>,
+    post_attn_norm: Option<CudaSlice<f32>>,
+    post_ffn_norm: Option<CudaSlice<f32>>,
 }
 
 struct WeightsOnDevice {
@@ -65,6 +74,9 @@ struct Scratch {
     h: CudaSlice<f32>,
     q: CudaSlice<f32>,
     k: CudaSlice<f32>,
+    /// The q/k norms' outputs, swapped with `q` and `k` after them.
+    q2: CudaSlice<f32>,
+    k2: CudaSlice<f32>,
     v: CudaSlice<f32>,
     att: CudaSlice<f32>,
     o: CudaSlice<f32>,
@@ -154,12 +166,6 @@ impl CudaForward {
                 "cuda: q/k/v projection biases (Qwen2) run on the cpu backend only".into(),
             ));
         }
-        if c.family != crate::model::ModelFamily::llama() {
-            return Err(ForwardError::Unsupported(format!(
-                "cuda: the {} family (extra norms, RoPE over halves, windows) runs on the cpu backend only",
-                c.arch
-            )));
-        }
         let q8 = |f| switches.resolve(f, precision) == ActPrecision::Q8;
         let acts = Acts {
             attn: q8(Family::Attn),
@@ -167,6 +173,35 @@ impl CudaForward {
             ffn_down: q8(Family::FfnDown),
             logits: q8(Family::Logits),
         };
+        if let Some(t) = k_quant_under_q8(weights, acts) {
+            return Err(ForwardError::Unsupported(format!(
+                "cuda: int8 activations against K-quant weights ({}, {}: Q8_K blocks of 256) run on the cpu backend only; use --precision f32",
+                t.name, t.ggml_type
+            )));
+        }
+        let fam = &c.family;
+        if fam.qk_norm
+            && weights
+                .layers
+                .iter()
+                .any(|l| l.extra_norms.q_norm.is_none() || l.extra_norms.k_norm.is_none())
+        {
+            return Err(ForwardError::Unsupported(format!(
+                "cuda: the {} family has q/k norms but a layer lacks their weights",
+                c.arch
+            )));
+        }
+        if fam.post_norms
+            && weights.layers.iter().any(|l| {
+                l.extra_norms.post_attn_norm.is_none() || l.extra_norms.post_ffn_norm.is_none()
+            })
+        {
+            return Err(ForwardError::Unsupported(format!(
+                "cuda: the {} family has post norms but a layer lacks their weights",
+                c.arch
+            )));
+        }
+        let opt = |t: &Option<QTensor>| t.as_ref().map(|t| norm_weight(&dev, t)).transpose();
         let m = |t: &QTensor| DeviceMatrix::upload(&dev, t);
         let layers = weights
             .layers
@@ -182,6 +217,10 @@ impl CudaForward {
                     w_gate: m(&l.w_gate)?,
                     w_up: m(&l.w_up)?,
                     w_down: m(&l.w_down)?,
+                    q_norm: opt(&l.extra_norms.q_norm)?,
+                    k_norm: opt(&l.extra_norms.k_norm)?,
+                    post_attn_norm: opt(&l.extra_norms.post_attn_norm)?,
+                    post_ffn_norm: opt(&l.extra_norms.post_ffn_norm)?,
                 })
             })
             .collect::<Result<Vec<_>, CudaError>>()?;
@@ -243,6 +282,8 @@ impl CudaForward {
             h: a(d)?,
             q: a(qw)?,
             k: a(kvw)?,
+            q2: a(qw)?,
+            k2: a(kvw)?,
             v: a(kvw)?,
             att: a(qw)?,
             o: a(d)?,
@@ -339,6 +380,12 @@ impl CudaForward {
             &tok_dev.as_view(),
             &mut sc.x.slice_mut(..rows * d),
         )?;
+        let fam = &c.family;
+        if fam.embed_scale {
+            // Rounded to f32 first, as the CPU forward does.
+            let scale = (d as f64).sqrt() as f32;
+            ops::scale(&dev, &mut sc.x.slice_mut(..rows * d), scale, rows * d)?;
+        }
         taps.tap(st::EMBEDDING, None, &sc.x, d)?;
 
         for (l, lw) in w.layers.iter().enumerate() {
@@ -364,15 +411,40 @@ impl CudaForward {
             taps.tap(st::Q_PROJ, li, &sc.q, qw)?;
             taps.tap(st::K_PROJ, li, &sc.k, kvw)?;
             taps.tap(st::V_PROJ, li, &sc.v, kvw)?;
-            ops::rope_qk(
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                // One norm per head: rows of head_dim.
+                ops::rms_norm(
+                    &dev,
+                    &sc.q.slice(..rows * qw),
+                    &qn.as_view(),
+                    &mut sc.q2.slice_mut(..rows * qw),
+                    rows * c.n_head,
+                    c.rms_eps,
+                )?;
+                std::mem::swap(&mut sc.q, &mut sc.q2);
+                taps.tap(st::Q_NORM, li, &sc.q, qw)?;
+                ops::rms_norm(
+                    &dev,
+                    &sc.k.slice(..rows * kvw),
+                    &kn.as_view(),
+                    &mut sc.k2.slice_mut(..rows * kvw),
+                    rows * c.n_head_kv,
+                    c.rms_eps,
+                )?;
+                std::mem::swap(&mut sc.k, &mut sc.k2);
+                taps.tap(st::K_NORM, li, &sc.k, kvw)?;
+            }
+            let la = fam.attention(l, c.rope_base);
+            ops::rope_qk_styled(
                 &dev,
+                fam.rope,
                 &mut sc.q.slice_mut(..rows * qw),
                 &mut sc.k.slice_mut(..rows * kvw),
                 &pos_dev.as_view(),
                 c.n_head,
                 c.n_head_kv,
                 c.head_dim,
-                c.rope_base,
+                la.rope_base,
             )?;
             taps.tap(st::Q_ROPE, li, &sc.q, qw)?;
             taps.tap(st::K_ROPE, li, &sc.k, kvw)?;
@@ -391,7 +463,7 @@ impl CudaForward {
                 s.memcpy_dtod(&sc.v.slice(src), &mut cache.v.slice_mut(dst))
                     .map_err(|e| CudaError::driver("write V cache", e))?;
                 let keys = base..base + (g.start_pos + g.rows) * kvw;
-                ops::attention(
+                ops::attention_windowed(
                     &dev,
                     &sc.q.slice(g.row * qw..(g.row + g.rows) * qw),
                     &cache.k.slice(keys.clone()),
@@ -404,6 +476,7 @@ impl CudaForward {
                         n_kv: c.n_head_kv,
                         head_dim: c.head_dim,
                     },
+                    la.window,
                 )?;
             }
             taps.tap(st::ATTN, li, &sc.att, qw)?;
@@ -411,10 +484,26 @@ impl CudaForward {
                 &dev, &lw.wo, &sc.att, &mut sc.o, &mut sc.qa, rows, acts.attn,
             )?;
             taps.tap(st::O_PROJ, li, &sc.o, d)?;
+            // After o_proj its input h is spent: the post norm writes there.
+            let o = match &lw.post_attn_norm {
+                Some(pn) => {
+                    ops::rms_norm(
+                        &dev,
+                        &sc.o.as_view(),
+                        &pn.as_view(),
+                        &mut sc.h.slice_mut(..),
+                        rows,
+                        c.rms_eps,
+                    )?;
+                    taps.tap(st::POST_ATTN_NORM, li, &sc.h, d)?;
+                    &sc.h
+                }
+                None => &sc.o,
+            };
             ops::add(
                 &dev,
                 &sc.x.as_view(),
-                &sc.o.as_view(),
+                &o.as_view(),
                 &mut sc.x2.slice_mut(..),
                 rows * d,
             )?;
@@ -440,14 +529,18 @@ impl CudaForward {
             )?;
             taps.tap(st::FFN_GATE, li, &sc.g, ff)?;
             taps.tap(st::FFN_UP, li, &sc.u, ff)?;
-            ops::swiglu(
+            let (gate, stage) = match fam.ffn {
+                FfnActivation::Silu => (ops::swiglu as GateOp, st::FFN_SWIGLU),
+                FfnActivation::GeluTanh => (ops::geglu as GateOp, st::FFN_GEGLU),
+            };
+            gate(
                 &dev,
                 &sc.g.as_view(),
                 &sc.u.as_view(),
                 &mut sc.s.slice_mut(..),
                 rows * ff,
             )?;
-            taps.tap(st::FFN_SWIGLU, li, &sc.s, ff)?;
+            taps.tap(stage, li, &sc.s, ff)?;
             matmul(
                 &dev,
                 &lw.w_down,
@@ -458,10 +551,25 @@ impl CudaForward {
                 acts.ffn_down,
             )?;
             taps.tap(st::FFN_DOWN, li, &sc.dn, d)?;
+            let dn = match &lw.post_ffn_norm {
+                Some(pn) => {
+                    ops::rms_norm(
+                        &dev,
+                        &sc.dn.as_view(),
+                        &pn.as_view(),
+                        &mut sc.h.slice_mut(..),
+                        rows,
+                        c.rms_eps,
+                    )?;
+                    taps.tap(st::POST_FFN_NORM, li, &sc.h, d)?;
+                    &sc.h
+                }
+                None => &sc.dn,
+            };
             ops::add(
                 &dev,
                 &sc.x2.as_view(),
-                &sc.dn.as_view(),
+                &dn.as_view(),
                 &mut sc.x.slice_mut(..),
                 rows * d,
             )?;
@@ -505,6 +613,41 @@ impl CudaForward {
             })
             .collect()
     }
+}
+
+/// The gated product of the FFN: `ops::swiglu` or `ops::geglu`.
+type GateOp = fn(
+    &Device,
+    &CudaView<f32>,
+    &CudaView<f32>,
+    &mut CudaViewMut<f32>,
+    usize,
+) -> Result<(), CudaError>;
+
+/// The first K-quant weight a family with int8 activations would multiply:
+/// the CPU quantizes those activations to Q8_K (blocks of 256), which the
+/// kernels here do not.
+fn k_quant_under_q8(w: &ModelWeights, acts: Acts) -> Option<&QTensor> {
+    let k = |t: &&QTensor| t.ggml_type.block_size() == 256;
+    let attn = w.layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo]);
+    let up = w.layers.iter().flat_map(|l| [&l.w_gate, &l.w_up]);
+    let down = w.layers.iter().map(|l| &l.w_down);
+    let logits = std::iter::once(w.output.as_ref().unwrap_or(&w.token_embd));
+    let mut found = None;
+    for (on, mut ts) in [
+        (
+            acts.attn,
+            Box::new(attn) as Box<dyn Iterator<Item = &QTensor>>,
+        ),
+        (acts.ffn_up, Box::new(up)),
+        (acts.ffn_down, Box::new(down)),
+        (acts.logits, Box::new(logits)),
+    ] {
+        if on && found.is_none() {
+            found = ts.find(k);
+        }
+    }
+    found
 }
 
 /// `y = x W^T`, through int8 activations when `q8` and the weight is

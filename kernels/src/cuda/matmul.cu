@@ -156,6 +156,9 @@ __device__ void matmul_f32_dispatch(int type, const u8* w, const float* x, float
         case T_Q4_1: matmul_f32_body<T_Q4_1>(w, x, y, rows, in, out, staged, bx); break;
         case T_Q5_0: matmul_f32_body<T_Q5_0>(w, x, y, rows, in, out, staged, bx); break;
         case T_Q8_0: matmul_f32_body<T_Q8_0>(w, x, y, rows, in, out, staged, bx); break;
+        case T_Q4_K: matmul_f32_body<T_Q4_K>(w, x, y, rows, in, out, staged, bx); break;
+        case T_Q5_K: matmul_f32_body<T_Q5_K>(w, x, y, rows, in, out, staged, bx); break;
+        case T_Q6_K: matmul_f32_body<T_Q6_K>(w, x, y, rows, in, out, staged, bx); break;
     }
 }
 

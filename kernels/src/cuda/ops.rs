@@ -8,7 +8,7 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelA
 
 use super::device::{Device, Family};
 use super::CudaError;
-use crate::model::QTensor;
+use crate::model::{QTensor, RopeStyle};
 use crate::quant::GgmlType;
 
 /// Warps per block of the matmul kernels (`WARPS` in matmul.cu).
@@ -30,6 +30,9 @@ pub fn supported(t: GgmlType) -> bool {
             | GgmlType::Q4_1
             | GgmlType::Q5_0
             | GgmlType::Q8_0
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
     )
 }
 
@@ -401,10 +404,39 @@ pub fn rope_qk(
     head_dim: usize,
     base: f32,
 ) -> Result<(), CudaError> {
+    rope_qk_styled(
+        dev,
+        RopeStyle::Interleaved,
+        q,
+        k,
+        pos,
+        n_q,
+        n_k,
+        head_dim,
+        base,
+    )
+}
+
+/// [`rope_qk`] in either layout: pairs `(2i, 2i+1)` of each head
+/// (`Interleaved`, llama's GGUF order) or `(i, i + head_dim / 2)` (`Halves`,
+/// Gemma 3), each as the CPU's `rope_styled`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_qk_styled(
+    dev: &Device,
+    style: RopeStyle,
+    q: &mut CudaViewMut<f32>,
+    k: &mut CudaViewMut<f32>,
+    pos: &CudaView<u32>,
+    n_q: usize,
+    n_k: usize,
+    head_dim: usize,
+    base: f32,
+) -> Result<(), CudaError> {
     let rows = pos.len();
     check("rope q", q.len(), rows * n_q * head_dim)?;
     check("rope k", k.len(), rows * n_k * head_dim)?;
     let f = dev.function(Family::Rope, "rope_qk")?;
+    let halves = (style == RopeStyle::Halves) as i32;
     let (nq, nk, d) = (n_q as i32, n_k as i32, head_dim as i32);
     let mut b = dev.stream().launch_builder(&f);
     b.arg(q)
@@ -413,7 +445,8 @@ pub fn rope_qk(
         .arg(&nq)
         .arg(&nk)
         .arg(&d)
-        .arg(&base);
+        .arg(&base)
+        .arg(&halves);
     // SAFETY: q and k hold rows * heads * head_dim floats (checked above).
     unsafe { b.launch(grid(rows, 128, 0)) }.map_err(launch_err("rope_qk"))?;
     Ok(())
@@ -440,6 +473,26 @@ pub fn attention(
     out: &mut CudaViewMut<f32>,
     s: AttentionShape,
 ) -> Result<(), CudaError> {
+    attention_windowed(dev, q, k, v, out, s, None)
+}
+
+/// [`attention`] where row r sees only the last `window` positions
+/// `pos0 + r + 1 - window ..= pos0 + r` (sliding-window attention, as the
+/// CPU's `attention_windowed`); `None` sees them all.
+pub fn attention_windowed(
+    dev: &Device,
+    q: &CudaView<f32>,
+    k: &CudaView<f32>,
+    v: &CudaView<f32>,
+    out: &mut CudaViewMut<f32>,
+    s: AttentionShape,
+    window: Option<usize>,
+) -> Result<(), CudaError> {
+    if window == Some(0) {
+        return Err(CudaError::Shape(
+            "attention: a window of 0 positions".into(),
+        ));
+    }
     if s.n_kv == 0 || s.n_head % s.n_kv != 0 {
         return Err(CudaError::Shape(format!(
             "attention: {} query heads do not group over {} kv heads",
@@ -452,7 +505,7 @@ pub fn attention(
     check("attention out", out.len(), s.rows * width)?;
     check("attention k", k.len(), keys * s.n_kv * s.head_dim)?;
     check("attention v", v.len(), keys * s.n_kv * s.head_dim)?;
-    let shared = (keys * 4) as u32;
+    let shared = (window.map_or(keys, |w| w.min(keys)) * 4) as u32;
     let f = dev.function(Family::Attention, "attention")?;
     // Past 48 KiB (with the kernel's few static bytes) a block must opt in.
     if shared > 44 * 1024 {
@@ -470,6 +523,7 @@ pub fn attention(
         s.n_kv as i32,
         s.head_dim as i32,
     );
+    let win = window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
     let mut b = dev.stream().launch_builder(&f);
     b.arg(q)
         .arg(k)
@@ -479,7 +533,8 @@ pub fn attention(
         .arg(&nh)
         .arg(&nkv)
         .arg(&hd)
-        .arg(&scale);
+        .arg(&scale)
+        .arg(&win);
     let cfg = LaunchConfig {
         grid_dim: (s.rows as u32, s.n_head as u32, 1),
         block_dim: (128, 1, 1),
@@ -500,6 +555,29 @@ pub fn swiglu(
     n: usize,
 ) -> Result<(), CudaError> {
     elementwise(dev, Family::Ffn, "swiglu", gate, up, out, n)
+}
+
+/// `out = gelu_tanh(gate) * up` over `n` floats (Gemma's GeGLU).
+pub fn geglu(
+    dev: &Device,
+    gate: &CudaView<f32>,
+    up: &CudaView<f32>,
+    out: &mut CudaViewMut<f32>,
+    n: usize,
+) -> Result<(), CudaError> {
+    elementwise(dev, Family::Ffn, "geglu", gate, up, out, n)
+}
+
+/// `x *= s` in place over `n` floats.
+pub fn scale(dev: &Device, x: &mut CudaViewMut<f32>, s: f32, n: usize) -> Result<(), CudaError> {
+    check("scale", x.len(), n)?;
+    let f = dev.function(Family::Elementwise, "scale")?;
+    let ni = n as i32;
+    let mut l = dev.stream().launch_builder(&f);
+    l.arg(x).arg(&s).arg(&ni);
+    // SAFETY: x holds n floats (checked above).
+    unsafe { l.launch(grid(n.div_ceil(256), 256, 0)) }.map_err(launch_err("scale"))?;
+    Ok(())
 }
 
 /// `out = a + b` over `n` floats (the residual adds).
