@@ -60,7 +60,7 @@ pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
         return super::matmul::quantize_row(x, block);
     }
     assert!(
-        x.len().is_multiple_of(block),
+        x.len() % block == 0,
         "row of {} is not a multiple of block {block}",
         x.len()
     );
