@@ -231,7 +231,7 @@ def hostile(work):
             m = json.load(open(mpath))
             edit_manifest(m)
             sys.path.insert(0, os.path.join(ROOT, "python"))
-            import taptree_tree
+            from taptree import tree as taptree_tree
 
             m["dirs"], m["root"] = taptree_tree.tree_hashes(m["entries"], m)
             m["manifest_blake3"] = taptree_tree.UNSEALED
