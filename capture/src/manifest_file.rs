@@ -1,0 +1,412 @@
+//! Reading a tree's `manifest.json` and checking it before anything trusts
+//! it: its head for `verify A B`, its seal, its version, its entries' keys
+//! and paths.
+
+use crate::error::{Error, Result};
+use crate::manifest::{self, Entry, Manifest, FORMAT_MAJOR, FORMAT_MAJOR_OLDEST, MANIFEST_FILE};
+use crate::open::*;
+use crate::tapfile;
+use memmap2::Mmap;
+use std::collections::HashSet;
+use std::io::Read;
+use std::path::{Component, Path};
+
+/// The head of a manifest: see [`TreeReader::head`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestHead {
+    pub format_version: String,
+    pub root: String,
+    pub taps: u64,
+    pub bytes: u64,
+}
+
+/// How much of a manifest [`TreeReader::head`] reads first: the head fields
+/// come first in every manifest this crate writes.
+pub(crate) const HEAD_PREFIX: usize = 4096;
+
+#[derive(Default)]
+pub(crate) struct HeadFields {
+    pub(crate) format: Option<String>,
+    pub(crate) version: Option<String>,
+    pub(crate) root: Option<String>,
+    pub(crate) taps: Option<u64>,
+    pub(crate) bytes: Option<u64>,
+}
+
+pub(crate) struct HeadVisitor<'a>(&'a mut HeadFields);
+
+impl<'de> serde::de::Visitor<'de> for HeadVisitor<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a taptree manifest")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let out = self.0;
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "format" => out.format = Some(map.next_value()?),
+                "format_version" => out.version = Some(version_text(map.next_value()?)),
+                "root" => out.root = Some(map.next_value()?),
+                "taps" => out.taps = Some(map.next_value()?),
+                "bytes" => out.bytes = Some(map.next_value()?),
+                _ => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+            let HeadFields {
+                format,
+                version,
+                root,
+                taps,
+                bytes,
+            } = &*out;
+            if format.is_some()
+                && version.is_some()
+                && root.is_some()
+                && taps.is_some()
+                && bytes.is_some()
+            {
+                return Err(serde::de::Error::custom("head complete"));
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn version_text(v: serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s,
+        other => other.to_string(),
+    }
+}
+
+/// The manifest's bytes (at most `limit` of them); a missing manifest is an
+/// incomplete capture (or, in an empty directory, no tree at all).
+pub(crate) fn read_manifest(tree: &Path, limit: Option<usize>) -> Result<ManifestBytes> {
+    let path = tree.join(MANIFEST_FILE);
+    if !std::fs::metadata(tree)
+        .map_err(|e| Error::io(tree, e))?
+        .is_dir()
+    {
+        return Err(Error::BadManifest {
+            path: tree.to_path_buf(),
+            reason: "not a directory (a tree is a directory holding manifest.json)".into(),
+        });
+    }
+    let read = |path: &Path| -> std::io::Result<ManifestBytes> {
+        let file = open_regular(path)?;
+        let mut bytes = Vec::new();
+        match limit {
+            Some(n) => {
+                file.take(n as u64).read_to_end(&mut bytes)?;
+            }
+            None => {
+                // Mapped, not read: a copy of a manifest of many megabytes
+                // costs as much in fresh zeroed pages as its parse saves.
+                // SAFETY: read-only; a manifest is renamed into place whole
+                // and never written again.
+                if let Ok(map) = unsafe { Mmap::map(&file) } {
+                    return Ok(ManifestBytes::Mapped(map));
+                }
+                (&file).read_to_end(&mut bytes)?;
+            }
+        };
+        Ok(ManifestBytes::Read(bytes))
+    };
+    check_manifest_link(tree, &path)?;
+    match read(&path) {
+        Ok(b) => Ok(b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let empty = std::fs::read_dir(tree)
+                .map(|mut d| d.next().is_none())
+                .unwrap_or(false);
+            Err(if empty {
+                Error::EmptyDir {
+                    path: tree.to_path_buf(),
+                }
+            } else {
+                Error::Incomplete {
+                    path: tree.to_path_buf(),
+                }
+            })
+        }
+        Err(e) => Err(Error::io(&path, e)),
+    }
+}
+
+/// A manifest that is a link must resolve inside its tree: a tree's
+/// description is the tree's own.
+pub(crate) fn check_manifest_link(tree: &Path, path: &Path) -> Result<()> {
+    if !is_link(path) {
+        return Ok(());
+    }
+    let root = tree.canonicalize().map_err(|e| Error::io(tree, e))?;
+    let target = path.canonicalize().map_err(|e| Error::io(path, e))?;
+    if target.starts_with(&root) {
+        return Ok(());
+    }
+    Err(Error::BadManifest {
+        path: path.to_path_buf(),
+        reason: format!("a symlink to {}, outside the tree", target.display()),
+    })
+}
+
+/// A manifest's bytes: a prefix read, or the whole file mapped.
+pub(crate) enum ManifestBytes {
+    Read(Vec<u8>),
+    Mapped(Mmap),
+}
+
+impl std::ops::Deref for ManifestBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            ManifestBytes::Read(b) => b,
+            ManifestBytes::Mapped(m) => m,
+        }
+    }
+}
+
+pub(crate) fn check_version(path: &Path, version: &str) -> Result<()> {
+    match manifest::parse_version(version) {
+        Some((major, _)) if (FORMAT_MAJOR_OLDEST..=FORMAT_MAJOR).contains(&major) => Ok(()),
+        _ => Err(Error::UnsupportedVersion {
+            path: path.to_path_buf(),
+            found: version.to_string(),
+            oldest: FORMAT_MAJOR_OLDEST,
+            supported: FORMAT_MAJOR,
+        }),
+    }
+}
+
+/// The manifest and the head's counts (absent from other writers' manifests).
+type Parsed = (Manifest, (Option<u64>, Option<u64>));
+
+pub(crate) fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<Parsed> {
+    // The version is checked before the rest, so that a future format with a
+    // different shape is refused as a version, not as garbage. The head is
+    // normally in the first bytes; only another writer's field order costs a
+    // second full scan.
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        format: Option<String>,
+        format_version: Option<serde_json::Value>,
+        taps: Option<u64>,
+        bytes: Option<u64>,
+    }
+    let bad = |reason: String| Error::BadManifest {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mut head = scan_head(&bytes[..bytes.len().min(HEAD_PREFIX)]);
+    if head.format.is_none() || head.version.is_none() {
+        let probe: Probe =
+            serde_json::from_slice(bytes).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        head = HeadFields {
+            format: probe.format,
+            version: probe.format_version.map(version_text),
+            root: None,
+            taps: probe.taps,
+            bytes: probe.bytes,
+        };
+    }
+    if head.format.as_deref() != Some("taptree") {
+        return Err(bad(
+            "not a taptree manifest (no \"format\": \"taptree\")".into()
+        ));
+    }
+    let version = head
+        .version
+        .ok_or_else(|| bad("no format_version".into()))?;
+    check_version(path, &version)?;
+    if manifest::parse_version(&version).is_some_and(|(major, _)| major >= 2) {
+        manifest::check_seal(bytes).map_err(bad)?;
+    }
+    // No entry is written in fewer than 100 bytes: a head that claims more
+    // taps than that allows reserves no more than the file could hold.
+    let hint = head.taps.unwrap_or(0).min(bytes.len() as u64 / 100) as usize;
+    let manifest =
+        manifest::with_entries_hint(hint, || serde_json::from_slice(bytes)).map_err(|e| {
+            if e.is_data() {
+                bad(e.to_string())
+            } else {
+                bad(format!("not valid JSON: {e}"))
+            }
+        })?;
+    Ok((manifest, (head.taps, head.bytes)))
+}
+
+/// The head fields found in `prefix` (a whole manifest or its beginning).
+pub(crate) fn scan_head(prefix: &[u8]) -> HeadFields {
+    let mut fields = HeadFields::default();
+    let mut de = serde_json::Deserializer::from_slice(prefix);
+    // The visitor stops the parse as soon as it has the head; the error that
+    // stopping (or the end of a prefix) produces is expected.
+    let _ = serde::Deserializer::deserialize_map(&mut de, HeadVisitor(&mut fields));
+    fields
+}
+
+pub(crate) fn check_entries(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<()> {
+    let mut keys = HashSet::with_capacity_and_hasher(m.entries.len(), KeyHasher::default());
+    let mut total: u64 = 0;
+    let mut rows: u64 = 0;
+    for e in &m.entries {
+        if let Err(reason) = manifest::check_key_bounds(e.key.layer, &e.key.pos) {
+            return Err(Error::BadManifest {
+                path: manifest_path.to_path_buf(),
+                reason: format!("{}: {reason}", e.key),
+            });
+        }
+        rows += u64::from(e.key.rows());
+        if rows > u64::from(manifest::MAX_POSITION) {
+            return Err(Error::BadManifest {
+                path: manifest_path.to_path_buf(),
+                reason: format!(
+                    "its taps hold more than the format's {} positions in all",
+                    manifest::MAX_POSITION
+                ),
+            });
+        }
+        check_entry_path(tree, e)?;
+        let bad_shape = |reason: String| Error::BadShape {
+            path: manifest_path.to_path_buf(),
+            key: e.key.to_string(),
+            shape: e.shape.clone(),
+            reason,
+        };
+        let elements = tapfile::element_count(&e.shape).map_err(bad_shape)?;
+        let bytes = elements
+            .checked_mul(e.dtype.size())
+            .ok_or_else(|| bad_shape(format!("byte count of {} elements overflows", elements)))?;
+        if bytes as u64 != e.bytes {
+            return Err(bad_shape(format!(
+                "{elements} elements of {} are {bytes} bytes, entry says {}",
+                e.dtype, e.bytes
+            )));
+        }
+        total = total
+            .checked_add(e.bytes)
+            .ok_or_else(|| Error::BadManifest {
+                path: manifest_path.to_path_buf(),
+                reason: "the entries' byte counts overflow when summed".into(),
+            })?;
+        if e.shape.first().map(|&r| r as u64) != Some(u64::from(e.key.rows())) {
+            return Err(bad_shape(format!(
+                "axis 0 must be the {} positions of {}",
+                e.key.rows(),
+                e.key
+            )));
+        }
+        if !keys.insert(&e.key) {
+            return Err(Error::BadManifest {
+                path: manifest_path.to_path_buf(),
+                reason: format!("{} appears twice", e.key),
+            });
+        }
+    }
+    let (dirs, root) = m.hashes();
+    if dirs != m.dirs || root != m.root {
+        return Err(Error::BadManifest {
+            path: manifest_path.to_path_buf(),
+            reason: format!(
+                "root {} does not match its entries (they hash to {root}): the manifest was edited or damaged",
+                m.root
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// FNV-1a for the duplicate-key check of [`check_entries`]: keys are short,
+/// and SipHash was a good part of opening a tree. Collisions only cost time.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl std::hash::BuildHasher for KeyHasher {
+    type Hasher = KeyHasher;
+
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher::default()
+    }
+}
+
+/// An entry path is `DIR/FILE.safetensors`, relative, with DIR the key's
+/// directory: nothing absolute, no `..`, nothing outside its directory.
+pub(crate) fn check_entry_path(tree: &Path, e: &Entry) -> Result<()> {
+    if is_plain_entry_path(&e.path, &e.key) {
+        return Ok(());
+    }
+    check_entry_path_fully(tree, e)
+}
+
+pub(crate) fn check_entry_path_fully(tree: &Path, e: &Entry) -> Result<()> {
+    let unsafe_path = |reason: &str| Error::UnsafePath {
+        tree: tree.to_path_buf(),
+        entry: e.path.clone(),
+        reason: reason.to_string(),
+    };
+    let p = Path::new(&e.path);
+    if p.is_absolute() || e.path.starts_with('/') || e.path.contains('\\') {
+        return Err(unsafe_path("absolute paths are not allowed"));
+    }
+    let parts: Vec<Component> = p.components().collect();
+    if parts.iter().any(|c| !matches!(c, Component::Normal(_))) {
+        return Err(unsafe_path("escapes the tree ('..', '.' or a root)"));
+    }
+    let expected_dir = manifest::dir_of(&e.key);
+    if parts.len() != 2
+        || parts[0].as_os_str() != expected_dir.as_str()
+        || !e.path.ends_with(".safetensors")
+    {
+        return Err(unsafe_path(&format!(
+            "expected {expected_dir}/<name>.safetensors for {}",
+            e.key
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `path` is exactly `DIR/NAME.safetensors` with DIR the key's
+/// directory and NAME free of separators: what every writer produces, and
+/// accepted by [`check_entry_path`] without building components or the
+/// directory name. Anything else gets the full check.
+pub(crate) fn is_plain_entry_path(path: &str, key: &crate::key::Key) -> bool {
+    let Some((dir, name)) = path.split_once('/') else {
+        return false;
+    };
+    let dir_ok = match key.layer {
+        None => dir == manifest::GLOBAL_DIR,
+        // `L{layer:03}`: at least three digits, no more than the number needs.
+        Some(layer) => dir.strip_prefix('L').is_some_and(|digits| {
+            let len = layer.checked_ilog10().unwrap_or(0) as usize + 1;
+            digits.len() == len.max(3)
+                && digits.bytes().all(|c| c.is_ascii_digit())
+                && digits.parse::<u32>().ok() == Some(layer)
+        }),
+    };
+    dir_ok
+        && name.len() > ".safetensors".len()
+        && name.ends_with(".safetensors")
+        && !name.contains(['/', '\\'])
+}
