@@ -139,25 +139,15 @@ pub fn tree_hashes(
         text: String,
         lines: Vec<std::ops::Range<usize>>,
     }
-    let mut dirs: Vec<(Option<u32>, Dir)> = Vec::new();
-    let mut slot_of: std::collections::HashMap<Option<u32>, usize> = Default::default();
-    // Consecutive entries mostly share a layer: the last one is tried first.
-    let mut last: Option<(Option<u32>, usize)> = None;
-    for e in entries {
-        let layer = e.key.layer;
-        let i = match last {
-            Some((l, i)) if l == layer => i,
-            _ => *slot_of.entry(layer).or_insert_with(|| {
-                dirs.push((layer, Dir::default()));
-                dirs.len() - 1
-            }),
-        };
-        last = Some((layer, i));
-        let d = &mut dirs[i].1;
-        let start = d.text.len();
-        hash_line(&mut d.text, &e.key, e.dtype, &e.shape, &e.blake3);
-        d.lines.push(start..d.text.len());
-    }
+    let dirs = by_layer(
+        entries,
+        |_| Dir::default(),
+        |d, e| {
+            let start = d.text.len();
+            hash_line(&mut d.text, &e.key, e.dtype, &e.shape, &e.blake3);
+            d.lines.push(start..d.text.len());
+        },
+    );
     let dirs: BTreeMap<String, String> = dirs
         .into_iter()
         .map(|(layer, mut d)| {
@@ -251,39 +241,30 @@ pub fn tree_hashes_v1(entries: &[Entry]) -> (BTreeMap<String, String>, String) {
     }
     const CHUNK: usize = 1024;
     const BATCH: usize = 16 * CHUNK;
-    // Found without building each entry's directory name: consecutive
-    // entries mostly share a layer, so the last one is tried first.
-    let mut dirs: Vec<Dir> = Vec::new();
-    let mut slot_of: std::collections::HashMap<Option<u32>, usize> = Default::default();
-    let mut last: Option<(Option<u32>, usize)> = None;
-    for e in entries {
-        let layer = e.key.layer;
-        let i = match last {
-            Some((l, i)) if l == layer => i,
-            _ => *slot_of.entry(layer).or_insert_with(|| {
-                let mut pending = String::with_capacity(BATCH + 256);
-                pending.push_str("taptree dir v1\n");
-                dirs.push(Dir {
-                    layer,
-                    hasher: blake3::Hasher::new(),
-                    pending,
-                });
-                dirs.len() - 1
-            }),
-        };
-        last = Some((layer, i));
-        let d = &mut dirs[i];
-        hash_line(&mut d.pending, &e.key, e.dtype, &e.shape, &e.blake3);
-        if d.pending.len() >= BATCH {
-            // Whole chunks only, so that the next update starts on a chunk.
-            let whole = d.pending.len() / CHUNK * CHUNK;
-            d.hasher.update(&d.pending.as_bytes()[..whole]);
-            d.pending.drain(..whole);
-        }
-    }
+    let dirs = by_layer(
+        entries,
+        |layer| {
+            let mut pending = String::with_capacity(BATCH + 256);
+            pending.push_str("taptree dir v1\n");
+            Dir {
+                layer,
+                hasher: blake3::Hasher::new(),
+                pending,
+            }
+        },
+        |d, e| {
+            hash_line(&mut d.pending, &e.key, e.dtype, &e.shape, &e.blake3);
+            if d.pending.len() >= BATCH {
+                // Whole chunks only, so that the next update starts on a chunk.
+                let whole = d.pending.len() / CHUNK * CHUNK;
+                d.hasher.update(&d.pending.as_bytes()[..whole]);
+                d.pending.drain(..whole);
+            }
+        },
+    );
     let dirs: BTreeMap<String, String> = dirs
         .into_iter()
-        .map(|mut d| {
+        .map(|(_, mut d)| {
             d.hasher.update(d.pending.as_bytes());
             (
                 dir_of_layer(d.layer),
@@ -296,4 +277,31 @@ pub fn tree_hashes_v1(entries: &[Entry]) -> (BTreeMap<String, String>, String) {
         let _ = writeln!(root, "{dir}\t{hash}");
     }
     (dirs, blake3::hash(root.as_bytes()).to_hex().to_string())
+}
+
+/// Entries grouped by directory (layer), in the order each layer first
+/// appears, each group built by `add` on what `new` made for its layer.
+/// Found without building each entry's directory name: consecutive entries
+/// mostly share a layer, so the last one is tried first.
+fn by_layer<D>(
+    entries: &[Entry],
+    mut new: impl FnMut(Option<u32>) -> D,
+    mut add: impl FnMut(&mut D, &Entry),
+) -> Vec<(Option<u32>, D)> {
+    let mut dirs: Vec<(Option<u32>, D)> = Vec::new();
+    let mut slot_of: std::collections::HashMap<Option<u32>, usize> = Default::default();
+    let mut last: Option<(Option<u32>, usize)> = None;
+    for e in entries {
+        let layer = e.key.layer;
+        let i = match last {
+            Some((l, i)) if l == layer => i,
+            _ => *slot_of.entry(layer).or_insert_with(|| {
+                dirs.push((layer, new(layer)));
+                dirs.len() - 1
+            }),
+        };
+        last = Some((layer, i));
+        add(&mut dirs[i].1, e);
+    }
+    dirs
 }
