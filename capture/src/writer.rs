@@ -1,5 +1,8 @@
 //! Off the hot path: a byte-bounded queue feeding writer threads that hash
-//! each tap with blake3 and write it as one safetensors file.
+//! each tap with blake3, write it as one safetensors file and start its
+//! writeback to disk at once (Linux: `sync_file_range`), so the data goes to
+//! disk while the forward runs; [`make_durable`] then waits, at the end, for
+//! what is still in flight.
 
 use crate::dtype::DType;
 use crate::error::Error;
@@ -8,6 +11,7 @@ use crate::manifest::{self, Entry};
 use crate::select::Selection;
 use crate::tapfile;
 use std::collections::HashSet;
+use std::fs::File;
 use std::io::Write;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -237,6 +241,7 @@ fn write_one(dir: &Path, job: &Job, made_dirs: &mut HashSet<String>) -> Result<E
     file.write_all(&header)
         .and_then(|_| file.write_all(&job.data))
         .map_err(|e| Error::io(&path, e))?;
+    start_writeback(&file);
     Ok(Entry {
         key: job.key.clone(),
         path: rel,
@@ -246,4 +251,62 @@ fn write_one(dir: &Path, job: &Job, made_dirs: &mut HashSet<String>) -> Result<E
         bytes: job.data.len() as u64,
         header_blake3: Some(blake3::hash(&header).to_hex().to_string()),
     })
+}
+
+/// Starts writing `file`'s dirty pages to disk now, without waiting for
+/// them (Linux; elsewhere the kernel's own writeback does it later).
+fn start_writeback(file: &File) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid open descriptor; the call only schedules I/O. A
+        // failure here is not an error: `make_durable` reports what counts.
+        unsafe {
+            libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
+}
+
+/// Makes the tap files `files` (relative to `dir`) durable, with their
+/// names: on Linux one `syncfs` of the tree's filesystem, which waits for
+/// the writeback each file started when written and commits the
+/// directories; elsewhere an `fsync` of each file, then of each directory.
+/// The first failure is returned: then no manifest may be written.
+pub(crate) fn make_durable<'a>(
+    dir: &Path,
+    files: impl Iterator<Item = &'a str>,
+) -> Result<(), Error> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let _ = files;
+        let d = File::open(dir).map_err(|e| Error::io(dir, e))?;
+        // SAFETY: a valid open descriptor of the tree's directory.
+        if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
+            return Err(Error::io(dir, std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let mut dirs = std::collections::BTreeSet::new();
+        for rel in files {
+            let path = dir.join(rel);
+            File::open(&path)
+                .and_then(|f| f.sync_data())
+                .map_err(|e| Error::io(&path, e))?;
+            if let Some(d) = path.parent() {
+                dirs.insert(d.to_path_buf());
+            }
+        }
+        for d in dirs {
+            // A filesystem that cannot sync a directory is not an error.
+            if let Ok(f) = File::open(&d) {
+                let _ = f.sync_all();
+            }
+        }
+        Ok(())
+    }
 }
