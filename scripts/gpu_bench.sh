@@ -6,7 +6,8 @@
 #
 # TAPTREE is taptree built with --features cuda, CUDA_PERF the cuda_perf test
 # executable (`cargo test --release --features cuda -p kernels --test
-# cuda_perf --no-run`; scripts/gpu_matrix.sh --bundle packs both). Prints:
+# cuda_perf --no-run`; scripts/gpu_matrix.sh --bundle packs both; CUDA_PERF=none
+# skips it). Prints:
 #
 # - cuda_perf's figures: prefill and decode tokens/s (decode launch by launch
 #   and as a CUDA graph), batched decode, the armed capture's cost inside one
@@ -29,9 +30,11 @@ GEN=${GEN:-16}
 echo "taptree: $TAPTREE; cuda_perf: $CUDA_PERF; model: $MODEL; rounds: $ROUNDS"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1
 
-echo "=== cuda_perf"
-echo "\$ TAPTREE_MODEL=$MODEL $CUDA_PERF --test-threads=1 --nocapture gpu_figures"
-TAPTREE_MODEL=$MODEL "$CUDA_PERF" --test-threads=1 --nocapture gpu_figures 2>&1 | grep -v '^test \|^running\|^$'
+if [[ $CUDA_PERF != none ]]; then
+    echo "=== cuda_perf"
+    echo "\$ TAPTREE_MODEL=$MODEL $CUDA_PERF --test-threads=1 --nocapture gpu_figures"
+    TAPTREE_MODEL=$MODEL "$CUDA_PERF" --test-threads=1 --nocapture gpu_figures 2>&1 | grep -v '^test \|^running\|^$'
+fi
 
 median() { sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 # Wall seconds of one command, its output to $WORK/last.log.
