@@ -270,43 +270,53 @@ fn start_writeback(file: &File) {
 }
 
 /// Makes the tap files `files` (relative to `dir`) durable, with their
-/// names: on Linux one `syncfs` of the tree's filesystem, which waits for
-/// the writeback each file started when written and commits the
-/// directories; elsewhere an `fsync` of each file, then of each directory.
-/// The first failure is returned: then no manifest may be written.
+/// names: each file `fdatasync`ed (its writeback, started when it was
+/// written, is mostly done by now; a few threads wait on the rest at once,
+/// which a journaling filesystem commits together), then each directory
+/// fsynced. Only this capture's files are waited for, never the rest of
+/// the filesystem. The first failure is returned: then no manifest may be
+/// written.
 pub(crate) fn make_durable<'a>(
     dir: &Path,
     files: impl Iterator<Item = &'a str>,
 ) -> Result<(), Error> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        let _ = files;
-        let d = File::open(dir).map_err(|e| Error::io(dir, e))?;
-        // SAFETY: a valid open descriptor of the tree's directory.
-        if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
-            return Err(Error::io(dir, std::io::Error::last_os_error()));
-        }
-        Ok(())
+    let paths: Vec<PathBuf> = files.map(|rel| dir.join(rel)).collect();
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));
+    let chunk = paths.len().div_ceil(threads).max(1);
+    let first = std::thread::scope(|s| {
+        let handles: Vec<_> = paths
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || {
+                    for path in part {
+                        File::open(path)
+                            .and_then(|f| f.sync_data())
+                            .map_err(|e| Error::io(path, e))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::WriterPanicked {
+                        path: dir.to_path_buf(),
+                    })
+                })
+            })
+            .find(|r: &Result<(), Error>| r.is_err())
+    });
+    if let Some(err) = first {
+        return err;
     }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let mut dirs = std::collections::BTreeSet::new();
-        for rel in files {
-            let path = dir.join(rel);
-            File::open(&path)
-                .and_then(|f| f.sync_data())
-                .map_err(|e| Error::io(&path, e))?;
-            if let Some(d) = path.parent() {
-                dirs.insert(d.to_path_buf());
-            }
+    let dirs: std::collections::BTreeSet<&Path> = paths.iter().filter_map(|p| p.parent()).collect();
+    for d in dirs {
+        // A filesystem that cannot sync a directory is not an error.
+        if let Ok(f) = File::open(d) {
+            let _ = f.sync_all();
         }
-        for d in dirs {
-            // A filesystem that cannot sync a directory is not an error.
-            if let Ok(f) = File::open(&d) {
-                let _ = f.sync_all();
-            }
-        }
-        Ok(())
     }
+    Ok(())
 }
