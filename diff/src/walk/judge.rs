@@ -11,7 +11,7 @@ use capture::Manifest;
 
 /// The row of `layer`/`stage` from its segments (in key order) and their states.
 pub(crate) fn build_row(
-    (layer, stage): (Option<u32>, String),
+    (layer, stage): super::RowKey,
     segments: &[Segment],
     states: &[SegState],
     ma: &Manifest,

@@ -22,6 +22,9 @@ use rayon::prelude::*;
 use std::collections::{BTreeSet, HashMap};
 pub use visit::{Action, Change, Recorder, Side, Visit, Walked};
 
+/// A row: (layer, stage name).
+type RowKey = (Option<u32>, String);
+
 /// How to compare.
 #[derive(Default)]
 pub struct Options<'p> {
@@ -139,7 +142,7 @@ pub fn walk(
         ..Counts::default()
     };
     // `matched` is sorted by (stage, layer, slot, pos): each row is a run.
-    let mut by_row: Vec<((Option<u32>, String), std::ops::Range<usize>)> = Vec::new();
+    let mut by_row: Vec<(RowKey, std::ops::Range<usize>)> = Vec::new();
     for (i, seg) in matched.iter().enumerate() {
         match by_row.last_mut() {
             Some(((layer, _), members))
