@@ -169,7 +169,7 @@ pub fn walk(
         })
         .collect();
     for row in in_forward_order(rows, ma, mb) {
-        if delegate.visit(Change::Row(row)) == Action::Cancel {
+        if delegate.visit(Change::Row(Box::new(row))) == Action::Cancel {
             walked.cancelled = true;
             break;
         }

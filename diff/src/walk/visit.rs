@@ -29,7 +29,7 @@ pub enum Change<'a> {
     },
     /// A judged (layer, stage), in forward order, cause and growth set;
     /// handed over, not lent (a large diff's rows are most of its memory).
-    Row(Row),
+    Row(Box<Row>),
 }
 
 /// What the walk does next.
@@ -74,7 +74,7 @@ impl Visit for Recorder {
         match change {
             Change::OnlyIn { side: Side::A, key } => self.only_in_a.push(key.to_string()),
             Change::OnlyIn { side: Side::B, key } => self.only_in_b.push(key.to_string()),
-            Change::Row(row) => self.rows.push(row),
+            Change::Row(row) => self.rows.push(*row),
         }
         Action::Continue
     }
