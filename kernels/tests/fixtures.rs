@@ -184,7 +184,6 @@ mod python {
     //! in Python (fixtures/hf_vs_gguf.py).
 
     use super::gguf_python;
-    use fixtures;
     use safetensors::tensor::TensorView;
     use safetensors::SafeTensors;
 
