@@ -18,7 +18,7 @@
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! # let weights: kernels::ModelWeights = todo!();
+//! # let weights: model::ModelWeights = todo!();
 //! use kernels::{switches::Switches, Precision};
 //! let mut fwd = kernels::cuda::open(&weights, Precision::F32, &Switches::none())?;
 //! let logits = fwd.forward(None, &[1, 2, 3], 0)?;
@@ -36,9 +36,9 @@ pub use forward::CudaForward;
 pub use taps::tap_copy_stats;
 
 use crate::forward::{Forward, ForwardError, Precision};
-use crate::model::ModelWeights;
-use crate::quant::GgmlType;
 use crate::switches::Switches;
+use model::quant::GgmlType;
+use model::ModelWeights;
 
 /// Why the GPU could not do what was asked.
 #[derive(Debug, thiserror::Error)]

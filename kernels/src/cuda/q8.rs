@@ -10,7 +10,7 @@ use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 use super::device::{Device, Family};
 use super::ops::{DeviceMatrix, QuantizedActs};
 use super::CudaError;
-use crate::quant::GgmlType;
+use model::quant::GgmlType;
 
 /// How a block-quantized weight meets int8 activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
