@@ -9,11 +9,12 @@
 # several calls: they wait in $WORK until all are there, then are joined and
 # checked against the sha256. Outputs: $OUT (default ./gpu-out)/gemma.log.
 #
-# Steps (each logged with its exact command): the kernel and forward tests;
+# Steps (each logged with its exact command; STEPS=q8: the q8 ones only):
+# the kernel and forward tests;
 # the 16 greedy tokens of the France chat prompt and of a story prompt on
 # CUDA and CPU (f32); CPU f32 vs CUDA f32 over every stage and position;
 # batched m=4 vs each prompt alone (bitwise), with a control that must fail;
-# q8 on CUDA refused (Q8_K activations are CPU-only).
+# CUDA q8 against CPU q8 (and both against the f64 truth).
 set -uo pipefail
 
 MODEL_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
@@ -61,6 +62,10 @@ rm -rf runs
 Q="What is the capital of France?"
 S="Once upon a time, there was a fox named"
 
+# STEPS=q8 runs only the q8 steps (and the f32 capture they compare with).
+if [[ ${STEPS:-all} == q8 ]]; then
+    run taptree capture --model "$MODEL" --backend cuda --precision f32 --chat "$Q" --gen 16 --out runs/cuda-f32
+else
 step "greedy tokens, 16 steps, CUDA and CPU (f32)"
 run taptree capture --model "$MODEL" --backend cuda --precision f32 --chat "$Q" --gen 16 --out runs/cuda-f32
 run taptree capture --model "$MODEL" --backend cpu --precision f32 --chat "$Q" --gen 16 --out runs/cpu-f32
@@ -82,6 +87,18 @@ for i in 0 1 2 3; do
 done
 echo "control: slot 1 against prompt 0 alone must not pass"
 run taptree diff runs/cuda-m4 runs/cuda-m1-0 --slot-a 1 --slot-b none --only-red
+fi
 
-step "q8 on CUDA (Q8_K activations for the K-quant weights are CPU-only)"
-run taptree capture --model "$MODEL" --backend cuda --precision q8 --chat "$Q" --gen 2 --out runs/cuda-q8
+step "q8: CUDA vs CPU (Q8_K activations for the K-quant weights, Q8_0 for the others)"
+run taptree capture --model "$MODEL" --backend cpu --precision q8 --chat "$Q" --gen 16 --out runs/cpu-q8
+run taptree capture --model "$MODEL" --backend cuda --precision q8 --chat "$Q" --gen 16 --out runs/cuda-q8
+run taptree capture --model "$MODEL" --backend cpu --precision f64 --chat "$Q" --gen 16 --out runs/cpu-f64
+run taptree diff runs/cpu-q8 runs/cuda-q8 --only-red
+run taptree diff runs/cpu-q8 runs/cuda-q8 --controls --only-red
+run taptree diff runs/cpu-q8 runs/cuda-q8 --truth runs/cpu-f64 --only-red
+echo "where CPU q8 and CUDA q8 first differ at all (layers 0-1, every op)"
+taptree diff runs/cpu-q8 runs/cuda-q8 --bitwise --all-metrics --color never | grep -E '^(op|embedding|L0/|L1/)|first diverging|bitwise'
+run taptree diff runs/cuda-f32 runs/cuda-q8 --truth runs/cpu-f64 --only-red
+echo "control: two CUDA q8 captures are identical"
+run taptree capture --model "$MODEL" --backend cuda --precision q8 --chat "$Q" --gen 16 --out runs/cuda-q8-again
+run taptree verify runs/cuda-q8 runs/cuda-q8-again

@@ -168,6 +168,11 @@ impl Capture {
         if let Some((_, err)) = errors.into_iter().next() {
             return Err(err);
         }
+        // Every tap file durable before the manifest that names it exists.
+        crate::writer::make_durable(
+            &self.active.dir,
+            entries.iter().map(|(_, e)| e.path.as_str()),
+        )?;
         entries.sort_by_key(|(seq, _)| *seq);
         let entries: Vec<_> = entries.into_iter().map(|(_, e)| e).collect();
         if entries.is_empty() && !self.active.selection.is_all() {

@@ -1,5 +1,8 @@
 //! Off the hot path: a byte-bounded queue feeding writer threads that hash
-//! each tap with blake3 and write it as one safetensors file.
+//! each tap with blake3, write it as one safetensors file and start its
+//! writeback to disk at once (Linux: `sync_file_range`), so the data goes to
+//! disk while the forward runs; [`make_durable`] then waits, at the end, for
+//! what is still in flight.
 
 use crate::dtype::DType;
 use crate::error::Error;
@@ -8,6 +11,7 @@ use crate::manifest::{self, Entry};
 use crate::select::Selection;
 use crate::tapfile;
 use std::collections::HashSet;
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -229,6 +233,7 @@ fn write_one(dir: &Path, job: &Job, made_dirs: &mut HashSet<String>) -> Result<E
     file.write_all(&header)
         .and_then(|_| file.write_all(&job.data))
         .map_err(|e| Error::io(&path, e))?;
+    start_writeback(&file);
     Ok(Entry {
         key: job.key.clone(),
         path: rel,
@@ -238,4 +243,72 @@ fn write_one(dir: &Path, job: &Job, made_dirs: &mut HashSet<String>) -> Result<E
         bytes: job.data.len() as u64,
         header_blake3: Some(blake3::hash(&header).to_hex().to_string()),
     })
+}
+
+/// Starts writing `file`'s dirty pages to disk now, without waiting for
+/// them (Linux; elsewhere the kernel's own writeback does it later).
+fn start_writeback(file: &File) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid open descriptor; the call only schedules I/O. A
+        // failure here is not an error: `make_durable` reports what counts.
+        unsafe {
+            libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
+}
+
+/// Makes the tap files `files` (relative to `dir`) durable, with their
+/// names: each file `fdatasync`ed (its writeback, started when it was
+/// written, is mostly done by now; a few threads wait on the rest at once,
+/// which a journaling filesystem commits together), then each directory
+/// fsynced. Only this capture's files are waited for, never the rest of
+/// the filesystem. The first failure is returned: then no manifest may be
+/// written.
+pub(crate) fn make_durable<'a>(
+    dir: &Path,
+    files: impl Iterator<Item = &'a str>,
+) -> Result<(), Error> {
+    let paths: Vec<PathBuf> = files.map(|rel| dir.join(rel)).collect();
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));
+    let chunk = paths.len().div_ceil(threads).max(1);
+    let first = std::thread::scope(|s| {
+        let handles: Vec<_> = paths
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || {
+                    for path in part {
+                        File::open(path)
+                            .and_then(|f| f.sync_data())
+                            .map_err(|e| Error::io(path, e))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::WriterPanicked {
+                        path: dir.to_path_buf(),
+                    })
+                })
+            })
+            .find(|r: &Result<(), Error>| r.is_err())
+    });
+    if let Some(err) = first {
+        return err;
+    }
+    let dirs: std::collections::BTreeSet<&Path> = paths.iter().filter_map(|p| p.parent()).collect();
+    for d in dirs {
+        // A filesystem that cannot sync a directory is not an error.
+        if let Ok(f) = File::open(d) {
+            let _ = f.sync_all();
+        }
+    }
+    Ok(())
 }

@@ -18,6 +18,7 @@ use kernels::cpu::norm::rms_norm as cpu_rms_norm;
 use kernels::cpu::rope::{rope as cpu_rope, rope_halves};
 use kernels::cuda::device::{driver_present, Device};
 use kernels::cuda::ops::{self, AttentionShape, DeviceMatrix, QuantizedActs};
+use kernels::cuda::q8::{self, Q8Dot};
 use model::RopeStyle;
 use model::{GgmlType, QTensor};
 
@@ -113,16 +114,21 @@ fn weight(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, scale: f32) -> 
             }
             out
         }
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
             // Random quants, scales and mins under valid f16 super-block
-            // scales (Q4_K/Q5_K: d and dmin first; Q6_K: d last).
+            // scales (Q4_K/Q5_K: d and dmin first; Q6_K and Q3_K: d last;
+            // Q2_K: d and dmin last).
             let mut out = Vec::new();
             let f16 = |r: &mut Rng| {
                 half::f16::from_f32(scale / 64.0 * (0.5 + r.f32().abs())).to_le_bytes()
             };
             for _ in 0..rows * cols / 256 {
-                if ty == GgmlType::Q6_K {
-                    out.extend((0..208).map(|_| rng.next() as u8));
+                if matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K) {
+                    out.extend((0..ty.type_size() - 2).map(|_| rng.next() as u8));
+                    out.extend_from_slice(&f16(rng));
+                } else if ty == GgmlType::Q2_K {
+                    out.extend((0..80).map(|_| rng.next() as u8));
+                    out.extend_from_slice(&f16(rng));
                     out.extend_from_slice(&f16(rng));
                 } else {
                     out.extend_from_slice(&f16(rng));
@@ -159,6 +165,14 @@ fn q4_1_mins(t: &QTensor) -> Vec<f32> {
         .map(|b| half::f16::from_le_bytes([b[2], b[3]]).to_f32())
         .collect()
 }
+
+const K_QUANTS: [GgmlType; 5] = [
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
 
 const ALL_TYPES: [GgmlType; 7] = [
     GgmlType::F32,
@@ -605,7 +619,7 @@ fn fused_launches_equal_their_single_kernels() {
 fn k_quants_dequantize_and_multiply_bitwise_as_the_cpu() {
     let Some(dev) = gpu() else { return };
     let mut rng = Rng(11);
-    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+    for ty in K_QUANTS {
         for cols in [256, 1024] {
             let t = weight(&mut rng, ty, 37, cols, 2.0);
             let tokens = [0u32, 36, 5, 5, 17];
@@ -623,7 +637,13 @@ fn k_quants_dequantize_and_multiply_bitwise_as_the_cpu() {
             assert_bitwise(&format!("embedding {ty} cols {cols}"), &gpu_rows(&t), &cpu);
             // Control: one changed scale byte of row 5 must show.
             let mut planted = t.clone();
-            let at = 5 * ty.row_bytes(cols) + if ty == GgmlType::Q6_K { 192 } else { 4 };
+            let scales = match ty {
+                GgmlType::Q6_K => 192,
+                GgmlType::Q3_K => 96,
+                GgmlType::Q2_K => 0,
+                _ => 4,
+            };
+            let at = 5 * ty.row_bytes(cols) + scales;
             planted.data[at] ^= 0x01;
             assert!(
                 worst_ulps("planted", &gpu_rows(&planted), &cpu) > 0,
@@ -766,4 +786,115 @@ fn gemma_ops_match_the_cpu() {
             "geglu {n}: equals swiglu"
         );
     }
+}
+
+#[test]
+fn quantize_q8_k_matches_the_cpu_quantizer() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(12);
+    let mut x = rng.vec(5 * 256, 2.0);
+    // Block 0: a massive activation; block 1: all zeros (d = 0); block 2: a
+    // tie of magnitudes, +5 first then -5 (the first one sets the sign of
+    // the scale); block 3: a positive outlier; block 4: plain.
+    x[7] = -3664.0;
+    x[256..512].fill(0.0);
+    x[512 + 3] = 5.0;
+    x[512 + 200] = -5.0;
+    x[768 + 255] = 900.0;
+    let gpu_q8k = |x: &[f32]| {
+        let xd = ops::upload(&dev, x).unwrap();
+        let mut qa = QuantizedActs::alloc(&dev, x.len()).unwrap();
+        q8::quantize_q8_k(&dev, &xd.as_view(), &mut qa, x.len()).unwrap();
+        let q = ops::download(&dev, &qa.q.as_view()).unwrap();
+        let d = ops::download(&dev, &qa.scales.as_view()).unwrap();
+        (q, d[..x.len() / 256].to_vec())
+    };
+    let cpu_q8k = |x: &[f32]| {
+        let blocks = model::quant::quantize_row_q8_k(x).unwrap();
+        let q: Vec<i8> = blocks.iter().flat_map(|b| b.qs).collect();
+        let d: Vec<f32> = blocks.iter().map(|b| b.d).collect();
+        (q, d)
+    };
+    let (gq, gd) = gpu_q8k(&x);
+    let (cq, cd) = cpu_q8k(&x);
+    assert_eq!(gq, cq, "Q8_K quants");
+    assert_bitwise("Q8_K scales", &gd, &cd);
+    assert_eq!(gq[7], -127, "the outlier maps to exactly -127");
+    assert_eq!(gd[1], 0.0, "an all-zero block has d = 0");
+    assert_eq!(
+        (gq[512 + 3], gq[512 + 200]),
+        (-127, 127),
+        "the first of a tie wins"
+    );
+    // Control: with the tie the other way round the sign of the scale, and
+    // so every other quant of the block, flips: a quantizer that broke ties
+    // the other way would fail the comparison above.
+    let mut swapped = x.clone();
+    swapped.swap(512 + 3, 512 + 200);
+    let (sq, _) = cpu_q8k(&swapped);
+    assert_ne!(
+        sq[512..768],
+        gq[512..768],
+        "the tie block does not test the rule"
+    );
+    // A partial block is refused, not read past.
+    let xd = ops::upload(&dev, &x[..300]).unwrap();
+    let mut qa = QuantizedActs::alloc(&dev, 512).unwrap();
+    assert!(q8::quantize_q8_k(&dev, &xd.as_view(), &mut qa, 300).is_err());
+}
+
+#[test]
+fn matmul_q8_ordered_is_bitwise_the_cpu_q8_mode() {
+    let Some(dev) = gpu() else { return };
+    let mut rng = Rng(13);
+    let types = [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0];
+    for ty in types.into_iter().chain(K_QUANTS) {
+        let block = ty.block_size();
+        assert_eq!(
+            Q8Dot::of(ty).unwrap().block(),
+            if ty.block_size() == 256 { 256 } else { 32 }
+        );
+        for (out, cols, rows) in [(1, 256, 1), (17, 512, 8), (64, 1024, 9), (33, 2048, 3)] {
+            let t = weight(&mut rng, ty, out, cols, 0.5);
+            let mut x = rng.vec(rows * cols, 3.0);
+            // A massive activation in row 0, as Gemma's residual stream has.
+            x[5] = -900.0;
+            let m = dense(&t);
+            let cpu_q8: Vec<f32> = matmul_with_mins(&x, rows, &m, None, Act::Q8);
+            let w = DeviceMatrix::upload(&dev, &t).unwrap();
+            let gpu_run = |x: &[f32]| {
+                let xd = ops::upload(&dev, x).unwrap();
+                let mut qa = QuantizedActs::alloc(&dev, rows * cols).unwrap();
+                let mut y = dev.stream().alloc_zeros::<f32>(rows * out).unwrap();
+                if block == 256 {
+                    q8::quantize_q8_k(&dev, &xd.as_view(), &mut qa, rows * cols).unwrap();
+                } else {
+                    ops::quantize_q8(&dev, &xd.as_view(), &mut qa, rows * cols).unwrap();
+                }
+                q8::matmul_q8_ordered(&dev, &w, &qa, &mut y.as_view_mut(), rows).unwrap();
+                ops::download(&dev, &y.as_view()).unwrap()
+            };
+            let gpu = gpu_run(&x);
+            let what = format!("matmul_q8_ordered {ty} [{out}, {cols}] x {rows} rows");
+            assert_bitwise(&what, &gpu, &cpu_q8);
+            // Controls: q8 is not f32, and one changed activation shows.
+            let cpu_f32: Vec<f32> = cpu_matmul(&x, rows, &m, Act::Float);
+            assert!(
+                worst_ulps(&what, &gpu, &cpu_f32) > 0,
+                "{what}: q8 equals f32"
+            );
+            let mut planted = x.clone();
+            planted[cols - 1] += 50.0;
+            assert!(
+                worst_ulps(&what, &gpu_run(&planted), &cpu_q8) > 0,
+                "{what}: a changed activation went unseen"
+            );
+        }
+    }
+    // Q4_1's min term is llama.cpp's f16 sum: the DP4A path's, refused here.
+    let t = weight(&mut rng, GgmlType::Q4_1, 4, 64, 0.5);
+    let w = DeviceMatrix::upload(&dev, &t).unwrap();
+    let qa = QuantizedActs::alloc(&dev, 64).unwrap();
+    let mut y = dev.stream().alloc_zeros::<f32>(4).unwrap();
+    assert!(q8::matmul_q8_ordered(&dev, &w, &qa, &mut y.as_view_mut(), 1).is_err());
 }

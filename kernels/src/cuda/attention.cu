@@ -1,7 +1,9 @@
 // Causal grouped-query attention over one sequence's KV cache:
 // softmax(q k^T / sqrt(head_dim)) v, before o_proj.
 //
-// q: [rows, n_head * head_dim], row r at position pos0 + r;
+// q: [rows, n_head * head_dim], row r at position pos0 + r, pos0 read from
+// the device (`pos[0]`, the group's first position: a CUDA graph replays the
+// launch at every step);
 // k, v: the sequence's cache for this layer, [ctx, n_kv * head_dim], already
 // holding positions 0..=pos0 + rows - 1. Query head h reads KV head
 // h / (n_head / n_kv). One block per (row, head); the scores of one row live
@@ -13,8 +15,9 @@
 // differs from the CPU only where exp does.
 
 extern "C" __global__ void attention(const float* q, const float* k, const float* v,
-                                     float* out, int pos0, int n_head, int n_kv,
+                                     float* out, const u32* pos, int n_head, int n_kv,
                                      int head_dim, float scale, int window) {
+    int pos0 = (int)pos[0];
     extern __shared__ float scores[];
     __shared__ float scratch[32];
     __shared__ float inv_sum;
@@ -72,5 +75,18 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
         for (int j = 0; j < n_keys; ++j)
             acc = mul_add_unfused(acc, __fmul_rn(scores[j], inv), v[(size_t)(first + j) * kv_stride + kvh * head_dim + d]);
         oh[d] = acc;
+    }
+}
+
+// The new keys and values of `rows` rows (`[rows, kv_width]` each) into one
+// layer's cache at their positions `pos[r]` (read from the device, as in
+// attention). One block per row.
+extern "C" __global__ void kv_write(const float* k, const float* v, float* k_cache,
+                                    float* v_cache, const u32* pos, int kv_width) {
+    int r = blockIdx.x;
+    size_t dst = (size_t)pos[r] * kv_width, src = (size_t)r * kv_width;
+    for (int i = threadIdx.x; i < kv_width; i += blockDim.x) {
+        k_cache[dst + i] = k[src + i];
+        v_cache[dst + i] = v[src + i];
     }
 }

@@ -21,6 +21,8 @@ struct __align__(16) f32x4 {
 #define T_Q4_1 3
 #define T_Q5_0 6
 #define T_Q8_0 8
+#define T_Q2_K 10
+#define T_Q3_K 11
 #define T_Q4_K 12
 #define T_Q5_K 13
 #define T_Q6_K 14
@@ -55,6 +57,8 @@ __device__ __forceinline__ int type_size(int t) {
         case T_Q4_1: return 20;
         case T_Q5_0: return 22;
         case T_Q8_0: return 34;
+        case T_Q2_K: return 84;
+        case T_Q3_K: return 110;
         case T_Q4_K: return 144;
         case T_Q5_K: return 176;
         case T_Q6_K: return 210;
@@ -64,7 +68,7 @@ __device__ __forceinline__ int type_size(int t) {
 
 __device__ __forceinline__ int block_size(int t) {
     if (t == T_F32 || t == T_F16 || t == T_BF16) return 1;
-    return (t == T_Q4_K || t == T_Q5_K || t == T_Q6_K) ? QK_K : QK;
+    return t >= T_Q2_K && t <= T_Q6_K ? QK_K : QK;
 }
 
 // The 6-bit scale (`min` false) or min of sub-block `j` (of eight) of a
@@ -132,6 +136,37 @@ __device__ __forceinline__ float dequant_elem(const u8* row, int t, int i) {
             q = hi ? q >> 4 : q & 0x0F;
             if (t == T_Q5_K && (b[16 + l] & (1 << sub))) q += 16;
             return __fsub_rn(__fmul_rn(dl, (float)q), ml);
+        }
+        // Q2_K and Q3_K: two halves of 128, each four 2-bit planes of 32
+        // values (byte l of the half's 32, shifted by 2 * plane), in
+        // sub-blocks of 16 with their own scale.
+        case T_Q2_K: {
+            const u8* b = row + (i / QK_K) * 84;
+            int j = i % QK_K;
+            int half = j / 128, plane = (j % 128) / 32, l = j % 32;
+            int sc = b[8 * half + 2 * plane + l / 16];
+            float d = f16_to_f32(load_u16(b + 80)), dmin = f16_to_f32(load_u16(b + 82));
+            float dl = __fmul_rn(d, (float)(sc & 0x0F));
+            float ml = __fmul_rn(dmin, (float)(sc >> 4));
+            int q = (b[16 + 32 * half + l] >> (2 * plane)) & 3;
+            return __fsub_rn(__fmul_rn(dl, (float)q), ml);
+        }
+        case T_Q3_K: {
+            const u8* b = row + (i / QK_K) * 110;
+            int j = i % QK_K;
+            int half = j / 128, plane = (j % 128) / 32, l = j % 32;
+            // Scale s (of 16), 6 bits: the low four from byte s % 8 (low or
+            // high nibble), the high two from byte 8 + s % 4.
+            int s = 8 * half + 2 * plane + l / 16;
+            const u8* sb = b + 96;
+            int lo4 = s < 8 ? (sb[s] & 0x0F) : (sb[s - 8] >> 4);
+            int hi2 = (sb[8 + s % 4] >> (2 * (s / 4))) & 3;
+            float dl = __fmul_rn(f16_to_f32(load_u16(b + 108)), (float)((lo4 | (hi2 << 4)) - 32));
+            int low = (b[32 + 32 * half + l] >> (2 * plane)) & 3;
+            // The high bit lives in hmask, one bit plane per 32 values; a
+            // clear bit subtracts 4.
+            int high = (b[l] & (1 << (4 * half + plane))) ? 0 : 4;
+            return __fmul_rn(dl, (float)(low - high));
         }
         case T_Q6_K: {
             const u8* b = row + (i / QK_K) * 210;

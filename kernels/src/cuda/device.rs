@@ -114,7 +114,11 @@ impl Device {
             .compute_capability()
             .map_err(|e| CudaError::driver("query compute capability", e))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-        let stream = ctx.default_stream();
+        // A stream of our own, not the legacy default one: only a created
+        // stream can be captured into a CUDA graph (the decode step's).
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| CudaError::driver("create stream", e))?;
         Ok(Arc::new(Device {
             ctx,
             stream,

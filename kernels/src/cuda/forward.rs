@@ -12,19 +12,32 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PinnedHostSlice};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
 use super::device::Device;
 use super::ops::{self, AttentionShape, DeviceMatrix, QuantizedActs};
+use super::q8::{self, Q8Dot};
+use super::taps::TapRing;
+
 use super::CudaError;
 use crate::forward::{Forward, ForwardError, Precision};
 use crate::stages as st;
 use crate::switches::{ActPrecision, Family, Switches};
 use model::{FfnActivation, LlamaConfig, ModelWeights, QTensor};
+
+/// A captured decode step and what it was captured against.
+struct DecodeGraph {
+    key: GraphKey,
+    graph: cudarc::driver::CudaGraph,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GraphKey {
+    slot: Option<u32>,
+    generation: u64,
+}
 
 struct LayerOnDevice {
     attn_norm: CudaSlice<f32>,
@@ -86,6 +99,10 @@ struct Scratch {
     dn: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     qa: QuantizedActs,
+    /// The run's token ids and positions, where the kernels (and a graph
+    /// replaying them) read them.
+    tok: CudaSlice<u32>,
+    pos: CudaSlice<u32>,
 }
 
 /// Whether each matmul family sees int8 activations.
@@ -122,9 +139,16 @@ pub struct CudaForward {
     w: WeightsOnDevice,
     caches: BTreeMap<Option<u32>, KvCache>,
     scratch: Option<Scratch>,
-    /// Page-locked host memory the taps copy through: a device-to-host copy
-    /// into pageable memory runs at a fraction of the bus's speed.
-    staging: Option<PinnedHostSlice<f32>>,
+    /// Page-locked host buffers the taps copy through, asynchronously.
+    ring: TapRing,
+    /// Whether a single sequence's untapped decode step runs as a CUDA graph.
+    graphs: bool,
+    /// The last decode step's graph, and what it was captured against.
+    graph: Option<DecodeGraph>,
+    /// Bumped whenever a buffer a graph names is (re)allocated or dropped.
+    generation: u64,
+    /// Decode steps run as a graph replay so far.
+    replays: u64,
 }
 
 fn norm_weight(dev: &Device, t: &QTensor) -> Result<CudaSlice<f32>, CudaError> {
@@ -173,12 +197,6 @@ impl CudaForward {
             ffn_down: q8(Family::FfnDown),
             logits: q8(Family::Logits),
         };
-        if let Some(t) = k_quant_under_q8(weights, acts) {
-            return Err(ForwardError::Unsupported(format!(
-                "cuda: int8 activations against K-quant weights ({}, {}: Q8_K blocks of 256) run on the cpu backend only; use --precision f32",
-                t.name, t.ggml_type
-            )));
-        }
         let fam = &c.family;
         if fam.qk_norm
             && weights
@@ -239,13 +257,33 @@ impl CudaForward {
             w,
             caches: BTreeMap::new(),
             scratch: None,
-            staging: None,
+            ring: TapRing::default(),
+            graphs: !matches!(
+                std::env::var("TAPTREE_CUDA_GRAPHS").as_deref(),
+                Ok("0" | "off")
+            ),
+            graph: None,
+            generation: 0,
+            replays: 0,
         })
     }
 
     /// The device this forward runs on.
     pub fn device(&self) -> &Arc<Device> {
         &self.dev
+    }
+
+    /// Runs a single sequence's untapped decode steps as a CUDA graph (the
+    /// default; `TAPTREE_CUDA_GRAPHS=0` starts with it off) or launch by
+    /// launch. Either way the results are the same bits.
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs = on;
+        self.graph = None;
+    }
+
+    /// How many decode steps ran as a graph replay so far.
+    pub fn graph_replays(&self) -> u64 {
+        self.replays
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<(), ForwardError> {
@@ -293,7 +331,14 @@ impl CudaForward {
             dn: a(d)?,
             logits: a(c.vocab_size)?,
             qa: QuantizedActs::alloc(&self.dev, rows * widest.div_ceil(32) * 32)?,
+            tok: s
+                .alloc_zeros::<u32>(rows)
+                .map_err(|e| CudaError::driver("alloc tokens", e))?,
+            pos: s
+                .alloc_zeros::<u32>(rows)
+                .map_err(|e| CudaError::driver("alloc positions", e))?,
         });
+        self.generation += 1;
         Ok(())
     }
 
@@ -333,6 +378,7 @@ impl CudaForward {
                     .map_err(|e| CudaError::driver("grow KV cache", e))?;
             }
         }
+        self.generation += 1;
         self.caches.insert(
             slot,
             KvCache {
@@ -345,13 +391,88 @@ impl CudaForward {
         Ok(())
     }
 
-    /// Runs `tokens` as `groups` and returns the logits of each group's last row.
+    /// Runs `tokens` as `groups` and returns the logits of each group's last
+    /// row: a single sequence's decode step through its CUDA graph when
+    /// nothing is tapped, anything else launch by launch.
     fn run(&mut self, tokens: &[u32], groups: &[Group]) -> Result<Vec<Vec<f32>>, CudaError> {
         let rows = tokens.len();
         for g in groups {
             self.ensure_cache(g.slot, g.start_pos + g.rows, g.start_pos)?;
         }
         self.ensure_scratch(rows)?;
+        let positions: Vec<u32> = groups.iter().flat_map(|g| g.pos()).collect();
+        let sc = self.scratch.as_mut().expect("scratch allocated above");
+        let s = self.dev.stream();
+        let up = |e| CudaError::driver("copy tokens to device", e);
+        s.memcpy_htod(tokens, &mut sc.tok.slice_mut(..rows))
+            .map_err(up)?;
+        s.memcpy_htod(&positions, &mut sc.pos.slice_mut(..rows))
+            .map_err(up)?;
+        let graphable = self.graphs && groups.len() == 1 && rows == 1 && !capture::is_armed();
+        if graphable {
+            self.replay_decode(groups)?;
+        } else {
+            self.encode(groups, rows, false)?;
+        }
+        for g in groups {
+            if let Some(cache) = self.caches.get_mut(&g.slot) {
+                cache.len = g.start_pos + g.rows;
+            }
+        }
+        self.ring.drain()?;
+        let (sc, vocab) = (
+            self.scratch.as_ref().expect("allocated"),
+            self.config.vocab_size,
+        );
+        groups
+            .iter()
+            .map(|g| {
+                let last = g.row + g.rows - 1;
+                ops::download(
+                    &self.dev,
+                    &sc.logits.slice(last * vocab..(last + 1) * vocab),
+                )
+            })
+            .collect()
+    }
+
+    /// The decode step of one sequence through the CUDA graph of its slot,
+    /// captured on first use and again whenever a buffer it names was
+    /// reallocated. The graph holds exactly the launches [`Self::encode`]
+    /// makes, with the token and position read from device buffers, so a
+    /// replay computes what the eager launches would, bit for bit.
+    fn replay_decode(&mut self, groups: &[Group]) -> Result<(), CudaError> {
+        let key = GraphKey {
+            slot: groups[0].slot,
+            generation: self.generation,
+        };
+        if self.graph.as_ref().is_none_or(|g| g.key != key) {
+            self.graph = None;
+            let s = self.dev.stream().clone();
+            let mode = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+            s.begin_capture(mode)
+                .map_err(|e| CudaError::driver("begin graph capture", e))?;
+            let encoded = self.encode(groups, 1, true);
+            // Always end the capture, so a failed encode leaves the stream usable.
+            let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+            encoded?;
+            let graph = graph
+                .map_err(|e| CudaError::driver("end graph capture", e))?
+                .ok_or_else(|| CudaError::Shape("graph capture recorded nothing".into()))?;
+            self.graph = Some(DecodeGraph { key, graph });
+        }
+        let g = self.graph.as_ref().expect("captured above");
+        g.graph
+            .launch()
+            .map_err(|e| CudaError::driver("launch decode graph", e))?;
+        self.replays += 1;
+        Ok(())
+    }
+
+    /// Launches the whole forward over `groups` (`rows` rows), tapping each
+    /// stage. With `graphed`, attention sizes its scores for the cache's
+    /// whole capacity (a graph replays at later positions).
+    fn encode(&mut self, groups: &[Group], rows: usize, graphed: bool) -> Result<(), CudaError> {
         let dev = self.dev.clone();
         let c = self.config.clone();
         let (d, qw, kvw, ff) = (
@@ -363,21 +484,22 @@ impl CudaForward {
         let acts = self.acts;
         let w = &self.w;
         let caches = &mut self.caches;
-        let sc = self.scratch.as_mut().expect("scratch allocated above");
+        let sc = self
+            .scratch
+            .as_mut()
+            .expect("scratch allocated before encode");
         let mut taps = Taps {
             dev: &dev,
             groups,
-            staging: &mut self.staging,
+            ring: &mut self.ring,
         };
-
-        let positions: Vec<u32> = groups.iter().flat_map(|g| g.pos()).collect();
-        let tok_dev = ops::upload(&dev, tokens)?;
-        let pos_dev = ops::upload(&dev, &positions)?;
+        let tok_dev = sc.tok.slice(..rows);
+        let pos_dev = sc.pos.slice(..rows);
 
         ops::embedding(
             &dev,
             &w.token_embd,
-            &tok_dev.as_view(),
+            &tok_dev,
             &mut sc.x.slice_mut(..rows * d),
         )?;
         let fam = &c.family;
@@ -440,7 +562,7 @@ impl CudaForward {
                 fam.rope,
                 &mut sc.q.slice_mut(..rows * qw),
                 &mut sc.k.slice_mut(..rows * kvw),
-                &pos_dev.as_view(),
+                &pos_dev,
                 c.n_head,
                 c.n_head_kv,
                 c.head_dim,
@@ -451,24 +573,30 @@ impl CudaForward {
 
             for g in groups {
                 let cache = caches.get_mut(&g.slot).expect("cache ensured above");
-                let base = l * cache.capacity * kvw;
-                let dst = base + g.start_pos * kvw..base + (g.start_pos + g.rows) * kvw;
+                let layer = l * cache.capacity * kvw..(l + 1) * cache.capacity * kvw;
+                let gpos = pos_dev.slice(g.row..g.row + g.rows);
                 let src = g.row * kvw..(g.row + g.rows) * kvw;
-                let s = dev.stream();
-                s.memcpy_dtod(
+                ops::kv_write(
+                    &dev,
                     &sc.k.slice(src.clone()),
-                    &mut cache.k.slice_mut(dst.clone()),
-                )
-                .map_err(|e| CudaError::driver("write K cache", e))?;
-                s.memcpy_dtod(&sc.v.slice(src), &mut cache.v.slice_mut(dst))
-                    .map_err(|e| CudaError::driver("write V cache", e))?;
-                let keys = base..base + (g.start_pos + g.rows) * kvw;
-                ops::attention_windowed(
+                    &sc.v.slice(src),
+                    &mut cache.k.slice_mut(layer.clone()),
+                    &mut cache.v.slice_mut(layer.clone()),
+                    &gpos,
+                    kvw,
+                )?;
+                let max_keys = if graphed {
+                    cache.capacity
+                } else {
+                    g.start_pos + g.rows
+                };
+                ops::attention_at(
                     &dev,
                     &sc.q.slice(g.row * qw..(g.row + g.rows) * qw),
-                    &cache.k.slice(keys.clone()),
-                    &cache.v.slice(keys),
+                    &cache.k.slice(layer.clone()),
+                    &cache.v.slice(layer),
                     &mut sc.att.slice_mut(g.row * qw..(g.row + g.rows) * qw),
+                    &gpos,
                     AttentionShape {
                         rows: g.rows,
                         pos0: g.start_pos,
@@ -477,6 +605,7 @@ impl CudaForward {
                         head_dim: c.head_dim,
                     },
                     la.window,
+                    max_keys,
                 )?;
             }
             taps.tap(st::ATTN, li, &sc.att, qw)?;
@@ -575,12 +704,6 @@ impl CudaForward {
             )?;
             taps.tap(st::POST_FFN_RESIDUAL, li, &sc.x, d)?;
         }
-        for g in groups {
-            if let Some(cache) = caches.get_mut(&g.slot) {
-                cache.len = g.start_pos + g.rows;
-            }
-        }
-
         ops::rms_norm(
             &dev,
             &sc.x.as_view(),
@@ -599,19 +722,7 @@ impl CudaForward {
             rows,
             acts.logits,
         )?;
-        taps.tap(st::LOGITS, None, &sc.logits, c.vocab_size)?;
-
-        groups
-            .iter()
-            .map(|g| {
-                let last = g.row + g.rows - 1;
-                ops::download(
-                    &dev,
-                    &sc.logits
-                        .slice(last * c.vocab_size..(last + 1) * c.vocab_size),
-                )
-            })
-            .collect()
+        taps.tap(st::LOGITS, None, &sc.logits, c.vocab_size)
     }
 }
 
@@ -623,32 +734,6 @@ type GateOp = fn(
     &mut CudaViewMut<f32>,
     usize,
 ) -> Result<(), CudaError>;
-
-/// The first K-quant weight a family with int8 activations would multiply:
-/// the CPU quantizes those activations to Q8_K (blocks of 256), which the
-/// kernels here do not.
-fn k_quant_under_q8(w: &ModelWeights, acts: Acts) -> Option<&QTensor> {
-    let k = |t: &&QTensor| t.ggml_type.block_size() == 256;
-    let attn = w.layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo]);
-    let up = w.layers.iter().flat_map(|l| [&l.w_gate, &l.w_up]);
-    let down = w.layers.iter().map(|l| &l.w_down);
-    let logits = std::iter::once(w.output.as_ref().unwrap_or(&w.token_embd));
-    let mut found = None;
-    for (on, mut ts) in [
-        (
-            acts.attn,
-            Box::new(attn) as Box<dyn Iterator<Item = &QTensor>>,
-        ),
-        (acts.ffn_up, Box::new(up)),
-        (acts.ffn_down, Box::new(down)),
-        (acts.logits, Box::new(logits)),
-    ] {
-        if on && found.is_none() {
-            found = ts.find(k);
-        }
-    }
-    found
-}
 
 /// `y = x W^T`, through int8 activations when `q8` and the weight is
 /// block-quantized (float weights have no integer dot product to feed).
@@ -678,12 +763,24 @@ fn matmuls(
     let cols = ws[0].cols;
     let x = x.slice(..rows * cols);
     if q8 && ws.iter().any(|w| w.ggml_type.is_quantized()) {
-        ops::quantize_q8(dev, &x, qa, rows * cols)?;
+        // The input quantized once per activation format its weights need
+        // (Q8_0 blocks of 32, Q8_K blocks of 256), as the CPU does per weight.
+        let mut held: Option<usize> = None;
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
-            if w.ggml_type.is_quantized() {
-                ops::matmul_q8(dev, w, qa, y, rows)?;
-            } else {
+            let Some(dot) = Q8Dot::of(w.ggml_type) else {
                 ops::matmul_f32(dev, w, &x, y, rows)?;
+                continue;
+            };
+            if held != Some(dot.block()) {
+                match dot.block() {
+                    256 => q8::quantize_q8_k(dev, &x, qa, rows * cols)?,
+                    _ => ops::quantize_q8(dev, &x, qa, rows * cols)?,
+                }
+                held = Some(dot.block());
+            }
+            match dot {
+                Q8Dot::Dp4a => ops::matmul_q8(dev, w, qa, y, rows)?,
+                Q8Dot::Ordered { .. } => q8::matmul_q8_ordered(dev, w, qa, y, rows)?,
             }
         }
         Ok(())
@@ -694,25 +791,11 @@ fn matmuls(
     }
 }
 
-static TAP_COPY_BYTES: AtomicU64 = AtomicU64::new(0);
-static TAP_COPY_NANOS: AtomicU64 = AtomicU64::new(0);
-
-/// Bytes the GPU taps copied to the host so far in this process, and the
-/// time those copies took (the device-to-host copy alone: the stream is
-/// drained before the clock starts, and the hand-off to the capture writer
-/// is not counted). The tap throughput of docs/PERFORMANCE.md.
-pub fn tap_copy_stats() -> (u64, Duration) {
-    (
-        TAP_COPY_BYTES.load(Ordering::Relaxed),
-        Duration::from_nanos(TAP_COPY_NANOS.load(Ordering::Relaxed)),
-    )
-}
-
-/// The taps of one run: its device, its row groups, the staging buffer.
+/// The taps of one run: its device, its row groups, the tap ring.
 struct Taps<'a> {
     dev: &'a Device,
     groups: &'a [Group],
-    staging: &'a mut Option<PinnedHostSlice<f32>>,
+    ring: &'a mut TapRing,
 }
 
 impl Taps<'_> {
@@ -720,7 +803,7 @@ impl Taps<'_> {
     /// to the host happens only for the groups the capture wants.
     fn tap(
         &mut self,
-        stage: &str,
+        stage: &'static str,
         layer: Option<u32>,
         buf: &CudaSlice<f32>,
         width: usize,
@@ -732,35 +815,9 @@ impl Taps<'_> {
             if !capture::wants(stage, layer, g.pos(), g.slot) {
                 continue;
             }
-            let n = g.rows * width;
-            let view: CudaView<f32> = buf.slice(g.row * width..g.row * width + n);
-            let s = self.dev.stream();
-            let sync = |e| CudaError::driver("synchronize", e);
-            s.synchronize().map_err(sync)?;
-            if self.staging.as_ref().is_none_or(|p| p.len() < n) {
-                // SAFETY: page-locked memory of n.next_power_of_two() floats;
-                // only the part a copy has just written is ever read.
-                let p = unsafe {
-                    self.dev
-                        .context()
-                        .alloc_pinned_with_flags::<f32>(n.next_power_of_two(), 0)
-                }
-                .map_err(|e| CudaError::driver("alloc pinned tap buffer", e))?;
-                *self.staging = Some(p);
-            }
-            let pinned = self.staging.as_mut().expect("staging allocated above");
-            // An exact-length slice: cudarc copies as many elements as the
-            // destination holds.
-            let host = &mut pinned
-                .as_mut_slice()
-                .map_err(|e| CudaError::driver("pinned tap buffer", e))?[..n];
-            let t0 = Instant::now();
-            s.memcpy_dtoh(&view, host)
-                .map_err(|e| CudaError::driver("copy tap to host", e))?;
-            s.synchronize().map_err(sync)?;
-            TAP_COPY_NANOS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            TAP_COPY_BYTES.fetch_add((n * 4) as u64, Ordering::Relaxed);
-            capture::tap(stage, layer, g.pos(), g.slot, &[g.rows, width], host);
+            let view = buf.slice(g.row * width..(g.row + g.rows) * width);
+            self.ring
+                .tap(self.dev, stage, layer, g.pos(), g.slot, &view, width)?;
         }
         Ok(())
     }
@@ -830,5 +887,7 @@ impl Forward for CudaForward {
 
     fn reset(&mut self) {
         self.caches.clear();
+        self.graph = None;
+        self.generation += 1;
     }
 }

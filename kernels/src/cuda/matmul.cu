@@ -156,6 +156,8 @@ __device__ void matmul_f32_dispatch(int type, const u8* w, const float* x, float
         case T_Q4_1: matmul_f32_body<T_Q4_1>(w, x, y, rows, in, out, staged, bx); break;
         case T_Q5_0: matmul_f32_body<T_Q5_0>(w, x, y, rows, in, out, staged, bx); break;
         case T_Q8_0: matmul_f32_body<T_Q8_0>(w, x, y, rows, in, out, staged, bx); break;
+        case T_Q2_K: matmul_f32_body<T_Q2_K>(w, x, y, rows, in, out, staged, bx); break;
+        case T_Q3_K: matmul_f32_body<T_Q3_K>(w, x, y, rows, in, out, staged, bx); break;
         case T_Q4_K: matmul_f32_body<T_Q4_K>(w, x, y, rows, in, out, staged, bx); break;
         case T_Q5_K: matmul_f32_body<T_Q5_K>(w, x, y, rows, in, out, staged, bx); break;
         case T_Q6_K: matmul_f32_body<T_Q6_K>(w, x, y, rows, in, out, staged, bx); break;
@@ -298,5 +300,116 @@ extern "C" __global__ void matmul_q8(const u8* w, int type, const i8* q, const f
             float s = warp_sum(acc[k]);
             if (lane == 0 && k < nr) y[(size_t)(r0 + k) * out + o] = s;
         }
+    }
+}
+
+// Q8_K, the activation format of K-quant weights, as llama.cpp's
+// quantize_row_q8_K_ref and the CPU's quant::quantize_row_q8_k: per block of
+// 256, the value `max` of largest magnitude (the first, on ties) maps to
+// exactly -127 through iscale = -127 / max, every value to
+// nearest_int(iscale * x) (half to even) capped at 127, d = 1 / iscale in
+// f32. An all-zero block is zeros with d = 0. One CTA of 256 threads per block.
+extern "C" __global__ void quantize_q8_k(const float* x, i8* q, float* d, int nblocks) {
+    __shared__ float s_abs[8];
+    __shared__ int s_idx[8];
+    int b = blockIdx.x;
+    if (b >= nblocks) return;
+    int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    float v = x[(size_t)b * QK_K + t];
+    // (|v|, index): the larger magnitude wins, the lower index on a tie.
+    float a = fabsf(v);
+    int idx = t;
+    for (int o = 16; o > 0; o >>= 1) {
+        float a2 = __shfl_xor_sync(0xffffffffu, a, o);
+        int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (a2 > a || (a2 == a && i2 < idx)) {
+            a = a2;
+            idx = i2;
+        }
+    }
+    if (lane == 0) {
+        s_abs[warp] = a;
+        s_idx[warp] = idx;
+    }
+    __syncthreads();
+    float amax = s_abs[0];
+    int first = s_idx[0];
+    for (int w = 1; w < 8; ++w) {
+        if (s_abs[w] > amax) {
+            amax = s_abs[w];
+            first = s_idx[w];
+        }
+    }
+    if (amax == 0.0f) {
+        q[(size_t)b * QK_K + t] = 0;
+        if (t == 0) d[b] = 0.0f;
+        return;
+    }
+    float iscale = __fdiv_rn(-127.0f, x[(size_t)b * QK_K + first]);
+    int qi = min(127, __float2int_rn(__fmul_rn(iscale, v)));
+    q[(size_t)b * QK_K + t] = (i8)qi;
+    if (t == 0) d[b] = __fdiv_rn(1.0f, iscale);
+}
+
+// y = W x with int8 activations, in the CPU q8 mode's order (cpu/matmul.rs):
+// per weight block (32 or 256 elements) the quants, as floats, meet the
+// dequantized weights in the 8-lane dot of matmul_f32 (lane j takes the
+// block's elements i = j mod 8, the lanes combine pairwise), then
+// acc += d_b * dot, blocks in order, multiplies and adds rounded apart. So
+// the result is the CPU's bit for bit. `d` holds one scale per block of the
+// weight's block size: Q8_K's f32 d for K-quants, Q8_0's f16-rounded scale
+// for 32-blocks.
+template <int TYPE>
+__device__ void matmul_q8_ordered_body(const u8* w, const i8* q, const float* d, float* y,
+                                       int rows, int in, int out) {
+    const int B = block_size(TYPE);
+    int lane = threadIdx.x & 31;
+    int j = lane & 7;
+    int o = blockIdx.x * WARPS * OUTS_PER_WARP + (threadIdx.x >> 5) * OUTS_PER_WARP + (lane >> 3);
+    // Lanes past the last row keep to the loop: they take part in the shuffles.
+    bool live = o < out;
+    size_t row_bytes = (size_t)(in / B) * type_size(TYPE);
+    const u8* wr = w + (size_t)(live ? o : 0) * row_bytes;
+    int r0 = blockIdx.y * ROWS_PER_PASS;
+    int nr = min(ROWS_PER_PASS, rows - r0);
+    int nb = in / B;
+    float acc[ROWS_PER_PASS];
+#pragma unroll
+    for (int k = 0; k < ROWS_PER_PASS; ++k) acc[k] = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+        float part[ROWS_PER_PASS];
+#pragma unroll
+        for (int k = 0; k < ROWS_PER_PASS; ++k) part[k] = 0.0f;
+        for (int i = b * B + j; i < (b + 1) * B; i += 8) {
+            float wv = dequant_elem(wr, TYPE, i);
+#pragma unroll
+            for (int k = 0; k < ROWS_PER_PASS; ++k)
+                if (k < nr) part[k] = mul_add_unfused(part[k], (float)q[(size_t)(r0 + k) * in + i], wv);
+        }
+#pragma unroll
+        for (int k = 0; k < ROWS_PER_PASS; ++k) {
+            float a = part[k];
+            a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 4));
+            a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 1));
+            a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 2));
+            if (k < nr) acc[k] = mul_add_unfused(acc[k], d[(size_t)(r0 + k) * nb + b], a);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < ROWS_PER_PASS; ++k)
+        if (live && j == 0 && k < nr) y[(size_t)(r0 + k) * out + o] = acc[k];
+}
+
+extern "C" __global__ void matmul_q8_ordered(const u8* w, int type, const i8* q, const float* d,
+                                             float* y, int rows, int in, int out) {
+    switch (type) {
+        case T_Q4_0: matmul_q8_ordered_body<T_Q4_0>(w, q, d, y, rows, in, out); break;
+        case T_Q5_0: matmul_q8_ordered_body<T_Q5_0>(w, q, d, y, rows, in, out); break;
+        case T_Q8_0: matmul_q8_ordered_body<T_Q8_0>(w, q, d, y, rows, in, out); break;
+        case T_Q2_K: matmul_q8_ordered_body<T_Q2_K>(w, q, d, y, rows, in, out); break;
+        case T_Q3_K: matmul_q8_ordered_body<T_Q3_K>(w, q, d, y, rows, in, out); break;
+        case T_Q4_K: matmul_q8_ordered_body<T_Q4_K>(w, q, d, y, rows, in, out); break;
+        case T_Q5_K: matmul_q8_ordered_body<T_Q5_K>(w, q, d, y, rows, in, out); break;
+        case T_Q6_K: matmul_q8_ordered_body<T_Q6_K>(w, q, d, y, rows, in, out); break;
     }
 }

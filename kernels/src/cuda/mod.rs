@@ -28,9 +28,12 @@
 pub mod device;
 pub mod forward;
 pub mod ops;
+pub mod q8;
+pub mod taps;
 
 pub use device::Device;
-pub use forward::{tap_copy_stats, CudaForward};
+pub use forward::CudaForward;
+pub use taps::tap_copy_stats;
 
 use crate::forward::{Forward, ForwardError, Precision};
 use crate::switches::Switches;
@@ -53,7 +56,7 @@ pub enum CudaError {
     #[error("cuda: {op}: {message}")]
     Driver { op: String, message: String },
     /// A weight is in a format the kernels do not decode.
-    #[error("{tensor}: weight type {ggml_type} has no CUDA kernel (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0)")]
+    #[error("{tensor}: weight type {ggml_type} has no CUDA kernel (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q2_K..Q6_K)")]
     UnsupportedType { tensor: String, ggml_type: GgmlType },
     /// A launch's buffers do not fit its shape.
     #[error("cuda: {0}")]

@@ -30,6 +30,8 @@ pub fn supported(t: GgmlType) -> bool {
             | GgmlType::Q4_1
             | GgmlType::Q5_0
             | GgmlType::Q8_0
+            | GgmlType::Q2_K
+            | GgmlType::Q3_K
             | GgmlType::Q4_K
             | GgmlType::Q5_K
             | GgmlType::Q6_K
@@ -488,6 +490,27 @@ pub fn attention_windowed(
     s: AttentionShape,
     window: Option<usize>,
 ) -> Result<(), CudaError> {
+    let pos = upload(dev, &[s.pos0 as u32])?;
+    let keys = s.pos0 + s.rows;
+    attention_at(dev, q, k, v, out, &pos.as_view(), s, window, keys)
+}
+
+/// [`attention_windowed`] with the first row's position read from the
+/// device (`pos[0]`; `s.pos0` only sizes the checks): what a CUDA graph
+/// replays at every position. The cache views hold at least `max_keys`
+/// positions, and no row may see more.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_at(
+    dev: &Device,
+    q: &CudaView<f32>,
+    k: &CudaView<f32>,
+    v: &CudaView<f32>,
+    out: &mut CudaViewMut<f32>,
+    pos: &CudaView<u32>,
+    s: AttentionShape,
+    window: Option<usize>,
+    max_keys: usize,
+) -> Result<(), CudaError> {
     if window == Some(0) {
         return Err(CudaError::Shape(
             "attention: a window of 0 positions".into(),
@@ -500,11 +523,12 @@ pub fn attention_windowed(
         )));
     }
     let width = s.n_head * s.head_dim;
-    let keys = s.pos0 + s.rows;
+    let keys = max_keys.max(s.pos0 + s.rows);
     check("attention q", q.len(), s.rows * width)?;
     check("attention out", out.len(), s.rows * width)?;
     check("attention k", k.len(), keys * s.n_kv * s.head_dim)?;
     check("attention v", v.len(), keys * s.n_kv * s.head_dim)?;
+    check("attention pos", pos.len(), 1)?;
     let shared = (window.map_or(keys, |w| w.min(keys)) * 4) as u32;
     let f = dev.function(Family::Attention, "attention")?;
     // Past 48 KiB (with the kernel's few static bytes) a block must opt in.
@@ -517,19 +541,14 @@ pub fn attention_windowed(
     }
     // As the CPU: the scale rounded once from f64.
     let scale = (1.0 / (s.head_dim as f64).sqrt()) as f32;
-    let (p0, nh, nkv, hd) = (
-        s.pos0 as i32,
-        s.n_head as i32,
-        s.n_kv as i32,
-        s.head_dim as i32,
-    );
+    let (nh, nkv, hd) = (s.n_head as i32, s.n_kv as i32, s.head_dim as i32);
     let win = window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
     let mut b = dev.stream().launch_builder(&f);
     b.arg(q)
         .arg(k)
         .arg(v)
         .arg(out)
-        .arg(&p0)
+        .arg(pos)
         .arg(&nh)
         .arg(&nkv)
         .arg(&hd)
@@ -540,9 +559,35 @@ pub fn attention_windowed(
         block_dim: (128, 1, 1),
         shared_mem_bytes: shared,
     };
-    // SAFETY: every buffer holds what the shape reads (checked above); the
-    // scores of the longest row fit the dynamic shared memory requested.
+    // SAFETY: every buffer holds what the shape reads (checked above, the
+    // caller keeping pos[0] + rows <= max_keys); the scores of the longest
+    // row fit the dynamic shared memory requested.
     unsafe { b.launch(cfg) }.map_err(launch_err("attention"))?;
+    Ok(())
+}
+
+/// Writes `rows` rows of new keys and values (`[rows, kv_width]`) into one
+/// layer's cache (`[capacity, kv_width]`) at the positions `pos[..rows]`,
+/// read from the device.
+pub fn kv_write(
+    dev: &Device,
+    k: &CudaView<f32>,
+    v: &CudaView<f32>,
+    k_cache: &mut CudaViewMut<f32>,
+    v_cache: &mut CudaViewMut<f32>,
+    pos: &CudaView<u32>,
+    kv_width: usize,
+) -> Result<(), CudaError> {
+    let rows = pos.len();
+    check("kv_write k", k.len(), rows * kv_width)?;
+    check("kv_write v", v.len(), rows * kv_width)?;
+    let f = dev.function(Family::Attention, "kv_write")?;
+    let w = kv_width as i32;
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(k).arg(v).arg(k_cache).arg(v_cache).arg(pos).arg(&w);
+    // SAFETY: k and v hold `rows` rows (checked above); the caller keeps
+    // every pos[r] below the caches' capacity.
+    unsafe { b.launch(grid(rows, 256, 0)) }.map_err(launch_err("kv_write"))?;
     Ok(())
 }
 
