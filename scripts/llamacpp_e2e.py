@@ -72,6 +72,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", nargs="?", default="runs/e2e")
     ap.add_argument("--model", default="smollm2", help="smollm2 (default), gemma3-270m or a GGUF file")
+    ap.add_argument("--keep", action="store_true", help="keep the taptree trees already captured (a manifest present)")
     args = ap.parse_args()
     out, model = args.out, args.model
     print("| prompt | positions | run | mean(1-cos) vs f64 | min cos | argmax agree | first op outside tolerance vs f64 |")
@@ -84,6 +85,8 @@ def main():
             env = dict(os.environ)
             if p != "llamacpp":
                 env.pop("TAPTREE_LLAMACPP_FLASH_ATTN", None)
+            if args.keep and os.path.isfile(os.path.join(d, p, "manifest.json")):
+                continue
             sh([TAPTREE, "capture", "--model", model, "--precision", p, *prompt, "--out", os.path.join(d, p), "--force"],
                env=env)
         with open(os.path.join(d, "f64", "manifest.json")) as f:

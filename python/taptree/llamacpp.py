@@ -30,6 +30,24 @@ The mapping, for the llama architecture (SmolLM2):
 | final_norm         | MUL by `output_norm.weight` (`result_norm`)               |
 | logits             | MUL_MAT by `output.weight`, or `token_embd.weight` when tied |
 
+For Gemma 3 (`general.architecture` gemma3) the vocabulary is
+`stages.gemma3()`, and the mapping adds:
+
+| stage              | llama.cpp node                                            |
+|--------------------|-----------------------------------------------------------|
+| embedding          | SCALE of the GET_ROWS of `token_embd.weight` (`inp_scaled`) |
+| q_norm, k_norm     | MUL by `blk.N.attn_q_norm.weight` / `attn_k_norm.weight`  |
+| q_rope, k_rope     | ROPE of the q_norm / k_norm node                          |
+| post_attn_norm     | MUL by `blk.N.post_attention_norm.weight`                 |
+| post_attn_residual | ADD of the post_attn_norm output (`sa_out-N`)             |
+| ffn_geglu          | GLU (GEGLU) of the gate and up matmuls                    |
+| post_ffn_norm      | MUL by `blk.N.post_ffw_norm.weight`                       |
+| post_ffn_residual  | ADD of the post_ffn_norm output (`l_out-N`)               |
+
+Gemma's graph scales the roped queries by `1/sqrt(head_dim)` (a SCALE node
+that is no stage) before attention; q_rope holds them before that scale, as
+taptree's forward taps them.
+
 Layouts, as taptree's own forward has them, so no reconciliation is needed
 against taptree trees: a ggml tensor `ne = [ne0, ne1, ne2]` is row-major
 `[ne2, ne1, ne0]`, so Q/K after RoPE (`[head_dim, n_head, n_tokens]`) are

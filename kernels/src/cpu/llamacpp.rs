@@ -11,8 +11,9 @@
 //!   stored as f16, but the values are scaled by `id = 127 / amax` (not
 //!   `1 / d`) and rounded half to even (`_mm256_round_ps`), not half away
 //!   from zero as the reference `roundf` does; `block_q8_1` adds
-//!   `s = f16(d * sum q)`. (Q8_K for K-quant weights is not modelled here;
-//!   those blocks fall back to `q8`'s rule.)
+//!   `s = f16(d * sum q)`. K-quant weights take Q8_K blocks through
+//!   `q8`'s rule, which is `quantize_row_q8_K_ref`, the quantizer the x86
+//!   build calls (see `super::llamacpp_gemma` for the repacked Q4_K).
 //! - **RoPE** ([`rope`]): `ggml_rope_cache_init` walks the angle in f32,
 //!   `theta_{i+1} = theta_i * powf(base, -2 / n_dims)` from `theta_0 = pos`,
 //!   and takes `cosf`/`sinf` of that; the reference computes each angle in
@@ -30,6 +31,10 @@
 //!   the per-row kernel llama.cpp runs for fewer than 64 query rows, whose
 //!   softmax-weighted values accumulate in f16. Its tiled f32 kernel for 64
 //!   rows or more is not modelled (the forward refuses such a batch).
+//!
+//! Gemma 3's ops (GeGLU's f16 table, RoPE over halves, the queries scaled
+//! before attention, the sliding window: [`AttnGraph`]) are in
+//! `super::llamacpp_gemma`.
 //!
 //! What stays as in the reference forward is f32 arithmetic that llama.cpp
 //! orders differently: the matmuls' sums (llama.cpp combines per-block
