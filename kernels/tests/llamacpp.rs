@@ -31,7 +31,8 @@ use kernels::cpu::weights::DenseWeights;
 use kernels::load::load_model;
 use kernels::{fetch, LlamaConfig};
 use llamacpp_common::{
-    capture_llamacpp, llama_cpp_available, rel_rms, taps, worst_per_stage, TOLERANCE,
+    capture_llamacpp, llama_cpp_available, outside_tolerance, print_table, rel_rms, taps, worst,
+    worst_per_stage, TOLERANCE,
 };
 
 /// How an op is recomputed: llama.cpp's arithmetic, taptree's plain q8, or
@@ -201,32 +202,8 @@ fn every_op_of_a_llamacpp_tree_recomputes_within_1e_6_and_plain_q8_does_not() {
     eprintln!(
         "relative RMS error of llama.cpp's output per stage, recomputed from its own inputs:"
     );
-    eprintln!(
-        "worst over the layers (and its layer) in llamacpp and q8; mean over the layers in f32"
-    );
-    eprintln!(
-        "{:<20} {:>14} {:>14} {:>10}",
-        "stage", "llamacpp", "q8", "f32"
-    );
-    let at = |l: &Option<u32>| l.map(|l| format!("L{l}")).unwrap_or_default();
-    for (((s, l, e), (_, lq, eq)), (_, _, _)) in worst_per_stage(&rows)
-        .iter()
-        .zip(worst_per_stage(&plain).iter())
-        .zip(worst_per_stage(&exact).iter())
-    {
-        let local: Vec<f64> = exact.iter().filter(|r| &r.0 == s).map(|r| r.2).collect();
-        let mean = local.iter().sum::<f64>() / local.len() as f64;
-        eprintln!(
-            "{s:<20} {e:>9.2e} {:<4} {eq:>9.2e} {:<4} {mean:>10.2e}",
-            at(l),
-            at(lq)
-        );
-    }
-    let bad: Vec<String> = rows
-        .iter()
-        .filter(|(_, _, e)| e.is_nan() || *e > TOLERANCE)
-        .map(|(s, l, e)| format!("{s} L{l:?}: {e:.3e}"))
-        .collect();
+    print_table(&rows, &plain, &exact);
+    let bad = outside_tolerance(&rows);
     assert!(bad.is_empty(), "ops outside {TOLERANCE:e}: {bad:?}");
     // The red case: taptree's plain q8 model of llama.cpp leaves the
     // tolerance at attention (no f16 operands) and at every kind of
@@ -239,12 +216,6 @@ fn every_op_of_a_llamacpp_tree_recomputes_within_1e_6_and_plain_q8_does_not() {
             "plain q8 matched llama.cpp at {stage}: the comparator cannot tell them apart"
         );
     }
-    let worst = |rows: &[(String, Option<u32>, f64)], stage: &str| {
-        rows.iter()
-            .filter(|(s, _, _)| s == stage)
-            .map(|r| r.2)
-            .fold(0f64, f64::max)
-    };
     for stage in ["q_rope", "k_rope"] {
         assert!(
             worst(&rows, stage) * 4.0 < worst(&plain, stage),
@@ -269,13 +240,9 @@ fn with_flash_attention_every_op_recomputes_within_1e_6_and_plain_attention_does
         Ops::LlamaCppFlashAttn,
     );
     assert_eq!(rows.len(), 1 + 15 * r.cfg.n_layer + 2);
-    let bad: Vec<String> = rows
-        .iter()
-        .filter(|(_, _, e)| e.is_nan() || *e > TOLERANCE)
-        .map(|(s, l, e)| format!("{s} L{l:?}: {e:.3e}"))
-        .collect();
-    let worst = worst_per_stage(&rows);
-    let attn = worst.iter().find(|w| w.0 == "attn").unwrap();
+    let bad = outside_tolerance(&rows);
+    let per_stage = worst_per_stage(&rows);
+    let attn = per_stage.iter().find(|w| w.0 == "attn").unwrap();
     eprintln!(
         "flash attention: worst attn error {:.2e} at {:?}",
         attn.2, attn.1

@@ -30,11 +30,11 @@ use kernels::cpu::weights::DenseWeights;
 use kernels::load::load_model;
 use kernels::{fetch, LlamaConfig};
 use llamacpp_common::{
-    capture_llamacpp, llama_cpp_available, rel_rms, taps, worst_per_stage, TOLERANCE,
+    capture_llamacpp, llama_cpp_available, outside_tolerance, print_table, rel_rms, taps, worst,
+    Rows, TOLERANCE,
 };
 
 type Taps = HashMap<(String, Option<u32>), Vec<f32>>;
-type Rows = Vec<(String, Option<u32>, f64)>;
 
 /// How an op is recomputed (see `tests/llamacpp.rs`): llama.cpp's
 /// arithmetic, taptree's reference ops with q8 activations, or with f32
@@ -189,13 +189,6 @@ fn gemma_run(flash_attn: bool) -> Option<Run> {
     })
 }
 
-fn worst(rows: &Rows, stage: &str) -> f64 {
-    rows.iter()
-        .filter(|(s, _, _)| s == stage)
-        .map(|r| r.2)
-        .fold(0f64, f64::max)
-}
-
 #[test]
 fn every_op_of_a_gemma3_llamacpp_tree_recomputes_within_1e_6_and_the_reference_ops_do_not() {
     let Some(r) = gemma_run(false) else {
@@ -212,28 +205,8 @@ fn every_op_of_a_gemma3_llamacpp_tree_recomputes_within_1e_6_and_the_reference_o
          recomputed from its own inputs",
         r.tokens.len()
     );
-    eprintln!(
-        "worst over the layers (and its layer) in llamacpp and q8; mean over the layers in f32"
-    );
-    eprintln!(
-        "{:<20} {:>14} {:>14} {:>10}",
-        "stage", "llamacpp", "q8", "f32"
-    );
-    let at = |l: &Option<u32>| l.map(|l| format!("L{l}")).unwrap_or_default();
-    for ((s, l, e), (_, lq, eq)) in worst_per_stage(&rows).iter().zip(&worst_per_stage(&plain)) {
-        let local: Vec<f64> = exact.iter().filter(|r| &r.0 == s).map(|r| r.2).collect();
-        let mean = local.iter().sum::<f64>() / local.len() as f64;
-        eprintln!(
-            "{s:<20} {e:>9.2e} {:<4} {eq:>9.2e} {:<4} {mean:>10.2e}",
-            at(l),
-            at(lq)
-        );
-    }
-    let bad: Vec<String> = rows
-        .iter()
-        .filter(|(_, _, e)| e.is_nan() || *e > TOLERANCE)
-        .map(|(s, l, e)| format!("{s} L{l:?}: {e:.3e}"))
-        .collect();
+    print_table(&rows, &plain, &exact);
+    let bad = outside_tolerance(&rows);
     assert!(bad.is_empty(), "ops outside {TOLERANCE:e}: {bad:?}");
     // The red case: the reference ops leave the tolerance at attention (no
     // f16 operands), at GeGLU (no f16 table) and at the q/k/v matmuls, whose
@@ -276,11 +249,7 @@ fn with_flash_attention_every_op_recomputes_within_1e_6_and_plain_attention_does
         worst(&rows, "attn"),
         rows.iter().map(|r| r.2).fold(0f64, f64::max)
     );
-    let bad: Vec<String> = rows
-        .iter()
-        .filter(|(_, _, e)| e.is_nan() || *e > TOLERANCE)
-        .map(|(s, l, e)| format!("{s} L{l:?}: {e:.3e}"))
-        .collect();
+    let bad = outside_tolerance(&rows);
     assert!(bad.is_empty(), "ops outside {TOLERANCE:e}: {bad:?}");
     // The red case: llama.cpp's attention without flash attention is not
     // what it computed here.

@@ -198,7 +198,7 @@ mod tests {
     }
 
     #[test]
-    fn gemma_scales_queries_before_their_f16_rounding_and_masks_the_window() {
+    fn gemma_attention_masks_the_window_as_a_hand_computation_does() {
         use super::super::attention::Heads;
         use super::super::llamacpp::attention_in;
         let heads = Heads {
@@ -206,7 +206,6 @@ mod tests {
             n_head_kv: 1,
             head_dim: 4,
         };
-        // A query whose f16 rounding differs from that of its quarter.
         let q = [
             3.0e-4f32, 0.5, -0.25, 1.0, 0.1, 0.2, 0.3, 0.4, 1.0, 1.0, 1.0, 1.0,
         ];

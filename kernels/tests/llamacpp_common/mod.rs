@@ -11,7 +11,11 @@ use std::process::Command;
 use capture::TreeReader;
 use kernels::switches::FLASH_ATTN_VAR;
 
+/// The per-op bound: relative RMS error against llama.cpp's output.
 pub const TOLERANCE: f64 = 1e-6;
+
+/// `(stage, layer, relative RMS error)` per recomputed op, in forward order.
+pub type Rows = Vec<(String, Option<u32>, f64)>;
 
 pub fn python_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../python")
@@ -105,4 +109,42 @@ pub fn worst_per_stage(rows: &[(String, Option<u32>, f64)]) -> Vec<(String, Opti
         }
     }
     worst
+}
+
+/// The ops past [`TOLERANCE`] (or NaN), each named with its layer and error.
+pub fn outside_tolerance(rows: &[(String, Option<u32>, f64)]) -> Vec<String> {
+    rows.iter()
+        .filter(|(_, _, e)| e.is_nan() || *e > TOLERANCE)
+        .map(|(s, l, e)| format!("{s} L{l:?}: {e:.3e}"))
+        .collect()
+}
+
+/// The worst error of `stage` over the layers.
+pub fn worst(rows: &[(String, Option<u32>, f64)], stage: &str) -> f64 {
+    rows.iter()
+        .filter(|(s, _, _)| s == stage)
+        .map(|r| r.2)
+        .fold(0f64, f64::max)
+}
+
+/// Prints the per-stage table: the worst error over the layers (and its
+/// layer) in `llamacpp` and in `plain`, the mean over the layers in `exact`.
+pub fn print_table(rows: &Rows, plain: &Rows, exact: &Rows) {
+    eprintln!(
+        "worst over the layers (and its layer) in llamacpp and q8; mean over the layers in f32"
+    );
+    eprintln!(
+        "{:<20} {:>14} {:>14} {:>10}",
+        "stage", "llamacpp", "q8", "f32"
+    );
+    let at = |l: &Option<u32>| l.map(|l| format!("L{l}")).unwrap_or_default();
+    for ((s, l, e), (_, lq, eq)) in worst_per_stage(rows).iter().zip(&worst_per_stage(plain)) {
+        let local: Vec<f64> = exact.iter().filter(|r| &r.0 == s).map(|r| r.2).collect();
+        let mean = local.iter().sum::<f64>() / local.len() as f64;
+        eprintln!(
+            "{s:<20} {e:>9.2e} {:<4} {eq:>9.2e} {:<4} {mean:>10.2e}",
+            at(l),
+            at(lq)
+        );
+    }
 }
