@@ -10,12 +10,14 @@ llamacpp-mode / llama.cpp, then runs `taptree diff` of each run against
 the truth to name its first op outside tolerance.
 
     python3 scripts/llamacpp_e2e.py runs/e2e      # after cargo build --release
+    python3 scripts/llamacpp_e2e.py runs/e2e-gemma --model gemma3-270m
 
 Trees are kept under the given directory (replaced with --force). With
 TAPTREE_LLAMACPP_FLASH_ATTN=1 in the environment, llama.cpp and
 --precision llamacpp both run flash attention.
 """
 
+import argparse
 import json
 import os
 import subprocess
@@ -67,7 +69,12 @@ def first_divergence(a, b):
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "runs/e2e"
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", nargs="?", default="runs/e2e")
+    ap.add_argument("--model", default="smollm2", help="smollm2 (default), gemma3-270m or a GGUF file")
+    ap.add_argument("--keep", action="store_true", help="keep the taptree trees already captured (a manifest present)")
+    args = ap.parse_args()
+    out, model = args.out, args.model
     print("| prompt | positions | run | mean(1-cos) vs f64 | min cos | argmax agree | first op outside tolerance vs f64 |")
     print("|---|---|---|---|---|---|---|")
     ratios = []
@@ -78,12 +85,14 @@ def main():
             env = dict(os.environ)
             if p != "llamacpp":
                 env.pop("TAPTREE_LLAMACPP_FLASH_ATTN", None)
-            sh([TAPTREE, "capture", "--model", "smollm2", "--precision", p, *prompt, "--out", os.path.join(d, p), "--force"],
+            if args.keep and os.path.isfile(os.path.join(d, p, "manifest.json")):
+                continue
+            sh([TAPTREE, "capture", "--model", model, "--precision", p, *prompt, "--out", os.path.join(d, p), "--force"],
                env=env)
         with open(os.path.join(d, "f64", "manifest.json")) as f:
             tokens = json.load(f)["run"]["prompt_tokens"]
         sh(
-            [TAPTREE, "capture", "--engine", "llama.cpp", "--model", "smollm2", *prompt, "--threads", "2",
+            [TAPTREE, "capture", "--engine", "llama.cpp", "--model", model, *prompt, "--threads", "2",
              "--out", os.path.join(d, "llama.cpp"), "--force"]
         )
         with open(os.path.join(d, "llama.cpp", "manifest.json")) as f:

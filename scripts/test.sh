@@ -18,7 +18,9 @@ python3 -m pip install --quiet --disable-pip-version-check ./python
 # llama.cpp through its Python bindings, for the llama.cpp adapter
 # (python/taptree/llamacpp.py, its tests in python/tests/test_llamacpp.py)
 # and the per-op conformance of --precision llamacpp
-# (kernels/tests/llamacpp.rs). Pinned: the precision models the arithmetic of
+# (kernels/tests/llamacpp.rs on SmolLM2, kernels/tests/llamacpp_gemma.rs and
+# python/tests/test_llamacpp_gemma.py on Gemma 3 270M). Pinned: the
+# precision models the arithmetic of
 # exactly this version (it vendors ggml-org/llama.cpp@0c1e57098). It builds
 # llama.cpp from source: several minutes on 2 cores, once. With
 # TAPTREE_REQUIRE_LLAMACPP=1 those tests fail rather than skip without it.

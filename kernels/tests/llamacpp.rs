@@ -15,9 +15,9 @@
 //! unless `TAPTREE_REQUIRE_LLAMACPP=1` (set by scripts/test.sh) makes that a
 //! failure.
 
+mod llamacpp_common;
+
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use capture::TreeReader;
 use kernels::cpu::attention::{attention, Heads};
@@ -28,92 +28,12 @@ use kernels::cpu::matmul::Act;
 use kernels::cpu::norm::rms_norm;
 use kernels::cpu::rope::rope;
 use kernels::cpu::weights::DenseWeights;
-use kernels::switches::FLASH_ATTN_VAR;
+use llamacpp_common::{
+    capture_llamacpp, llama_cpp_available, outside_tolerance, print_table, rel_rms, taps, worst,
+    worst_per_stage, TOLERANCE,
+};
 use model::load::load_model;
 use model::LlamaConfig;
-
-const TOLERANCE: f64 = 1e-6;
-
-fn python_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../python")
-}
-
-/// `python/` ahead of whatever PYTHONPATH the caller has.
-fn python_path() -> std::ffi::OsString {
-    let mut paths = vec![python_dir()];
-    if let Some(p) = std::env::var_os("PYTHONPATH") {
-        paths.extend(std::env::split_paths(&p));
-    }
-    std::env::join_paths(paths).expect("PYTHONPATH")
-}
-
-/// `Err(why)` when llama-cpp-python cannot be imported (and it is not required).
-fn llama_cpp_available() -> Result<(), String> {
-    let ok = Command::new("python3")
-        .args(["-c", "import llama_cpp"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if ok {
-        return Ok(());
-    }
-    let why = "python3 cannot import llama_cpp (python3 -m pip install llama-cpp-python==0.3.36)";
-    if std::env::var("TAPTREE_REQUIRE_LLAMACPP").as_deref() == Ok("1") {
-        panic!("{why}, and TAPTREE_REQUIRE_LLAMACPP=1");
-    }
-    Err(why.to_string())
-}
-
-/// Captures `tokens` through llama.cpp into `out`, with its flash attention
-/// or without.
-fn capture_llamacpp(model: &Path, tokens: &[u32], out: &Path, flash_attn: bool) {
-    let ids: Vec<String> = tokens.iter().map(u32::to_string).collect();
-    let o = Command::new("python3")
-        .args([
-            "-m",
-            "taptree",
-            "capture",
-            "--engine",
-            "llama.cpp",
-            "--model-file",
-        ])
-        .arg(model)
-        .args(["--tokens", &ids.join(","), "--threads", "2", "--out"])
-        .arg(out)
-        .env("PYTHONPATH", python_path())
-        .env(FLASH_ATTN_VAR, if flash_attn { "1" } else { "0" })
-        .output()
-        .expect("run python3");
-    assert!(
-        o.status.success(),
-        "llama.cpp capture failed:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
-/// The tree's taps by (stage, layer), each over all positions (one prefill).
-fn taps(tree: &TreeReader) -> HashMap<(String, Option<u32>), Vec<f32>> {
-    tree.entries()
-        .iter()
-        .map(|e| {
-            let v = tree.read(e).unwrap().to_f64();
-            (
-                (e.key.stage.clone(), e.key.layer),
-                v.into_iter().map(|x| x as f32).collect(),
-            )
-        })
-        .collect()
-}
-
-fn rel_rms(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let (mut num, mut den) = (0f64, 0f64);
-    for (g, w) in got.iter().zip(want) {
-        num += (*g as f64 - *w as f64).powi(2);
-        den += (*w as f64).powi(2);
-    }
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
-}
 
 /// How an op is recomputed: llama.cpp's arithmetic, taptree's plain q8, or
 /// f32 activations throughout (within ~1e-7 of exact: against it, an op's
@@ -234,19 +154,6 @@ fn replay(
     out
 }
 
-/// Worst error per stage over the layers, in forward order.
-fn worst_per_stage(rows: &[(String, Option<u32>, f64)]) -> Vec<(String, Option<u32>, f64)> {
-    let mut worst: Vec<(String, Option<u32>, f64)> = Vec::new();
-    for (s, l, e) in rows {
-        match worst.iter_mut().find(|w| &w.0 == s) {
-            Some(w) if *e > w.2 => *w = (s.clone(), *l, *e),
-            Some(_) => {}
-            None => worst.push((s.clone(), *l, *e)),
-        }
-    }
-    worst
-}
-
 struct Run {
     cfg: LlamaConfig,
     weights: DenseWeights,
@@ -295,32 +202,8 @@ fn every_op_of_a_llamacpp_tree_recomputes_within_1e_6_and_plain_q8_does_not() {
     eprintln!(
         "relative RMS error of llama.cpp's output per stage, recomputed from its own inputs:"
     );
-    eprintln!(
-        "worst over the layers (and its layer) in llamacpp and q8; mean over the layers in f32"
-    );
-    eprintln!(
-        "{:<20} {:>14} {:>14} {:>10}",
-        "stage", "llamacpp", "q8", "f32"
-    );
-    let at = |l: &Option<u32>| l.map(|l| format!("L{l}")).unwrap_or_default();
-    for (((s, l, e), (_, lq, eq)), (_, _, _)) in worst_per_stage(&rows)
-        .iter()
-        .zip(worst_per_stage(&plain).iter())
-        .zip(worst_per_stage(&exact).iter())
-    {
-        let local: Vec<f64> = exact.iter().filter(|r| &r.0 == s).map(|r| r.2).collect();
-        let mean = local.iter().sum::<f64>() / local.len() as f64;
-        eprintln!(
-            "{s:<20} {e:>9.2e} {:<4} {eq:>9.2e} {:<4} {mean:>10.2e}",
-            at(l),
-            at(lq)
-        );
-    }
-    let bad: Vec<String> = rows
-        .iter()
-        .filter(|(_, _, e)| e.is_nan() || *e > TOLERANCE)
-        .map(|(s, l, e)| format!("{s} L{l:?}: {e:.3e}"))
-        .collect();
+    print_table(&rows, &plain, &exact);
+    let bad = outside_tolerance(&rows);
     assert!(bad.is_empty(), "ops outside {TOLERANCE:e}: {bad:?}");
     // The red case: taptree's plain q8 model of llama.cpp leaves the
     // tolerance at attention (no f16 operands) and at every kind of
@@ -333,12 +216,6 @@ fn every_op_of_a_llamacpp_tree_recomputes_within_1e_6_and_plain_q8_does_not() {
             "plain q8 matched llama.cpp at {stage}: the comparator cannot tell them apart"
         );
     }
-    let worst = |rows: &[(String, Option<u32>, f64)], stage: &str| {
-        rows.iter()
-            .filter(|(s, _, _)| s == stage)
-            .map(|r| r.2)
-            .fold(0f64, f64::max)
-    };
     for stage in ["q_rope", "k_rope"] {
         assert!(
             worst(&rows, stage) * 4.0 < worst(&plain, stage),
@@ -363,13 +240,9 @@ fn with_flash_attention_every_op_recomputes_within_1e_6_and_plain_attention_does
         Ops::LlamaCppFlashAttn,
     );
     assert_eq!(rows.len(), 1 + 15 * r.cfg.n_layer + 2);
-    let bad: Vec<String> = rows
-        .iter()
-        .filter(|(_, _, e)| e.is_nan() || *e > TOLERANCE)
-        .map(|(s, l, e)| format!("{s} L{l:?}: {e:.3e}"))
-        .collect();
-    let worst = worst_per_stage(&rows);
-    let attn = worst.iter().find(|w| w.0 == "attn").unwrap();
+    let bad = outside_tolerance(&rows);
+    let per_stage = worst_per_stage(&rows);
+    let attn = per_stage.iter().find(|w| w.0 == "attn").unwrap();
     eprintln!(
         "flash attention: worst attn error {:.2e} at {:?}",
         attn.2, attn.1

@@ -30,6 +30,24 @@ The mapping, for the llama architecture (SmolLM2):
 | final_norm         | MUL by `output_norm.weight` (`result_norm`)               |
 | logits             | MUL_MAT by `output.weight`, or `token_embd.weight` when tied |
 
+For Gemma 3 (`general.architecture` gemma3) the vocabulary is
+`stages.gemma3()`, and the mapping adds:
+
+| stage              | llama.cpp node                                            |
+|--------------------|-----------------------------------------------------------|
+| embedding          | SCALE of the GET_ROWS of `token_embd.weight` (`inp_scaled`) |
+| q_norm, k_norm     | MUL by `blk.N.attn_q_norm.weight` / `attn_k_norm.weight`  |
+| q_rope, k_rope     | ROPE of the q_norm / k_norm node                          |
+| post_attn_norm     | MUL by `blk.N.post_attention_norm.weight`                 |
+| post_attn_residual | ADD of the post_attn_norm output (`sa_out-N`)             |
+| ffn_geglu          | GLU (GEGLU) of the gate and up matmuls                    |
+| post_ffn_norm      | MUL by `blk.N.post_ffw_norm.weight`                       |
+| post_ffn_residual  | ADD of the post_ffn_norm output (`l_out-N`)               |
+
+Gemma's graph scales the roped queries by `1/sqrt(head_dim)` (a SCALE node
+that is no stage) before attention; q_rope holds them before that scale, as
+taptree's forward taps them.
+
 Layouts, as taptree's own forward has them, so no reconciliation is needed
 against taptree trees: a ggml tensor `ne = [ne0, ne1, ne2]` is row-major
 `[ne2, ne1, ne0]`, so Q/K after RoPE (`[head_dim, n_head, n_tokens]`) are
@@ -58,7 +76,6 @@ from . import stages as st
 from .tree import TreeWriter
 
 ENGINE = "llama.cpp"
-STAGE_INDEX = {s["name"]: i for i, s in enumerate(st.llama())}
 
 # The weight of a MUL_MAT (its src0) names its stage.
 MATMUL_WEIGHTS = {
@@ -70,8 +87,33 @@ MATMUL_WEIGHTS = {
     "ffn_up": "ffn_up",
     "ffn_down": "ffn_down",
 }
-NORM_WEIGHTS = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm"}
+NORM_WEIGHTS = {
+    "attn_norm": "attn_norm",
+    "ffn_norm": "ffn_norm",
+    # Gemma 3's
+    "attn_q_norm": "q_norm",
+    "attn_k_norm": "k_norm",
+    "post_attention_norm": "post_attn_norm",
+    "post_ffw_norm": "post_ffn_norm",
+}
+# The norm whose output each residual ADD adds, per family: llama adds the
+# projections themselves, Gemma 3 their post-norms.
+RESIDUAL_OF = {
+    "o_proj": "post_attn_residual",
+    "ffn_down": "post_ffn_residual",
+    "post_attn_norm": "post_attn_residual",
+    "post_ffn_norm": "post_ffn_residual",
+}
+# Architectures whose graph scales the embedding rows (`inp_scaled`, a SCALE
+# of the GET_ROWS): the stage is the scaled rows.
+SCALED_EMBEDDING = ("gemma3",)
+
+
+def vocabulary_of(arch):
+    """The stage vocabulary of a model architecture (`general.architecture`)."""
+    return st.gemma3() if arch == "gemma3" else st.llama()
 VIEW_OPS = {"RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE", "CONT", "CPY"}
+PER_HEAD = ("q_norm", "k_norm", "q_rope", "k_rope")
 
 GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 10
@@ -178,9 +220,11 @@ def read_tensor(t):
 class Mapper:
     """Names each graph node's stage (or None), by op, weight operand and name."""
 
-    def __init__(self, ggml, n_layer):
+    def __init__(self, ggml, n_layer, arch="llama"):
         self.ggml = ggml
         self.n_layer = n_layer
+        self.scaled_embedding = arch in SCALED_EMBEDDING
+        self.embd_rows = None  # this graph's GET_ROWS of the embedding
         self.stage_of = {}  # node address -> (stage, layer), for this graph
 
     def op(self, t_ptr):
@@ -208,8 +252,12 @@ class Mapper:
         src_addr = lambda i: ctypes.addressof(srcs[i].contents) if srcs[i] else None  # noqa: E731
         found = (None, None)
         if op == "GET_ROWS" and src_name(0) == "token_embd.weight":
-            found = ("embedding", None)
             self.stage_of.clear()  # a new graph starts
+            self.embd_rows = t_ptr
+            if not self.scaled_embedding:
+                found = ("embedding", None)
+        elif op == "SCALE" and self.scaled_embedding and src_addr(0) == self.embd_rows:
+            found = ("embedding", None)
         elif op == "MUL_MAT":
             found = _weight_stage(src_name(0))
             if found[0] == "o_proj":
@@ -223,7 +271,7 @@ class Mapper:
             found = _norm_stage(src_name(1))
         elif op == "ROPE":
             below = self.stage_of.get(self._through_views(srcs[0]))
-            if below and below[0] in ("q_proj", "k_proj"):
+            if below and below[0] in ("q_proj", "k_proj", "q_norm", "k_norm"):
                 found = (below[0][0] + "_rope", below[1])
         elif op in ("CONT", "CPY", "RESHAPE") and name.startswith("kqv_out-"):
             # CONT of the permuted KQV product; with flash attention, the
@@ -240,14 +288,12 @@ class Mapper:
                 # inp_out_ids) before the residual; every row is an output
                 # here, so that selection keeps all rows in order.
                 below = self.stage_of.get(self._through_views(srcs[i], also=("GET_ROWS",)))
-                if below and below[0] == "o_proj":
-                    found = ("post_attn_residual", below[1])
-                elif below and below[0] == "ffn_down":
-                    found = ("post_ffn_residual", below[1])
-        elif op == "SWIGLU":
+                if below and below[0] in RESIDUAL_OF:
+                    found = (RESIDUAL_OF[below[0]], below[1])
+        elif op in ("SWIGLU", "GEGLU"):
             a, b = self.stage_of.get(src_addr(0)), self.stage_of.get(src_addr(1))
-            if a and b and {a[0], b[0]} == {"ffn_gate", "ffn_up"}:
-                found = ("ffn_swiglu", a[1])
+            if a and b and (a[0], b[0]) == ("ffn_gate", "ffn_up"):
+                found = ("ffn_" + op.lower(), a[1])
         if found[0] is not None:
             self.stage_of[t_ptr] = found
         return found
@@ -302,7 +348,11 @@ def run_llamacpp(
         llama_cpp.llama_model_free(model)
         raise EngineError("%s: token id %d is outside the vocabulary (size %d)" % (model_file, bad[0], n_vocab))
 
-    mapper = Mapper(ggml, n_layer)
+    buf = ctypes.create_string_buffer(64)
+    arch = "llama"
+    if llama_cpp.llama_model_meta_val_str(model, b"general.architecture", buf, len(buf)) > 0:
+        arch = buf.value.decode()
+    mapper = Mapper(ggml, n_layer, arch)
     state = {"next": 0, "start": 0, "error": None}
 
     def callback(t_ptr, ask, _user):
@@ -319,9 +369,9 @@ def run_llamacpp(
                 state["start"] = state["next"]
                 state["next"] += int(t.ne[1])
             arr = read_tensor(t)
-            # Axis 0 is the tokens: ne[1] for 2-D nodes, ne[2] for RoPE's
-            # [n_tokens, n_head, head_dim].
-            rows = int(t.ne[2]) if stage in ("q_rope", "k_rope") else int(t.ne[1])
+            # Axis 0 is the tokens: ne[1] for 2-D nodes, ne[2] for the
+            # per-head [n_tokens, n_head, head_dim] of the q/k norms and RoPE.
+            rows = int(t.ne[2]) if stage in PER_HEAD else int(t.ne[1])
             if on_tap is not None:
                 on_tap(stage, layer, state["start"], arr.reshape(rows, arr.size // rows))
             return True
@@ -392,6 +442,7 @@ def run_llamacpp(
             "n_ubatch": n_batch,
             "n_ctx": int(cparams.n_ctx),
             "all_ops_f64": False,
+            "architecture": arch,
         }
         return np.concatenate(all_logits), generated, facts
     finally:
@@ -420,17 +471,20 @@ def capture_llamacpp(
         on_tap=lambda stage, layer, start, arr: taps.append((stage, layer, start, arr)),
     )
 
+    stages = vocabulary_of(facts["architecture"])
+    stage_index = {s["name"]: i for i, s in enumerate(stages)}
+
     # Forward order: by position block (one graph each), then the embedding,
     # the layers in order with their stages in vocabulary order, the head.
     def order(tap):
         stage, layer, start, _ = tap
         phase = 0 if stage == "embedding" else (2 if layer is None else 1)
-        return (start, phase, -1 if layer is None else layer, STAGE_INDEX[stage])
+        return (start, phase, -1 if layer is None else layer, stage_index[stage])
 
     taps.sort(key=order)
     seen = {s for s, _, _, _ in taps}
-    vocabulary = [s for s in st.llama() if s["name"] in seen]
-    missing = [s["name"] for s in st.llama() if s["name"] not in seen]
+    vocabulary = [s for s in stages if s["name"] in seen]
+    missing = [s["name"] for s in stages if s["name"] not in seen]
     if missing:
         print("taptree: llama.cpp: no node maps to %s; left out of the tree" % ", ".join(missing), file=sys.stderr)
     record = {

@@ -29,6 +29,12 @@ FFN_DOWN = "ffn_down"
 POST_FFN_RESIDUAL = "post_ffn_residual"
 FINAL_NORM = "final_norm"
 LOGITS = "logits"
+# Gemma 3's additions (docs/FORMAT.md, "Stages of the Gemma 3 family").
+Q_NORM = "q_norm"
+K_NORM = "k_norm"
+POST_ATTN_NORM = "post_attn_norm"
+FFN_GEGLU = "ffn_geglu"
+POST_FFN_NORM = "post_ffn_norm"
 
 # What each stage holds: the op, and where it sits relative to nonlinearities.
 MEANING = {
@@ -114,6 +120,39 @@ def llama(rotary=None, head_dim=None):
             if s["name"] in ROTARY_STAGES:
                 s["layout"] = dict(declared)
     return specs
+
+
+def gemma3():
+    """The Gemma 3 vocabulary, in forward order: llama's with `q_norm`,
+    `k_norm` before RoPE, `post_attn_norm` and `post_ffn_norm` before the
+    residual adds, and `ffn_geglu` in place of `ffn_swiglu`; RoPE over halves
+    in the checkpoint's own q/k order, as taptree's Gemma forward computes
+    (the same vocabulary as `kernels::stages::for_config`)."""
+    prev = "post_ffn_residual@prev"
+    return [
+        _spec(EMBEDDING, "global", []),
+        _spec(ATTN_NORM, "layer", [prev], [EMBEDDING]),
+        _spec(Q_PROJ, "layer", [ATTN_NORM]),
+        _spec(K_PROJ, "layer", [ATTN_NORM]),
+        _spec(V_PROJ, "layer", [ATTN_NORM]),
+        _spec(Q_NORM, "layer", [Q_PROJ]),
+        _spec(K_NORM, "layer", [K_PROJ]),
+        _spec(Q_ROPE, "layer", [Q_NORM]),
+        _spec(K_ROPE, "layer", [K_NORM]),
+        _spec(ATTN, "layer", [Q_ROPE, K_ROPE, V_PROJ]),
+        _spec(O_PROJ, "layer", [ATTN]),
+        _spec(POST_ATTN_NORM, "layer", [O_PROJ]),
+        _spec(POST_ATTN_RESIDUAL, "layer", [POST_ATTN_NORM, prev], [POST_ATTN_NORM, EMBEDDING]),
+        _spec(FFN_NORM, "layer", [POST_ATTN_RESIDUAL]),
+        _spec(FFN_GATE, "layer", [FFN_NORM]),
+        _spec(FFN_UP, "layer", [FFN_NORM]),
+        _spec(FFN_GEGLU, "layer", [FFN_GATE, FFN_UP]),
+        _spec(FFN_DOWN, "layer", [FFN_GEGLU]),
+        _spec(POST_FFN_NORM, "layer", [FFN_DOWN]),
+        _spec(POST_FFN_RESIDUAL, "layer", [POST_FFN_NORM, POST_ATTN_RESIDUAL]),
+        _spec(FINAL_NORM, "global", ["post_ffn_residual@last"]),
+        _spec(LOGITS, "global", [FINAL_NORM]),
+    ]
 
 
 NAMES = [s["name"] for s in llama()]

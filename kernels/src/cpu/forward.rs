@@ -9,6 +9,7 @@ use super::attention::{attention_windowed, Heads};
 use super::embedding::embed;
 use super::ffn::gated;
 use super::llamacpp;
+use super::llamacpp_gemma;
 use super::matmul::Act;
 use super::norm::rms_norm;
 use super::rope::rope_styled;
@@ -125,9 +126,9 @@ impl CpuForward {
     ) -> Result<CpuForward, ForwardError> {
         crate::forward::check_config(&config)?;
         switches.check(precision)?;
-        if precision == Precision::LlamaCpp && config.family != ModelFamily::llama() {
+        if precision == Precision::LlamaCpp && llamacpp_gemma::graph_of(&config, 0).is_none() {
             return Err(ForwardError::Unsupported(format!(
-                "--precision llamacpp models llama.cpp's arithmetic for the llama family only, not {}",
+                "--precision llamacpp models llama.cpp's arithmetic for the llama family and gemma3 only, not {}",
                 config.arch
             )));
         }
@@ -260,7 +261,14 @@ impl<T: Real> Engine<T> {
             }
             let ops = self.ops;
             let rope = |x: &mut [T], width: usize| match ops {
-                Ops::LlamaCpp { .. } => llamacpp::rope(x, width, start, cfg.head_dim, la.rope_base),
+                Ops::LlamaCpp { .. } => llamacpp_gemma::rope_styled(
+                    fam.rope,
+                    x,
+                    width,
+                    start,
+                    cfg.head_dim,
+                    la.rope_base,
+                ),
                 Ops::Reference => {
                     rope_styled(fam.rope, x, width, start, cfg.head_dim, la.rope_base)
                 }
@@ -274,11 +282,12 @@ impl<T: Real> Engine<T> {
                 cache.k[l].extend(k.iter().map(|x| llamacpp::f16_round(*x)));
                 cache.v[l].extend(v.iter().map(|x| llamacpp::f16_round(*x)));
                 let attend = if flash_attn {
-                    llamacpp::flash_attention
+                    llamacpp::flash_attention_in
                 } else {
-                    llamacpp::attention
+                    llamacpp::attention_in
                 };
-                attend(&q, n, start, &cache.k[l], &cache.v[l], heads)
+                let graph = llamacpp_gemma::graph_of(cfg, l).expect("checked at open");
+                attend(&q, n, start, &cache.k[l], &cache.v[l], heads, graph)
             } else {
                 cache.k[l].extend_from_slice(&k);
                 cache.v[l].extend_from_slice(&v);
@@ -302,7 +311,10 @@ impl<T: Real> Engine<T> {
             tap(st::FFN_GATE, li, pos.clone(), slot, cfg.n_ff, &g);
             let u = lw.w_up.apply(&h, n, acts.ffn_up);
             tap(st::FFN_UP, li, pos.clone(), slot, cfg.n_ff, &u);
-            let s = gated(fam.ffn, &g, &u);
+            let s = match self.ops {
+                Ops::LlamaCpp { .. } => llamacpp_gemma::gated(fam.ffn, &g, &u),
+                Ops::Reference => gated(fam.ffn, &g, &u),
+            };
             tap(gated_stage(fam), li, pos.clone(), slot, cfg.n_ff, &s);
             let mut dn = lw.w_down.apply(&s, n, acts.ffn_down);
             tap(st::FFN_DOWN, li, pos.clone(), slot, d, &dn);

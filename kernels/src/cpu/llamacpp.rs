@@ -11,8 +11,9 @@
 //!   stored as f16, but the values are scaled by `id = 127 / amax` (not
 //!   `1 / d`) and rounded half to even (`_mm256_round_ps`), not half away
 //!   from zero as the reference `roundf` does; `block_q8_1` adds
-//!   `s = f16(d * sum q)`. (Q8_K for K-quant weights is not modelled here;
-//!   those blocks fall back to `q8`'s rule.)
+//!   `s = f16(d * sum q)`. K-quant weights take Q8_K blocks through
+//!   `q8`'s rule, which is `quantize_row_q8_K_ref`, the quantizer the x86
+//!   build calls (see `super::llamacpp_gemma` for the repacked Q4_K).
 //! - **RoPE** ([`rope`]): `ggml_rope_cache_init` walks the angle in f32,
 //!   `theta_{i+1} = theta_i * powf(base, -2 / n_dims)` from `theta_0 = pos`,
 //!   and takes `cosf`/`sinf` of that; the reference computes each angle in
@@ -30,6 +31,10 @@
 //!   the per-row kernel llama.cpp runs for fewer than 64 query rows, whose
 //!   softmax-weighted values accumulate in f16. Its tiled f32 kernel for 64
 //!   rows or more is not modelled (the forward refuses such a batch).
+//!
+//! Gemma 3's ops (GeGLU's f16 table, RoPE over halves, the queries scaled
+//! before attention, the sliding window: [`AttnGraph`]) are in
+//! `super::llamacpp_gemma`.
 //!
 //! What stays as in the reference forward is f32 arithmetic that llama.cpp
 //! orders differently: the matmuls' sums (llama.cpp combines per-block
@@ -90,18 +95,12 @@ pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
 
 /// Interleaved-pair RoPE as ggml's `rope_f32` with llama.cpp's
 /// `LLAMA_ROPE_TYPE_NORM` (no scaling): the angle of pair `i` is walked in
-/// f32 from the position by `powf(base, -2 / head_dim)`, and the rotation is
-/// done in f32 with `cosf`/`sinf` of it.
+/// f32 from the position by `powf(base, -2 / head_dim)` ([`rope_cache`]), and
+/// the rotation is done in f32 with `cosf`/`sinf` of it.
 pub fn rope<T: Real>(x: &mut [T], width: usize, start: usize, head_dim: usize, base: f32) {
-    let half = head_dim / 2;
-    let theta_scale = base.powf(-2.0f32 / head_dim as f32);
-    let mut cs = vec![(0f32, 0f32); half];
+    let mut cs = vec![(0f32, 0f32); head_dim / 2];
     for (r, row) in x.chunks_exact_mut(width).enumerate() {
-        let mut theta = (start + r) as f32;
-        for c in cs.iter_mut() {
-            *c = (theta.cos(), theta.sin());
-            theta *= theta_scale;
-        }
+        rope_cache(start + r, head_dim, base, &mut cs);
         for head in row.chunks_exact_mut(head_dim) {
             for (i, (c, s)) in cs.iter().enumerate() {
                 let (x0, x1) = (head[2 * i].to_f32(), head[2 * i + 1].to_f32());
@@ -109,6 +108,18 @@ pub fn rope<T: Real>(x: &mut [T], width: usize, start: usize, head_dim: usize, b
                 head[2 * i + 1] = T::from_f32(x0 * s + x1 * c);
             }
         }
+    }
+}
+
+/// `ggml_rope_cache_init` without scaling: the `(cosf, sinf)` of each pair's
+/// angle at `pos`, the angle walked in f32 from `theta_0 = pos` by
+/// `theta_{i+1} = theta_i * powf(base, -2 / head_dim)`.
+pub fn rope_cache(pos: usize, head_dim: usize, base: f32, cs: &mut [(f32, f32)]) {
+    let theta_scale = base.powf(-2.0f32 / head_dim as f32);
+    let mut theta = pos as f32;
+    for c in cs.iter_mut() {
+        *c = (theta.cos(), theta.sin());
+        theta *= theta_scale;
     }
 }
 
@@ -176,6 +187,27 @@ fn v_expf(x: f32) -> f32 {
     }
 }
 
+/// Where a family's llama.cpp graph applies attention's scale, and its mask.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnGraph {
+    /// `Some(s)`: the graph scales the roped queries by `s` in f32
+    /// (`ggml_scale`, Gemma 3's `f_attention_scale`) and soft-maxes the
+    /// scores unscaled (`kq_scale = 1`); `None`: the scores are scaled by
+    /// `kq_scale = 1.0f / sqrtf(head_dim)` (llama).
+    pub query_scale: Option<f32>,
+    /// Sliding window: a query at `p` sees `p + 1 - window ..= p`
+    /// (llama.cpp's `LLAMA_SWA_TYPE_STANDARD` masks `p - p0 >= window`).
+    pub window: Option<usize>,
+}
+
+impl AttnGraph {
+    /// llama's graph: scores scaled by `1 / sqrt(head_dim)`, causal only.
+    pub const LLAMA: AttnGraph = AttnGraph {
+        query_scale: None,
+        window: None,
+    };
+}
+
 /// One attention layer's geometry, as both attention kernels index it.
 #[derive(Debug, Clone, Copy)]
 struct Geometry {
@@ -183,30 +215,45 @@ struct Geometry {
     q_width: usize,
     kv_width: usize,
     group: usize,
-    /// `kq_scale = 1.0f / sqrtf(float(n_embd_head))`.
+    /// The scores' scale: `kq_scale = 1.0f / sqrtf(float(n_embd_head))`,
+    /// or 1 when the graph scaled the queries.
     scale: f32,
+    /// The queries' scale, applied in f32 before their f16 rounding.
+    q_scale: Option<f32>,
+    window: Option<usize>,
 }
 
 impl Geometry {
-    fn of(heads: Heads) -> Geometry {
+    fn of(heads: Heads, graph: AttnGraph) -> Geometry {
         Geometry {
             heads,
             q_width: heads.n_head * heads.head_dim,
             kv_width: heads.n_head_kv * heads.head_dim,
             group: heads.n_head / heads.n_head_kv,
-            scale: 1.0f32 / (heads.head_dim as f32).sqrt(),
+            scale: match graph.query_scale {
+                Some(_) => 1.0,
+                None => 1.0f32 / (heads.head_dim as f32).sqrt(),
+            },
+            q_scale: graph.query_scale,
+            window: graph.window,
         }
     }
 
-    /// Query row `r` of head `h`, rounded to f16 (an F16 key's dot type).
+    /// The first position row `r` (at position `start + r`) sees.
+    fn first_seen(&self, start: usize, r: usize) -> usize {
+        self.window.map_or(0, |w| (start + r + 1).saturating_sub(w))
+    }
+
+    /// Query row `r` of head `h`, scaled in f32 if the graph scales it, then
+    /// rounded to f16 (an F16 key's dot type).
     fn query_f16<T: Real>(&self, q: &[T], r: usize, h: usize, out: &mut Vec<f32>) {
         let d = self.heads.head_dim;
         out.clear();
-        out.extend(
-            q[r * self.q_width + h * d..][..d]
-                .iter()
-                .map(|x| f16_round(x.to_f32())),
-        );
+        let q = q[r * self.q_width + h * d..][..d].iter();
+        match self.q_scale {
+            Some(s) => out.extend(q.map(|x| f16_round(x.to_f32() * s))),
+            None => out.extend(q.map(|x| f16_round(x.to_f32()))),
+        }
     }
 
     /// Cached row `t` of KV head `kvh` (keys or values), widened to f32.
@@ -247,7 +294,8 @@ impl Geometry {
 /// in f32, exponentiates with [`v_expf`] and sums per 8-lane vector into an
 /// f64 total; the probabilities are rounded to f16 before they weight the
 /// values. Row `r` sees positions `0..=start + r`: the padded, masked cache
-/// cells contribute exact zeros in llama.cpp, and do here.
+/// cells contribute exact zeros in llama.cpp, and do here. llama's graph:
+/// [`attention_in`] with [`AttnGraph::LLAMA`].
 pub fn attention<T: Real>(
     q: &[T],
     n: usize,
@@ -256,7 +304,22 @@ pub fn attention<T: Real>(
     v: &[T],
     heads: Heads,
 ) -> Vec<T> {
-    let g = Geometry::of(heads);
+    attention_in(q, n, start, k, v, heads, AttnGraph::LLAMA)
+}
+
+/// [`attention`] in the graph of a family: where the scale is applied, and
+/// the sliding window's mask (masked cells are exact zeros, as the padded
+/// ones).
+pub fn attention_in<T: Real>(
+    q: &[T],
+    n: usize,
+    start: usize,
+    k: &[T],
+    v: &[T],
+    heads: Heads,
+    graph: AttnGraph,
+) -> Vec<T> {
+    let g = Geometry::of(heads, graph);
     let (head_dim, cells) = (heads.head_dim, start + n);
     // The values of each KV head transposed, `[head_dim, cells]`: the rows
     // `kqv = mul_mat(v, kq)` dots with the probabilities (the cache keeps
@@ -280,7 +343,8 @@ pub fn attention<T: Real>(
             p.clear();
             p.resize(cells.div_ceil(8) * 8, f32::NEG_INFINITY);
             let mut max = f32::NEG_INFINITY;
-            for (t, s) in p.iter_mut().enumerate().take(start + r + 1) {
+            let first = g.first_seen(start, r);
+            for (t, s) in p.iter_mut().enumerate().take(start + r + 1).skip(first) {
                 g.cached(k, t, kvh, kh);
                 *s = dot_f16(kh, qh16, n) * g.scale;
                 max = max.max(*s);
@@ -317,6 +381,7 @@ pub const FLASH_ATTN_TILE_ROWS: usize = 64;
 /// accumulator is rescaled (`f16(acc * e^(M_old - M))`), then each value row
 /// is added as `f16(v * e^(s - M) + acc)`; the f32 sum of weights divides at
 /// the end. Masked cells are skipped. `k` and `v` must hold f16 values.
+/// llama's graph: [`flash_attention_in`] with [`AttnGraph::LLAMA`].
 pub fn flash_attention<T: Real>(
     q: &[T],
     n: usize,
@@ -325,7 +390,20 @@ pub fn flash_attention<T: Real>(
     v: &[T],
     heads: Heads,
 ) -> Vec<T> {
-    let g = Geometry::of(heads);
+    flash_attention_in(q, n, start, k, v, heads, AttnGraph::LLAMA)
+}
+
+/// [`flash_attention`] in the graph of a family (see [`attention_in`]).
+pub fn flash_attention_in<T: Real>(
+    q: &[T],
+    n: usize,
+    start: usize,
+    k: &[T],
+    v: &[T],
+    heads: Heads,
+    graph: AttnGraph,
+) -> Vec<T> {
+    let g = Geometry::of(heads, graph);
     g.per_head(
         n,
         |(qh16, kh, vh, acc): &mut (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>),
@@ -337,7 +415,7 @@ pub fn flash_attention<T: Real>(
             acc.clear();
             acc.resize(heads.head_dim, 0.0);
             let (mut sum, mut max) = (0f32, f32::NEG_INFINITY);
-            for t in 0..start + r + 1 {
+            for t in g.first_seen(start, r)..start + r + 1 {
                 g.cached(k, t, kvh, kh);
                 let s = dot_f16(kh, qh16, 1) * g.scale;
                 let (mut ms, mut vs) = (1f32, 1f32);

@@ -15,6 +15,7 @@ pub mod embedding;
 pub mod ffn;
 pub mod forward;
 pub mod llamacpp;
+pub mod llamacpp_gemma;
 pub mod matmul;
 pub mod norm;
 pub mod rope;

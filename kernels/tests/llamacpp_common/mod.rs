@@ -1,0 +1,150 @@
+//! What the per-op conformance tests of `--precision llamacpp` share: running
+//! llama.cpp's capture through the Python adapter, reading its taps, and the
+//! relative RMS error.
+
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use capture::TreeReader;
+use kernels::switches::FLASH_ATTN_VAR;
+
+/// The per-op bound: relative RMS error against llama.cpp's output.
+pub const TOLERANCE: f64 = 1e-6;
+
+/// `(stage, layer, relative RMS error)` per recomputed op, in forward order.
+pub type Rows = Vec<(String, Option<u32>, f64)>;
+
+pub fn python_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../python")
+}
+
+/// `python/` ahead of whatever PYTHONPATH the caller has.
+pub fn python_path() -> std::ffi::OsString {
+    let mut paths = vec![python_dir()];
+    if let Some(p) = std::env::var_os("PYTHONPATH") {
+        paths.extend(std::env::split_paths(&p));
+    }
+    std::env::join_paths(paths).expect("PYTHONPATH")
+}
+
+/// `Err(why)` when llama-cpp-python cannot be imported (and it is not required).
+pub fn llama_cpp_available() -> Result<(), String> {
+    let ok = Command::new("python3")
+        .args(["-c", "import llama_cpp"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if ok {
+        return Ok(());
+    }
+    let why = "python3 cannot import llama_cpp (python3 -m pip install llama-cpp-python==0.3.36)";
+    if std::env::var("TAPTREE_REQUIRE_LLAMACPP").as_deref() == Ok("1") {
+        panic!("{why}, and TAPTREE_REQUIRE_LLAMACPP=1");
+    }
+    Err(why.to_string())
+}
+
+/// Captures `tokens` through llama.cpp into `out`, with its flash attention
+/// or without.
+pub fn capture_llamacpp(model: &Path, tokens: &[u32], out: &Path, flash_attn: bool) {
+    let ids: Vec<String> = tokens.iter().map(u32::to_string).collect();
+    let o = Command::new("python3")
+        .args([
+            "-m",
+            "taptree",
+            "capture",
+            "--engine",
+            "llama.cpp",
+            "--model-file",
+        ])
+        .arg(model)
+        .args(["--tokens", &ids.join(","), "--threads", "2", "--out"])
+        .arg(out)
+        .env("PYTHONPATH", python_path())
+        .env(FLASH_ATTN_VAR, if flash_attn { "1" } else { "0" })
+        .output()
+        .expect("run python3");
+    assert!(
+        o.status.success(),
+        "llama.cpp capture failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// The tree's taps by (stage, layer), each over all positions (one prefill).
+pub fn taps(tree: &TreeReader) -> HashMap<(String, Option<u32>), Vec<f32>> {
+    tree.entries()
+        .iter()
+        .map(|e| {
+            let v = tree.read(e).unwrap().to_f64();
+            (
+                (e.key.stage.clone(), e.key.layer),
+                v.into_iter().map(|x| x as f32).collect(),
+            )
+        })
+        .collect()
+}
+
+pub fn rel_rms(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        num += (*g as f64 - *w as f64).powi(2);
+        den += (*w as f64).powi(2);
+    }
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// Worst error per stage over the layers, in forward order.
+pub fn worst_per_stage(rows: &[(String, Option<u32>, f64)]) -> Vec<(String, Option<u32>, f64)> {
+    let mut worst: Vec<(String, Option<u32>, f64)> = Vec::new();
+    for (s, l, e) in rows {
+        match worst.iter_mut().find(|w| &w.0 == s) {
+            Some(w) if *e > w.2 => *w = (s.clone(), *l, *e),
+            Some(_) => {}
+            None => worst.push((s.clone(), *l, *e)),
+        }
+    }
+    worst
+}
+
+/// The ops past [`TOLERANCE`] (or NaN), each named with its layer and error.
+pub fn outside_tolerance(rows: &[(String, Option<u32>, f64)]) -> Vec<String> {
+    rows.iter()
+        .filter(|(_, _, e)| e.is_nan() || *e > TOLERANCE)
+        .map(|(s, l, e)| format!("{s} L{l:?}: {e:.3e}"))
+        .collect()
+}
+
+/// The worst error of `stage` over the layers.
+pub fn worst(rows: &[(String, Option<u32>, f64)], stage: &str) -> f64 {
+    rows.iter()
+        .filter(|(s, _, _)| s == stage)
+        .map(|r| r.2)
+        .fold(0f64, f64::max)
+}
+
+/// Prints the per-stage table: the worst error over the layers (and its
+/// layer) in `llamacpp` and in `plain`, the mean over the layers in `exact`.
+pub fn print_table(rows: &Rows, plain: &Rows, exact: &Rows) {
+    eprintln!(
+        "worst over the layers (and its layer) in llamacpp and q8; mean over the layers in f32"
+    );
+    eprintln!(
+        "{:<20} {:>14} {:>14} {:>10}",
+        "stage", "llamacpp", "q8", "f32"
+    );
+    let at = |l: &Option<u32>| l.map(|l| format!("L{l}")).unwrap_or_default();
+    for ((s, l, e), (_, lq, eq)) in worst_per_stage(rows).iter().zip(&worst_per_stage(plain)) {
+        let local: Vec<f64> = exact.iter().filter(|r| &r.0 == s).map(|r| r.2).collect();
+        let mean = local.iter().sum::<f64>() / local.len() as f64;
+        eprintln!(
+            "{s:<20} {e:>9.2e} {:<4} {eq:>9.2e} {:<4} {mean:>10.2e}",
+            at(l),
+            at(lq)
+        );
+    }
+}
