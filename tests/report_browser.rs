@@ -103,7 +103,10 @@ fn clicking_a_heatmap_cell_opens_that_ops_positions_inputs_and_stat() {
         .unwrap();
     let got = click(&html, &[&first_name, &other, "no/such_op"]);
 
-    assert_eq!(got["before"]["hidden"], true, "nothing shown before a click");
+    assert_eq!(
+        got["before"]["hidden"], true,
+        "nothing shown before a click"
+    );
     let c = &got["clicks"][0];
     assert_eq!(c["found"], true);
     assert_eq!(c["hidden"], false, "{c}");
@@ -116,8 +119,14 @@ fn clicking_a_heatmap_cell_opens_that_ops_positions_inputs_and_stat() {
     let failing = positions.iter().filter(|p| p["pass"] == false).count();
     assert_eq!(c["failing"].as_u64().unwrap(), failing as u64, "{c}");
     let text = c["text"].as_str().unwrap();
-    assert!(text.contains("prefill") && text.contains("decode"), "{text}");
-    assert!(text.contains("stat A@") && text.contains("stat B@"), "{text}");
+    assert!(
+        text.contains("prefill") && text.contains("decode"),
+        "{text}"
+    );
+    assert!(
+        text.contains("stat A@") && text.contains("stat B@"),
+        "{text}"
+    );
     assert!(text.contains("blocks of 256:"), "{text}");
     // The tokens are shown as text (the manifest's token_pieces).
     let tokens: Vec<&str> = c["tokens"]
@@ -132,7 +141,10 @@ fn clicking_a_heatmap_cell_opens_that_ops_positions_inputs_and_stat() {
     );
 
     let c = &got["clicks"][1];
-    assert_eq!(c["title"].as_str().unwrap().split(' ').next(), Some(other.as_str()));
+    assert_eq!(
+        c["title"].as_str().unwrap().split(' ').next(),
+        Some(other.as_str())
+    );
     assert_eq!(c["selected"], serde_json::json!([other]));
     // Every op in a layer reads something of the stage graph.
     assert!(!c["inputs"].as_array().unwrap().is_empty(), "{c}");

@@ -126,6 +126,7 @@ def main():
     ap.add_argument("cells", nargs="+", help="row names to click in turn (L1/attn)")
     ap.add_argument("--screenshot", help="a PNG of the page after the clicks")
     ap.add_argument("--width", type=int, default=1240)
+    ap.add_argument("--scale", type=float, default=1.0, help="of the screenshot")
     args = ap.parse_args()
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if not exe:
@@ -163,10 +164,17 @@ def main():
             out["clicks"].append(shown)
         if args.screenshot:
             evaluate(b, session, "window.scrollTo(0, 0)")
-            size = evaluate(b, session, "[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
-            b.send("Emulation.setDeviceMetricsOverride", {"width": args.width, "height": min(size[1], 2400),
+            # Down to the panel's bottom (or the page's, with no panel open).
+            height = evaluate(b, session, """(() => {
+              const p = document.getElementById('panel');
+              const e = p && !p.hidden ? p : document.documentElement;
+              return Math.ceil(e.getBoundingClientRect().bottom + window.scrollY + 12);
+            })()""")
+            height = min(height, 2400)
+            b.send("Emulation.setDeviceMetricsOverride", {"width": args.width, "height": height,
                                                           "deviceScaleFactor": 1, "mobile": False}, session)
-            shot = b.send("Page.captureScreenshot", {"format": "png"}, session)
+            shot = b.send("Page.captureScreenshot", {"format": "png", "clip": {
+                "x": 0, "y": 0, "width": args.width, "height": height, "scale": args.scale}}, session)
             with open(args.screenshot, "wb") as f:
                 f.write(base64.b64decode(shot["data"]))
         print(json.dumps(out))

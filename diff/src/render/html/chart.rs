@@ -42,7 +42,11 @@ fn decades(page: &Page) -> (i32, i32) {
         .rows
         .iter()
         .map(|r| r.value)
-        .chain(page.series.iter().flat_map(|s| s.values.iter().flatten().copied()))
+        .chain(
+            page.series
+                .iter()
+                .flat_map(|s| s.values.iter().flatten().copied()),
+        )
         .filter(|v| v.is_finite() && *v > 0.0);
     let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
     for v in values {
@@ -183,9 +187,15 @@ pub fn render(page: &Page) -> String {
 
 /// Layer labels along the bottom (every few layers), or global rows' names.
 fn ticks(page: &Page, s: &mut String, x: &dyn Fn(usize) -> f64) {
-    let layers = page.rows.iter().filter_map(|r| r.layer).max().map_or(0, |l| l + 1);
+    let layers = page
+        .rows
+        .iter()
+        .filter_map(|r| r.layer)
+        .max()
+        .map_or(0, |l| l + 1);
     let every = layers.div_ceil(16).max(1);
     let mut last = None;
+    let mut last_x = f64::NEG_INFINITY;
     let base = H - BOTTOM;
     for (i, r) in page.rows.iter().enumerate() {
         let label = match r.layer {
@@ -199,7 +209,9 @@ fn ticks(page: &Page, s: &mut String, x: &dyn Fn(usize) -> f64) {
             }
             None => None,
         };
-        if let Some(label) = label {
+        // A label too close to the previous one is left out.
+        if let Some(label) = label.filter(|l| x(i) - last_x > 7.0 * l.len().min(6) as f64) {
+            last_x = x(i);
             let _ = write!(
                 s,
                 "<line class=\"grid\" x1=\"{0:.1}\" x2=\"{0:.1}\" y1=\"{base}\" y2=\"{1}\"/><text class=\"ax\" x=\"{0:.1}\" y=\"{2}\" text-anchor=\"middle\">{3}</text>",

@@ -259,6 +259,7 @@ fn page_row(r: &Row, i: usize, ctx: &DiffContext) -> PageRow {
         equal_runs: r.equal.iter().map(|e| (e.slot, e.start, e.end)).collect(),
         inputs: ctx.inputs.get(i).cloned().unwrap_or_default(),
         details,
+        tokens: Vec::new(),
     }
 }
 

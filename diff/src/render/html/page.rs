@@ -95,6 +95,9 @@ pub struct PageRow {
     pub inputs: Vec<usize>,
     /// Further sections of the row's panel (statistics, causes).
     pub details: Vec<Detail>,
+    /// This row's own tokens by position, where its positions are not the
+    /// page's (one prompt of many); empty: [`Page::tokens`].
+    pub tokens: Vec<String>,
 }
 
 impl PageRow {
@@ -234,11 +237,7 @@ impl Page {
         }
         self.marks(&mut h);
         if !self.rows.is_empty() {
-            let _ = write!(
-                h,
-                "<h2>Error against depth</h2>{}",
-                chart::render(self)
-            );
+            let _ = write!(h, "<h2>Error against depth</h2>{}", chart::render(self));
             self.heatmap(&mut h);
             h.push_str("<div id=\"panel\" hidden></div>");
             self.tables(&mut h);
@@ -326,7 +325,12 @@ impl Page {
             h.push_str("</table>");
         }
         h.push_str("<div class=\"globals\">");
-        for (i, r) in self.rows.iter().enumerate().filter(|(_, r)| r.layer.is_none()) {
+        for (i, r) in self
+            .rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.layer.is_none())
+        {
             h.push_str("<table class=\"heat\"><tr>");
             self.cell(h, i);
             let _ = write!(h, "<th>{}</th></tr></table>", esc(&r.stage));
@@ -434,6 +438,9 @@ fn row_data(r: &PageRow) -> Value {
     }
     if !r.inputs.is_empty() {
         o["i"] = json!(r.inputs);
+    }
+    if !r.tokens.is_empty() {
+        o["t"] = json!(r.tokens);
     }
     if !r.details.is_empty() {
         o["d"] = json!(r

@@ -34,14 +34,14 @@
   }
   // One bar per position, height log-scaled, the prompt/decode border drawn.
   function strip(r) {
-    var ps = positions(r), n = ps.length;
+    var ps = positions(r), n = ps.length, toks = r.t || D.tokens;
     if (!n) return "<p class=\"dim\">no positions</p>";
-    var bw = Math.max(3, Math.min(22, Math.floor(900 / n))), hgt = 70, labels = n <= 64 && D.tokens.length;
+    var bw = Math.max(3, Math.min(22, Math.floor(900 / n))), hgt = 70, labels = n <= 64 && toks.length;
     var w = bw * n + 2, h = hgt + (labels ? 60 : 16), s = "";
     ps.forEach(function (p, i) {
       var d = p.y === null ? 0 : p.y <= 0 ? -9 : Math.log10(p.y);
       var bh = p.y === null ? hgt : Math.max(2, Math.min(hgt, (d + 9) / 9 * hgt));
-      var tok = D.tokens[p.pos], slot = p.slot === null || p.slot === undefined ? "" : " slot " + p.slot;
+      var tok = toks[p.pos], slot = p.slot === null || p.slot === undefined ? "" : " slot " + p.slot;
       var phase = D.prompt === null ? "" : p.pos < D.prompt ? " prefill" : " decode";
       s += "<rect x=\"" + (i * bw + 1) + "\" y=\"" + (hgt - bh) + "\" width=\"" + (bw - 1) + "\" height=\"" + bh +
         "\" fill=\"" + color(p.y) + "\"" + (p.fail ? " stroke=\"#000\" stroke-width=\"1\"" : "") +
