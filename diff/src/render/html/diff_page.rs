@@ -4,7 +4,6 @@
 //! each differing row's worst position.
 
 use super::page::{num, Detail, Marker, MarkerKind, Page, PageRow, PosValue, Series, Verdict};
-use crate::controls::At;
 use crate::graph::StageGraph;
 use crate::report::{Cause, Report, Row, Status};
 use crate::stat::{self, PosStat};
@@ -60,10 +59,11 @@ impl DiffContext {
                     .collect()
             })
             .collect();
+        let (ia, ib) = (entry_index(a), entry_index(b));
         let stats = report
             .rows
             .par_iter()
-            .map(|r| row_stats(r, a, b))
+            .map(|r| row_stats(r, [("A", a, &ia), ("B", b, &ib)]))
             .collect::<Result<_, Error>>()?;
         let (tokens, prompt_len) = tokens(&ma.run);
         Ok(DiffContext {
@@ -107,27 +107,54 @@ fn tokens(run: &capture::RunInfo) -> (Vec<String>, Option<u32>) {
     (text, prompt)
 }
 
-fn row_stats(r: &Row, a: &dyn Tree, b: &dyn Tree) -> Result<Vec<Detail>, Error> {
+/// Each tree's entries by (layer, stage, slot): one lookup per row instead
+/// of a scan of the manifest.
+type EntryIndex<'a> = HashMap<(Option<u32>, &'a str, Option<u32>), Vec<usize>>;
+
+fn entry_index(tree: &dyn Tree) -> EntryIndex<'_> {
+    let mut index: EntryIndex<'_> = HashMap::new();
+    for (i, e) in tree.manifest().entries.iter().enumerate() {
+        index
+            .entry((e.key.layer, e.key.stage.as_str(), e.key.slot))
+            .or_default()
+            .push(i);
+    }
+    index
+}
+
+/// `stat` of the row's worst position in one tree; `None` where the tree
+/// has no such tap (a row of the other side only).
+fn stat_at(tree: &dyn Tree, index: &EntryIndex<'_>, r: &Row) -> Result<Option<PosStat>, Error> {
+    let w = r.worst();
+    let m = tree.manifest();
+    let Some(&i) = index
+        .get(&(r.layer, r.stage.as_str(), w.slot))
+        .and_then(|list| list.iter().find(|&&i| m.entries[i].key.pos.contains(&w.pos)))
+    else {
+        return Ok(None);
+    };
+    let e = &m.entries[i];
+    let t = tree.read(i)?;
+    let rows = e.key.rows().max(1) as usize;
+    let width = t.bytes().len() / rows;
+    let row = (w.pos - e.key.pos.start) as usize;
+    let values = crate::metrics::decode(&t.bytes()[row * width..(row + 1) * width], e.dtype);
+    Ok(Some(stat::pos_stat(w.pos, &values)))
+}
+
+fn row_stats(
+    r: &Row,
+    sides: [(&str, &dyn Tree, &EntryIndex<'_>); 2],
+) -> Result<Vec<Detail>, Error> {
     if r.status == Status::Equal || r.positions.is_empty() {
         return Ok(Vec::new());
     }
-    let w = r.worst();
-    let at = At {
-        layer: r.layer,
-        stage: r.stage.clone(),
-        pos: Some(w.pos),
-        slot: w.slot,
-    };
     let mut out = Vec::new();
-    for (side, tree) in [("A", a), ("B", b)] {
-        // A row of one side only (MISMATCH by absence) has no tap here.
-        let Ok(s) = stat::stat(tree, Some(&at)) else {
-            continue;
-        };
-        if let Some(p) = s.taps.first().and_then(|t| t.positions.first()) {
+    for (side, tree, index) in sides {
+        if let Some(p) = stat_at(tree, index, r)? {
             out.push(Detail {
-                title: format!("stat {side}{}", w.label()),
-                lines: stat_lines(p),
+                title: format!("stat {side}{}", r.worst().label()),
+                lines: stat_lines(&p),
             });
         }
     }
