@@ -255,7 +255,10 @@ fn drift_html_marks_where_each_prompts_answers_part() {
     );
     assert_eq!(with.status.code(), Some(1), "{}", text(&with.stderr));
     let without = drift_gen(tmp.path(), &model, args[0], args[1], args[2], &["--json"]);
-    assert_eq!(with.stdout, without.stdout, "--html leaves the JSON as it was");
+    assert_eq!(
+        with.stdout, without.stdout,
+        "--html leaves the JSON as it was"
+    );
 
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("2 of 3 prompts part within 16 tokens"));

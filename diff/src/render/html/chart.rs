@@ -162,8 +162,15 @@ pub fn render(page: &Page) -> String {
             esc(&page.rows[m.row].name())
         );
     }
-    s.push_str("</svg><p class=\"legend\">");
-    for (name, color) in &families {
+    s.push_str("</svg>");
+    legend(page, &families, &mut s);
+    s
+}
+
+/// The families' colors and the series' dashes, under the chart.
+fn legend(page: &Page, families: &[(&str, &str)], s: &mut String) {
+    s.push_str("<p class=\"legend\">");
+    for (name, color) in families {
         let _ = write!(
             s,
             "<span class=\"swatch\" style=\"background:{color}\"></span>{name} "
@@ -182,7 +189,6 @@ pub fn render(page: &Page) -> String {
         "<span class=\"dim\">— y: {}, log scale; x: rows in forward order</span></p>",
         esc(&page.value_name)
     );
-    s
 }
 
 /// Layer labels along the bottom (every few layers), or global rows' names.

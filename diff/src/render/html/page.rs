@@ -101,6 +101,23 @@ pub struct PageRow {
 }
 
 impl PageRow {
+    /// A row with its verdict and value only; fill in what it has
+    /// (`positions`, `inputs`, `cells`, `details`) after.
+    pub fn new(layer: Option<u32>, stage: &str, verdict: Verdict, value: f64) -> PageRow {
+        PageRow {
+            layer,
+            stage: stage.to_string(),
+            verdict,
+            value,
+            cells: Vec::new(),
+            positions: Vec::new(),
+            equal_runs: Vec::new(),
+            inputs: Vec::new(),
+            details: Vec::new(),
+            tokens: Vec::new(),
+        }
+    }
+
     /// `L3/ffn_down` or `logits`.
     pub fn name(&self) -> String {
         match self.layer {
@@ -242,9 +259,9 @@ impl Page {
             h.push_str("<div id=\"panel\" hidden></div>");
             self.tables(&mut h);
         }
-        let _ = write!(
+        let _ = writeln!(
             h,
-            "<script type=\"application/json\" id=\"taptree-data\">{}</script><script>{}</script></body></html>\n",
+            "<script type=\"application/json\" id=\"taptree-data\">{}</script><script>{}</script></body></html>",
             self.data(),
             include_str!("report.js")
         );
@@ -450,4 +467,86 @@ fn row_data(r: &PageRow) -> Value {
             .collect::<Vec<_>>());
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page() -> Page {
+        let mut rows = vec![
+            PageRow::new(None, "embedding", Verdict::Equal, 0.0),
+            PageRow::new(Some(0), "attn", Verdict::Pass, 1e-5),
+            PageRow::new(Some(0), "x</script><b>", Verdict::Fail, 0.2),
+        ];
+        rows[2].positions = vec![
+            PosValue {
+                pos: 0,
+                slot: None,
+                value: 1e-5,
+                pass: true,
+            },
+            PosValue {
+                pos: 1,
+                slot: None,
+                value: f64::NAN,
+                pass: false,
+            },
+        ];
+        rows[2].inputs = vec![1];
+        rows[1].equal_runs = vec![(None, 0, 2)];
+        Page {
+            title: "t".into(),
+            headline: "diverged".into(),
+            red: true,
+            value_name: "error".into(),
+            rows,
+            markers: vec![Marker {
+                row: 2,
+                kind: MarkerKind::FirstDivergence,
+                label: "first diverging op".into(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn data(html: &str) -> Value {
+        let tag = "id=\"taptree-data\">";
+        let start = html.find(tag).unwrap() + tag.len();
+        let end = start + html[start..].find("</script>").unwrap();
+        serde_json::from_str(&html[start..end]).unwrap()
+    }
+
+    #[test]
+    fn a_name_cannot_close_the_script_and_reads_back() {
+        let html = page().render();
+        assert_eq!(html.matches("</script>").count(), 2, "{html}");
+        assert!(!html.contains("x</script><b>"));
+        assert!(!html[..html.find("<script").unwrap()].contains("<b>"));
+        let d = data(&html);
+        assert_eq!(d["rows"][2]["n"], "L0/x</script><b>");
+        // Not finite is null; failing positions by index; equal runs.
+        assert_eq!(d["rows"][2]["y"], json!([1e-5, null]));
+        assert_eq!(d["rows"][2]["f"], json!([1]));
+        assert_eq!(d["rows"][2]["i"], json!([1]));
+        assert_eq!(d["rows"][1]["e"], json!([[0, 2, null]]));
+        assert!(d["rows"][0].get("f").is_none());
+    }
+
+    #[test]
+    fn the_summary_reads_without_the_script() {
+        let html = page().render();
+        let body = &html[..html.find("<script").unwrap()];
+        // The marker as a sentence and in the chart, the red row in its table.
+        assert!(body.contains(
+            "first diverging op: <a href=\"#row=L0/x&lt;/script&gt;&lt;b&gt;\" data-row=\"2\">"
+        ));
+        assert!(body.contains("first diverging op L0/x&lt;/script&gt;"));
+        assert!(body.contains("<h2>Red rows (1)</h2>"));
+        assert!(body.contains("<svg class=\"chart\""));
+        let mut ok = page();
+        ok.rows.truncate(2);
+        ok.markers.clear();
+        assert!(ok.render().contains("<p>No red rows.</p>"));
+    }
 }
