@@ -5,7 +5,7 @@
 
 use super::page::{num, Detail, Marker, MarkerKind, Page, PageRow, PosValue, Series, Verdict};
 use crate::graph::StageGraph;
-use crate::report::{Cause, Report, Row, Status};
+use crate::report::{Cause, Outcome, Report, Row, Status};
 use crate::stat::{self, PosStat};
 use crate::tolerance::short;
 use crate::tree::Tree;
@@ -149,7 +149,8 @@ fn row_stats(
     r: &Row,
     sides: [(&str, &dyn Tree, &EntryIndex<'_>); 2],
 ) -> Result<Vec<Detail>, Error> {
-    if r.status == Status::Equal || r.positions.is_empty() {
+    // An unreadable row's tap cannot be read again here.
+    if matches!(r.status, Status::Equal | Status::Unreadable) || r.positions.is_empty() {
         return Ok(Vec::new());
     }
     let mut out = Vec::new();
@@ -203,14 +204,19 @@ fn verdict(s: Status) -> Verdict {
         Status::Fail => Verdict::Fail,
         Status::Mismatch => Verdict::Mismatch,
         Status::Degenerate => Verdict::Degenerate,
+        Status::Unreadable => Verdict::Unreadable,
     }
 }
 
 fn cause(c: &Option<Cause>) -> String {
     match c {
         Some(Cause::Origin) => "origin".to_string(),
-        Some(Cause::GrewFrom { from }) => format!("grew past tolerance from {}", from.join(", ")),
-        Some(Cause::Inherited { from }) => format!("inherited from {}", from.join(", ")),
+        Some(Cause::GrewFrom { from }) => {
+            format!("grew past tolerance from {}", crate::render::names(from))
+        }
+        Some(Cause::Inherited { from }) => {
+            format!("inherited from {}", crate::render::names(from))
+        }
         None => String::new(),
     }
 }
@@ -243,10 +249,15 @@ fn page_row(r: &Row, i: usize, ctx: &DiffContext) -> PageRow {
         cause(&r.cause),
     ];
     let mut details = Vec::new();
-    if !r.reasons.is_empty() || r.cause.is_some() || r.hint.is_some() {
+    if !r.reasons.is_empty() || r.cause.is_some() || r.hint.is_some() || r.unreadable.is_some() {
         let mut lines: Vec<String> = r.reasons.clone();
         lines.extend(r.cause.as_ref().map(|_| cause(&r.cause)));
         lines.extend(r.hint.clone());
+        lines.extend(
+            r.unreadable
+                .as_ref()
+                .map(|why| format!("unreadable: {why}")),
+        );
         details.push(Detail {
             title: "verdict".into(),
             lines,
@@ -311,7 +322,7 @@ pub fn page(report: &Report, ctx: &DiffContext) -> Page {
                     t.backend,
                     t.precision,
                     t.taps,
-                    crate::walk::short_hash(&t.root)
+                    crate::render::short_hash(&t.root)
                 ),
             ));
         }
@@ -362,8 +373,11 @@ pub fn page(report: &Report, ctx: &DiffContext) -> Page {
     }
     Page {
         title: "taptree diff".into(),
-        headline: report.summary.clone(),
-        red: report.outcome.exit_code() != 0,
+        headline: crate::render::summary(report),
+        red: !matches!(
+            report.outcome,
+            Outcome::Identical | Outcome::WithinTolerance
+        ),
         facts,
         notes,
         value_name: "relative RMS error of B against A".into(),

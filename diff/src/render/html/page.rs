@@ -28,6 +28,8 @@ pub enum Verdict {
     Mismatch,
     /// Within tolerance, but a side is degenerate: not agreement.
     Degenerate,
+    /// A tap could not be read: no verdict.
+    Unreadable,
 }
 
 impl Verdict {
@@ -38,6 +40,7 @@ impl Verdict {
             Verdict::Fail => "FAIL",
             Verdict::Mismatch => "MISMATCH",
             Verdict::Degenerate => "DEGENERATE",
+            Verdict::Unreadable => "UNREADABLE",
         }
     }
 
@@ -206,6 +209,7 @@ pub(super) fn color(verdict: Verdict, value: f64) -> &'static str {
     match verdict {
         Verdict::Mismatch => "#7b1fa2",
         Verdict::Degenerate => "#f9a825",
+        Verdict::Unreadable => "#616161",
         Verdict::Equal => "#e8f5e9",
         _ if !value.is_finite() || value >= 1e-1 => "#b71c1c",
         _ if value >= 1e-2 => "#e53935",
@@ -216,7 +220,7 @@ pub(super) fn color(verdict: Verdict, value: f64) -> &'static str {
     }
 }
 
-const LEGEND: [(&str, Verdict, f64); 9] = [
+const LEGEND: [(&str, Verdict, f64); 10] = [
     ("equal", Verdict::Equal, 0.0),
     ("< 1e-6", Verdict::Pass, 1e-7),
     ("< 1e-4", Verdict::Pass, 1e-5),
@@ -226,6 +230,7 @@ const LEGEND: [(&str, Verdict, f64); 9] = [
     ("≥ 0.1", Verdict::Pass, 1.0),
     ("dtype/shape mismatch", Verdict::Mismatch, 0.0),
     ("degenerate", Verdict::Degenerate, 0.0),
+    ("unreadable", Verdict::Unreadable, 0.0),
 ];
 
 impl Page {
