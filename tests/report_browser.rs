@@ -53,7 +53,7 @@ fn click(report: &Path, cells: &[&str]) -> Value {
 /// f32, q8 and the f64 truth captured, f32 diffed against q8 into `html`.
 /// Returns the diff's JSON report.
 fn demo(dir: &Path, html: &Path) -> Value {
-    let model = kernels::fixtures::write("tiny-outlier", dir).unwrap();
+    let model = fixtures::write("tiny-outlier", dir).unwrap();
     for p in ["f32", "q8", "f64"] {
         let o = taptree(&[
             &"capture",

@@ -4,7 +4,6 @@ pub mod bisect;
 pub mod capture;
 pub mod diff;
 pub mod drift;
-pub mod drift_html;
 pub mod engine;
 pub mod ls;
 pub mod stat;

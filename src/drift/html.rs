@@ -4,7 +4,7 @@
 //! the first prompt whose answers part and the prompt with the largest
 //! logits error are marked.
 
-use super::drift::{PromptKind, Report};
+use super::{DriftReport as Report, PromptKind};
 use diff::render::html::{Detail, Marker, MarkerKind, Page, PageRow, PosValue, Verdict};
 
 fn kind(k: PromptKind) -> &'static str {
