@@ -29,6 +29,10 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Also write a self-contained HTML report: each prompt's logits error
+    /// per generated token, where the answers part.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
@@ -55,6 +59,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             }
         },
     )?;
+    if let Some(path) = &args.html {
+        std::fs::write(path, drift::html::page(&report).render())
+            .with_context(|| format!("{}", path.display()))?;
+    }
     if args.json {
         let mut out = std::io::stdout().lock();
         serde_json::to_writer_pretty(&mut out, &report)?;

@@ -21,6 +21,7 @@
 //!
 //! [`run`] computes a [`DriftReport`]; [`render`] presents it.
 
+pub mod html;
 pub mod render;
 
 use std::collections::BTreeMap;
@@ -293,6 +294,12 @@ pub struct PromptDrift {
     /// B's answer as text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub b_text: Option<String>,
+    /// The logits' cosine at each step (for the HTML report).
+    #[serde(skip)]
+    pub step_cos: Vec<f64>,
+    /// A's tokens as text, one per step (for the HTML report).
+    #[serde(skip)]
+    pub a_pieces: Vec<String>,
 }
 
 /// Everything drift found.
@@ -391,10 +398,12 @@ pub fn drift_one(
     let mut bitwise = true;
     let mut parting: Option<Parting> = None;
     let mut a_tokens = Vec::new();
+    let mut step_cos = Vec::new();
     for step in 0..gen {
         let m = compare_logits(&la, &lb);
         bitwise &= m.bitwise();
         let cos = m.cos;
+        step_cos.push(cos);
         if cos < min_cos || cos.is_nan() {
             (min_cos, min_cos_pos) = (cos, pos);
         }
@@ -439,6 +448,10 @@ pub fn drift_one(
         }
     };
     let text = |t: &[u32]| tok.and_then(|k| k.decode(t).ok());
+    let a_pieces = a_tokens
+        .iter()
+        .map(|&t| piece(t).unwrap_or_else(|| format!("#{t}")))
+        .collect();
     Ok(PromptDrift {
         line: prompt.line,
         kind: prompt.kind,
@@ -454,6 +467,8 @@ pub fn drift_one(
         b_text: text(&b_tokens),
         a_tokens,
         b_tokens,
+        step_cos,
+        a_pieces,
     })
 }
 
