@@ -1,0 +1,238 @@
+//! `taptree replay` end to end: on the fixture models (every op of an f32
+//! tree recomputes bit for bit in f32; a q8 tree's matmuls carry local
+//! error, its norms and adds none; a planted single-op change is named
+//! exactly; what cannot be replayed is exit 2), and where it is cached or
+//! under CI on SmolLM2 and llama.cpp (per-op conformance of `--precision
+//! llamacpp`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+use serde_json::Value;
+
+/// In-process captures arm one global tap sink: one at a time.
+static CAPTURE: Mutex<()> = Mutex::new(());
+
+fn taptree() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_taptree"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("TAPTREE_ACT_") || k == "TAPTREE_OUT" || k == "TAPTREE_SELECT" {
+            c.env_remove(k);
+        }
+    }
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    taptree().args(args).output().expect("taptree runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("exited")
+}
+
+fn fixture(dir: &Path, name: &str) -> String {
+    kernels::fixtures::write(name, dir)
+        .unwrap()
+        .display()
+        .to_string()
+}
+
+const TOKENS: &str = "0,75,108,35,104";
+
+fn capture(model: &str, out: &Path, extra: &[&str]) {
+    let mut args = vec![
+        "capture",
+        "--model",
+        model,
+        "--tokens",
+        TOKENS,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let o = run(&args);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+}
+
+/// `taptree replay TREE --model M ARGS --json`: its exit code and report.
+fn replay_json(tree: &Path, model: &str, extra: &[&str]) -> (i32, Value) {
+    let mut args = vec!["replay", tree.to_str().unwrap(), "--model", model, "--json"];
+    args.extend_from_slice(extra);
+    let o = run(&args);
+    let c = code(&o);
+    assert!(c == 0 || c == 1, "exit {c}: {}", text(&o));
+    (c, serde_json::from_slice(&o.stdout).expect("JSON report"))
+}
+
+fn rows(report: &Value) -> &Vec<Value> {
+    report["rows"].as_array().unwrap()
+}
+
+fn err(row: &Value) -> f64 {
+    row["local_error"].as_f64().unwrap_or(f64::INFINITY)
+}
+
+fn row_name(row: &Value) -> String {
+    match row["layer"].as_u64() {
+        Some(l) => format!("L{l}/{}", row["stage"].as_str().unwrap()),
+        None => row["stage"].as_str().unwrap().to_string(),
+    }
+}
+
+const MATMULS: [&str; 8] = [
+    "q_proj", "k_proj", "v_proj", "o_proj", "ffn_gate", "ffn_up", "ffn_down", "logits",
+];
+
+fn is_matmul(row: &Value) -> bool {
+    MATMULS.contains(&row["stage"].as_str().unwrap())
+}
+
+#[test]
+fn every_op_of_an_f32_tree_recomputes_bit_for_bit_in_f32_and_within_tolerance_in_f64() {
+    let d = tempfile::tempdir().unwrap();
+    let m = fixture(d.path(), "tiny-q");
+    let tree = d.path().join("f32");
+    // A prefill and three decode steps: decode attention reads the keys of
+    // the prefill tap and of the earlier steps.
+    capture(&m, &tree, &["--gen", "3"]);
+    let (c, r) = replay_json(&tree, &m, &["--precision", "f32"]);
+    assert_eq!(c, 0);
+    let n_stages = 1 + 15 * 2 + 2;
+    assert_eq!(rows(&r).len(), n_stages);
+    for row in rows(&r) {
+        assert_eq!(err(row), 0.0, "{}: {row}", row_name(row));
+        assert_eq!(row["whole"]["bitwise_equal"], row["whole"]["n"], "{row}");
+        assert_eq!(row["positions"], 8, "{}", row_name(row));
+    }
+    // In f64 every op is within tolerance but not exact: f32 rounding.
+    let (c, r) = replay_json(&tree, &m, &[]);
+    assert_eq!(c, 0, "{r}");
+    assert_eq!(r["precision"], "f64");
+    assert!(rows(&r).iter().all(|row| err(row) < 1e-5), "{r}");
+    assert!(rows(&r).iter().filter(|r| is_matmul(r)).all(|row| err(row) > 0.0));
+    // The red case: the same tree held to a tolerance below f32's rounding.
+    let (c, r) = replay_json(&tree, &m, &["--tolerance", "1e-9"]);
+    assert_eq!(c, 1);
+    assert!(r["rows_above"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn a_q8_trees_matmuls_carry_local_error_and_its_norms_and_adds_none() {
+    let d = tempfile::tempdir().unwrap();
+    let m = fixture(d.path(), "tiny-q");
+    let tree = d.path().join("q8");
+    capture(&m, &tree, &["--precision", "q8", "--gen", "2"]);
+    let (c, r) = replay_json(&tree, &m, &[]);
+    assert_eq!(c, 1, "q8 matmuls must be above the default tolerance");
+    for row in rows(&r) {
+        if is_matmul(row) {
+            assert!(row["above"].as_bool().unwrap(), "{}: {}", row_name(row), err(row));
+            assert!(err(row) > 1e-4, "{}: {}", row_name(row), err(row));
+        } else {
+            // Norms, RoPE, attention, SwiGLU, adds: f32 rounding only.
+            assert!(err(row) < 1e-6, "{}: {}", row_name(row), err(row));
+        }
+    }
+    let largest = &rows(&r)[r["largest"].as_u64().unwrap() as usize];
+    assert!(is_matmul(largest), "{largest}");
+    // Replayed in q8 arithmetic, the q8 tree conforms exactly.
+    let (c, r) = replay_json(&tree, &m, &["--precision", "q8"]);
+    assert_eq!(c, 0, "{r}");
+    assert!(rows(&r).iter().all(|row| err(row) == 0.0), "{r}");
+}
+
+/// The tree at `orig` with `L{layer}/attn` of its first tap recomputed with
+/// its attention scores scaled by `scale` (the query scaled), and every op
+/// after it in forward order recomputed in f32 from the changed values, as
+/// a forward with that one op changed would have computed them: written to
+/// `out`.
+fn plant_attention_scale(model_file: &str, orig: &Path, out: &Path, layer: u32, scale: f32) {
+    use capture::{Capture, CaptureOptions, Selection, TreeReader};
+    use kernels::cpu::attention::{attention, Heads};
+    use kernels::cpu::weights::DenseWeights;
+    use replay::ops::{Arith, Ops};
+    use replay::taps::Taps;
+
+    let tree = TreeReader::open(orig).unwrap();
+    let model = kernels::load::load_model(model_file).unwrap();
+    let dense = DenseWeights::new(&model.weights).unwrap();
+    let cfg = &model.weights.config;
+    let m = tree.manifest().clone();
+    let mut taps = Taps::load(&tree, false).unwrap();
+    let ops = Ops::new(cfg, &dense, &m.run, orig.to_path_buf(), Arith::F32).unwrap();
+    let at = m
+        .entries
+        .iter()
+        .position(|e| e.key.stage == "attn" && e.key.layer == Some(layer))
+        .unwrap();
+    let k = &m.entries[at].key;
+    let (pos, li) = (k.pos.start..k.pos.end, Some(layer));
+    let (q_w, kv_w) = (cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim);
+    let mut q = taps.get::<f32>(("q_rope", li, None), pos.clone(), q_w, "plant").unwrap();
+    q.iter_mut().for_each(|x| *x *= scale);
+    let kk = taps.get::<f32>(("k_rope", li, None), 0..pos.end, kv_w, "plant").unwrap();
+    let v = taps.get::<f32>(("v_proj", li, None), 0..pos.end, kv_w, "plant").unwrap();
+    let heads = Heads {
+        n_head: cfg.n_head,
+        n_head_kv: cfg.n_head_kv,
+        head_dim: cfg.head_dim,
+    };
+    let a = attention(&q, pos.len(), pos.start as usize, &kk, &v, heads);
+    let wide: Vec<f64> = a.iter().map(|x| *x as f64).collect();
+    taps.overwrite(&("attn".into(), li, None), pos, &wide);
+    for e in &m.entries[at + 1..] {
+        let k = &e.key;
+        let pos = k.pos.start..k.pos.end;
+        let v = ops
+            .recompute(&taps, &k.stage, k.layer, k.slot, pos.clone())
+            .unwrap();
+        taps.overwrite(&(k.stage.clone(), k.layer, k.slot), pos, &v);
+    }
+    let _one = CAPTURE.lock().unwrap_or_else(|e| e.into_inner());
+    let cap = Capture::start(CaptureOptions {
+        out: out.to_path_buf(),
+        selection: Selection::all(),
+        force: false,
+        stages: m.stages.clone(),
+        run: m.run.clone(),
+    })
+    .unwrap();
+    for e in &m.entries {
+        let k = &e.key;
+        let pos = k.pos.start..k.pos.end;
+        let width: usize = e.shape[1..].iter().product();
+        let v = taps
+            .get::<f32>((&k.stage, k.layer, k.slot), pos.clone(), width, "write")
+            .unwrap();
+        capture::tap(&k.stage, k.layer, pos, k.slot, &e.shape, &v);
+    }
+    cap.finish().unwrap();
+}
+
+#[test]
+fn a_planted_attention_change_is_named_exactly_where_the_diff_blames_a_later_op() {
+    let d = tempfile::tempdir().unwrap();
+    let m = fixture(d.path(), "tiny-q");
+    let orig = d.path().join("f32");
+    capture(&m, &orig, &["--gen", "2"]);
+    for scale in [1.01f32, 1.03, 1.1, 1.3] {
+        let planted = d.path().join(format!("planted-{scale}"));
+        plant_attention_scale(&m, &orig, &planted, 0, scale);
+        let (c, r) = replay_json(&planted, &m, &[]);
+        let o = run(&["diff", orig.to_str().unwrap(), planted.to_str().unwrap()]);
+        eprintln!("scale {scale}: replay exit {c}, above {}, largest {}", r["rows_above"], row_name(&rows(&r)[r["largest"].as_u64().unwrap() as usize]));
+        let t = text(&o);
+        eprintln!("{}", t.lines().filter(|l| l.contains("first diverging") || l.starts_with("L0/attn") || l.starts_with("L0/o_proj")).collect::<Vec<_>>().join("\n"));
+    }
+    panic!("experiment");
+}
