@@ -107,12 +107,12 @@ fn every_op_of_an_f32_tree_recomputes_bit_for_bit_in_f32_and_within_tolerance_in
     capture(&m, &tree, &["--gen", "3"]);
     let (c, r) = replay_json(&tree, &m, &["--precision", "f32"]);
     assert_eq!(c, 0);
-    let n_stages = 1 + 15 * 2 + 2;
+    let n_stages = 1 + 15 * 3 + 2;
     assert_eq!(rows(&r).len(), n_stages);
     for row in rows(&r) {
         assert_eq!(err(row), 0.0, "{}: {row}", row_name(row));
         assert_eq!(row["whole"]["bitwise_equal"], row["whole"]["n"], "{row}");
-        assert_eq!(row["positions"], 8, "{}", row_name(row));
+        assert_eq!(row["positions"], 7, "{}", row_name(row));
     }
     // In f64 every op is within tolerance but not exact: f32 rounding.
     let (c, r) = replay_json(&tree, &m, &[]);
@@ -225,14 +225,140 @@ fn a_planted_attention_change_is_named_exactly_where_the_diff_blames_a_later_op(
     let m = fixture(d.path(), "tiny-q");
     let orig = d.path().join("f32");
     capture(&m, &orig, &["--gen", "2"]);
-    for scale in [1.01f32, 1.03, 1.1, 1.3] {
-        let planted = d.path().join(format!("planted-{scale}"));
-        plant_attention_scale(&m, &orig, &planted, 0, scale);
-        let (c, r) = replay_json(&planted, &m, &[]);
-        let o = run(&["diff", orig.to_str().unwrap(), planted.to_str().unwrap()]);
-        eprintln!("scale {scale}: replay exit {c}, above {}, largest {}", r["rows_above"], row_name(&rows(&r)[r["largest"].as_u64().unwrap() as usize]));
-        let t = text(&o);
-        eprintln!("{}", t.lines().filter(|l| l.contains("first diverging") || l.starts_with("L0/attn") || l.starts_with("L0/o_proj")).collect::<Vec<_>>().join("\n"));
+    // L0's attention scores 1.2% sharper; everything after it follows.
+    let planted = d.path().join("planted");
+    plant_attention_scale(&m, &orig, &planted, 0, 1.012);
+    let (c, r) = replay_json(&orig, &m, &[]);
+    assert_eq!(c, 0, "the unchanged tree: {r}");
+    let (c, r) = replay_json(&planted, &m, &[]);
+    assert_eq!(c, 1);
+    let above: Vec<String> = rows(&r)
+        .iter()
+        .filter(|row| row["above"].as_bool().unwrap())
+        .map(row_name)
+        .collect();
+    assert_eq!(above, ["L0/attn"], "replay must name exactly the planted op");
+    let largest = &rows(&r)[r["largest"].as_u64().unwrap() as usize];
+    assert_eq!(row_name(largest), "L0/attn");
+    // Every op downstream inherited the change and carries none of its own.
+    assert!(rows(&r)
+        .iter()
+        .filter(|row| row_name(row) != "L0/attn")
+        .all(|row| err(row) < 1e-6));
+    // The diff's threshold lets the planted op through and blames an op
+    // 22 rows later, where the inherited error grew past it.
+    let o = run(&["diff", orig.to_str().unwrap(), planted.to_str().unwrap()]);
+    assert_eq!(code(&o), 1, "{}", text(&o));
+    let t = text(&o);
+    let blamed = t
+        .lines()
+        .find_map(|l| l.strip_prefix("first diverging op: "))
+        .unwrap_or_else(|| panic!("{t}"));
+    assert!(blamed.starts_with("L1/ffn_down"), "{blamed}");
+    // The table says it too.
+    let o = run(&["replay", planted.to_str().unwrap(), "--model", &m]);
+    assert_eq!(code(&o), 1);
+    assert!(
+        text(&o).contains("largest local error: L0/attn "),
+        "{}",
+        text(&o)
+    );
+}
+
+/// Exit 2, with `needle` in the message.
+fn refused(args: &[&str], needle: &str) {
+    let o = run(args);
+    assert_eq!(code(&o), 2, "{args:?}: {}", text(&o));
+    assert!(text(&o).contains(needle), "{args:?}: expected {needle:?} in {}", text(&o));
+}
+
+#[test]
+fn what_cannot_be_replayed_is_exit_2_naming_the_tap_and_why() {
+    let d = tempfile::tempdir().unwrap();
+    let m = fixture(d.path(), "tiny-q");
+    let other = kernels::fixtures::write("tiny-f32", &d.path().join("other"))
+        .unwrap()
+        .display()
+        .to_string();
+    let full = d.path().join("full");
+    capture(&m, &full, &[]);
+    let full_s = full.to_str().unwrap();
+    // Another model than the one the tree ran.
+    refused(
+        &["replay", full_s, "--model", &other],
+        "the tree was captured from a model with blake3",
+    );
+    // A tree holding ffn_down but not its input.
+    let part = d.path().join("part");
+    capture(&m, &part, &["--select", "stage=ffn_down"]);
+    refused(
+        &["replay", part.to_str().unwrap(), "--model", &m],
+        "cannot replay L0/ffn_down@0..5: its input L0/ffn_swiglu@0 is not in the tree",
+    );
+    refused(
+        &["replay", full_s, "--model", &m, "--precision", "f16"],
+        "--precision: bad value \"f16\"",
+    );
+    refused(
+        &["replay", full_s, "--model", &m, "--select", "stage=nothing"],
+        "no tap matches the selection",
+    );
+    refused(
+        &["replay", d.path().join("absent").to_str().unwrap(), "--model", &m],
+        "absent",
+    );
+    // A stage with no computation, and a layout nobody knows.
+    let odd = d.path().join("odd");
+    write_tree(&odd, &full, |stages| {
+        stages.push(capture::StageSpec::layer("my_op", &["attn"]));
+    }, Some("my_op"));
+    refused(
+        &["replay", odd.to_str().unwrap(), "--model", &m],
+        "stage my_op (per layer) has no defined computation for a llama model",
+    );
+    // ... which --select leaves out.
+    let o = run(&["replay", odd.to_str().unwrap(), "--model", &m, "--select", "stage=attn_norm,q_proj"]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    let lay = d.path().join("layout");
+    write_tree(&lay, &full, |stages| {
+        let q = stages.iter_mut().find(|s| s.name == "q_proj").unwrap();
+        q.layout.insert("rotary".into(), serde_json::json!("diagonal"));
+    }, None);
+    refused(
+        &["replay", lay.to_str().unwrap(), "--model", &m],
+        "stage q_proj: rotary \"diagonal\"",
+    );
+}
+
+/// A copy of the tree at `from` written to `out` with its vocabulary
+/// edited, plus (with `extra`) one tap of that stage at L0.
+fn write_tree(
+    out: &Path,
+    from: &Path,
+    edit: impl FnOnce(&mut Vec<capture::StageSpec>),
+    extra: Option<&str>,
+) {
+    use capture::{Capture, CaptureOptions, Selection, TreeReader};
+    let tree = TreeReader::open(from).unwrap();
+    let m = tree.manifest().clone();
+    let mut stages = m.stages.clone();
+    edit(&mut stages);
+    let _one = CAPTURE.lock().unwrap_or_else(|e| e.into_inner());
+    let cap = Capture::start(CaptureOptions {
+        out: out.to_path_buf(),
+        selection: Selection::all(),
+        force: false,
+        stages,
+        run: m.run.clone(),
+    })
+    .unwrap();
+    for e in &m.entries {
+        let v: Vec<f32> = tree.read(e).unwrap().to_f64().iter().map(|x| *x as f32).collect();
+        let k = &e.key;
+        capture::tap(&k.stage, k.layer, k.pos.clone(), k.slot, &e.shape, &v);
     }
-    panic!("experiment");
+    if let Some(stage) = extra {
+        capture::tap(stage, Some(0), 0..1, None, &[1, 2], &[1.0f32, 2.0]);
+    }
+    cap.finish().unwrap();
 }
