@@ -256,7 +256,9 @@ fn a_planted_attention_change_is_named_exactly_where_the_diff_blames_a_later_op(
         .unwrap_or_else(|| panic!("{t}"));
     assert!(blamed.starts_with("L1/ffn_down"), "{blamed}");
     // The table says it too.
+    eprintln!("$ taptree diff f32 planted\n{t}");
     let o = run(&["replay", planted.to_str().unwrap(), "--model", &m]);
+    eprintln!("$ taptree replay planted --model tiny-q.gguf\n{}", text(&o));
     assert_eq!(code(&o), 1);
     assert!(
         text(&o).contains("largest local error: L0/attn "),

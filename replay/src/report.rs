@@ -203,7 +203,9 @@ pub fn replay(tree: &dyn Tree, model: &Model, opts: &Options) -> Result<Report, 
                 &f64_bytes(&got[at]),
                 capture::DType::F64,
             );
-            let metrics = acc.metrics();
+            let mut metrics = acc.metrics();
+            // Both sides were widened to f64: an f64 ULP distance says nothing.
+            metrics.max_ulp = None;
             let err = badness(&metrics);
             if row.worst.as_ref().is_none_or(|w| err > w.0) {
                 row.worst = Some((err, p, k.slot, metrics));
@@ -215,7 +217,8 @@ pub fn replay(tree: &dyn Tree, model: &Model, opts: &Options) -> Result<Report, 
         .into_iter()
         .filter_map(|b| {
             let (_, worst_pos, worst_slot, worst) = b.worst?;
-            let whole = b.whole.metrics();
+            let mut whole = b.whole.metrics();
+            whole.max_ulp = None;
             let local_error = whole.rel_rms;
             Some(Row {
                 above: !(local_error <= opts.tolerance) || whole.nonfinite_mismatch > 0,
