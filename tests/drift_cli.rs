@@ -233,3 +233,47 @@ fn drift_switches_an_op_family_through_the_arm() {
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["prompts"][0]["bitwise"], true, "{report:#}");
 }
+
+#[test]
+fn drift_html_marks_where_each_prompts_answers_part() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = kernels::fixtures::write("tiny-outlier", tmp.path()).unwrap();
+    std::fs::write(
+        tmp.path().join("prompts.txt"),
+        "chat: Hello there\ntext: The quick brown fox\ntokens: 0 35 133 63 256\n",
+    )
+    .unwrap();
+    let html = tmp.path().join("drift.html");
+    let args = ["precision=f32", "precision=q8", "16"];
+    let with = drift_gen(
+        tmp.path(),
+        &model,
+        args[0],
+        args[1],
+        args[2],
+        &["--json", "--html", html.to_str().unwrap()],
+    );
+    assert_eq!(with.status.code(), Some(1), "{}", text(&with.stderr));
+    let without = drift_gen(tmp.path(), &model, args[0], args[1], args[2], &["--json"]);
+    assert_eq!(with.stdout, without.stdout, "--html leaves the JSON as it was");
+
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("2 of 3 prompts part within 16 tokens"));
+    assert!(
+        page.contains("first prompt whose answers part: <a href=\"#row=prompt 1\""),
+        "the marker names prompt 1"
+    );
+    // The per-step data: prompt 1 parts at step 11, prompt 3 at step 5, the
+    // plain text never; one value per generated token.
+    let start = page.find("id=\"taptree-data\">").unwrap() + "id=\"taptree-data\">".len();
+    let end = start + page[start..].find("</script>").unwrap();
+    let data: Value = serde_json::from_str(&page[start..end]).unwrap();
+    let rows = data["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    assert_eq!(rows[0]["f"], serde_json::json!([11]));
+    assert_eq!(rows[2]["f"], serde_json::json!([5]));
+    assert!(rows[1].get("f").is_none(), "{}", rows[1]);
+    assert_eq!(rows[1]["p"].as_array().unwrap().len(), 16);
+    assert_eq!(rows[0]["v"], "FAIL");
+    assert_eq!(rows[1]["v"], "ok");
+}

@@ -161,6 +161,23 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             "generated_tokens".into(),
             serde_json::json!(gens.iter().map(|g| &g.tokens).collect::<Vec<_>>()),
         );
+        // Each position's token as text, for reports (one list per sequence).
+        if let Some(t) = &model.tokenizer {
+            let pieces: Vec<Vec<String>> = seqs
+                .iter()
+                .zip(&gens)
+                .map(|(s, g)| {
+                    s.tokens
+                        .iter()
+                        .chain(&g.tokens)
+                        .map(|&id| t.decode(&[id]).unwrap_or_else(|_| format!("#{id}")))
+                        .collect()
+                })
+                .collect();
+            c.run_mut()
+                .extra
+                .insert("token_pieces".into(), serde_json::json!(pieces));
+        }
     }
 
     println!(

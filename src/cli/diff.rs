@@ -76,7 +76,9 @@ pub struct Args {
     /// The report as JSON on stdout (schema in docs/GUIDE.md).
     #[arg(long)]
     pub json: bool,
-    /// Also write a self-contained HTML report (layer × stage heatmap).
+    /// Also write a self-contained HTML report: a chart of error against
+    /// depth, a layer × stage heatmap whose cells open each op's positions,
+    /// inputs and statistics, and the red rows.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
     /// Every metric column: max rel, RMSE, NMSE, SQNR, max ULP, equal, argmax.
@@ -244,7 +246,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     }
 
     if let Some(path) = &args.html {
-        std::fs::write(path, diff::render::html::render(&report))
+        let ctx = diff::render::html::DiffContext::read(&report, a_ref, b_ref)?;
+        std::fs::write(path, diff::render::html::render_diff(&report, &ctx))
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
     if args.json {

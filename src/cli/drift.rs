@@ -51,6 +51,10 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Also write a self-contained HTML report: each prompt's logits error
+    /// per generated token, where the answers part.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 /// One configuration of the forward.
@@ -192,6 +196,12 @@ pub struct PromptDrift {
     pub a_text: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub b_text: Option<String>,
+    /// The logits' cosine at each step (for the HTML report).
+    #[serde(skip)]
+    pub step_cos: Vec<f64>,
+    /// A's tokens as text, one per step (for the HTML report).
+    #[serde(skip)]
+    pub a_pieces: Vec<String>,
 }
 
 /// Everything drift found.
@@ -266,10 +276,12 @@ fn drift_one(
     let mut bitwise = true;
     let mut parting: Option<Parting> = None;
     let mut a_tokens = Vec::new();
+    let mut step_cos = Vec::new();
     for step in 0..gen {
         let m = compare_logits(&la, &lb);
         bitwise &= m.bitwise();
         let cos = m.cos;
+        step_cos.push(cos);
         if cos < min_cos || cos.is_nan() {
             (min_cos, min_cos_pos) = (cos, pos);
         }
@@ -327,6 +339,11 @@ fn drift_one(
         parting,
         a_text: text(&a_tokens),
         b_text: text(&b_tokens),
+        step_cos,
+        a_pieces: a_tokens
+            .iter()
+            .map(|&t| piece(t).unwrap_or_else(|| format!("#{t}")))
+            .collect(),
         a_tokens,
         b_tokens,
     })
@@ -370,6 +387,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         b: arm_b,
         prompts: results,
     };
+    if let Some(path) = &args.html {
+        std::fs::write(path, super::drift_html::page(&report).render())
+            .with_context(|| format!("{}", path.display()))?;
+    }
     if args.json {
         let mut out = std::io::stdout().lock();
         serde_json::to_writer_pretty(&mut out, &report)?;

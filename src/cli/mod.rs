@@ -4,6 +4,7 @@ pub mod bisect;
 pub mod capture;
 pub mod diff;
 pub mod drift;
+pub mod drift_html;
 pub mod engine;
 pub mod ls;
 pub mod replay;
