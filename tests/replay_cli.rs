@@ -255,9 +255,17 @@ fn a_planted_attention_change_is_named_exactly_where_the_diff_blames_a_later_op(
         .find_map(|l| l.strip_prefix("first diverging op: "))
         .unwrap_or_else(|| panic!("{t}"));
     assert!(blamed.starts_with("L1/ffn_down"), "{blamed}");
-    // The table says it too.
     eprintln!("$ taptree diff f32 planted\n{t}");
-    let o = run(&["replay", planted.to_str().unwrap(), "--model", &m]);
+    // The table says it too, and the HTML report marks it.
+    let html = d.path().join("replay.html");
+    let o = run(&[
+        "replay",
+        planted.to_str().unwrap(),
+        "--model",
+        &m,
+        "--html",
+        html.to_str().unwrap(),
+    ]);
     eprintln!("$ taptree replay planted --model tiny-q.gguf\n{}", text(&o));
     assert_eq!(code(&o), 1);
     assert!(
@@ -265,6 +273,9 @@ fn a_planted_attention_change_is_named_exactly_where_the_diff_blames_a_later_op(
         "{}",
         text(&o)
     );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("1 of 48 ops above 1.0e-4 local error; largest L0/attn"));
+    assert!(page.contains("largest local error (4.0"), "marker");
 }
 
 /// Exit 2, with `needle` in the message.

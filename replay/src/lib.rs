@@ -41,7 +41,7 @@ pub mod report;
 pub mod taps;
 
 pub use ops::Arith;
-pub use report::{replay, Options, Outcome, Report, Row};
+pub use report::{replay, Options, Outcome, PosError, Report, Row};
 
 use kernels::cpu::weights::DenseWeights;
 use kernels::LlamaConfig;

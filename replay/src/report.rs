@@ -59,6 +59,17 @@ pub struct Row {
     pub worst: Metrics,
     /// Metrics over every compared position.
     pub whole: Metrics,
+    /// Each compared position's relative RMS error, in the tree's order.
+    pub position_errors: Vec<PosError>,
+}
+
+/// One position's relative RMS error (infinite: a nonfinite mismatch).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PosError {
+    pub pos: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u32>,
+    pub rel_rms: f64,
 }
 
 impl Row {
@@ -130,6 +141,7 @@ struct Building {
     layer: Option<u32>,
     whole: Acc,
     worst: Option<(f64, u32, Option<u32>, Metrics)>,
+    positions: Vec<PosError>,
 }
 
 /// Replays every selected tap of `tree` against `model`.
@@ -191,6 +203,7 @@ pub fn replay(tree: &dyn Tree, model: &Model, opts: &Options) -> Result<Report, 
                     layer: k.layer,
                     whole: Acc::default(),
                     worst: None,
+                    positions: Vec::new(),
                 });
                 rows.len() - 1
             });
@@ -207,6 +220,11 @@ pub fn replay(tree: &dyn Tree, model: &Model, opts: &Options) -> Result<Report, 
             // Both sides were widened to f64: an f64 ULP distance says nothing.
             metrics.max_ulp = None;
             let err = badness(&metrics);
+            row.positions.push(PosError {
+                pos: p,
+                slot: k.slot,
+                rel_rms: err,
+            });
             if row.worst.as_ref().is_none_or(|w| err > w.0) {
                 row.worst = Some((err, p, k.slot, metrics));
             }
@@ -230,6 +248,7 @@ pub fn replay(tree: &dyn Tree, model: &Model, opts: &Options) -> Result<Report, 
                 worst_slot,
                 worst,
                 whole,
+                position_errors: b.positions,
             })
         })
         .collect();

@@ -8,6 +8,7 @@ pub mod drift_html;
 pub mod engine;
 pub mod ls;
 pub mod replay;
+pub mod replay_html;
 pub mod stat;
 pub mod verify;
 

@@ -48,6 +48,10 @@ pub struct Args {
     /// The report as JSON on stdout (schema in docs/GUIDE.md).
     #[arg(long)]
     pub json: bool,
+    /// Also write a self-contained HTML report (local error against depth,
+    /// the layer × stage heatmap, each op's positions).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
@@ -84,6 +88,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         selection,
     };
     let report = replay::replay(&tree, &m, &opts)?;
+    if let Some(path) = &args.html {
+        let page = super::replay_html::page(&report, tree.manifest()).render();
+        std::fs::write(path, page).with_context(|| format!("{}: cannot write", path.display()))?;
+    }
     if args.json {
         println!("{}", replay::render::json(&report));
     } else {
