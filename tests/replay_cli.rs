@@ -119,7 +119,10 @@ fn every_op_of_an_f32_tree_recomputes_bit_for_bit_in_f32_and_within_tolerance_in
     assert_eq!(c, 0, "{r}");
     assert_eq!(r["precision"], "f64");
     assert!(rows(&r).iter().all(|row| err(row) < 1e-5), "{r}");
-    assert!(rows(&r).iter().filter(|r| is_matmul(r)).all(|row| err(row) > 0.0));
+    assert!(rows(&r)
+        .iter()
+        .filter(|r| is_matmul(r))
+        .all(|row| err(row) > 0.0));
     // The red case: the same tree held to a tolerance below f32's rounding.
     let (c, r) = replay_json(&tree, &m, &["--tolerance", "1e-9"]);
     assert_eq!(c, 1);
@@ -136,7 +139,12 @@ fn a_q8_trees_matmuls_carry_local_error_and_its_norms_and_adds_none() {
     assert_eq!(c, 1, "q8 matmuls must be above the default tolerance");
     for row in rows(&r) {
         if is_matmul(row) {
-            assert!(row["above"].as_bool().unwrap(), "{}: {}", row_name(row), err(row));
+            assert!(
+                row["above"].as_bool().unwrap(),
+                "{}: {}",
+                row_name(row),
+                err(row)
+            );
             assert!(err(row) > 1e-4, "{}: {}", row_name(row), err(row));
         } else {
             // Norms, RoPE, attention, SwiGLU, adds: f32 rounding only.
@@ -178,10 +186,16 @@ fn plant_attention_scale(model_file: &str, orig: &Path, out: &Path, layer: u32, 
     let k = &m.entries[at].key;
     let (pos, li) = (k.pos.start..k.pos.end, Some(layer));
     let (q_w, kv_w) = (cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim);
-    let mut q = taps.get::<f32>(("q_rope", li, None), pos.clone(), q_w, "plant").unwrap();
+    let mut q = taps
+        .get::<f32>(("q_rope", li, None), pos.clone(), q_w, "plant")
+        .unwrap();
     q.iter_mut().for_each(|x| *x *= scale);
-    let kk = taps.get::<f32>(("k_rope", li, None), 0..pos.end, kv_w, "plant").unwrap();
-    let v = taps.get::<f32>(("v_proj", li, None), 0..pos.end, kv_w, "plant").unwrap();
+    let kk = taps
+        .get::<f32>(("k_rope", li, None), 0..pos.end, kv_w, "plant")
+        .unwrap();
+    let v = taps
+        .get::<f32>(("v_proj", li, None), 0..pos.end, kv_w, "plant")
+        .unwrap();
     let heads = Heads {
         n_head: cfg.n_head,
         n_head_kv: cfg.n_head_kv,
@@ -237,7 +251,11 @@ fn a_planted_attention_change_is_named_exactly_where_the_diff_blames_a_later_op(
         .filter(|row| row["above"].as_bool().unwrap())
         .map(row_name)
         .collect();
-    assert_eq!(above, ["L0/attn"], "replay must name exactly the planted op");
+    assert_eq!(
+        above,
+        ["L0/attn"],
+        "replay must name exactly the planted op"
+    );
     let largest = &rows(&r)[r["largest"].as_u64().unwrap() as usize];
     assert_eq!(row_name(largest), "L0/attn");
     // Every op downstream inherited the change and carries none of its own.
@@ -282,7 +300,11 @@ fn a_planted_attention_change_is_named_exactly_where_the_diff_blames_a_later_op(
 fn refused(args: &[&str], needle: &str) {
     let o = run(args);
     assert_eq!(code(&o), 2, "{args:?}: {}", text(&o));
-    assert!(text(&o).contains(needle), "{args:?}: expected {needle:?} in {}", text(&o));
+    assert!(
+        text(&o).contains(needle),
+        "{args:?}: expected {needle:?} in {}",
+        text(&o)
+    );
 }
 
 #[test]
@@ -317,26 +339,49 @@ fn what_cannot_be_replayed_is_exit_2_naming_the_tap_and_why() {
         "no tap matches the selection",
     );
     refused(
-        &["replay", d.path().join("absent").to_str().unwrap(), "--model", &m],
+        &[
+            "replay",
+            d.path().join("absent").to_str().unwrap(),
+            "--model",
+            &m,
+        ],
         "absent",
     );
     // A stage with no computation, and a layout nobody knows.
     let odd = d.path().join("odd");
-    write_tree(&odd, &full, |stages, _| {
-        stages.push(capture::StageSpec::layer("my_op", &["attn"]));
-    }, Some("my_op"));
+    write_tree(
+        &odd,
+        &full,
+        |stages, _| {
+            stages.push(capture::StageSpec::layer("my_op", &["attn"]));
+        },
+        Some("my_op"),
+    );
     refused(
         &["replay", odd.to_str().unwrap(), "--model", &m],
         "stage my_op (per layer) has no defined computation for a llama model",
     );
     // ... which --select leaves out.
-    let o = run(&["replay", odd.to_str().unwrap(), "--model", &m, "--select", "stage=attn_norm,q_proj"]);
+    let o = run(&[
+        "replay",
+        odd.to_str().unwrap(),
+        "--model",
+        &m,
+        "--select",
+        "stage=attn_norm,q_proj",
+    ]);
     assert_eq!(code(&o), 0, "{}", text(&o));
     let lay = d.path().join("layout");
-    write_tree(&lay, &full, |stages, _| {
-        let q = stages.iter_mut().find(|s| s.name == "q_proj").unwrap();
-        q.layout.insert("rotary".into(), serde_json::json!("diagonal"));
-    }, None);
+    write_tree(
+        &lay,
+        &full,
+        |stages, _| {
+            let q = stages.iter_mut().find(|s| s.name == "q_proj").unwrap();
+            q.layout
+                .insert("rotary".into(), serde_json::json!("diagonal"));
+        },
+        None,
+    );
     refused(
         &["replay", lay.to_str().unwrap(), "--model", &m],
         "stage q_proj: rotary \"diagonal\"",
@@ -366,7 +411,13 @@ fn write_tree(
     })
     .unwrap();
     for e in &m.entries {
-        let v: Vec<f32> = tree.read(e).unwrap().to_f64().iter().map(|x| *x as f32).collect();
+        let v: Vec<f32> = tree
+            .read(e)
+            .unwrap()
+            .to_f64()
+            .iter()
+            .map(|x| *x as f32)
+            .collect();
         let k = &e.key;
         capture::tap(&k.stage, k.layer, k.pos.clone(), k.slot, &e.shape, &v);
     }
@@ -428,7 +479,11 @@ fn every_op_of_a_llamacpp_tree_replays_within_1e_6_in_precision_llamacpp() {
     let tree = d.path().join("llamacpp");
     let model = llamacpp_tree(&tree, false);
     let m = model.to_str().unwrap();
-    let (c, r) = replay_json(&tree, m, &["--precision", "llamacpp", "--tolerance", "1e-6"]);
+    let (c, r) = replay_json(
+        &tree,
+        m,
+        &["--precision", "llamacpp", "--tolerance", "1e-6"],
+    );
     assert_eq!(c, 0, "ops outside 1e-6: {:?}", stages_above(&r));
     // Every stage of SmolLM2's vocabulary at every layer, prefill and decode.
     assert_eq!(rows(&r).len(), 1 + 15 * 30 + 2);
@@ -466,16 +521,30 @@ fn with_flash_attention_every_op_replays_within_1e_6_in_precision_llamacpp() {
     let tree = d.path().join("llamacpp-fa");
     let model = llamacpp_tree(&tree, true);
     let m = model.to_str().unwrap();
-    let (c, r) = replay_json(&tree, m, &["--precision", "llamacpp", "--tolerance", "1e-6"]);
+    let (c, r) = replay_json(
+        &tree,
+        m,
+        &["--precision", "llamacpp", "--tolerance", "1e-6"],
+    );
     assert_eq!(c, 0, "ops outside 1e-6: {:?}", stages_above(&r));
     // The red case: the same taps under a manifest that says flash
     // attention was off replay through llama.cpp's plain kernel, which is
     // not what ran.
     let claims_off = d.path().join("claims-off");
-    write_tree(&claims_off, &tree, |_, run| {
-        run.extra.insert("flash_attn".into(), serde_json::json!(false));
-    }, None);
-    let (c, r) = replay_json(&claims_off, m, &["--precision", "llamacpp", "--tolerance", "1e-6"]);
+    write_tree(
+        &claims_off,
+        &tree,
+        |_, run| {
+            run.extra
+                .insert("flash_attn".into(), serde_json::json!(false));
+        },
+        None,
+    );
+    let (c, r) = replay_json(
+        &claims_off,
+        m,
+        &["--precision", "llamacpp", "--tolerance", "1e-6"],
+    );
     assert_eq!(c, 1);
     assert!(stages_above(&r).contains("attn"), "{:?}", stages_above(&r));
 }

@@ -107,7 +107,11 @@ pub enum Error {
 
     /// Two taps hold the same position of one stage.
     #[error("{}: position {pos} of {tap} is held by two taps", tree.display())]
-    DuplicatePosition { tree: PathBuf, tap: String, pos: u32 },
+    DuplicatePosition {
+        tree: PathBuf,
+        tap: String,
+        pos: u32,
+    },
 
     /// The arithmetic asked for does not exist for this tree or model.
     #[error("{}: {reason}", tree.display())]

@@ -164,7 +164,11 @@ impl<'a> Ops<'a> {
                 tree: self.tree.clone(),
                 stage: format!(
                     "{stage}{}",
-                    if layer.is_some() { " (per layer)" } else { " (global)" }
+                    if layer.is_some() {
+                        " (per layer)"
+                    } else {
+                        " (global)"
+                    }
                 ),
                 family: family_name(&self.cfg.family).into(),
             });
@@ -238,7 +242,9 @@ impl<'a> Ops<'a> {
         let tap = taps::name(stage, layer, slot, &pos);
         let (c, w, n) = (self.cfg, self.w, pos.len());
         let get = |s: &str, l: Option<u32>, p: Range<u32>| {
-            let want = self.width(s, l.is_some()).expect("inputs are stages of the contract");
+            let want = self
+                .width(s, l.is_some())
+                .expect("inputs are stages of the contract");
             taps.get::<T>((s, l, slot), p, want, &tap)
         };
         let Some(layer) = layer else {
@@ -253,7 +259,11 @@ impl<'a> Ops<'a> {
                 }
                 st::FINAL_NORM => {
                     let last = Some(c.n_layer as u32 - 1);
-                    rms_norm(&get(st::POST_FFN_RESIDUAL, last, pos)?, &w.output_norm, c.rms_eps)
+                    rms_norm(
+                        &get(st::POST_FFN_RESIDUAL, last, pos)?,
+                        &w.output_norm,
+                        c.rms_eps,
+                    )
                 }
                 _ => w.logits(&get(st::FINAL_NORM, None, pos)?, n, self.acts.logits),
             });
@@ -266,8 +276,13 @@ impl<'a> Ops<'a> {
             0 => get(st::EMBEDDING, None, pos.clone()),
             _ => get(st::POST_FFN_RESIDUAL, Some(layer - 1), pos.clone()),
         };
-        let norm = |x: Vec<T>, g: &Option<Vec<f32>>| rms_norm(&x, g.as_ref().expect("checked"), c.rms_eps);
-        let gated_stage = if f.ffn == FfnActivation::Silu { st::FFN_SWIGLU } else { st::FFN_GEGLU };
+        let norm =
+            |x: Vec<T>, g: &Option<Vec<f32>>| rms_norm(&x, g.as_ref().expect("checked"), c.rms_eps);
+        let gated_stage = if f.ffn == FfnActivation::Silu {
+            st::FFN_SWIGLU
+        } else {
+            st::FFN_GEGLU
+        };
         let acts = self.acts;
         Ok(match stage {
             st::ATTN_NORM => rms_norm(&layer_input()?, &lw.attn_norm, c.rms_eps),
@@ -297,7 +312,11 @@ impl<'a> Ops<'a> {
             st::POST_ATTN_NORM => norm(at(st::O_PROJ)?, &lw.post_attn_norm),
             st::POST_ATTN_RESIDUAL => {
                 let mut x = layer_input()?;
-                let out = if f.post_norms { st::POST_ATTN_NORM } else { st::O_PROJ };
+                let out = if f.post_norms {
+                    st::POST_ATTN_NORM
+                } else {
+                    st::O_PROJ
+                };
                 add_residual(&mut x, &at(out)?);
                 x
             }
@@ -309,7 +328,11 @@ impl<'a> Ops<'a> {
             st::POST_FFN_NORM => norm(at(st::FFN_DOWN)?, &lw.post_ffn_norm),
             _ => {
                 let mut x = at(st::POST_ATTN_RESIDUAL)?;
-                let out = if f.post_norms { st::POST_FFN_NORM } else { st::FFN_DOWN };
+                let out = if f.post_norms {
+                    st::POST_FFN_NORM
+                } else {
+                    st::FFN_DOWN
+                };
                 add_residual(&mut x, &at(out)?);
                 x
             }

@@ -195,18 +195,16 @@ pub fn replay(tree: &dyn Tree, model: &Model, opts: &Options) -> Result<Report, 
         let width = want.len() / pos.len();
         let tap = taps::name(&k.stage, k.layer, k.slot, &pos);
         let got = taps.get::<f64>((&k.stage, k.layer, k.slot), pos.clone(), width, &tap)?;
-        let r = *index
-            .entry((k.stage.clone(), k.layer))
-            .or_insert_with(|| {
-                rows.push(Building {
-                    stage: k.stage.clone(),
-                    layer: k.layer,
-                    whole: Acc::default(),
-                    worst: None,
-                    positions: Vec::new(),
-                });
-                rows.len() - 1
+        let r = *index.entry((k.stage.clone(), k.layer)).or_insert_with(|| {
+            rows.push(Building {
+                stage: k.stage.clone(),
+                layer: k.layer,
+                whole: Acc::default(),
+                worst: None,
+                positions: Vec::new(),
             });
+            rows.len() - 1
+        });
         let row = &mut rows[r];
         for p in sel.selected_runs(pos.clone()).flatten() {
             let at = (p - pos.start) as usize * width..(p - pos.start + 1) as usize * width;
@@ -239,7 +237,9 @@ pub fn replay(tree: &dyn Tree, model: &Model, opts: &Options) -> Result<Report, 
             whole.max_ulp = None;
             let local_error = whole.rel_rms;
             Some(Row {
-                above: !(local_error <= opts.tolerance) || whole.nonfinite_mismatch > 0,
+                above: local_error.is_nan()
+                    || local_error > opts.tolerance
+                    || whole.nonfinite_mismatch > 0,
                 stage: b.stage,
                 layer: b.layer,
                 positions: whole.rows,

@@ -111,13 +111,24 @@ impl Taps {
                     interleave(row, head_dim, &mut scratch);
                 }
             }
-            taps.insert((k.stage.clone(), k.layer, k.slot), k.pos.start..k.pos.end, width, &values)?;
+            taps.insert(
+                (k.stage.clone(), k.layer, k.slot),
+                k.pos.start..k.pos.end,
+                width,
+                &values,
+            )?;
         }
         Ok(taps)
     }
 
     /// Stores `values` (`[pos.len(), width]`) at `pos` of `id`.
-    fn insert(&mut self, id: Id, pos: Range<u32>, width: usize, values: &[f64]) -> Result<(), Error> {
+    fn insert(
+        &mut self,
+        id: Id,
+        pos: Range<u32>,
+        width: usize,
+        values: &[f64],
+    ) -> Result<(), Error> {
         let tap = name(&id.0, id.1, id.2, &pos);
         let plane = self.planes.entry(id).or_insert_with(|| Plane {
             width,
@@ -147,7 +158,8 @@ impl Taps {
                 });
             }
             plane.present[p as usize] = true;
-            plane.rows[p as usize * width..][..width].copy_from_slice(&values[r * width..][..width]);
+            plane.rows[p as usize * width..][..width]
+                .copy_from_slice(&values[r * width..][..width]);
         }
         Ok(())
     }
@@ -155,7 +167,10 @@ impl Taps {
     /// Replaces the rows of `id` at `pos` (which it holds) with `values`:
     /// how a test plants a change and carries it downstream.
     pub fn overwrite(&mut self, id: &Id, pos: Range<u32>, values: &[f64]) {
-        let plane = self.planes.get_mut(id).expect("overwrite of a tap the tree holds");
+        let plane = self
+            .planes
+            .get_mut(id)
+            .expect("overwrite of a tap the tree holds");
         let w = plane.width;
         plane.rows[pos.start as usize * w..pos.end as usize * w].copy_from_slice(values);
     }

@@ -61,8 +61,11 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             args.precision
         )
     })?;
-    if !(args.tolerance >= 0.0) {
-        anyhow::bail!("--tolerance: bad value {}: expected a number >= 0", args.tolerance);
+    if args.tolerance.is_nan() || args.tolerance < 0.0 {
+        anyhow::bail!(
+            "--tolerance: bad value {}: expected a number >= 0",
+            args.tolerance
+        );
     }
     let selection = match &args.select {
         Some(s) => Selection::parse(s).with_context(|| format!("--select {s:?}"))?,

@@ -129,7 +129,10 @@ fn stat_at(tree: &dyn Tree, index: &EntryIndex<'_>, r: &Row) -> Result<Option<Po
     let m = tree.manifest();
     let Some(&i) = index
         .get(&(r.layer, r.stage.as_str(), w.slot))
-        .and_then(|list| list.iter().find(|&&i| m.entries[i].key.pos.contains(&w.pos)))
+        .and_then(|list| {
+            list.iter()
+                .find(|&&i| m.entries[i].key.pos.contains(&w.pos))
+        })
     else {
         return Ok(None);
     };
