@@ -548,3 +548,43 @@ fn with_flash_attention_every_op_replays_within_1e_6_in_precision_llamacpp() {
     assert_eq!(c, 1);
     assert!(stages_above(&r).contains("attn"), "{:?}", stages_above(&r));
 }
+
+#[test]
+fn every_op_of_a_gemma3_tree_recomputes_bit_for_bit_in_f32_and_within_tolerance_in_f64() {
+    // q/k norms, post norms, GeGLU, RoPE over halves with two bases,
+    // sliding-window attention, the scaled embedding: each alone.
+    let d = tempfile::tempdir().unwrap();
+    let tree = d.path().join("gemma");
+    let o = run(&[
+        "capture",
+        "--model",
+        "gemma3-270m",
+        "--prompt",
+        "The capital of France is",
+        "--gen",
+        "2",
+        "--out",
+        tree.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    let (c, r) = replay_json(&tree, "gemma3-270m", &["--precision", "f32"]);
+    assert_eq!(c, 0);
+    assert_eq!(rows(&r).len(), 1 + 19 * 18 + 2);
+    for row in rows(&r) {
+        assert_eq!(err(row), 0.0, "{}: {row}", row_name(row));
+    }
+    let (c, r) = replay_json(&tree, "gemma3-270m", &[]);
+    assert_eq!(c, 0, "{r}");
+    assert!(rows(&r).iter().all(|row| err(row) < 1e-5), "{r}");
+    // Refused, exit 2: llama.cpp's arithmetic is modelled for llama only.
+    let o = run(&[
+        "replay",
+        tree.to_str().unwrap(),
+        "--model",
+        "gemma3-270m",
+        "--precision",
+        "llamacpp",
+    ]);
+    assert_eq!(code(&o), 2, "{}", text(&o));
+    assert!(text(&o).contains("llama family only"), "{}", text(&o));
+}
