@@ -18,7 +18,6 @@ use kernels::cpu::attention::{attention_windowed, Heads};
 use kernels::cpu::embedding::{embed, scale_embedding};
 use kernels::cpu::ffn::gated;
 use kernels::cpu::llamacpp;
-use kernels::cpu::matmul::Act;
 use kernels::cpu::norm::rms_norm;
 use kernels::cpu::residual::add_residual;
 use kernels::cpu::rope::rope_styled;
@@ -26,22 +25,14 @@ use kernels::cpu::weights::DenseWeights;
 use kernels::cpu::Real;
 use kernels::model::{FfnActivation, ModelFamily, RopeStyle};
 use kernels::stages as st;
-use kernels::switches::{ActPrecision, Family, Switches};
+use kernels::cpu::forward::Acts;
+use kernels::switches::Switches;
 use kernels::LlamaConfig;
 use std::ops::Range;
 use std::path::PathBuf;
 
 /// The arithmetic of a recomputation: `F64` (the truth) or a forward's own.
 pub use kernels::Precision as Arith;
-
-/// How each family of matmuls takes its activations.
-#[derive(Debug, Clone, Copy)]
-struct Acts {
-    attn: Act,
-    ffn_up: Act,
-    ffn_down: Act,
-    logits: Act,
-}
 
 /// The recomputation of a tree's ops under one arithmetic.
 pub struct Ops<'a> {
@@ -79,11 +70,6 @@ impl<'a> Ops<'a> {
         };
         let switches = Switches::from_vars(&run.switches)
             .map_err(|e| unsupported(format!("run.switches: {e}")))?;
-        let act = |f: Family| match (arith, switches.resolve(f, arith)) {
-            (Arith::F64, _) | (_, ActPrecision::F32) => Act::Float,
-            (Arith::LlamaCpp, ActPrecision::Q8) => Act::LlamaCpp,
-            (_, ActPrecision::Q8) => Act::Q8,
-        };
         let extra = |k: &str| run.extra.get(k);
         let flash_attn =
             switches.flash_attn() || extra("flash_attn").and_then(|v| v.as_bool()) == Some(true);
@@ -106,11 +92,12 @@ impl<'a> Ops<'a> {
             cfg,
             w,
             arith,
-            acts: Acts {
-                attn: act(Family::Attn),
-                ffn_up: act(Family::FfnUp),
-                ffn_down: act(Family::FfnDown),
-                logits: act(Family::Logits),
+            // The truth takes every activation as it is, whatever the
+            // tree's switches quantized.
+            acts: if arith == Arith::F64 {
+                Acts::resolve(Arith::F32, &Switches::none())
+            } else {
+                Acts::resolve(arith, &switches)
             },
             flash_attn: arith == Arith::LlamaCpp && flash_attn,
             run: run.clone(),

@@ -22,15 +22,16 @@ use crate::switches::{ActPrecision, Family, Switches};
 
 /// The activation handling of each matmul family, resolved once at open.
 #[derive(Debug, Clone, Copy)]
-struct Acts {
-    attn: Act,
-    ffn_up: Act,
-    ffn_down: Act,
-    logits: Act,
+pub struct Acts {
+    pub attn: Act,
+    pub ffn_up: Act,
+    pub ffn_down: Act,
+    pub logits: Act,
 }
 
 impl Acts {
-    fn resolve(precision: Precision, switches: &Switches) -> Acts {
+    /// What `precision` and the `switches` overriding it give each family.
+    pub fn resolve(precision: Precision, switches: &Switches) -> Acts {
         let act = |f| match switches.resolve(f, precision) {
             ActPrecision::F32 => Act::Float,
             ActPrecision::Q8 if precision == Precision::LlamaCpp => Act::LlamaCpp,
