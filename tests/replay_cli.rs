@@ -588,3 +588,52 @@ fn every_op_of_a_gemma3_tree_recomputes_bit_for_bit_in_f32_and_within_tolerance_
     assert_eq!(code(&o), 2, "{}", text(&o));
     assert!(text(&o).contains("llama family only"), "{}", text(&o));
 }
+
+#[test]
+fn a_hugging_face_tree_replays_with_its_half_split_layout_reconciled() {
+    let ready = Command::new("python3")
+        .args([
+            "-c",
+            "import torch, transformers, numpy, safetensors, blake3",
+        ])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ready {
+        let why = "python3 with torch and transformers is not available (bash scripts/test.sh installs them)";
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{why}; CI requires it"
+        );
+        eprintln!("skipping: {why}");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let hf = kernels::fixtures::write_hf("tiny-q", d.path()).unwrap();
+    let m = hf.to_str().unwrap();
+    let tree = d.path().join("hf");
+    capture(m, &tree, &["--engine", "hf", "--gen", "2"]);
+    let (c, r) = replay_json(&tree, m, &[]);
+    assert_eq!(c, 0, "{r}");
+    assert_eq!(
+        r["reconciled"],
+        serde_json::json!(["q_proj", "k_proj", "q_rope", "k_rope"])
+    );
+    assert!(rows(&r).iter().all(|row| err(row) < 1e-5), "{r}");
+    // The red case: the same taps without the declaration are in the wrong
+    // pair order for the model's RoPE.
+    let undeclared = d.path().join("undeclared");
+    write_tree(
+        &undeclared,
+        &tree,
+        |stages, _| stages.iter_mut().for_each(|s| s.layout.clear()),
+        None,
+    );
+    let (c, r) = replay_json(&undeclared, m, &[]);
+    assert_eq!(c, 1);
+    assert!(
+        stages_above(&r).contains("q_rope"),
+        "{:?}",
+        stages_above(&r)
+    );
+}
