@@ -171,7 +171,7 @@ pub fn replay(tree: &dyn Tree, model: &Model, opts: &Options) -> Result<Report, 
     let chosen: Vec<usize> = (0..m.entries.len())
         .filter(|&i| {
             let k = &m.entries[i].key;
-            sel.wants(&k.stage, k.layer, k.pos.start..k.pos.end, k.slot)
+            sel.wants(k.id())
         })
         .collect();
     if chosen.is_empty() {

@@ -203,14 +203,17 @@ fn verdict(s: Status) -> Verdict {
         Status::Fail => Verdict::Fail,
         Status::Mismatch => Verdict::Mismatch,
         Status::Degenerate => Verdict::Degenerate,
+        Status::Unreadable => Verdict::Unreadable,
     }
 }
 
 fn cause(c: &Option<Cause>) -> String {
     match c {
         Some(Cause::Origin) => "origin".to_string(),
-        Some(Cause::GrewFrom { from }) => format!("grew past tolerance from {}", from.join(", ")),
-        Some(Cause::Inherited { from }) => format!("inherited from {}", from.join(", ")),
+        Some(Cause::GrewFrom { from }) => {
+            format!("grew past tolerance from {}", super::super::names(from))
+        }
+        Some(Cause::Inherited { from }) => format!("inherited from {}", super::super::names(from)),
         None => String::new(),
     }
 }
@@ -311,7 +314,7 @@ pub fn page(report: &Report, ctx: &DiffContext) -> Page {
                     t.backend,
                     t.precision,
                     t.taps,
-                    crate::walk::short_hash(&t.root)
+                    crate::render::short_hash(&t.root)
                 ),
             ));
         }
@@ -362,8 +365,11 @@ pub fn page(report: &Report, ctx: &DiffContext) -> Page {
     }
     Page {
         title: "taptree diff".into(),
-        headline: report.summary.clone(),
-        red: report.outcome.exit_code() != 0,
+        headline: crate::render::summary(report),
+        red: !matches!(
+            report.outcome,
+            crate::report::Outcome::Identical | crate::report::Outcome::WithinTolerance
+        ),
         facts,
         notes,
         value_name: "relative RMS error of B against A".into(),

@@ -28,6 +28,8 @@ pub enum Verdict {
     Mismatch,
     /// Within tolerance, but a side is degenerate: not agreement.
     Degenerate,
+    /// A tap of the row could not be read.
+    Unreadable,
 }
 
 impl Verdict {
@@ -38,6 +40,7 @@ impl Verdict {
             Verdict::Fail => "FAIL",
             Verdict::Mismatch => "MISMATCH",
             Verdict::Degenerate => "DEGENERATE",
+            Verdict::Unreadable => "UNREADABLE",
         }
     }
 
@@ -190,6 +193,7 @@ pub(super) fn color(verdict: Verdict, value: f64) -> &'static str {
         Verdict::Mismatch => "#7b1fa2",
         Verdict::Degenerate => "#f9a825",
         Verdict::Equal => "#e8f5e9",
+        Verdict::Unreadable => "#616161",
         _ if !value.is_finite() || value >= 1e-1 => "#b71c1c",
         _ if value >= 1e-2 => "#e53935",
         _ if value >= 1e-3 => "#ff8a65",
