@@ -246,9 +246,9 @@ impl Page {
             h.push_str("<div id=\"panel\" hidden></div>");
             self.tables(&mut h);
         }
-        let _ = write!(
+        let _ = writeln!(
             h,
-            "<script type=\"application/json\" id=\"taptree-data\">{}</script><script>{}</script></body></html>\n",
+            "<script type=\"application/json\" id=\"taptree-data\">{}</script><script>{}</script></body></html>",
             self.data(),
             include_str!("report.js")
         );
