@@ -6,6 +6,8 @@ pub mod diff;
 pub mod drift;
 pub mod engine;
 pub mod ls;
+pub mod replay;
+pub mod replay_html;
 pub mod stat;
 pub mod verify;
 
@@ -39,6 +41,8 @@ pub enum Command {
     Bisect(bisect::Args),
     /// Greedy answers under two configurations, prompt by prompt.
     Drift(drift::Args),
+    /// Recompute every op of a tree from its own inputs: each op's local error.
+    Replay(replay::Args),
 }
 
 /// Runs a parsed command line; returns the exit code.
@@ -51,5 +55,6 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Stat(args) => stat::run(args),
         Command::Bisect(args) => bisect::run(args),
         Command::Drift(args) => drift::run(args),
+        Command::Replay(args) => replay::run(args),
     }
 }

@@ -12,3 +12,11 @@ pub fn embed<T: Real>(table: &Matrix, tokens: &[u32]) -> Vec<T> {
     }
     x
 }
+
+/// Multiplies embedding rows by `sqrt(n_embd)` (Gemma's scaled embedding),
+/// the factor rounded to the activation type first, as Hugging Face's
+/// `embed_scale` tensor is.
+pub fn scale_embedding<T: Real>(x: &mut [T], n_embd: usize) {
+    let scale = T::from_f64((n_embd as f64).sqrt());
+    x.iter_mut().for_each(|v| *v = *v * scale);
+}

@@ -6,12 +6,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::attention::{attention_windowed, Heads};
-use super::embedding::embed;
+use super::embedding::{embed, scale_embedding};
 use super::ffn::gated;
 use super::llamacpp;
 use super::llamacpp_gemma;
 use super::matmul::Act;
 use super::norm::rms_norm;
+use super::residual::add_residual;
 use super::rope::rope_styled;
 use super::weights::DenseWeights;
 use super::{tap, Real};
@@ -22,15 +23,16 @@ use model::{FfnActivation, LlamaConfig, ModelFamily, ModelWeights};
 
 /// The activation handling of each matmul family, resolved once at open.
 #[derive(Debug, Clone, Copy)]
-struct Acts {
-    attn: Act,
-    ffn_up: Act,
-    ffn_down: Act,
-    logits: Act,
+pub struct Acts {
+    pub attn: Act,
+    pub ffn_up: Act,
+    pub ffn_down: Act,
+    pub logits: Act,
 }
 
 impl Acts {
-    fn resolve(precision: Precision, switches: &Switches) -> Acts {
+    /// What `precision` and the `switches` overriding it give each family.
+    pub fn resolve(precision: Precision, switches: &Switches) -> Acts {
         let act = |f| match switches.resolve(f, precision) {
             ActPrecision::F32 => Act::Float,
             ActPrecision::Q8 if precision == Precision::LlamaCpp => Act::LlamaCpp,
@@ -234,10 +236,7 @@ impl<T: Real> Engine<T> {
         let fam = &cfg.family;
         let mut x: Vec<T> = embed(&w.token_embd, tokens);
         if fam.embed_scale {
-            // Rounded to the activation type first, as Hugging Face's
-            // `embed_scale` tensor is.
-            let scale = T::from_f64((d as f64).sqrt());
-            x.iter_mut().for_each(|v| *v = *v * scale);
+            scale_embedding(&mut x, d);
         }
         tap(st::EMBEDDING, None, pos.clone(), slot, d, &x);
 
@@ -300,9 +299,7 @@ impl<T: Real> Engine<T> {
                 o = rms_norm(&o, pn, cfg.rms_eps);
                 tap(st::POST_ATTN_NORM, li, pos.clone(), slot, d, &o);
             }
-            for (xi, oi) in x.iter_mut().zip(&o) {
-                *xi += *oi;
-            }
+            add_residual(&mut x, &o);
             tap(st::POST_ATTN_RESIDUAL, li, pos.clone(), slot, d, &x);
 
             let h = rms_norm(&x, &lw.ffn_norm, cfg.rms_eps);
@@ -322,9 +319,7 @@ impl<T: Real> Engine<T> {
                 dn = rms_norm(&dn, pn, cfg.rms_eps);
                 tap(st::POST_FFN_NORM, li, pos.clone(), slot, d, &dn);
             }
-            for (xi, di) in x.iter_mut().zip(&dn) {
-                *xi += *di;
-            }
+            add_residual(&mut x, &dn);
             tap(st::POST_FFN_RESIDUAL, li, pos.clone(), slot, d, &x);
         }
         cache.len = start + n;

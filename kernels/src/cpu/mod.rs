@@ -2,7 +2,7 @@
 //! deterministic, generic over the activation type (`f32` or `f64`).
 //!
 //! One file per op family — [`norm`], [`matmul`], [`rope`], [`attention`],
-//! [`ffn`], [`embedding`] — and [`forward`] strings them together into
+//! [`ffn`], [`embedding`], [`residual`] — and [`forward`] strings them together into
 //! [`CpuForward`], which implements [`crate::Forward`] and taps every stage of
 //! [`crate::stages::llama`] in forward order.
 //!
@@ -18,6 +18,7 @@ pub mod llamacpp;
 pub mod llamacpp_gemma;
 pub mod matmul;
 pub mod norm;
+pub mod residual;
 pub mod rope;
 pub mod weights;
 

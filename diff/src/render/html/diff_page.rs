@@ -78,7 +78,7 @@ impl DiffContext {
 
 /// The prompt's and the generated tokens (slot 0) as text: the manifest's
 /// `token_pieces` where it has them, else `#id`.
-fn tokens(run: &capture::RunInfo) -> (Vec<String>, Option<u32>) {
+pub fn tokens(run: &capture::RunInfo) -> (Vec<String>, Option<u32>) {
     let mut ids: Vec<u64> = run.prompt_tokens.iter().map(|&t| t as u64).collect();
     if let Some(g) = run
         .extra

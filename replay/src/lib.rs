@@ -1,0 +1,123 @@
+//! Replay: every op of a tree recomputed from the tree's own captured
+//! inputs and the model's weights, so that each op's **local error** — its
+//! output against an exact recomputation of it — is measured free of what
+//! it inherited from the ops before it.
+//!
+//! [`replay`] reads a tree ([`diff::Tree`], usually [`capture::TreeReader`])
+//! into memory ([`taps::Taps`], every tap widened to f64, declared rotary
+//! layouts put in the model's order), recomputes each selected tap with the
+//! CPU forward's own ops ([`ops`]: `kernels::cpu`'s norm, matmul, RoPE,
+//! attention, gating and residual add, called one at a time) in the
+//! arithmetic [`Arith`] names — f64 for the truth, or an engine's own
+//! arithmetic for conformance — and returns a [`Report`]: one [`Row`] per
+//! (layer, stage) with its worst position, the diff's [`diff::Metrics`] and
+//! the local error, judged against a tolerance. The renderers in [`render`]
+//! only format.
+//!
+//! ```no_run
+//! use capture::TreeReader;
+//! use kernels::cpu::weights::DenseWeights;
+//!
+//! let tree = TreeReader::open("runs/cpu-q8")?;
+//! let model = model::load::load_model("SmolLM2-135M-Instruct.Q4_1.gguf")?;
+//! let weights = DenseWeights::new(&model.weights)?;
+//! let m = replay::Model {
+//!     name: "SmolLM2-135M-Instruct.Q4_1.gguf",
+//!     config: &model.weights.config,
+//!     weights: &weights,
+//!     blake3: Some(&model.source.blake3),
+//! };
+//! let report = replay::replay(&tree, &m, &replay::Options::default())?;
+//! if let Some(i) = report.largest {
+//!     println!("largest local error: {}", report.rows[i].name());
+//! }
+//! print!("{}", replay::render::table(&report));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod ops;
+pub mod render;
+pub mod report;
+pub mod taps;
+
+pub use ops::Arith;
+pub use report::{replay, Options, Outcome, PosError, Report, Row};
+
+use kernels::cpu::weights::DenseWeights;
+use model::LlamaConfig;
+use std::path::PathBuf;
+
+/// The model a tree is replayed against: its hyperparameters, its weights
+/// dequantized exactly, and the blake3 of its file (checked against the
+/// tree's record of the model it ran).
+pub struct Model<'a> {
+    /// How the model was named (its path), for messages.
+    pub name: &'a str,
+    pub config: &'a LlamaConfig,
+    pub weights: &'a DenseWeights,
+    pub blake3: Option<&'a str>,
+}
+
+/// Why a tree could not be replayed. Every one maps to exit code 2: a tool
+/// that could not recompute an op has no verdict on it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Opening or reading the tree failed (missing, incomplete, corrupt).
+    #[error(transparent)]
+    Capture(#[from] capture::Error),
+
+    /// A declared layout the replay does not understand.
+    #[error(transparent)]
+    Layout(#[from] diff::Error),
+
+    /// The tree records another model than the one given.
+    #[error("{}: the tree was captured from a model with blake3 {recorded}, --model {model} has {given}", tree.display())]
+    ModelMismatch {
+        tree: PathBuf,
+        recorded: String,
+        model: String,
+        given: String,
+    },
+
+    /// An op's input is not in the tree.
+    #[error("{}: cannot replay {tap}: its input {input} is not in the tree", tree.display())]
+    MissingInput {
+        tree: PathBuf,
+        tap: String,
+        input: String,
+    },
+
+    /// A tap's width is not what the model's hyperparameters make it.
+    #[error("{}: {tap}: {width} values per position, the model makes {want} ({why})", tree.display())]
+    Shape {
+        tree: PathBuf,
+        tap: String,
+        width: usize,
+        want: usize,
+        why: String,
+    },
+
+    /// A stage with no computation in the stage contract for this model.
+    #[error("{}: stage {stage} has no defined computation for a {family} model (leave it out with --select)", tree.display())]
+    UnknownStage {
+        tree: PathBuf,
+        stage: String,
+        family: String,
+    },
+
+    /// Two taps hold the same position of one stage.
+    #[error("{}: position {pos} of {tap} is held by two taps", tree.display())]
+    DuplicatePosition {
+        tree: PathBuf,
+        tap: String,
+        pos: u32,
+    },
+
+    /// The arithmetic asked for does not exist for this tree or model.
+    #[error("{}: {reason}", tree.display())]
+    Unsupported { tree: PathBuf, reason: String },
+
+    /// The selection left nothing to replay.
+    #[error("{}: no tap matches the selection", tree.display())]
+    NothingSelected { tree: PathBuf },
+}
