@@ -499,6 +499,7 @@ fn edit_manifest(tree: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let mut bytes = serde_json::to_vec(&m).unwrap();
     capture::manifest::seal(&mut bytes);
     std::fs::write(&path, bytes).unwrap();
+    capture::index::rewrite(tree).unwrap();
 }
 
 #[test]
