@@ -167,7 +167,7 @@ impl IndexHead {
     ) -> std::result::Result<std::ops::Range<usize>, String> {
         if json_len != self.json_len {
             return Err(format!(
-                "{json_len} bytes, its index says {}: the manifest was truncated, appended to or damaged",
+                "{json_len} bytes, its index says {}: the manifest was truncated, appended to, edited or damaged",
                 self.json_len
             ));
         }
@@ -356,7 +356,7 @@ pub fn decode(index: &[u8], head: &IndexHead) -> std::result::Result<Vec<Entry>,
     let body = &index[HEAD_LEN.min(index.len())..];
     if body.len() as u64 != head.body_len {
         return Err(format!(
-            "{} bytes after its head, its head says {}: the index was truncated, appended to or damaged",
+            "{} bytes after its head, its head says {}: the index was truncated, appended to, edited or damaged",
             body.len(),
             head.body_len
         ));
@@ -485,7 +485,7 @@ pub(crate) fn check_trusted(tree: &Path, version: &str, root: &str) -> Result<In
         return Err(bad_index(
             tree,
             format!(
-                "{len} bytes, its head says {}: the index was truncated, appended to or damaged",
+                "{len} bytes, its head says {}: the index was truncated, appended to, edited or damaged",
                 head.body_len.saturating_add(HEAD_LEN as u64)
             ),
         ));

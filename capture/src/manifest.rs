@@ -527,7 +527,7 @@ mod tests {
     #[test]
     fn versions() {
         assert_eq!(parse_version("1.0"), Some((1, 0)));
-        assert_eq!(parse_version(FORMAT_VERSION), Some((FORMAT_MAJOR, 0)));
+        assert_eq!(parse_version(FORMAT_VERSION), Some((FORMAT_MAJOR, 1)));
         assert_eq!(parse_version("12.34"), Some((12, 34)));
         assert_eq!(parse_version("1"), None);
         assert_eq!(parse_version("x.y"), None);
