@@ -51,7 +51,7 @@ time_diff() { # A B -> "wall cpu" seconds of one `taptree diff --json` (exit 1 i
     rm -f "$t"
 }
 # The tensor bytes of A and B: each manifest's head total (its first "bytes").
-head_bytes() { grep -o '"bytes":[0-9]*' "$1/manifest.json" | head -1 | cut -d: -f2; }
+head_bytes() { awk 'match($0, /"bytes":[0-9]+/) { print substr($0, RSTART + 8, RLENGTH - 8); exit }' "$1/manifest.json"; }
 bytes=$(( $(head_bytes "$dir/A") + $(head_bytes "$dir/B") ))
 load=$(cut -d' ' -f1 /proc/loadavg)
 full_runs=$(for _ in $(seq "$runs"); do time_diff "$dir/A" "$dir/B"; done)
