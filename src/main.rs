@@ -1,5 +1,7 @@
 //! The `taptree` command: parse, dispatch, map the outcome to an exit code.
 
+#![forbid(unsafe_code)]
+
 mod bisect;
 mod cli;
 mod exit;
