@@ -4,6 +4,7 @@
 
 mod bisect;
 mod cli;
+mod drift;
 mod exit;
 
 use clap::Parser;
