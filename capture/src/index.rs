@@ -475,11 +475,11 @@ fn open_index(tree: &Path) -> Result<std::fs::File> {
 pub(crate) fn check_trusted(tree: &Path, version: &str, root: &str) -> Result<IndexHead> {
     let mut file = open_index(tree)?;
     let mut buf = [0u8; HEAD_LEN];
-    let n = read_up_to(&mut file, &mut buf).map_err(|e| Error::io(&tree.join(INDEX_FILE), e))?;
+    let n = read_up_to(&mut file, &mut buf).map_err(|e| Error::io(tree.join(INDEX_FILE), e))?;
     let head = IndexHead::parse(&buf[..n]).map_err(|r| bad_index(tree, r))?;
     let len = file
         .metadata()
-        .map_err(|e| Error::io(&tree.join(INDEX_FILE), e))?
+        .map_err(|e| Error::io(tree.join(INDEX_FILE), e))?
         .len();
     if Some(len) != head.body_len.checked_add(HEAD_LEN as u64) {
         return Err(bad_index(
@@ -561,7 +561,7 @@ pub(crate) fn open_manifest(tree: &Path, json: &[u8]) -> Result<Manifest> {
     let mut index = Vec::new();
     // An index holds less than a third of its manifest's bytes.
     read_all(&mut file, &mut index, json.len() / 3 + HEAD_LEN)
-        .map_err(|e| Error::io(&tree.join(INDEX_FILE), e))
+        .map_err(|e| Error::io(tree.join(INDEX_FILE), e))
         .map(|n| index.truncate(n))?;
     let head = IndexHead::parse(&index).map_err(|r| bad_index(tree, r))?;
     let span = head.entries_span(json.len() as u64).map_err(bad_json)?;
