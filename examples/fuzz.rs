@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release --example fuzz -- TARGET [--seconds 60] [--seed 1] [--dir DIR] [--root DIR]
-//! TARGET: manifest | tapfile | tolerance | gguf
+//! TARGET: manifest | index | tapfile | tolerance | gguf
 //! ```
 //!
 //! Seeds are read under `--root` (default: this repository):
@@ -17,7 +17,10 @@
 //! saved in DIR; a single allocation over 1 GiB aborts the run, naming it
 //! (the input is in DIR/input). A mutated manifest is sealed again (its
 //! `manifest_blake3` redone) half the time, so that the parser behind the
-//! seal check is reached. Exit 1 if any panic was seen.
+//! seal check is reached. The `index` target mutates the binary index
+//! (`manifest.idx`) of the golden manifest made format 2.1, beside that
+//! manifest, and redoes its body hash and head seal half the time, so that
+//! the record decoder is reached. Exit 1 if any panic was seen.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
@@ -75,6 +78,7 @@ fn over_limit(size: usize) -> ! {
 #[derive(Clone, Copy, PartialEq)]
 enum Target {
     Manifest,
+    Index,
     TapFile,
     Tolerance,
     Gguf,
@@ -91,12 +95,13 @@ fn run() -> Result<(), String> {
     let mut args = std::env::args().skip(1);
     let target = match args.next().as_deref() {
         Some("manifest") => Target::Manifest,
+        Some("index") => Target::Index,
         Some("tapfile") => Target::TapFile,
         Some("tolerance") => Target::Tolerance,
         Some("gguf") => Target::Gguf,
         other => {
             return Err(format!(
-                "{other:?}: expected a target: manifest, tapfile, tolerance or gguf"
+                "{other:?}: expected a target: manifest, index, tapfile, tolerance or gguf"
             ))
         }
     };
@@ -123,6 +128,10 @@ fn run() -> Result<(), String> {
         Target::Manifest => {
             copy_tree(&golden, &tree)?;
             vec![read(&golden.join("manifest.json"))?]
+        }
+        Target::Index => {
+            copy_tree(&golden, &tree)?;
+            vec![index_seed(&golden, &tree)?]
         }
         Target::TapFile => [
             "L000/attn_norm.p0-5.safetensors",
@@ -162,11 +171,14 @@ fn run() -> Result<(), String> {
         if target == Target::Manifest && rng.bool() {
             capture::manifest::seal(&mut data);
         }
+        if target == Target::Index && rng.bool() {
+            capture::index::reseal(&mut data);
+        }
         // Where an abort leaves its input; the file targets read it here.
-        let path = if target == Target::Manifest {
-            tree.join("manifest.json")
-        } else {
-            input.clone()
+        let path = match target {
+            Target::Manifest => tree.join("manifest.json"),
+            Target::Index => tree.join(capture::index::INDEX_FILE),
+            _ => input.clone(),
         };
         std::fs::write(&path, &data).map_err(|e| format!("{}: {e}", path.display()))?;
         let outcome = std::panic::catch_unwind(|| parse(target, &data, &tree, &path));
@@ -184,7 +196,7 @@ fn run() -> Result<(), String> {
     }
     println!(
         "fuzz {}: {iterations} inputs in {seconds} s (seed {seed}): {accepted} accepted, {} refused, {panics} panics; largest allocation {} bytes",
-        ["manifest", "tapfile", "tolerance", "gguf"][target as usize],
+        ["manifest", "index", "tapfile", "tolerance", "gguf"][target as usize],
         iterations - accepted - panics,
         LARGEST.load(Ordering::Relaxed)
     );
@@ -198,7 +210,7 @@ fn run() -> Result<(), String> {
 /// Parses one input; true when it was accepted.
 fn parse(target: Target, data: &[u8], tree: &Path, path: &Path) -> bool {
     match target {
-        Target::Manifest => {
+        Target::Manifest | Target::Index => {
             // Trusted verify's path, then the full one.
             let _ = capture::TreeReader::head(tree).map_err(|e| e.to_string());
             match capture::TreeReader::open(tree) {
@@ -323,4 +335,32 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The golden tree's manifest made format 2.1 (written into `tree`) and the
+/// bytes of its index: the seed of the `index` target.
+fn index_seed(golden: &Path, tree: &Path) -> Result<Vec<u8>, String> {
+    let text = String::from_utf8(read(&golden.join("manifest.json"))?)
+        .map_err(|e| format!("golden manifest: {e}"))?;
+    let mut json = text
+        .replacen(
+            "\"format_version\":\"2.0\"",
+            "\"format_version\":\"2.1\"",
+            1,
+        )
+        .into_bytes();
+    capture::manifest::seal(&mut json);
+    let m: capture::Manifest =
+        serde_json::from_slice(&json).map_err(|e| format!("golden manifest: {e}"))?;
+    if m.format_version != "2.1" {
+        return Err("the golden manifest is not format 2.0".into());
+    }
+    let index = capture::index::build(&json, &m)?;
+    let path = tree.join("manifest.json");
+    std::fs::write(&path, &json).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::write(tree.join(capture::index::INDEX_FILE), &index)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    // The seed must be accepted, or the target fuzzes nothing.
+    capture::TreeReader::open(tree).map_err(|e| format!("seed tree: {e}"))?;
+    Ok(index)
 }

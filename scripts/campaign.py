@@ -10,11 +10,14 @@ binary) and the tiny fixture models (written to target/fixtures by
 
 Three parts, each a number of tries:
 
-- corruption: a copy of a golden tree with one random flip, truncation or
-  append in one tap file or the manifest. `taptree verify TREE` (which
-  rehashes) must refuse every one; trusted `taptree verify GOLDEN TREE` must
-  refuse every damaged manifest (a damaged tap file is outside its contract:
-  it reads no tap file, docs/FORMAT.md), and is counted apart.
+- corruption: a copy of a tree (alternately the format 2.0 golden tree and
+  a format 2.1 tree captured here, with its index) with one random flip,
+  truncation or append in one tap file, the manifest or the index.
+  `taptree verify TREE` (which rehashes) must refuse every one; trusted
+  `taptree verify GOLDEN TREE` must refuse every damaged manifest or index,
+  except where its contract says it does not look (docs/FORMAT.md: it reads
+  no tap file, and of a 2.1 tree neither the manifest's entry list nor the
+  index's records): a pass there is counted apart.
 - kill: `taptree capture` and `capture --force` killed (SIGKILL) at a random
   moment. The path must then hold the old tree, intact, or the new one,
   complete (or, for a first capture, no tree or an incomplete one), and the
@@ -34,6 +37,7 @@ import random
 import resource
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -56,6 +60,7 @@ class Tally:
         self.name = name
         self.tried = self.detected = self.silent = self.panic = self.hang = self.leaked = 0
         self.contract = 0
+        self.contract_entries = 0
         self.notes = []
 
     def note(self, what):
@@ -63,7 +68,12 @@ class Tally:
             self.notes.append(what)
 
     def line(self):
-        extra = " (+%d outside trusted verify's contract)" % self.contract if self.contract else ""
+        extra = ""
+        if self.contract or self.contract_entries:
+            extra = " (+%d tap files, +%d in-place entry-list flips: outside trusted verify's contract)" % (
+                self.contract,
+                self.contract_entries,
+            )
         return "%-10s tried %5d  detected %5d  silent pass %d  panic %d  hang %d  leaked files %d%s" % (
             self.name,
             self.tried,
@@ -117,6 +127,7 @@ def classify(t, code, err, what, must_refuse=True):
 def mutate(rng, path):
     data = bytearray(open(path, "rb").read())
     kind = rng.choice(["flip", "flip", "truncate", "append"])
+    i = None
     if kind == "flip" and data:
         i = rng.randrange(len(data))
         bit = 1 << rng.randrange(8)
@@ -126,30 +137,64 @@ def mutate(rng, path):
         n = rng.randrange(len(data))
         data = data[:n]
         what = "truncate to %d bytes" % n
+        i = None
     else:
         extra = rng.choice([b"\n", b" ", b"}", b"\x00", os.urandom(rng.randrange(1, 64))])
         data += extra
         what = "append %d bytes" % len(extra)
+        i = None
     open(path, "wb").write(bytes(data))
-    return what
+    return what, i
+
+
+def entry_list(tree, rel):
+    """The bytes of `rel` that trusted verify of a format 2.1 tree does not
+    read: the manifest's entry list, the index's records (None for a 2.0 tree)."""
+    try:
+        idx = open(os.path.join(tree, "manifest.idx"), "rb").read()
+    except OSError:
+        return None
+    if rel == "manifest.idx":
+        return range(256, len(idx))
+    (at,) = struct.unpack_from("<Q", idx, 48)
+    (end,) = struct.unpack_from("<Q", idx, 208)
+    return range(at + 1, end - 1)
+
+
+def fresh_golden(work):
+    """A format 2.1 tree of the tiny-q fixture, captured by this build."""
+    out = os.path.join(work, "golden21")
+    code, err = run(["capture", "--model", os.path.join(FIXTURES, "tiny-q.gguf"), "--tokens", "0,75,108,35,104", "--out", out])
+    if code != 0:
+        sys.exit("campaign: could not capture %s: %s" % (out, err))
+    return out
 
 
 def corruption(n, rng, work):
     t = Tally("corruption")
-    files = []
-    for d, _, names in os.walk(GOLDEN):
-        files += [os.path.relpath(os.path.join(d, f), GOLDEN) for f in names if f != ".taptree"]
-    files.sort()
+    bases = [GOLDEN, fresh_golden(work)]
+    files = {}
+    for base in bases:
+        files[base] = []
+        for d, _, names in os.walk(base):
+            files[base] += [os.path.relpath(os.path.join(d, f), base) for f in names if f != ".taptree"]
+        files[base].sort()
     for i in range(n):
+        base = bases[i % 2]
         tree = os.path.join(work, "c%d" % i)
-        shutil.copytree(GOLDEN, tree)
-        rel = "manifest.json" if rng.random() < 0.3 else rng.choice(files)
-        what = "%s: %s" % (rel, mutate(rng, os.path.join(tree, rel)))
+        shutil.copytree(base, tree)
+        manifests = [f for f in ("manifest.json", "manifest.idx") if f in files[base]]
+        rel = rng.choice(manifests) if rng.random() < 0.3 else rng.choice(files[base])
+        unread = entry_list(base, rel)
+        what, at = mutate(rng, os.path.join(tree, rel))
+        what = "%s: %s" % (rel, what)
         t.tried += 1
         code, err = run(["verify", tree])
         classify(t, code, err, "verify TREE: " + what)
-        code, err = run(["verify", GOLDEN, tree])
-        if rel == "manifest.json":
+        code, err = run(["verify", base, tree])
+        if rel in manifests and code == 0 and at is not None and unread is not None and at in unread:
+            t.contract_entries += 1
+        elif rel in manifests:
             t.tried += 1
             classify(t, code, err, "verify GOLDEN TREE: " + what)
         elif code == 0:

@@ -615,6 +615,7 @@ fn taps_in_one_tree_only_are_never_agreement() {
     let mut bytes = serde_json::to_vec(&json).unwrap();
     capture::manifest::seal(&mut bytes);
     std::fs::write(narrow.join("manifest.json"), bytes).unwrap();
+    capture::index::rewrite(&narrow).unwrap();
     let o = taptree(&[&"diff", &a, &narrow, &"--color", &"never"]);
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}{err}");

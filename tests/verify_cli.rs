@@ -95,6 +95,7 @@ fn edit_manifest(tree: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let mut bytes = serde_json::to_vec(&m).unwrap();
     capture::manifest::seal(&mut bytes);
     std::fs::write(&path, bytes).unwrap();
+    capture::index::rewrite(tree).unwrap();
 }
 
 /// Exit 2, and stderr names `file` and `problem`.
@@ -640,6 +641,14 @@ print("python ok")
     );
     let o = taptree(&[&"verify", &py]);
     assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+    // Python's index is the one Rust builds from the same manifest bytes.
+    let json = std::fs::read(py.join("manifest.json")).unwrap();
+    let m: capture::Manifest = serde_json::from_slice(&json).unwrap();
+    assert_eq!(m.format_version, capture::FORMAT_VERSION);
+    assert_eq!(
+        capture::index::build(&json, &m).unwrap(),
+        std::fs::read(py.join(capture::index::INDEX_FILE)).unwrap()
+    );
     for args in [vec!["verify"], vec!["verify", "--rehash"]] {
         let mut argv: Vec<&dyn AsRef<std::ffi::OsStr>> = args.iter().map(|a| a as _).collect();
         argv.push(&rust);

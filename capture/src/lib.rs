@@ -43,6 +43,7 @@ pub mod compare;
 pub mod dtype;
 mod error;
 mod hashes;
+pub mod index;
 pub mod key;
 pub mod manifest;
 mod manifest_file;

@@ -26,7 +26,7 @@ use std::fmt::Write as _;
 
 /// The format version this crate writes, `major.minor`. A reader refuses a
 /// major version it does not know; a newer minor only adds fields it may ignore.
-pub const FORMAT_VERSION: &str = "2.0";
+pub const FORMAT_VERSION: &str = "2.1";
 /// The major version this crate writes, and the newest it reads.
 pub const FORMAT_MAJOR: u32 = 2;
 /// The oldest major version this crate reads (format 1: hashes in capture
@@ -534,7 +534,7 @@ mod tests {
     #[test]
     fn versions() {
         assert_eq!(parse_version("1.0"), Some((1, 0)));
-        assert_eq!(parse_version(FORMAT_VERSION), Some((FORMAT_MAJOR, 0)));
+        assert_eq!(parse_version(FORMAT_VERSION), Some((FORMAT_MAJOR, 1)));
         assert_eq!(parse_version("12.34"), Some((12, 34)));
         assert_eq!(parse_version("1"), None);
         assert_eq!(parse_version("x.y"), None);

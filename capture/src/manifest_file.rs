@@ -225,6 +225,13 @@ pub(crate) fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<Parsed> {
     if manifest::parse_version(&version).is_some_and(|(major, _)| major >= 2) {
         manifest::check_seal(bytes).map_err(bad)?;
     }
+    if crate::index::has_index(&version) {
+        // Format 2.1: the fields before the entries from the JSON, the
+        // entries from the index (checked against these very bytes).
+        let tree = path.parent().unwrap_or(Path::new("."));
+        let manifest = crate::index::open_manifest(tree, bytes)?;
+        return Ok((manifest, (head.taps, head.bytes)));
+    }
     // No entry is written in fewer than 100 bytes: a head that claims more
     // taps than that allows reserves no more than the file could hold.
     let hint = head.taps.unwrap_or(0).min(bytes.len() as u64 / 100) as usize;

@@ -79,6 +79,26 @@ impl TreeReader {
         {
             if format == "taptree" {
                 check_version(&manifest_path, &version)?;
+                if crate::index::has_index(&version) {
+                    // Format 2.1: the index's sealed head, both files'
+                    // sizes, and the manifest's bytes before its entries.
+                    let index = crate::index::check_trusted(path, &version, &root)?;
+                    if (index.taps, index.bytes) != (taps, bytes) {
+                        return Err(Error::BadManifest {
+                            path: manifest_path,
+                            reason: format!(
+                                "its head says {taps} taps of {bytes} bytes, its index {} of {}",
+                                index.taps, index.bytes
+                            ),
+                        });
+                    }
+                    return Ok(ManifestHead {
+                        format_version: version,
+                        root,
+                        taps,
+                        bytes,
+                    });
+                }
                 if manifest::parse_version(&version).is_some_and(|(major, _)| major >= 2) {
                     let whole = read_manifest(path, None)?;
                     manifest::check_seal(&whole).map_err(|reason| Error::BadManifest {
@@ -231,7 +251,11 @@ impl TreeReader {
         let mut out = Vec::new();
         for name in names(&self.path)? {
             let path = self.path.join(&name);
-            if name == MANIFEST_FILE || name == manifest::MARKER_FILE {
+            if name == MANIFEST_FILE
+                || name == manifest::MARKER_FILE
+                || (name == crate::index::INDEX_FILE
+                    && crate::index::has_index(&self.manifest.format_version))
+            {
                 continue;
             }
             if dirs.contains(name.as_str()) && path.is_dir() {
@@ -252,6 +276,7 @@ impl TreeReader {
     /// Rehashes every tap (in parallel) and returns the first failure in
     /// forward order, or what was checked.
     pub fn verify(&self) -> Result<Verified> {
+        self.check_json_entries()?;
         let entries = self.entries();
         let threads = std::thread::available_parallelism()
             .map_or(2, |n| n.get())
@@ -287,6 +312,40 @@ impl TreeReader {
                 bytes: self.manifest.bytes_of_entries(),
             }),
         }
+    }
+
+    /// A format 2.1 tree is opened from its index: the manifest is parsed
+    /// whole here and must say exactly what the index says, so that a
+    /// reader of the JSON alone sees the same tree.
+    fn check_json_entries(&self) -> Result<()> {
+        if !crate::index::has_index(&self.manifest.format_version) {
+            return Ok(());
+        }
+        let path = self.path.join(MANIFEST_FILE);
+        let bytes = read_manifest(&self.path, None)?;
+        let json: Manifest = manifest::with_entries_hint(self.manifest.entries.len(), || {
+            serde_json::from_slice(&bytes)
+        })
+        .map_err(|e| Error::BadManifest {
+            path: path.clone(),
+            reason: format!("not valid JSON: {e}"),
+        })?;
+        if json != self.manifest {
+            let first = json
+                .entries
+                .iter()
+                .zip(&self.manifest.entries)
+                .position(|(a, b)| a != b)
+                .map_or_else(
+                    || "its fields or entry count".to_string(),
+                    |i| format!("entry {i} ({})", json.entries[i].key),
+                );
+            return Err(Error::BadManifest {
+                path,
+                reason: format!("it and its index disagree at {first}"),
+            });
+        }
+        Ok(())
     }
 
     /// The entry's file path, refusing a file or directory that is a link

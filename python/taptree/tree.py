@@ -34,11 +34,12 @@ import numpy as np
 
 from .select import Selection
 
-FORMAT_VERSION = "2.0"
+FORMAT_VERSION = "2.1"
 FORMAT_MAJOR = 2
 FORMAT_MAJOR_OLDEST = 1
 UNSEALED = "0" * 64
 MANIFEST = "manifest.json"
+INDEX = "manifest.idx"
 MARKER = ".taptree"
 
 _DTYPES = {
@@ -160,6 +161,82 @@ def sealed(raw):
     """The manifest's bytes with its manifest_blake3 filled in."""
     at = _seal_digits(raw)
     return raw[: at[0]] + manifest_seal(raw).encode() + raw[at[1] :]
+
+
+_DTYPE_CODE = {"F32": 0, "F16": 1, "BF16": 2, "F64": 3, "I8": 4, "I32": 5}
+_NONE = 0xFFFFFFFF
+
+
+def build_index(raw, manifest):
+    """The bytes of `manifest.idx` for a sealed manifest's exact bytes `raw`
+    and the manifest they hold (docs/FORMAT.md, "The index"): a 256-byte
+    sealed head, then one 104-byte record per entry, the shapes' dimensions,
+    and the strings (stage names, and paths not spelt as path_of spells them)."""
+    at = raw.rfind(b'"entries":[')
+    if at < 0:
+        raise TreeError("manifest has no entries array to index")
+    entries_at = at + len(b'"entries":[') - 1
+    # Where the array ends: raw_decode over latin-1 text counts bytes.
+    entries_end = json.JSONDecoder().raw_decode(raw.decode("latin-1"), entries_at)[1]
+    seal = _seal_digits(raw)
+    strings, ids = [], {}
+
+    def intern(s):
+        if s not in ids:
+            ids[s] = len(strings)
+            strings.append(s)
+        return ids[s]
+
+    records, dims = [], []
+    for e in manifest["entries"]:
+        k = e["key"]
+        layer, slot = k.get("layer"), k.get("slot")
+        path = e["path"]
+        standard = path_of(k["stage"], layer, k["pos"]["start"], k["pos"]["end"], slot)
+        header = e.get("header_blake3")
+        records.append(
+            struct.pack(
+                "<5IBBHII Q32s32s",
+                intern(k["stage"]),
+                0 if layer is None else layer,
+                k["pos"]["start"],
+                k["pos"]["end"],
+                0 if slot is None else slot,
+                _DTYPE_CODE[e["dtype"]],
+                len(e["shape"]),
+                (header is not None) | (layer is not None) << 1 | (slot is not None) << 2,
+                len(dims),
+                _NONE if path == standard else intern(path),
+                e["bytes"],
+                bytes.fromhex(e["blake3"]),
+                bytes.fromhex(header) if header is not None else bytes(32),
+            )
+        )
+        dims.extend(e["shape"])
+    body = b"".join(records) + struct.pack("<%dQ" % len(dims), *dims)
+    for s in strings:
+        b = s.encode()
+        body += struct.pack("<I", len(b)) + b
+    major, minor = (int(x) for x in str(manifest["format_version"]).split("."))
+    head = b"taptree index\n\0\0" + struct.pack(
+        "<II7Q32s32s32s32sQ",
+        major,
+        minor,
+        len(manifest["entries"]),
+        sum(e["bytes"] for e in manifest["entries"]),
+        len(raw),
+        entries_at,
+        len(body),
+        len(dims),
+        len(strings),
+        bytes.fromhex(manifest["root"]),
+        bytes.fromhex(raw[seal[0] : seal[1]].decode()),
+        blake3.blake3(raw[:entries_at] + raw[entries_end:]).digest(),
+        blake3.blake3(body).digest(),
+        entries_end,
+    )
+    head += bytes(224 - len(head))  # reserved
+    return head + blake3.blake3(head).digest() + body
 
 
 def header_hash(prefix):
@@ -328,12 +405,15 @@ class TreeWriter:
         }
         manifest["dirs"], manifest["root"] = tree_hashes(self.entries, manifest)
         root = manifest["root"]
-        tmp = os.path.join(self.dir, MANIFEST + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(sealed(json.dumps(manifest, separators=(",", ":")).encode() + b"\n"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(self.dir, MANIFEST))
+        raw = sealed(json.dumps(manifest, separators=(",", ":")).encode() + b"\n")
+        # The index first: a format 2.1 manifest is never without one.
+        for name, data in ((INDEX, build_index(raw, manifest)), (MANIFEST, raw)):
+            tmp = os.path.join(self.dir, name + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, os.path.join(self.dir, name))
         if self._staging:
             old = _sibling(self.out, "old")
             shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,257 @@
+//! The manifest's binary index (format 2.1): written by every capture, it
+//! opens to the same manifest as the JSON, and every damage to it or to the
+//! manifest is refused by the readers that are meant to see it.
+
+// With `compile-out` nothing is ever tapped; these tests need real taps.
+#![cfg(not(feature = "compile-out"))]
+
+use capture::index::{self, HEAD_LEN, INDEX_FILE};
+use capture::{Capture, CaptureOptions, Manifest, RunInfo, Selection, StageSpec, TreeReader};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// A tree of 2 layers × 3 stages over 4 decode positions, one with a slot.
+fn tree(dir: &Path) -> PathBuf {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let out = dir.join("t");
+    let cap = Capture::start(CaptureOptions {
+        out: out.clone(),
+        selection: Selection::parse("").unwrap(),
+        force: false,
+        stages: vec![
+            StageSpec::global("embedding", &[]),
+            StageSpec::layer("attn_norm", &[]),
+            StageSpec::layer("ffn_down", &["attn_norm"]),
+        ],
+        run: RunInfo {
+            model: "toy".into(),
+            precision: "f32".into(),
+            prompt_tokens: vec![1, 2, 3, 4],
+            ..RunInfo::default()
+        },
+    })
+    .unwrap();
+    for p in 0..4u32 {
+        let row: Vec<f32> = (0..6).map(|i| (p * 10 + i) as f32).collect();
+        capture::tap("embedding", None, p..p + 1, None, &[1, 6], &row);
+        for layer in 0..2 {
+            capture::tap("attn_norm", Some(layer), p..p + 1, None, &[1, 6], &row);
+            capture::tap("ffn_down", Some(layer), p..p + 1, Some(0), &[1, 2, 3], &row);
+        }
+    }
+    cap.finish().unwrap();
+    out
+}
+
+fn json_manifest(tree: &Path) -> Manifest {
+    serde_json::from_slice(&std::fs::read(tree.join("manifest.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn a_capture_writes_an_index_that_opens_to_the_manifest_the_json_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tree(dir.path());
+    assert!(t.join(INDEX_FILE).is_file());
+    let json = json_manifest(&t);
+    assert_eq!(json.format_version, "2.1");
+    let opened = TreeReader::open(&t).unwrap();
+    assert_eq!(opened.manifest(), &json);
+    assert_eq!(opened.entries().len(), 4 * 5);
+    assert!(opened.entries().iter().any(|e| e.key.slot == Some(0)));
+    // Built again from the same bytes, the index is the same bytes.
+    let bytes = std::fs::read(t.join("manifest.json")).unwrap();
+    let again = index::build(&bytes, &json).unwrap();
+    assert_eq!(again, std::fs::read(t.join(INDEX_FILE)).unwrap());
+    let head = TreeReader::head(&t).unwrap();
+    assert_eq!(head.root, json.root);
+    assert_eq!((head.taps, head.bytes), (20, json.bytes_of_entries()));
+    opened.verify().unwrap();
+    assert!(
+        opened.unlisted().unwrap().is_empty(),
+        "the index is the tree's own"
+    );
+}
+
+#[test]
+fn every_byte_of_the_index_head_and_every_size_is_checked_by_the_trusted_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tree(dir.path());
+    let idx_path = t.join(INDEX_FILE);
+    let idx = std::fs::read(&idx_path).unwrap();
+    for i in 0..HEAD_LEN {
+        let mut b = idx.clone();
+        b[i] ^= 0x10;
+        std::fs::write(&idx_path, &b).unwrap();
+        let err = TreeReader::head(&t).unwrap_err().to_string();
+        assert!(err.contains("manifest.idx"), "flip at {i}: {err}");
+        assert!(TreeReader::open(&t).is_err(), "flip at {i}");
+    }
+    for len in [0, 1, HEAD_LEN - 1, HEAD_LEN, idx.len() - 1] {
+        std::fs::write(&idx_path, &idx[..len]).unwrap();
+        assert!(TreeReader::head(&t).is_err(), "index cut to {len}");
+        assert!(TreeReader::open(&t).is_err(), "index cut to {len}");
+    }
+    let mut longer = idx.clone();
+    longer.push(0);
+    std::fs::write(&idx_path, &longer).unwrap();
+    assert!(TreeReader::head(&t).is_err(), "index appended to");
+    std::fs::write(&idx_path, &idx).unwrap();
+
+    let json_path = t.join("manifest.json");
+    let json = std::fs::read(&json_path).unwrap();
+    for len in (0..json.len()).step_by(7).chain([json.len() - 1]) {
+        std::fs::write(&json_path, &json[..len]).unwrap();
+        assert!(TreeReader::head(&t).is_err(), "manifest cut to {len}");
+    }
+    let mut longer = json.clone();
+    longer.extend_from_slice(b" ");
+    std::fs::write(&json_path, &longer).unwrap();
+    let err = TreeReader::head(&t).unwrap_err().to_string();
+    assert!(err.contains("damaged"), "{err}");
+    // Every byte outside the entry list: the head, run, stages, dirs, and
+    // the closing brace.
+    let at = json
+        .windows(11)
+        .rposition(|w| w == b"\"entries\":[")
+        .unwrap()
+        + 10;
+    let end = json.len() - 2;
+    assert_eq!(&json[end - 1..], b"]}\n");
+    for i in (0..=at).chain(end..json.len()) {
+        let mut b = json.clone();
+        b[i] ^= 0x01;
+        std::fs::write(&json_path, &b).unwrap();
+        assert!(TreeReader::head(&t).is_err(), "flip at {i}");
+    }
+    std::fs::write(&json_path, &json).unwrap();
+    TreeReader::head(&t).unwrap();
+}
+
+#[test]
+fn the_trusted_path_does_not_read_the_entries_and_every_other_reader_does() {
+    // The documented line (docs/FORMAT.md, "What trusted `verify A B`
+    // trusts"): a byte changed in place inside the manifest's entry list
+    // or the index's records passes the trusted head check; opening the
+    // tree refuses it.
+    let dir = tempfile::tempdir().unwrap();
+    let t = tree(dir.path());
+    let json_path = t.join("manifest.json");
+    let json = std::fs::read(&json_path).unwrap();
+    let at = json
+        .windows(11)
+        .rposition(|w| w == b"\"entries\":[")
+        .unwrap()
+        + 11;
+    let mut passed = 0;
+    for i in (at..json.len() - 3).step_by(13) {
+        let mut b = json.clone();
+        b[i] ^= 0x01;
+        std::fs::write(&json_path, &b).unwrap();
+        passed += usize::from(TreeReader::head(&t).is_ok());
+        assert!(TreeReader::open(&t).is_err(), "manifest flip at {i}");
+    }
+    assert!(passed > 0);
+    std::fs::write(&json_path, &json).unwrap();
+    let idx_path = t.join(INDEX_FILE);
+    let idx = std::fs::read(&idx_path).unwrap();
+    for i in HEAD_LEN..idx.len() {
+        let mut b = idx.clone();
+        b[i] ^= 0x01;
+        std::fs::write(&idx_path, &b).unwrap();
+        TreeReader::head(&t).unwrap();
+        let err = TreeReader::open(&t).unwrap_err().to_string();
+        assert!(err.contains("manifest.idx"), "index flip at {i}: {err}");
+    }
+    std::fs::write(&idx_path, &idx).unwrap();
+    TreeReader::open(&t).unwrap();
+}
+
+#[test]
+fn a_resealed_index_with_edited_records_is_refused_by_its_checks() {
+    // Edits with the body hash and head seal redone: what catches them is
+    // the decoder's bounds, the reader rules and the root.
+    let dir = tempfile::tempdir().unwrap();
+    let t = tree(dir.path());
+    let idx_path = t.join(INDEX_FILE);
+    let idx = std::fs::read(&idx_path).unwrap();
+    let edits: [(&str, usize, &[u8]); 7] = [
+        ("stage string", HEAD_LEN, &[0xff, 0, 0, 0]),
+        ("layer", HEAD_LEN + 4, &[0xff, 0xff, 0xff, 0xff]),
+        ("position", HEAD_LEN + 12, &[9, 0, 0, 0]),
+        ("dtype", HEAD_LEN + 20, &[9]),
+        ("flags", HEAD_LEN + 22, &[0xff]),
+        ("dims", HEAD_LEN + 24, &[0xff, 0xff, 0, 0]),
+        ("tensor hash", HEAD_LEN + 40, &[0xab]),
+    ];
+    for (what, at, bytes) in edits {
+        let mut b = idx.clone();
+        b[at..at + bytes.len()].copy_from_slice(bytes);
+        index::reseal(&mut b);
+        std::fs::write(&idx_path, &b).unwrap();
+        assert!(TreeReader::open(&t).is_err(), "{what}");
+    }
+    // The header hash is in no root: the JSON, parsed whole, disagrees.
+    let mut b = idx.clone();
+    b[HEAD_LEN + 72] ^= 1;
+    index::reseal(&mut b);
+    std::fs::write(&idx_path, &b).unwrap();
+    let tree = TreeReader::open(&t).unwrap();
+    let err = tree.verify().unwrap_err().to_string();
+    assert!(
+        err.contains("it and its index disagree at entry 0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_index_is_refused_and_a_format_2_0_tree_needs_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tree(dir.path());
+    let idx = std::fs::read(t.join(INDEX_FILE)).unwrap();
+    std::fs::remove_file(t.join(INDEX_FILE)).unwrap();
+    for err in [
+        TreeReader::head(&t).unwrap_err(),
+        TreeReader::open(&t).unwrap_err(),
+    ] {
+        assert!(
+            err.to_string()
+                .contains("manifest.idx: bad manifest: missing"),
+            "{err}"
+        );
+    }
+    // The same tree written as format 2.0 (no index): read whole.
+    let json = std::fs::read_to_string(t.join("manifest.json")).unwrap();
+    let mut old = json
+        .replacen(
+            "\"format_version\":\"2.1\"",
+            "\"format_version\":\"2.0\"",
+            1,
+        )
+        .into_bytes();
+    capture::manifest::seal(&mut old);
+    std::fs::write(t.join("manifest.json"), &old).unwrap();
+    let head = TreeReader::head(&t).unwrap();
+    assert_eq!(head.format_version, "2.0");
+    TreeReader::open(&t).unwrap().verify().unwrap();
+    // A 2.0 manifest beside a stale index: the index is not read.
+    std::fs::write(t.join(INDEX_FILE), idx).unwrap();
+    TreeReader::head(&t).unwrap();
+    TreeReader::open(&t).unwrap();
+}
+
+#[test]
+fn an_index_that_is_a_link_out_of_the_tree_or_not_a_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tree(dir.path());
+    let idx_path = t.join(INDEX_FILE);
+    let elsewhere = dir.path().join("elsewhere.idx");
+    std::fs::rename(&idx_path, &elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &idx_path).unwrap();
+    let err = TreeReader::head(&t).unwrap_err().to_string();
+    assert!(err.contains("outside the tree"), "{err}");
+    std::fs::remove_file(&idx_path).unwrap();
+    std::fs::create_dir(&idx_path).unwrap();
+    assert!(TreeReader::head(&t).is_err());
+    assert!(TreeReader::open(&t).is_err());
+}
