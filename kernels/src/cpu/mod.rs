@@ -17,7 +17,9 @@ pub mod forward;
 pub mod llamacpp;
 pub mod matmul;
 pub mod norm;
+pub mod qmatrix;
 pub mod rope;
+mod rows;
 pub mod weights;
 
 pub use forward::CpuForward;

@@ -1,0 +1,193 @@
+//! The matmul's inner loops: a chunk of output features against every
+//! activation row, in float or on q8 activations.
+//!
+//! Every output is the same sum in the same order as [`dot`] (eight lanes,
+//! summed pairwise at the end) whatever the grouping: four activation rows
+//! share one weight row ([`dot4`], prefill), or one activation row meets four
+//! weight rows ([`dot_w4`], decode), so that four independent chains keep
+//! the adder busy without reordering any sum. Weight rows are dequantized
+//! four at a time into a small buffer when the weight is held quantized.
+//!
+//! The loops are compiled twice: for AVX2, chosen at run time, and for the
+//! baseline. Both are the same additions and multiplications in the same
+//! order (no FMA contraction: Rust never fuses), so the two give the same
+//! bits; only the vector width differs.
+
+use super::matmul::{dot, dot4, QuantRow};
+use super::qmatrix::WeightRows;
+use super::Real;
+
+/// One matmul's inputs.
+pub(super) struct Job<'a, T, W> {
+    pub x: &'a [T],
+    pub n: usize,
+    pub w: &'a W,
+    pub mins: Option<&'a [f32]>,
+    /// The activation rows quantized per block of the weight's block size,
+    /// for the q8 path; `None` for float activations.
+    pub q: Option<&'a [QuantRow<T>]>,
+}
+
+/// Fills `out` (`[k, n]`, transposed) with output features `first..first + k`.
+pub(super) fn fill_chunk<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { fill_chunk_avx2(job, first, out) };
+        }
+    }
+    chunk_body(job, first, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn fill_chunk_avx2<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [T]) {
+    chunk_body(job, first, out)
+}
+
+/// [`dot`] of one activation row against four weight rows, each sum in
+/// exactly [`dot`]'s order, with the activation loaded once for the four.
+#[inline(always)]
+pub fn dot_w4<T: Real>(a: &[T], w: [&[f32]; 4]) -> [T; 4] {
+    let mut acc = [[T::ZERO; 8]; 4];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        let a8 = &a[c * 8..c * 8 + 8];
+        for (acc_r, wr) in acc.iter_mut().zip(&w) {
+            let w8 = &wr[c * 8..c * 8 + 8];
+            for j in 0..8 {
+                acc_r[j] += a8[j] * T::from_f32(w8[j]);
+            }
+        }
+    }
+    for i in chunks * 8..a.len() {
+        for (acc_r, wr) in acc.iter_mut().zip(&w) {
+            acc_r[i % 8] += a[i] * T::from_f32(wr[i]);
+        }
+    }
+    acc.map(|l| ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])))
+}
+
+#[inline(always)]
+fn chunk_body<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [T]) {
+    let (n, cols) = (job.n, job.w.cols());
+    let k = out.len() / n;
+    let mut buf = vec![0f32; 4 * cols];
+    let mut i = 0;
+    while i < k {
+        let g = (k - i).min(4);
+        let mut parts = buf.chunks_exact_mut(cols);
+        let mut wr: [&[f32]; 4] = [&[]; 4];
+        for (j, slot) in wr.iter_mut().enumerate().take(g) {
+            *slot = job.w.row_in(first + i + j, parts.next().expect("four parts"));
+        }
+        for j in g..4 {
+            wr[j] = wr[0];
+        }
+        let out_g = &mut out[i * n..(i + g) * n];
+        match job.q {
+            Some(q) => q8_group(job, q, first + i, g, wr, out_g),
+            None => float_group(job, g, wr, out_g),
+        }
+        i += g;
+    }
+}
+
+/// `g` weight rows (`wr[..g]`) against every activation row, in float.
+#[inline(always)]
+fn float_group<T: Real, W>(job: &Job<T, W>, g: usize, wr: [&[f32]; 4], out: &mut [T]) {
+    let (n, cols, x) = (job.n, wr[0].len(), job.x);
+    let row = |r: usize| &x[r * cols..(r + 1) * cols];
+    if n < 4 && g == 4 {
+        for r in 0..n {
+            let y = dot_w4(row(r), wr);
+            for j in 0..4 {
+                out[j * n + r] = y[j];
+            }
+        }
+        return;
+    }
+    for (j, o_out) in out.chunks_exact_mut(n).enumerate() {
+        let mut r = 0;
+        while r + 4 <= n {
+            let y4 = dot4([row(r), row(r + 1), row(r + 2), row(r + 3)], wr[j]);
+            o_out[r..r + 4].copy_from_slice(&y4);
+            r += 4;
+        }
+        for (r, y) in o_out.iter_mut().enumerate().skip(r) {
+            *y = dot(row(r), wr[j]);
+        }
+    }
+}
+
+/// `g` weight rows from output feature `o0` against every quantized
+/// activation row: `sum_b d_b * dot(q_b, w_b)`, then Q4_1's min term (see
+/// [`super::matmul`]), per output in that order.
+#[inline(always)]
+fn q8_group<T: Real, W: WeightRows>(
+    job: &Job<T, W>,
+    q: &[QuantRow<T>],
+    o0: usize,
+    g: usize,
+    wr: [&[f32]; 4],
+    out: &mut [T],
+) {
+    let (n, block) = (job.n, job.w.block());
+    let nb = wr[0].len() / block;
+    let min_term = |o: usize, qr: &QuantRow<T>, acc: &mut T| {
+        if let Some(mins) = job.mins {
+            for (mb, e) in mins[o * nb..][..nb].iter().zip(&qr.s_err) {
+                *acc += T::from_f32(*mb) * *e;
+            }
+        }
+    };
+    if n < 4 && g == 4 {
+        for (r, qr) in q.iter().enumerate() {
+            let mut acc = [T::ZERO; 4];
+            for (b, d) in qr.d.iter().enumerate() {
+                let s = b * block..(b + 1) * block;
+                let w4 = wr.map(|w| &w[s.clone()]);
+                let y = dot_w4(&qr.q[s], w4);
+                for j in 0..4 {
+                    acc[j] += *d * y[j];
+                }
+            }
+            for (j, a) in acc.iter_mut().enumerate() {
+                min_term(o0 + j, qr, a);
+                out[j * n + r] = *a;
+            }
+        }
+        return;
+    }
+    for (j, o_out) in out.chunks_exact_mut(n).enumerate() {
+        let w = wr[j];
+        let mut r = 0;
+        while r + 4 <= n {
+            let qs = [&q[r], &q[r + 1], &q[r + 2], &q[r + 3]];
+            let mut acc = [T::ZERO; 4];
+            for b in 0..nb {
+                let s = b * block..(b + 1) * block;
+                let y = dot4(qs.map(|qr| &qr.q[s.clone()]), &w[s]);
+                for t in 0..4 {
+                    acc[t] += qs[t].d[b] * y[t];
+                }
+            }
+            for t in 0..4 {
+                min_term(o0 + j, qs[t], &mut acc[t]);
+                o_out[r + t] = acc[t];
+            }
+            r += 4;
+        }
+        for (r, y) in o_out.iter_mut().enumerate().skip(r) {
+            let qr = &q[r];
+            let mut acc = T::ZERO;
+            for (b, d) in qr.d.iter().enumerate() {
+                let s = b * block..(b + 1) * block;
+                acc += *d * dot(&qr.q[s.clone()], &w[s]);
+            }
+            min_term(o0 + j, qr, &mut acc);
+            *y = acc;
+        }
+    }
+}
