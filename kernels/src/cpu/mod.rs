@@ -19,7 +19,8 @@ pub mod matmul;
 pub mod norm;
 pub mod qmatrix;
 pub mod rope;
-mod rows;
+pub mod rows;
+mod rows_avx;
 pub mod weights;
 
 pub use forward::CpuForward;
@@ -32,6 +33,7 @@ use std::ops::{Add, AddAssign, Div, Mul, Neg, Sub};
 /// exactly in f64 mode.
 pub trait Real:
     capture::TapElem
+    + rows::Dots
     + Copy
     + Default
     + Debug

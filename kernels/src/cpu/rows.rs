@@ -1,7 +1,7 @@
 //! The matmul's inner loops: a chunk of output features against every
 //! activation row, in float or on q8 activations.
 //!
-//! Every output is the same sum in the same order as [`dot`] (eight lanes,
+//! Every output is the same sum in the same order as [`super::matmul::dot`] (eight lanes,
 //! summed pairwise at the end) whatever the grouping: four activation rows
 //! share one weight row ([`dot4`], prefill), or one activation row meets four
 //! weight rows ([`dot_w4`], decode), so that four independent chains keep
@@ -13,12 +13,12 @@
 //! order (no FMA contraction: Rust never fuses), so the two give the same
 //! bits; only the vector width differs.
 
-use super::matmul::{dot, dot4, QuantRow};
+use super::matmul::{dot4, QuantRow};
 use super::qmatrix::WeightRows;
 use super::Real;
 
 /// One matmul's inputs.
-pub(super) struct Job<'a, T, W> {
+pub(crate) struct Job<'a, T, W> {
     pub x: &'a [T],
     pub n: usize,
     pub w: &'a W,
@@ -29,7 +29,7 @@ pub(super) struct Job<'a, T, W> {
 }
 
 /// Fills `out` (`[k, n]`, transposed) with output features `first..first + k`.
-pub(super) fn fill_chunk<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [T]) {
+pub(crate) fn fill_chunk<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [T]) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -46,8 +46,8 @@ unsafe fn fill_chunk_avx2<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize,
     chunk_body(job, first, out)
 }
 
-/// [`dot`] of one activation row against four weight rows, each sum in
-/// exactly [`dot`]'s order, with the activation loaded once for the four.
+/// [`super::matmul::dot`] of one activation row against four weight rows, each sum in
+/// exactly that order, with the activation loaded once for the four.
 #[inline(always)]
 pub fn dot_w4<T: Real>(a: &[T], w: [&[f32]; 4]) -> [T; 4] {
     let mut acc = [[T::ZERO; 8]; 4];
@@ -94,6 +94,76 @@ fn chunk_body<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [
     }
 }
 
+/// Vector fast paths of the inner loops, for the element types that have
+/// them (f32 on x86_64 with AVX: [`super::rows_avx`]); `None` sends the
+/// caller to the portable loop, which gives the same bits.
+pub trait Dots: Sized + Copy {
+    fn dot4_fast(_a: [&[Self]; 4], _w: &[f32]) -> Option<[Self; 4]> {
+        None
+    }
+    fn dot_w4_fast(_a: &[Self], _w: [&[f32]; 4]) -> Option<[Self; 4]> {
+        None
+    }
+    fn q8_rows4_fast(_q: [&[Self]; 4], _d: [&[Self]; 4], _w: &[f32], _b: usize) -> Option<[Self; 4]> {
+        None
+    }
+    fn q8_w4_fast(_q: &[Self], _d: &[Self], _w: [&[f32]; 4], _b: usize) -> Option<[Self; 4]> {
+        None
+    }
+}
+
+impl Dots for f64 {}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn avx(len: usize) -> bool {
+    len % 8 == 0 && std::arch::is_x86_feature_detected!("avx")
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Dots for f32 {
+    #[inline(always)]
+    fn dot4_fast(a: [&[f32]; 4], w: &[f32]) -> Option<[f32; 4]> {
+        let ok = avx(w.len()) && a.iter().all(|r| r.len() >= w.len());
+        // SAFETY: AVX checked by `avx`, lengths just above.
+        ok.then(|| unsafe { super::rows_avx::dot4(a, w) })
+    }
+    #[inline(always)]
+    fn dot_w4_fast(a: &[f32], w: [&[f32]; 4]) -> Option<[f32; 4]> {
+        let ok = avx(a.len()) && w.iter().all(|r| r.len() >= a.len());
+        // SAFETY: as above.
+        ok.then(|| unsafe { super::rows_avx::dot_w4(a, w) })
+    }
+    #[inline(always)]
+    fn q8_rows4_fast(q: [&[f32]; 4], d: [&[f32]; 4], w: &[f32], b: usize) -> Option<[f32; 4]> {
+        let ok = avx(b)
+            && w.len() % b == 0
+            && q.iter().all(|r| r.len() >= w.len())
+            && d.iter().all(|r| r.len() >= w.len() / b);
+        // SAFETY: as above.
+        ok.then(|| unsafe { super::rows_avx::q8_rows4(q, d, w, b) })
+    }
+    #[inline(always)]
+    fn q8_w4_fast(q: &[f32], d: &[f32], w: [&[f32]; 4], b: usize) -> Option<[f32; 4]> {
+        let ok = avx(b)
+            && q.len() % b == 0
+            && d.len() >= q.len() / b
+            && w.iter().all(|r| r.len() >= q.len());
+        // SAFETY: as above.
+        ok.then(|| unsafe { super::rows_avx::q8_w4(q, d, w, b) })
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+impl Dots for f32 {}
+
+/// Four activation rows, the last repeated when fewer than four are left
+/// (its extra results are dropped): keeps remainders on the vector path.
+#[inline(always)]
+fn four<'a, U: ?Sized>(rows: impl Fn(usize) -> &'a U, r: usize, n: usize) -> [&'a U; 4] {
+    [0, 1, 2, 3].map(|t| rows((r + t).min(n - 1)))
+}
+
 /// `g` weight rows (`wr[..g]`) against every activation row, in float.
 #[inline(always)]
 fn float_group<T: Real, W>(job: &Job<T, W>, g: usize, wr: [&[f32]; 4], out: &mut [T]) {
@@ -101,7 +171,7 @@ fn float_group<T: Real, W>(job: &Job<T, W>, g: usize, wr: [&[f32]; 4], out: &mut
     let row = |r: usize| &x[r * cols..(r + 1) * cols];
     if n < 4 && g == 4 {
         for r in 0..n {
-            let y = dot_w4(row(r), wr);
+            let y = T::dot_w4_fast(row(r), wr).unwrap_or_else(|| dot_w4(row(r), wr));
             for j in 0..4 {
                 out[j * n + r] = y[j];
             }
@@ -109,14 +179,11 @@ fn float_group<T: Real, W>(job: &Job<T, W>, g: usize, wr: [&[f32]; 4], out: &mut
         return;
     }
     for (j, o_out) in out.chunks_exact_mut(n).enumerate() {
-        let mut r = 0;
-        while r + 4 <= n {
-            let y4 = dot4([row(r), row(r + 1), row(r + 2), row(r + 3)], wr[j]);
-            o_out[r..r + 4].copy_from_slice(&y4);
-            r += 4;
-        }
-        for (r, y) in o_out.iter_mut().enumerate().skip(r) {
-            *y = dot(row(r), wr[j]);
+        for r in (0..n).step_by(4) {
+            let a = four(row, r, n);
+            let y = T::dot4_fast(a, wr[j]).unwrap_or_else(|| dot4(a, wr[j]));
+            let m = (n - r).min(4);
+            o_out[r..r + m].copy_from_slice(&y[..m]);
         }
     }
 }
@@ -144,15 +211,17 @@ fn q8_group<T: Real, W: WeightRows>(
     };
     if n < 4 && g == 4 {
         for (r, qr) in q.iter().enumerate() {
-            let mut acc = [T::ZERO; 4];
-            for (b, d) in qr.d.iter().enumerate() {
-                let s = b * block..(b + 1) * block;
-                let w4 = wr.map(|w| &w[s.clone()]);
-                let y = dot_w4(&qr.q[s], w4);
-                for j in 0..4 {
-                    acc[j] += *d * y[j];
+            let mut acc = T::q8_w4_fast(&qr.q, &qr.d, wr, block).unwrap_or_else(|| {
+                let mut acc = [T::ZERO; 4];
+                for (b, d) in qr.d.iter().enumerate() {
+                    let s = b * block..(b + 1) * block;
+                    let y = dot_w4(&qr.q[s.clone()], wr.map(|w| &w[s.clone()]));
+                    for j in 0..4 {
+                        acc[j] += *d * y[j];
+                    }
                 }
-            }
+                acc
+            });
             for (j, a) in acc.iter_mut().enumerate() {
                 min_term(o0 + j, qr, a);
                 out[j * n + r] = *a;
@@ -162,32 +231,24 @@ fn q8_group<T: Real, W: WeightRows>(
     }
     for (j, o_out) in out.chunks_exact_mut(n).enumerate() {
         let w = wr[j];
-        let mut r = 0;
-        while r + 4 <= n {
-            let qs = [&q[r], &q[r + 1], &q[r + 2], &q[r + 3]];
-            let mut acc = [T::ZERO; 4];
-            for b in 0..nb {
-                let s = b * block..(b + 1) * block;
-                let y = dot4(qs.map(|qr| &qr.q[s.clone()]), &w[s]);
-                for t in 0..4 {
-                    acc[t] += qs[t].d[b] * y[t];
+        for r in (0..n).step_by(4) {
+            let qs = four(|i| &q[i], r, n);
+            let fast = T::q8_rows4_fast(qs.map(|x| &x.q[..]), qs.map(|x| &x.d[..]), w, block);
+            let mut acc = fast.unwrap_or_else(|| {
+                let mut acc = [T::ZERO; 4];
+                for b in 0..nb {
+                    let s = b * block..(b + 1) * block;
+                    let y = dot4(qs.map(|qr| &qr.q[s.clone()]), &w[s]);
+                    for t in 0..4 {
+                        acc[t] += qs[t].d[b] * y[t];
+                    }
                 }
-            }
-            for t in 0..4 {
+                acc
+            });
+            for t in 0..(n - r).min(4) {
                 min_term(o0 + j, qs[t], &mut acc[t]);
                 o_out[r + t] = acc[t];
             }
-            r += 4;
-        }
-        for (r, y) in o_out.iter_mut().enumerate().skip(r) {
-            let qr = &q[r];
-            let mut acc = T::ZERO;
-            for (b, d) in qr.d.iter().enumerate() {
-                let s = b * block..(b + 1) * block;
-                acc += *d * dot(&qr.q[s.clone()], &w[s]);
-            }
-            min_term(o0 + j, qr, &mut acc);
-            *y = acc;
         }
     }
 }

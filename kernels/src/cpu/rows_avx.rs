@@ -1,0 +1,114 @@
+//! The f32 inner loops of [`super::rows`] written with AVX intrinsics, for
+//! x86_64 CPUs that have AVX (checked at run time by the caller).
+//!
+//! Each is the portable loop's arithmetic in the portable loop's order:
+//! eight lanes, one `mul` then one `add` per element (no FMA, which would
+//! round once instead of twice), and each row's lanes summed as
+//! `((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7))`: the upper half added
+//! to the lower, then two horizontal adds, which for four rows at once give
+//! the four sums in one register. Only NaN payloads could differ (a
+//! horizontal add takes its operands in the other order).
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// The four rows' sums of four 8-lane accumulators.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx")]
+unsafe fn reduce4(acc: [__m256; 4]) -> __m128 {
+    let u = acc.map(|a| _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)));
+    _mm_hadd_ps(_mm_hadd_ps(u[0], u[1]), _mm_hadd_ps(u[2], u[3]))
+}
+
+/// `[dot(a[r], w); 4]` (see [`super::matmul::dot4`]); lengths a multiple of 8.
+///
+/// # Safety
+/// The CPU must support AVX; every slice at least `w.len()` long.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+pub unsafe fn dot4(a: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for c in (0..w.len()).step_by(8) {
+        let wv = _mm256_loadu_ps(w.as_ptr().add(c));
+        for r in 0..4 {
+            let av = _mm256_loadu_ps(a[r].as_ptr().add(c));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(av, wv));
+        }
+    }
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), reduce4(acc));
+    out
+}
+
+/// `[dot(a, w[j]); 4]` (see [`super::rows::dot_w4`]); lengths a multiple of 8.
+///
+/// # Safety
+/// As [`dot4`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+pub unsafe fn dot_w4(a: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for c in (0..a.len()).step_by(8) {
+        let av = _mm256_loadu_ps(a.as_ptr().add(c));
+        for j in 0..4 {
+            let wv = _mm256_loadu_ps(w[j].as_ptr().add(c));
+            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(av, wv));
+        }
+    }
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), reduce4(acc));
+    out
+}
+
+/// Four quantized activation rows against one weight row:
+/// `acc_r = sum_b d_r[b] * dot(q_r[b], w[b])`, blocks in order, each block
+/// dot as [`dot4`]; `block` a multiple of 8.
+///
+/// # Safety
+/// As [`dot4`]; `d[r]` holds `w.len() / block` scales.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+pub unsafe fn q8_rows4(q: [&[f32]; 4], d: [&[f32]; 4], w: &[f32], block: usize) -> [f32; 4] {
+    let mut total = _mm_setzero_ps();
+    for b in 0..w.len() / block {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for c in (b * block..(b + 1) * block).step_by(8) {
+            let wv = _mm256_loadu_ps(w.as_ptr().add(c));
+            for r in 0..4 {
+                let qv = _mm256_loadu_ps(q[r].as_ptr().add(c));
+                acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(qv, wv));
+            }
+        }
+        let dv = _mm_setr_ps(d[0][b], d[1][b], d[2][b], d[3][b]);
+        total = _mm_add_ps(total, _mm_mul_ps(dv, reduce4(acc)));
+    }
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), total);
+    out
+}
+
+/// One quantized activation row against four weight rows:
+/// `acc_j = sum_b d[b] * dot(q[b], w[j][b])`, as [`q8_rows4`].
+///
+/// # Safety
+/// As [`q8_rows4`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+pub unsafe fn q8_w4(q: &[f32], d: &[f32], w: [&[f32]; 4], block: usize) -> [f32; 4] {
+    let mut total = _mm_setzero_ps();
+    for (b, &db) in d.iter().enumerate().take(q.len() / block) {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for c in (b * block..(b + 1) * block).step_by(8) {
+            let qv = _mm256_loadu_ps(q.as_ptr().add(c));
+            for j in 0..4 {
+                let wv = _mm256_loadu_ps(w[j].as_ptr().add(c));
+                acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(qv, wv));
+            }
+        }
+        total = _mm_add_ps(total, _mm_mul_ps(_mm_set1_ps(db), reduce4(acc)));
+    }
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), total);
+    out
+}
