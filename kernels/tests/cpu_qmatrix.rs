@@ -72,7 +72,11 @@ fn quantized_weights_give_the_dequantized_bits() {
                 // Row r of a batch equals row r alone (decode = prefill).
                 for r in [0, n - 1] {
                     let one = matmul_with_mins(&x[r * cols..][..cols], 1, &q, mins.as_deref(), act);
-                    assert_eq!(bits(&one), bits(&a[r * rows..][..rows]), "{ty} n {n} row {r}");
+                    assert_eq!(
+                        bits(&one),
+                        bits(&a[r * rows..][..rows]),
+                        "{ty} n {n} row {r}"
+                    );
                 }
             }
             // f64 activations too.

@@ -235,8 +235,7 @@ impl<T: Real> Quantized<T> {
     }
 
     fn fits(&self, block: usize, act: Act) -> Option<&[QuantRow<T>]> {
-        (!self.rows.is_empty() && self.block == block && self.act == act)
-            .then_some(&self.rows[..])
+        (!self.rows.is_empty() && self.block == block && self.act == act).then_some(&self.rows[..])
     }
 }
 

@@ -128,10 +128,24 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
     half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
-/// [`quant::dequantize`] of whole blocks, with the common formats inlined
-/// into the caller (so they compile with its target features).
+/// [`quant::dequantize`] of whole blocks: Q4_0, Q4_1 and Q8_0 eight weights
+/// at a time with AVX2 (and F16C) where the CPU has them, else inlined into the caller
+/// (so they compile with its target features).
 #[inline(always)]
 pub fn dequantize_blocks(ty: GgmlType, data: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let simd = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
+        if simd
+            && data.len() == ty.row_bytes(out.len())
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            // SAFETY: AVX2 and F16C checked, whole blocks of `ty` filling `out`.
+            unsafe { super::rows_avx::dequantize(ty, data, out) };
+            return;
+        }
+    }
     match ty {
         GgmlType::Q4_1 => {
             for (b, y) in data.chunks_exact(20).zip(out.chunks_exact_mut(32)) {
@@ -210,7 +224,10 @@ mod tests {
             let mut got = vec![0f32; cols];
             for r in 0..rows {
                 q.dequantize_row(r, &mut got);
-                let want_bits: Vec<u32> = want[r * cols..][..cols].iter().map(|v| v.to_bits()).collect();
+                let want_bits: Vec<u32> = want[r * cols..][..cols]
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect();
                 let got_bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
                 assert_eq!(got_bits, want_bits, "{ty} row {r}");
             }

@@ -80,7 +80,9 @@ fn chunk_body<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [
         let mut parts = buf.chunks_exact_mut(cols);
         let mut wr: [&[f32]; 4] = [&[]; 4];
         for (j, slot) in wr.iter_mut().enumerate().take(g) {
-            *slot = job.w.row_in(first + i + j, parts.next().expect("four parts"));
+            *slot = job
+                .w
+                .row_in(first + i + j, parts.next().expect("four parts"));
         }
         for j in g..4 {
             wr[j] = wr[0];
@@ -104,7 +106,12 @@ pub trait Dots: Sized + Copy {
     fn dot_w4_fast(_a: &[Self], _w: [&[f32]; 4]) -> Option<[Self; 4]> {
         None
     }
-    fn q8_rows4_fast(_q: [&[Self]; 4], _d: [&[Self]; 4], _w: &[f32], _b: usize) -> Option<[Self; 4]> {
+    fn q8_rows4_fast(
+        _q: [&[Self]; 4],
+        _d: [&[Self]; 4],
+        _w: &[f32],
+        _b: usize,
+    ) -> Option<[Self; 4]> {
         None
     }
     fn q8_w4_fast(_q: &[Self], _d: &[Self], _w: [&[f32]; 4], _b: usize) -> Option<[Self; 4]> {

@@ -17,8 +17,24 @@ use std::arch::x86_64::*;
 #[inline]
 #[target_feature(enable = "avx")]
 unsafe fn reduce4(acc: [__m256; 4]) -> __m128 {
-    let u = acc.map(|a| _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)));
-    _mm_hadd_ps(_mm_hadd_ps(u[0], u[1]), _mm_hadd_ps(u[2], u[3]))
+    // No closure here: a closure would not carry this function's features.
+    let u0 = _mm_add_ps(
+        _mm256_castps256_ps128(acc[0]),
+        _mm256_extractf128_ps(acc[0], 1),
+    );
+    let u1 = _mm_add_ps(
+        _mm256_castps256_ps128(acc[1]),
+        _mm256_extractf128_ps(acc[1], 1),
+    );
+    let u2 = _mm_add_ps(
+        _mm256_castps256_ps128(acc[2]),
+        _mm256_extractf128_ps(acc[2], 1),
+    );
+    let u3 = _mm_add_ps(
+        _mm256_castps256_ps128(acc[3]),
+        _mm256_extractf128_ps(acc[3], 1),
+    );
+    _mm_hadd_ps(_mm_hadd_ps(u0, u1), _mm_hadd_ps(u2, u3))
 }
 
 /// `[dot(a[r], w); 4]` (see [`super::matmul::dot4`]); lengths a multiple of 8.
@@ -111,4 +127,67 @@ pub unsafe fn q8_w4(q: &[f32], d: &[f32], w: [&[f32]; 4], block: usize) -> [f32;
     let mut out = [0f32; 4];
     _mm_storeu_ps(out.as_mut_ptr(), total);
     out
+}
+
+/// Dequantizes whole Q4_0, Q4_1 or Q8_0 blocks as
+/// [`super::qmatrix::dequantize_blocks`] does (the integer to f32
+/// conversion is exact; then one `mul` and, for Q4_1, one `add`), eight
+/// weights at a time. Other formats are left to the caller.
+///
+/// The f16 scales convert with F16C (exact, as `half`'s conversion).
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `data` whole blocks of `ty` and `out`
+/// as long as their weights.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn dequantize(ty: crate::quant::GgmlType, data: &[u8], out: &mut [f32]) {
+    use crate::quant::GgmlType;
+    let mask = _mm_set1_epi8(0x0F);
+    // Four groups of eight bytes: the low halves of `a` and `b`, then the high.
+    let quads = |a: __m128i, b: __m128i| [a, _mm_srli_si128(a, 8), b, _mm_srli_si128(b, 8)];
+    let ts = ty.type_size();
+    for (b, y) in data.chunks_exact(ts).zip(out.chunks_exact_mut(32)) {
+        // The block's f16 scale (and, for Q4_1, its minimum) in lanes 0 (and 1).
+        let h = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+            b[0], b[1], b[2], b[3],
+        ])));
+        let d = _mm256_broadcastss_ps(h);
+        let y = y.as_mut_ptr();
+        match ty {
+            GgmlType::Q4_1 => {
+                let m = _mm256_broadcastss_ps(_mm_permute_ps(h, 0b01_01_01_01));
+                let v = _mm_loadu_si128(b.as_ptr().add(4) as *const __m128i);
+                let (lo, hi) = (
+                    _mm_and_si128(v, mask),
+                    _mm_and_si128(_mm_srli_epi16(v, 4), mask),
+                );
+                for (k, q) in quads(lo, hi).into_iter().enumerate() {
+                    let f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
+                    _mm256_storeu_ps(y.add(8 * k), _mm256_add_ps(_mm256_mul_ps(f, d), m));
+                }
+            }
+            GgmlType::Q4_0 => {
+                let v = _mm_loadu_si128(b.as_ptr().add(2) as *const __m128i);
+                let (lo, hi) = (
+                    _mm_and_si128(v, mask),
+                    _mm_and_si128(_mm_srli_epi16(v, 4), mask),
+                );
+                let eight = _mm256_set1_epi32(8);
+                for (k, q) in quads(lo, hi).into_iter().enumerate() {
+                    let i = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), eight);
+                    _mm256_storeu_ps(y.add(8 * k), _mm256_mul_ps(_mm256_cvtepi32_ps(i), d));
+                }
+            }
+            GgmlType::Q8_0 => {
+                let v0 = _mm_loadu_si128(b.as_ptr().add(2) as *const __m128i);
+                let v1 = _mm_loadu_si128(b.as_ptr().add(18) as *const __m128i);
+                for (k, q) in quads(v0, v1).into_iter().enumerate() {
+                    let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+                    _mm256_storeu_ps(y.add(8 * k), _mm256_mul_ps(f, d));
+                }
+            }
+            _ => unreachable!("the caller sends Q4_0, Q4_1 and Q8_0 only"),
+        }
+    }
 }
