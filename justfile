@@ -41,12 +41,12 @@ bench-verify runs="5":
 # Trust campaign (not CI, minutes): random corruptions of a golden tree, captures killed mid-write, hostile inputs.
 campaign corruptions="1000" kills="100" seed="1":
     cargo build --release --bin taptree
-    cargo run --release -q -p kernels --example write_fixtures target/fixtures >/dev/null
+    cargo run --release -q -p fixtures --bin generate -- models target/fixtures >/dev/null
     python3 scripts/campaign.py --corruptions {{corruptions}} --kills {{kills}} --seed {{seed}}
 
 # Fuzz one parser (manifest, tapfile, tolerance or gguf) for N seconds; a panic exits 1 and keeps its input.
 fuzz target seconds="600" seed="1":
-    cargo run --release -q -p kernels --example write_fixtures target/fixtures >/dev/null
+    cargo run --release -q -p fixtures --bin generate -- models target/fixtures >/dev/null
     cargo run --release --example fuzz -- {{target}} --seconds {{seconds}} --seed {{seed}}
 
 # Rewrite the golden fixture trees (fixtures/golden/) after an intended change to the CPU forward's numerics.
@@ -61,4 +61,4 @@ bench-forward:
 # The f32 forward's logits against the independent numpy reference, on one prompt.
 reference prompt="What is the capital of France?" out="runs/reference":
     cargo run --release -q -- capture --model smollm2 --chat "{{prompt}}" --select stage=logits --out {{out}} --force
-    python3 scripts/reference_forward.py --model "$(cargo run --release -q -p kernels --example fetch_model 2>/dev/null | tail -1)" --tree {{out}}
+    python3 scripts/reference_forward.py --model "$(cargo run --release -q -p fetch --example fetch_model 2>/dev/null | tail -1)" --tree {{out}}

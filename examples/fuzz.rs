@@ -144,7 +144,7 @@ fn run() -> Result<(), String> {
         .collect(),
         Target::Gguf => vec![
             read(&root.join("target/fixtures/tiny-q.gguf")).map_err(|e| {
-                format!("{e} (write it: cargo run --release -p kernels --example write_fixtures)")
+                format!("{e} (write it: cargo run --release -p fixtures --bin generate -- models)")
             })?,
         ],
     };
@@ -229,7 +229,7 @@ fn parse(target: Target, data: &[u8], tree: &Path, path: &Path) -> bool {
             }
             _ => false,
         },
-        Target::Gguf => match kernels::gguf::GgufFile::open(path) {
+        Target::Gguf => match model::gguf::GgufFile::open(path) {
             Ok(g) => {
                 for t in g.tensors() {
                     let _ = (t.shape(), t.numel());

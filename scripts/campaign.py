@@ -6,7 +6,7 @@ hostile or partial tree, and counts what it catches.
 
 Needs a release build (`cargo build --release`; TAPTREE=path to use another
 binary) and the tiny fixture models (written to target/fixtures by
-`cargo run --release -p kernels --example write_fixtures` if absent).
+`cargo run --release -p fixtures --bin generate -- models` if absent).
 
 Three parts, each a number of tries:
 
@@ -326,7 +326,7 @@ def main():
         sys.exit("campaign: %s: no taptree binary (cargo build --release)" % TAPTREE)
     if not os.path.exists(os.path.join(FIXTURES, "tiny-q.gguf")):
         subprocess.run(
-            ["cargo", "run", "--release", "-q", "-p", "kernels", "--example", "write_fixtures", FIXTURES],
+            ["cargo", "run", "--release", "-q", "-p", "fixtures", "--bin", "generate", "--", "models", FIXTURES],
             cwd=ROOT,
             check=True,
             stdout=subprocess.DEVNULL,

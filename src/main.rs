@@ -1,7 +1,10 @@
 //! The `taptree` command: parse, dispatch, map the outcome to an exit code.
 
+#![forbid(unsafe_code)]
+
 mod bisect;
 mod cli;
+mod drift;
 mod exit;
 
 use clap::Parser;

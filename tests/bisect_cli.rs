@@ -211,7 +211,7 @@ fn setup_broken(reference_cfg: &str, broken: usize) -> Setup {
     let repo = tmp.path().join("repo");
     std::fs::create_dir(&repo).unwrap();
     let ids = make_repo(&repo, broken);
-    let model = kernels::fixtures::write("tiny-q", tmp.path()).unwrap();
+    let model = fixtures::write("tiny-q", tmp.path()).unwrap();
     let reference = reference_with(
         tmp.path(),
         &fixture_command(&model, &tmp.path().join("reflog")),

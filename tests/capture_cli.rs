@@ -36,10 +36,7 @@ fn ok(o: Output) -> String {
 
 /// A fixture model written into `dir`, by name.
 fn fixture(dir: &Path, name: &str) -> String {
-    kernels::fixtures::write(name, dir)
-        .unwrap()
-        .display()
-        .to_string()
+    fixtures::write(name, dir).unwrap().display().to_string()
 }
 
 fn manifest(tree: &Path) -> Value {
@@ -298,7 +295,7 @@ fn an_hf_checkpoint_captures_the_same_tree_as_its_gguf() {
     // same weights must give the same taps, bit for bit.
     let d = tempfile::tempdir().unwrap();
     let gguf = fixture(d.path(), "tiny-q");
-    let hf = kernels::fixtures::write_hf("tiny-q", d.path()).unwrap();
+    let hf = fixtures::write_hf("tiny-q", d.path()).unwrap();
     let a = capture(
         &gguf,
         &d.path().join("a"),
@@ -528,7 +525,7 @@ fn golden_trees_are_current() {
         let (name, fixture_name, precision, tokens, gen) = (f[0], f[1], f[2], f[3], f[4]);
         let model = d.path().join(format!("{fixture_name}.gguf"));
         if !model.exists() {
-            kernels::fixtures::write(fixture_name, d.path()).unwrap();
+            fixtures::write(fixture_name, d.path()).unwrap();
         }
         let out = d.path().join(name);
         let got = capture(
@@ -569,14 +566,14 @@ fn under_ci() -> bool {
 
 /// SmolLM2: cached, or fetched under CI; elsewhere the test is skipped.
 fn smollm2() -> Option<String> {
-    if let Some(p) = kernels::fetch::cached_smollm2() {
+    if let Some(p) = fetch::cached_smollm2() {
         return Some(p.display().to_string());
     }
     if under_ci() {
-        let p = kernels::fetch::ensure_smollm2().expect("CI needs SmolLM2");
+        let p = fetch::ensure_smollm2().expect("CI needs SmolLM2");
         return Some(p.display().to_string());
     }
-    eprintln!("skipping: SmolLM2 is not cached (cargo run -p kernels --example fetch_model)");
+    eprintln!("skipping: SmolLM2 is not cached (cargo run -p fetch --example fetch_model)");
     None
 }
 

@@ -667,3 +667,48 @@ fn a_closed_pipe_ends_every_stdout_command_quietly() {
         assert!(err.is_empty(), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn a_truncated_tap_file_is_an_unreadable_row_in_the_report_and_exit_2() {
+    let (_d, a, b) = dirs();
+    plain(&a);
+    // B differs from A in two taps, so both are read; one of them is damaged
+    // after the capture, its manifest intact.
+    tree(
+        &b,
+        |x| x,
+        |stage, layer, pos, v| {
+            if pos == 0 && ((layer == Some(0) && stage == "q_proj") || stage == "logits") {
+                v[0] = 9.0;
+            }
+        },
+    );
+    let f = b.join("L000/q_proj.p0-1.safetensors");
+    let len = std::fs::metadata(&f).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+    file.set_len(len - 100).unwrap();
+    let o = taptree(&[&"diff", &a, &b, &"--color", &"never"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{out}{err}");
+    // The damaged tap is a row of the report, named with its file ...
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("L0/q_proj "))
+        .unwrap_or_else(|| panic!("no L0/q_proj row:\n{out}"));
+    assert!(row.contains("UNREADABLE"), "{row}");
+    assert!(
+        row.contains("could not read: ") && row.contains("q_proj.p0-1.safetensors"),
+        "{row}"
+    );
+    // ... the other changed tap was still compared ...
+    assert!(out.contains("logits"), "{out}");
+    let last = out.lines().last().unwrap_or_default();
+    assert!(last.starts_with("could not read 1 of"), "{last}");
+    // ... and stderr names the file too.
+    assert!(err.contains("q_proj.p0-1.safetensors"), "{err}");
+    let o = taptree(&[&"diff", &a, &b, &"--json"]);
+    assert_eq!(o.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["outcome"], "unreadable");
+    assert_eq!(v["counts"]["rows_unreadable"], 1);
+}

@@ -46,7 +46,7 @@ fn text(o: &[u8]) -> String {
 #[test]
 fn drift_of_an_arm_against_itself_is_identical_for_every_token() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = kernels::fixtures::write("tiny-q", tmp.path()).unwrap();
+    let model = fixtures::write("tiny-q", tmp.path()).unwrap();
     let out = drift(tmp.path(), &model, "precision=f32", "precision=f32", &[]);
     let stdout = text(&out.stdout);
     assert_eq!(
@@ -76,7 +76,7 @@ fn drift_of_an_arm_against_itself_is_identical_for_every_token() {
 #[test]
 fn drift_q8_against_f32_on_the_planted_outlier_parts_and_says_where() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = kernels::fixtures::write("tiny-outlier", tmp.path()).unwrap();
+    let model = fixtures::write("tiny-outlier", tmp.path()).unwrap();
     // The token prompt is one whose greedy answers part early under q8 (found
     // by running drift over random prompts of this deterministic fixture).
     std::fs::write(
@@ -170,7 +170,7 @@ fn drift_q8_against_f32_on_the_planted_outlier_parts_and_says_where() {
 #[test]
 fn drift_names_the_bad_line_of_a_prompts_file_and_a_bad_arm() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = kernels::fixtures::write("tiny-q", tmp.path()).unwrap();
+    let model = fixtures::write("tiny-q", tmp.path()).unwrap();
     std::fs::write(tmp.path().join("prompts.txt"), "chat: hi\nhello\n").unwrap();
     let out = drift(tmp.path(), &model, "precision=f32", "precision=q8", &[]);
     assert_eq!(out.status.code(), Some(2));
@@ -200,7 +200,7 @@ fn drift_names_the_bad_line_of_a_prompts_file_and_a_bad_arm() {
 #[test]
 fn drift_switches_an_op_family_through_the_arm() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = kernels::fixtures::write("tiny-q", tmp.path()).unwrap();
+    let model = fixtures::write("tiny-q", tmp.path()).unwrap();
     std::fs::write(
         tmp.path().join("prompts.txt"),
         "tokens: 0 75 104 111 111 114\n",

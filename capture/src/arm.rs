@@ -7,6 +7,7 @@
 #![cfg_attr(feature = "compile-out", allow(dead_code, unused_imports))]
 
 use crate::dtype::{DType, TapElem};
+use crate::key::TapId;
 use crate::writer::Active;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,7 +30,7 @@ pub fn is_armed() -> bool {
 #[cfg(not(feature = "compile-out"))]
 #[inline(always)]
 pub fn wants(stage: &str, layer: Option<u32>, pos: Range<u32>, slot: Option<u32>) -> bool {
-    is_armed() && wants_armed(stage, layer, pos, slot)
+    is_armed() && wants_armed(TapId::new(stage, layer, pos, slot))
 }
 
 /// Records a tensor. `shape[0]` must equal `pos.len()` (rows are positions)
@@ -47,46 +48,31 @@ pub fn tap<T: TapElem>(
     data: &[T],
 ) {
     if is_armed() {
-        tap_armed(
-            stage,
-            layer,
-            pos,
-            slot,
-            shape,
-            bytemuck::cast_slice(data),
-            T::DTYPE,
-        );
+        let id = TapId::new(stage, layer, pos, slot);
+        tap_armed(id, shape, bytemuck::cast_slice(data), T::DTYPE);
     }
 }
 
 #[cold]
 #[inline(never)]
-fn wants_armed(stage: &str, layer: Option<u32>, pos: Range<u32>, slot: Option<u32>) -> bool {
+fn wants_armed(id: TapId<'_>) -> bool {
     // Under the read guard, not through a cloned Arc: an unselected tap
     // then costs one uncontended lock and the selection check, nothing more.
     let guard = ACTIVE.read().unwrap_or_else(|p| p.into_inner());
     match guard.as_ref() {
-        Some(active) => active.selection.wants(stage, layer, pos, slot),
+        Some(active) => active.selection.wants(id),
         None => false,
     }
 }
 
 #[cold]
 #[inline(never)]
-fn tap_armed(
-    stage: &str,
-    layer: Option<u32>,
-    pos: Range<u32>,
-    slot: Option<u32>,
-    shape: &[usize],
-    bytes: &[u8],
-    dtype: DType,
-) {
+fn tap_armed(id: TapId<'_>, shape: &[usize], bytes: &[u8], dtype: DType) {
     // Holding the read guard while the tap is queued makes `disarm` wait for
     // taps in flight, so none lands after `finish` collected the writers.
     let guard = ACTIVE.read().unwrap_or_else(|p| p.into_inner());
     if let Some(active) = guard.as_ref() {
-        active.tap(stage, layer, pos, slot, shape, bytes, dtype);
+        active.tap(id, shape, bytes, dtype);
     }
 }
 

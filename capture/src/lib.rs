@@ -39,7 +39,6 @@
 //! ```
 
 mod arm;
-mod capture;
 pub mod compare;
 pub mod dtype;
 mod error;
@@ -48,22 +47,24 @@ pub mod key;
 pub mod manifest;
 mod manifest_file;
 mod open;
+mod out_dir;
 mod reader;
 pub mod select;
+mod session;
 pub mod stage;
 pub mod tapfile;
 mod writer;
 
 pub use arm::{is_armed, tap, wants};
-pub use capture::{Capture, CaptureOptions, Summary};
 pub use compare::{compare, Comparison, Difference};
 pub use dtype::{DType, TapElem};
 pub use error::{Error, Result};
 /// The `half` crate whose `f16` and `bf16` implement [`TapElem`].
 pub use half;
-pub use key::Key;
+pub use key::{Key, ParseKeyError, RowId, Site, TapId};
 pub use manifest::{Entry, Manifest, RunInfo, FORMAT_VERSION};
 pub use manifest_file::ManifestHead;
 pub use reader::{TensorView, TreeReader, Verified};
 pub use select::Selection;
+pub use session::{Capture, CaptureOptions, Summary};
 pub use stage::{Scope, StageSpec};

@@ -79,6 +79,13 @@ pub struct Entry {
     pub header_blake3: Option<String>,
 }
 
+impl Entry {
+    /// The directory its file lives in: `L007` (per layer) or `global`.
+    pub fn dir(&self) -> String {
+        dir_of(&self.key)
+    }
+}
+
 /// The whole manifest, as written at the end of a capture.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {

@@ -374,7 +374,7 @@ pub(crate) fn check_entry_path_fully(tree: &Path, e: &Entry) -> Result<()> {
     if parts.iter().any(|c| !matches!(c, Component::Normal(_))) {
         return Err(unsafe_path("escapes the tree ('..', '.' or a root)"));
     }
-    let expected_dir = manifest::dir_of(&e.key);
+    let expected_dir = e.dir();
     if parts.len() != 2
         || parts[0].as_os_str() != expected_dir.as_str()
         || !e.path.ends_with(".safetensors")

@@ -13,6 +13,7 @@
 //! error quoting the bad part: a typo never silently selects nothing.
 
 use crate::error::{Error, Result};
+use crate::key::TapId;
 use std::fmt;
 use std::ops::Range;
 
@@ -168,18 +169,15 @@ impl Selection {
     }
 
     /// Whether a tap with this identity has at least one selected row.
-    pub fn wants(
-        &self,
-        stage: &str,
-        layer: Option<u32>,
-        pos: Range<u32>,
-        slot: Option<u32>,
-    ) -> bool {
-        self.matches_identity(stage, layer, slot) && self.selected_runs(pos).next().is_some()
+    pub fn wants(&self, id: TapId<'_>) -> bool {
+        self.matches_identity(id) && self.selected_runs(id.pos()).next().is_some()
     }
 
     /// Stage, layer and slot filters (everything but positions).
-    pub fn matches_identity(&self, stage: &str, layer: Option<u32>, slot: Option<u32>) -> bool {
+    pub fn matches_identity(&self, id: TapId<'_>) -> bool {
+        let TapId {
+            stage, layer, slot, ..
+        } = id;
         if let Some(globs) = &self.stages {
             if !globs
                 .iter()
@@ -294,27 +292,27 @@ mod tests {
         for s in ["", "all", "*", "  "] {
             let sel = Selection::parse(s).unwrap();
             assert!(sel.is_all());
-            assert!(sel.wants("anything", None, 0..1, None));
+            assert!(sel.wants(TapId::new("anything", None, 0..1, None)));
         }
     }
 
     #[test]
     fn the_example_from_the_docs() {
         let sel = Selection::parse("stage=ffn_*;layer=20..30;pos=0").unwrap();
-        assert!(sel.wants("ffn_down", Some(20), 0..1, None));
-        assert!(sel.wants("ffn_up", Some(29), 0..7, None));
+        assert!(sel.wants(TapId::new("ffn_down", Some(20), 0..1, None)));
+        assert!(sel.wants(TapId::new("ffn_up", Some(29), 0..7, None)));
         assert!(
-            !sel.wants("ffn_up", Some(30), 0..1, None),
+            !sel.wants(TapId::new("ffn_up", Some(30), 0..1, None)),
             "30 is past the half-open end"
         );
-        assert!(!sel.wants("ffn_up", Some(19), 0..1, None));
-        assert!(!sel.wants("attn_norm", Some(25), 0..1, None));
+        assert!(!sel.wants(TapId::new("ffn_up", Some(19), 0..1, None)));
+        assert!(!sel.wants(TapId::new("attn_norm", Some(25), 0..1, None)));
         assert!(
-            !sel.wants("ffn_up", Some(25), 1..7, None),
+            !sel.wants(TapId::new("ffn_up", Some(25), 1..7, None)),
             "position 0 is not in 1..7"
         );
         assert!(
-            !sel.wants("logits", None, 0..1, None),
+            !sel.wants(TapId::new("logits", None, 0..1, None)),
             "a layer filter drops global stages"
         );
     }
@@ -322,10 +320,10 @@ mod tests {
     #[test]
     fn none_keeps_global_stages_and_unbatched_taps() {
         let sel = Selection::parse("layer=none,3;slot=none").unwrap();
-        assert!(sel.wants("logits", None, 0..1, None));
-        assert!(sel.wants("q_proj", Some(3), 0..1, None));
-        assert!(!sel.wants("q_proj", Some(3), 0..1, Some(0)));
-        assert!(!sel.wants("q_proj", Some(4), 0..1, None));
+        assert!(sel.wants(TapId::new("logits", None, 0..1, None)));
+        assert!(sel.wants(TapId::new("q_proj", Some(3), 0..1, None)));
+        assert!(!sel.wants(TapId::new("q_proj", Some(3), 0..1, Some(0))));
+        assert!(!sel.wants(TapId::new("q_proj", Some(4), 0..1, None)));
     }
 
     #[test]

@@ -3,13 +3,12 @@
 
 use crate::dtype::DType;
 use crate::error::Error;
-use crate::key::Key;
+use crate::key::{Key, TapId};
 use crate::manifest::{self, Entry};
 use crate::select::Selection;
 use crate::tapfile;
 use std::collections::HashSet;
 use std::io::Write;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -126,30 +125,23 @@ impl Active {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub fn tap(
-        &self,
-        stage: &str,
-        layer: Option<u32>,
-        pos: Range<u32>,
-        slot: Option<u32>,
-        shape: &[usize],
-        bytes: &[u8],
-        dtype: DType,
-    ) {
-        if !self.selection.matches_identity(stage, layer, slot) {
+    /// Queues the selected runs of positions of one tap for the writers;
+    /// a tap that breaks the contract is kept as the capture's misuse.
+    pub fn tap(&self, id: TapId<'_>, shape: &[usize], bytes: &[u8], dtype: DType) {
+        if !self.selection.matches_identity(id) {
             return;
         }
         // Built only for a misuse report: each selected run gets its own key.
-        let key = || Key::new(stage, layer, pos.clone()).with_slot(slot);
-        if !manifest::valid_stage_name(stage) {
+        let key = || id.to_key();
+        if !manifest::valid_stage_name(id.stage) {
             return self.misuse(
                 &key(),
                 "stage names are [A-Za-z0-9_.-], not starting with '.'".into(),
             );
         }
-        let rows = pos.end.saturating_sub(pos.start) as usize;
-        if let Err(reason) = manifest::check_key_bounds(layer, &pos) {
+        let pos = id.pos();
+        let rows = id.rows() as usize;
+        if let Err(reason) = manifest::check_key_bounds(id.layer, &pos) {
             return self.misuse(&key(), reason);
         }
         if shape.first() != Some(&rows) {
@@ -180,7 +172,7 @@ impl Active {
             shape[0] = count;
             let job = Job {
                 seq: self.seq.fetch_add(1, Ordering::Relaxed),
-                key: Key::new(stage, layer, run).with_slot(slot),
+                key: id.with_pos(run).to_key(),
                 dtype,
                 shape,
                 data,

@@ -84,7 +84,7 @@ proptest! {
         for w in runs.windows(2) {
             prop_assert!(w[0].end < w[1].start);
         }
-        prop_assert_eq!(sel.wants("any", None, pos, None), !expected.is_empty());
+        prop_assert_eq!(sel.wants(capture::TapId::new("any", None, pos, None)), !expected.is_empty());
     }
 
     #[test]

@@ -51,11 +51,11 @@ pub fn classify(rows: &mut [Row], graph: &StageGraph) {
             continue;
         }
         let inputs = resolve(&index, graph, (rows[i].layer, rows[i].stage.clone()));
-        let names = |keep: &dyn Fn(Status) -> bool| -> Vec<String> {
+        let names = |keep: &dyn Fn(Status) -> bool| -> Vec<capture::RowId> {
             inputs
                 .iter()
                 .filter(|&&j| keep(rows[j].status))
-                .map(|&j| rows[j].name())
+                .map(|&j| rows[j].id())
                 .collect()
         };
         let red = names(&|s| s.is_red());
@@ -70,9 +70,8 @@ pub fn classify(rows: &mut [Row], graph: &StageGraph) {
     }
 }
 
-/// Fills each row's [`Growth`] and returns the rows ranked by it, largest
-/// increase first (rows that add no error are left out).
-pub fn growth(rows: &mut [Row], graph: &StageGraph) -> Vec<usize> {
+/// Fills each row's [`Growth`].
+pub fn growth(rows: &mut [Row], graph: &StageGraph) {
     let index: HashMap<RowId, usize> = rows
         .iter()
         .enumerate()
@@ -110,16 +109,22 @@ pub fn growth(rows: &mut [Row], graph: &StageGraph) -> Vec<usize> {
         }
         computed.push(best);
     }
-    let mut ranking: Vec<usize> = (0..rows.len())
-        .filter(|&i| computed[i].as_ref().is_some_and(|g| g.delta > 0.0))
-        .collect();
-    ranking.sort_by(|&x, &y| {
-        let (gx, gy) = (computed[x].as_ref().unwrap(), computed[y].as_ref().unwrap());
-        gy.delta.total_cmp(&gx.delta).then(x.cmp(&y))
-    });
     for (row, g) in rows.iter_mut().zip(computed) {
         row.growth = g;
     }
+}
+
+/// The rows ranked by their [`Growth`], largest increase first (rows that
+/// add no error are left out).
+pub fn ranking(rows: &[Row]) -> Vec<usize> {
+    let delta = |i: usize| rows[i].growth.as_ref().map(|g| g.delta);
+    let mut ranking: Vec<usize> = (0..rows.len())
+        .filter(|&i| delta(i).is_some_and(|d| d > 0.0))
+        .collect();
+    ranking.sort_by(|&x, &y| {
+        let (dx, dy) = (delta(x).unwrap(), delta(y).unwrap());
+        dy.total_cmp(&dx).then(x.cmp(&y))
+    });
     ranking
 }
 

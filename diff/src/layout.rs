@@ -171,7 +171,7 @@ pub fn reconcile<'t>(trees: &[&'t dyn Tree]) -> Result<Vec<Option<Reconciled<'t>
             permute[i] = Some(head_dim);
             // A permuted tap is equal by hash only to one permuted alike.
             e.blake3.push_str("+interleaved");
-            touched_dirs.insert(capture::manifest::dir_of(&e.key));
+            touched_dirs.insert(e.dir());
         }
         // Nor is the whole tree identical to an unpermuted one by its root.
         manifest.root.push_str("+interleaved");

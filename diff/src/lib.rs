@@ -8,6 +8,10 @@
 //! tree, which side is inaccurate. [`controls`] check the comparator itself;
 //! [`stat`] describes one tree. The renderers in [`render`] only format.
 //!
+//! The walk goes by steps (index, merge, read, judge: [`walk`]) and hands
+//! what it finds to a delegate ([`walk::Visit`]); [`walk::Recorder`] builds
+//! the report, and the controls are delegates of their own.
+//!
 //! ```no_run
 //! use capture::TreeReader;
 //! let a = TreeReader::open("runs/cpu-f32")?;
@@ -17,7 +21,7 @@
 //!     println!("first diverging op: {}", report.rows[i].name());
 //! }
 //! print!("{}", diff::render::table::render(&report, &Default::default()));
-//! std::process::exit(report.outcome.exit_code() as i32);
+//! println!("{}", diff::render::summary(&report));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -41,7 +45,7 @@ pub use metrics::Metrics;
 pub use report::{Outcome, Report};
 pub use tolerance::Tolerance;
 pub use tree::Tree;
-pub use walk::{diff, Options, Progress};
+pub use walk::{diff, walk, Options, Progress};
 
 use std::path::PathBuf;
 

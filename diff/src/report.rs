@@ -1,8 +1,9 @@
 //! The result of a diff. It holds values only; the renderers in
-//! [`crate::render`] format it and never recompute a metric.
+//! [`crate::render`] format it (the summary line too) and never recompute a
+//! metric.
 //!
-//! The JSON rendering is this structure serialized (schema in docs/GUIDE.md);
-//! `schema` is bumped on any incompatible change.
+//! The JSON rendering is this structure serialized with its summary (schema
+//! in docs/GUIDE.md); `schema` is bumped on any incompatible change.
 
 use crate::metrics::{Degeneracy, Metrics};
 use serde::{Deserialize, Serialize};
@@ -11,72 +12,47 @@ use serde::{Deserialize, Serialize};
 pub const SCHEMA: u32 = 1;
 
 /// Everything a diff found.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct Report {
+    /// Version of this structure ([`SCHEMA`]).
     pub schema: u32,
+    /// The reference tree.
     pub a: TreeInfo,
+    /// The tree compared with it.
     pub b: TreeInfo,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The truth, if one was given.
     pub truth: Option<TreeInfo>,
+    /// The tolerance, as written (`cos>=0.999 & nmse<=1e-4`).
     pub tolerance: String,
+    /// What the diff concluded.
     pub outcome: Outcome,
-    /// One line saying why, for any outcome.
-    pub summary: String,
     /// One row per (layer, stage), in forward order (empty when identical).
     pub rows: Vec<Row>,
     /// Index into `rows` of the first diverging op.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub first_divergence: Option<usize>,
     /// Index into `rows` of the first op that is not bitwise equal: where
     /// the two runs really start to differ, which may be ops before the
     /// first one to leave tolerance.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_inexact: Option<usize>,
     /// Taps present in one tree only were accepted (`--common-only`):
     /// they do not make the outcome diverged.
-    #[serde(default)]
     pub common_only: bool,
     /// Rows ranked by error growth, largest jump first (indices into `rows`).
     pub growth_ranking: Vec<usize>,
     /// Keys (one per position) present in only one tree: never compared.
     pub only_in_a: Vec<String>,
+    /// Keys (one per position) present in B only.
     pub only_in_b: Vec<String>,
     /// Where the two runs' input tokens part (greedy generation chose
     /// differently): positions from there on are not compared.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub inputs_split: Option<crate::inputs::InputSplit>,
+    /// How much work the diff did, and what it found.
     pub counts: Counts,
+    /// The controls run beside the diff (`--controls`), if any.
     pub controls: Vec<Control>,
     /// How the trees were brought to one frame before comparing (declared
     /// layouts reconciled, positions aligned): said, never silent.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
-}
-
-impl Report {
-    /// Everything but the rows (renderers rebuild those as they need).
-    pub fn clone_without_rows(&self) -> Report {
-        Report {
-            schema: self.schema,
-            a: self.a.clone(),
-            b: self.b.clone(),
-            truth: self.truth.clone(),
-            tolerance: self.tolerance.clone(),
-            outcome: self.outcome,
-            summary: self.summary.clone(),
-            rows: Vec::new(),
-            first_divergence: self.first_divergence,
-            first_inexact: self.first_inexact,
-            common_only: self.common_only,
-            growth_ranking: self.growth_ranking.clone(),
-            only_in_a: self.only_in_a.clone(),
-            only_in_b: self.only_in_b.clone(),
-            inputs_split: self.inputs_split.clone(),
-            counts: self.counts.clone(),
-            controls: self.controls.clone(),
-            notes: self.notes.clone(),
-        }
-    }
 }
 
 /// What the diff concluded; maps to the exit code 0, 1 or 2.
@@ -94,27 +70,27 @@ pub enum Outcome {
     Inconclusive,
     /// A control failed: the comparator itself cannot be trusted here.
     ControlFailed,
-}
-
-impl Outcome {
-    pub fn exit_code(self) -> u8 {
-        match self {
-            Outcome::Identical | Outcome::WithinTolerance => 0,
-            Outcome::Diverged => 1,
-            Outcome::Inconclusive | Outcome::ControlFailed => 2,
-        }
-    }
+    /// A tap of a tree could not be read (a damaged tree): its row says
+    /// which. Never agreement and never a verdict.
+    Unreadable,
 }
 
 /// Who a tree is.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TreeInfo {
+    /// Where the tree is, as given.
     pub path: String,
+    /// Its root hash.
     pub root: String,
+    /// Its number of taps.
     pub taps: usize,
+    /// Its tensor bytes.
     pub bytes: u64,
+    /// The model its manifest names.
     pub model: String,
+    /// The backend that captured it (`cpu`, `cuda`, ...).
     pub backend: String,
+    /// Its precision mode (`f32`, `q8`, `f64`).
     pub precision: String,
 }
 
@@ -132,13 +108,20 @@ pub struct Counts {
     pub taps_compared: u64,
     /// Tensor bytes read (A, B and truth).
     pub bytes_read: u64,
+    /// Rows that fail tolerance or mismatch.
     pub rows_red: u64,
+    /// Rows within tolerance only as degenerate tensors.
     pub rows_degenerate: u64,
+    /// Rows with a tap that could not be read.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rows_unreadable: u64,
     /// With a truth: rows where A is closer to it, B is, or neither clearly.
     #[serde(default)]
     pub truth_closer_a: u64,
+    /// With a truth: rows where B is closer to it.
     #[serde(default)]
     pub truth_closer_b: u64,
+    /// With a truth: rows where neither side is clearly closer.
     #[serde(default)]
     pub truth_neither: u64,
 }
@@ -158,9 +141,12 @@ pub enum Status {
     /// Within tolerance, but a side is degenerate (all zero, all nonfinite,
     /// constant): not agreement.
     Degenerate,
+    /// A tap of this row could not be read (`unreadable` says why).
+    Unreadable,
 }
 
 impl Status {
+    /// Whether the row leaves tolerance (fails, or cannot be compared element for element).
     pub fn is_red(self) -> bool {
         matches!(self, Status::Fail | Status::Mismatch)
     }
@@ -175,20 +161,30 @@ pub enum Cause {
     /// Its inputs are within tolerance but not bitwise equal (`from` names
     /// those): this op took a difference already there past tolerance, so
     /// it may be where the error grew or only where it showed.
-    GrewFrom { from: Vec<String> },
+    GrewFrom {
+        /// The inputs within tolerance but not equal.
+        from: Vec<capture::RowId>,
+    },
     /// An input is already red (`from` names them, `L3/ffn_down`).
-    Inherited { from: Vec<String> },
+    Inherited {
+        /// The red inputs.
+        from: Vec<capture::RowId>,
+    },
 }
 
 /// One (layer, stage) of the forward.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Row {
+    /// The layer, or none for a stage outside the layers.
     pub layer: Option<u32>,
+    /// The stage.
     pub stage: String,
+    /// The verdict.
     pub status: Status,
     /// The failing comparisons at the worst position, or the mismatch.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,
+    /// For a red row, whether it originated the divergence or inherited it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cause: Option<Cause>,
     /// Index into `positions` of the worst one: among failing positions (or
@@ -208,20 +204,28 @@ pub struct Row {
     pub equal: Vec<EqualRun>,
     /// Whether every compared tap of this row was skipped as equal by hash.
     pub skipped: bool,
+    /// How much error the op adds to its inputs'.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub growth: Option<Growth>,
+    /// With a truth, which side is closer to it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub truth: Option<TruthVerdict>,
     /// A red row that looks like a layout difference ("layout?").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hint: Option<String>,
+    /// Why a tap of this row could not be read (status `unreadable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
 }
 
 /// Positions `start..end` of one slot, equal by hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EqualRun {
+    /// Its slot, if any.
     pub slot: Option<u32>,
+    /// The first position.
     pub start: u32,
+    /// One past the last.
     pub end: u32,
 }
 
@@ -235,12 +239,15 @@ impl Row {
 
     /// `L3/ffn_down` or `logits`.
     pub fn name(&self) -> String {
-        match self.layer {
-            Some(l) => format!("L{l}/{}", self.stage),
-            None => self.stage.clone(),
-        }
+        self.id().to_string()
     }
 
+    /// The row's (layer, stage).
+    pub fn id(&self) -> capture::RowId {
+        capture::RowId::new(self.layer, self.stage.as_str())
+    }
+
+    /// The worst position (see `worst`).
     pub fn worst(&self) -> &Position {
         &self.positions[self.worst]
     }
@@ -258,10 +265,14 @@ impl Row {
 /// One position of a row.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Position {
+    /// The position.
     pub pos: u32,
+    /// Its slot, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slot: Option<u32>,
+    /// Within tolerance.
     pub pass: bool,
+    /// A against B at this position.
     pub metrics: Metrics,
 }
 
@@ -283,33 +294,48 @@ impl Position {
 /// dwarf a real jump later); `ratio` the same as a quotient.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Growth {
+    /// The position.
     pub pos: u32,
+    /// Its slot, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slot: Option<u32>,
+    /// The largest error of its inputs at that position.
     pub input_error: f64,
+    /// The op's own error there.
     pub output_error: f64,
+    /// `output_error - input_error`.
     pub delta: f64,
+    /// `output_error / input_error` (infinite from exact inputs).
     pub ratio: f64,
 }
 
 /// Which side is wrong, against a higher-precision truth T.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TruthVerdict {
+    /// The position.
     pub pos: u32,
+    /// Its slot, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slot: Option<u32>,
     /// Relative RMS error of A against T (T is the reference).
     pub error_a: f64,
+    /// Relative RMS error of B against T.
     pub error_b: f64,
+    /// Largest absolute difference of A from T.
     pub max_abs_a: f64,
+    /// Largest absolute difference of B from T.
     pub max_abs_b: f64,
+    /// Which side is closer.
     pub closer: Closer,
 }
 
+/// Which side a truth finds closer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Closer {
+    /// A is closer to T.
     A,
+    /// B is closer to T.
     B,
     /// Within 10% of each other: neither is clearly the inaccurate side.
     Neither,
@@ -320,8 +346,11 @@ pub enum Closer {
 /// A check of the comparator itself.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Control {
+    /// `SELF`, `PERTURBED` or `FIXTURE VALIDITY`.
     pub name: String,
+    /// Whether the comparator passed it.
     pub passed: bool,
+    /// What was checked and found.
     pub detail: String,
     /// Degenerate taps found (FIXTURE VALIDITY).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -331,7 +360,14 @@ pub struct Control {
 /// A degenerate tap position.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Flagged {
+    /// `A` or `B`.
     pub tree: String,
+    /// The position (a one-position key).
     pub key: String,
+    /// How it is degenerate.
     pub what: Degeneracy,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

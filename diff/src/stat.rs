@@ -70,25 +70,18 @@ pub fn stat(tree: &dyn Tree, at: Option<&At>) -> Result<StatReport, Error> {
     let selected: Vec<usize> = (0..m.entries.len())
         .filter(|&i| {
             let k = &m.entries[i].key;
-            at.is_none_or(|at| {
-                k.stage == at.stage
-                    && k.layer == at.layer
-                    && at.slot.is_none_or(|s| k.slot == Some(s))
-                    && at.pos.is_none_or(|p| k.pos.contains(&p))
-            })
+            at.is_none_or(|at| at.holds(k))
         })
         .collect();
     if let (Some(at), true) = (at, selected.is_empty()) {
-        let mut key = match at.layer {
-            Some(l) => format!("L{l}/{}", at.stage),
-            None => at.stage.clone(),
+        // Named without its slot, as it was asked for.
+        let key = At {
+            slot: None,
+            ..at.clone()
         };
-        if let Some(p) = at.pos {
-            key.push_str(&format!("@{p}"));
-        }
         return Err(Error::NoSuchTap {
             path: tree.path().to_path_buf(),
-            key,
+            key: key.to_string(),
         });
     }
     let taps = selected

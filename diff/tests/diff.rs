@@ -25,11 +25,10 @@ fn equal_roots_are_identical_without_rows() {
     assert_eq!(r.outcome, Outcome::Identical);
     assert!(r.rows.is_empty());
     assert!(
-        r.summary.starts_with("bitwise identical: "),
+        diff::render::summary(&r).starts_with("bitwise identical: "),
         "{}",
-        r.summary
+        diff::render::summary(&r)
     );
-    assert_eq!(r.outcome.exit_code(), 0);
 }
 
 #[test]
@@ -41,7 +40,12 @@ fn batched_prefill_tree_diffs_against_decode_tree_per_position() {
     };
     let prefill = MemTree::new("prefill", taps(&shape, |_| {}));
     let r = diff::diff(&prefill, &decode, None, &opts()).unwrap();
-    assert_eq!(r.outcome, Outcome::WithinTolerance, "{}", r.summary);
+    assert_eq!(
+        r.outcome,
+        Outcome::WithinTolerance,
+        "{}",
+        diff::render::summary(&r)
+    );
     // 3 layers x 15 stages + 3 globals, 4 positions each.
     assert_eq!(r.rows.len(), 48);
     assert_eq!(r.counts.positions, 48 * 4);
@@ -82,7 +86,12 @@ fn taps_cut_at_different_positions_are_matched_position_by_position() {
     let a = MemTree::new("a", chunked(&[0, 3], |_| {}));
     let b = MemTree::new("b", chunked(&[0, 1], |_| {}));
     let r = diff::diff(&a, &b, None, &opts()).unwrap();
-    assert_eq!(r.outcome, Outcome::WithinTolerance, "{}", r.summary);
+    assert_eq!(
+        r.outcome,
+        Outcome::WithinTolerance,
+        "{}",
+        diff::render::summary(&r)
+    );
     assert_eq!(r.counts.positions, 48 * 4);
     assert!(r.rows.iter().all(|row| row.status == Status::Equal));
     assert!(r.only_in_a.is_empty() && r.only_in_b.is_empty());
@@ -98,7 +107,12 @@ fn taps_cut_at_different_positions_are_matched_position_by_position() {
         }),
     );
     let r = diff::diff(&a, &b, None, &opts()).unwrap();
-    assert_eq!(r.outcome, Outcome::Diverged, "{}", r.summary);
+    assert_eq!(
+        r.outcome,
+        Outcome::Diverged,
+        "{}",
+        diff::render::summary(&r)
+    );
     let first = &r.rows[r.first_divergence.unwrap()];
     assert_eq!((first.name().as_str(), first.worst().pos), ("L2/o_proj", 2));
     assert_eq!(first.positions.len(), 4);
@@ -139,7 +153,6 @@ fn one_changed_tap_is_named_and_every_other_tap_is_skipped_unread() {
     );
     let r = diff::diff(&a, &b, None, &opts()).unwrap();
     assert_eq!(r.outcome, Outcome::Diverged);
-    assert_eq!(r.outcome.exit_code(), 1);
     let first = &r.rows[r.first_divergence.unwrap()];
     assert_eq!(first.name(), "L1/ffn_up");
     assert_eq!(first.worst().pos, 2);
@@ -318,7 +331,7 @@ fn downstream_red_is_inherited_and_never_the_first_divergence() {
     assert_eq!(
         swiglu.cause,
         Some(Cause::Inherited {
-            from: vec!["L1/ffn_up".into()]
+            from: vec!["L1/ffn_up".parse().unwrap()]
         })
     );
     let next_norm = r
@@ -329,7 +342,7 @@ fn downstream_red_is_inherited_and_never_the_first_divergence() {
     assert_eq!(
         next_norm.cause,
         Some(Cause::Inherited {
-            from: vec!["L1/post_ffn_residual".into()]
+            from: vec!["L1/post_ffn_residual".parse().unwrap()]
         })
     );
     // L1/ffn_gate comes before the change and is untouched: green.
@@ -428,7 +441,12 @@ fn slots_pair_with_a_lone_sequence() {
         ..opts()
     };
     let r = diff::diff(&a, &b, None, &paired).unwrap();
-    assert_eq!(r.outcome, Outcome::WithinTolerance, "{}", r.summary);
+    assert_eq!(
+        r.outcome,
+        Outcome::WithinTolerance,
+        "{}",
+        diff::render::summary(&r)
+    );
     assert_eq!(r.counts.positions, 48 * 4);
     let wrong = Options {
         slot_a: Some(Some(0)),
@@ -462,7 +480,6 @@ fn degenerate_agreement_is_not_agreement() {
     let row = r.rows.iter().find(|row| row.name() == "L1/v_proj").unwrap();
     assert_eq!(row.status, Status::Degenerate);
     assert_eq!(r.outcome, Outcome::Inconclusive);
-    assert_eq!(r.outcome.exit_code(), 2);
     let v = controls::fixture_validity(&[("A", &a), ("B", &b)]).unwrap();
     assert!(!v.passed);
     assert_eq!(v.flagged.len(), 4 * 2);
@@ -588,7 +605,6 @@ fn a_failed_control_makes_the_outcome_could_not_compare() {
     let c = controls::run(&a, &b, &opts(), None).unwrap();
     controls::attach(&mut r, c);
     assert_eq!(r.outcome, Outcome::ControlFailed);
-    assert_eq!(r.outcome.exit_code(), 2);
 }
 
 #[test]
@@ -631,7 +647,12 @@ fn positions_after_the_generated_tokens_part_are_not_compared() {
     )
     .with_run(run(&[7, 4, 9]));
     let r = diff::diff(&a, &b, None, &opts()).unwrap();
-    assert_eq!(r.outcome, Outcome::WithinTolerance, "{}", r.summary);
+    assert_eq!(
+        r.outcome,
+        Outcome::WithinTolerance,
+        "{}",
+        diff::render::summary(&r)
+    );
     let split = r.inputs_split.as_ref().unwrap();
     assert_eq!((split.pos, split.token_a, split.token_b), (3, 8, 4));
     assert_eq!(r.counts.positions_inputs_differ, 48);

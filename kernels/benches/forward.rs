@@ -14,11 +14,12 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kernels::cpu::CpuForward;
 use kernels::switches::Switches;
-use kernels::{stages, Forward, ModelWeights, Precision};
+use kernels::{stages, Forward, Precision};
+use model::ModelWeights;
 
 /// Tokens of the prompt: the chat turn "What is the capital of France?" as
 /// SmolLM2 tokenizes it, or a byte prompt for the fixture.
-fn prompt(weights: &ModelWeights, tokenizer: Option<&kernels::tokenizer::Tokenizer>) -> Vec<u32> {
+fn prompt(weights: &ModelWeights, tokenizer: Option<&model::tokenizer::Tokenizer>) -> Vec<u32> {
     match tokenizer {
         Some(t) if weights.config.vocab_size > 1000 => {
             t.encode_chat("What is the capital of France?").unwrap()
@@ -33,10 +34,10 @@ fn bench(c: &mut Criterion) {
     let path = std::env::var("TAPTREE_BENCH_MODEL")
         .ok()
         .map(std::path::PathBuf::from)
-        .or_else(kernels::fetch::cached_smollm2);
+        .or_else(fetch::cached_smollm2);
     let (weights, tokenizer, name) = match path {
         Some(p) => {
-            let m = kernels::load::load_model(&p).unwrap();
+            let m = model::load::load_model(&p).unwrap();
             (
                 m.weights,
                 m.tokenizer,
@@ -45,11 +46,7 @@ fn bench(c: &mut Criterion) {
         }
         None => {
             eprintln!("SmolLM2 is not cached: benchmarking the tiny-q fixture");
-            (
-                kernels::fixtures::weights("tiny-q").unwrap(),
-                None,
-                "tiny-q".into(),
-            )
+            (fixtures::weights("tiny-q").unwrap(), None, "tiny-q".into())
         }
     };
     let tokens = prompt(&weights, tokenizer.as_ref());

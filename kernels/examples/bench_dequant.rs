@@ -5,9 +5,9 @@
 
 use std::time::Instant;
 
-use kernels::gguf::GgufFile;
-use kernels::load::load_model;
-use kernels::QTensor;
+use model::gguf::GgufFile;
+use model::load::load_model;
+use model::QTensor;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -17,7 +17,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let spec = std::env::args().nth(1).unwrap_or_else(|| "smollm2".into());
     let repeats: usize = std::env::args().nth(2).map_or(Ok(7), |s| s.parse())?;
-    let path = kernels::fetch::resolve(&spec)?;
+    let path = fetch::resolve(&spec)?;
 
     let gguf = GgufFile::open(&path)?;
     let tensors: Vec<QTensor> = gguf

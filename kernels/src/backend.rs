@@ -2,8 +2,8 @@
 
 use crate::cpu::CpuForward;
 use crate::forward::{Forward, ForwardError, Precision};
-use crate::model::ModelWeights;
 use crate::switches::Switches;
+use model::ModelWeights;
 
 /// The backends this build knows, for `--backend`.
 pub const BACKENDS: [&str; 2] = ["cpu", "cuda"];

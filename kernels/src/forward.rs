@@ -1,7 +1,7 @@
 //! What every forward (CPU, CUDA) offers: run rows of one sequence, or one
 //! decode step of several sequences, tapping every stage on the way.
 
-use crate::model::LlamaConfig;
+use model::LlamaConfig;
 
 /// Activation precision of a forward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -59,7 +59,7 @@ pub enum ForwardError {
     Device(String),
 }
 
-/// A forward of a decoder (llama, or a family its [`crate::ModelFamily`] describes) with its own KV cache(s).
+/// A forward of a decoder (llama, or a family its [`model::ModelFamily`] describes) with its own KV cache(s).
 ///
 /// Each call taps every stage (through `capture`) with keys carrying the
 /// positions it ran, so the tree of a prefill-then-decode run and the tree of

@@ -5,7 +5,7 @@
 
 use capture::StageSpec;
 
-use crate::model::{FfnActivation, LlamaConfig, ModelFamily};
+use model::{FfnActivation, LlamaConfig, ModelFamily};
 
 pub const EMBEDDING: &str = "embedding";
 pub const ATTN_NORM: &str = "attn_norm";
@@ -44,7 +44,7 @@ pub fn llama() -> Vec<StageSpec> {
 /// order: what a selection can name before the model is known.
 pub fn every_family() -> Vec<StageSpec> {
     let mut all = llama();
-    for spec in for_family(&crate::gemma3::family(6, 1e6, 512)) {
+    for spec in for_family(&model::gemma3::family(6, 1e6, 512)) {
         if !all.iter().any(|s| s.name == spec.name) {
             all.push(spec);
         }

@@ -4,9 +4,8 @@
 use kernels::cpu::CpuForward;
 use kernels::generate::{greedy, greedy_batch};
 use kernels::switches::{ActPrecision, Family, Switches};
-use kernels::{
-    Forward, ForwardError, GgmlType, LayerWeights, LlamaConfig, ModelWeights, Precision, QTensor,
-};
+use kernels::{Forward, ForwardError, Precision};
+use model::{GgmlType, LayerWeights, LlamaConfig, ModelWeights, QTensor};
 
 /// SplitMix64: a tiny seeded generator, so the model is the same everywhere.
 struct Rng(u64);
@@ -49,7 +48,7 @@ fn model(tied: bool) -> ModelWeights {
         rope_base: 10000.0,
         rms_eps: 1e-5,
         context_length: 32,
-        family: kernels::model::ModelFamily::llama(),
+        family: model::ModelFamily::llama(),
     };
     let mut rng = Rng(7);
     let (d, kv, ff) = (

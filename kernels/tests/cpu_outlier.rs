@@ -5,8 +5,8 @@
 //! One test function: a process arms one capture at a time.
 
 use capture::{Capture, CaptureOptions, RunInfo, Selection, TreeReader};
+use fixtures::{OUTLIER_DIM, OUTLIER_TOKEN, OUTLIER_VALUE};
 use kernels::cpu::CpuForward;
-use kernels::fixtures::{self, OUTLIER_DIM, OUTLIER_TOKEN, OUTLIER_VALUE};
 use kernels::switches::Switches;
 use kernels::{stages, Forward, Precision};
 use std::path::Path;

@@ -11,8 +11,8 @@
 
 use half::f16;
 use kernels::cpu::matmul::{matmul, matmul_with_mins, Act, Matrix};
-use kernels::quant::{quantize_q4_1, quantize_q8_0, quantize_row_q8_k, BlockQ8K};
-use kernels::{GgmlType, QTensor};
+use model::quant::{quantize_q4_1, quantize_q8_0, quantize_row_q8_k, BlockQ8K};
+use model::{GgmlType, QTensor};
 
 fn seq(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut s = seed;

@@ -10,9 +10,8 @@ use std::sync::Mutex;
 use kernels::cpu::CpuForward;
 use kernels::cuda::device::driver_present;
 use kernels::switches::{ActPrecision, Family, Switches};
-use kernels::{
-    Forward, ForwardError, GgmlType, LayerWeights, LlamaConfig, ModelWeights, Precision, QTensor,
-};
+use kernels::{Forward, ForwardError, Precision};
+use model::{GgmlType, LayerWeights, LlamaConfig, ModelWeights, QTensor};
 
 /// Capture is process-global: tests that arm it, or run forwards while
 /// another one is armed, take turns.
@@ -53,9 +52,9 @@ fn tensor(
     let n: usize = shape.iter().product();
     let x: Vec<f32> = (0..n).map(|_| offset + rng.f32() * scale).collect();
     let data = match ty {
-        GgmlType::Q4_1 => kernels::quant::quantize_q4_1(&x).unwrap(),
-        GgmlType::Q8_0 => kernels::quant::quantize_q8_0(&x).unwrap(),
-        _ => kernels::quant::encode_float(ty, &x).unwrap(),
+        GgmlType::Q4_1 => model::quant::quantize_q4_1(&x).unwrap(),
+        GgmlType::Q8_0 => model::quant::quantize_q8_0(&x).unwrap(),
+        _ => model::quant::encode_float(ty, &x).unwrap(),
     };
     QTensor {
         name: name.into(),
@@ -80,7 +79,7 @@ fn tiny_model() -> ModelWeights {
         rope_base: 10000.0,
         rms_eps: 1e-5,
         context_length: 64,
-        family: kernels::model::ModelFamily::llama(),
+        family: model::ModelFamily::llama(),
     };
     let mut r = Rng(42);
     let (d, qw, kvw, ff) = (64, 64, 32, 96);
@@ -411,7 +410,7 @@ fn tiny_gemma() -> ModelWeights {
     c.head_dim = hd;
     c.n_ff = ff;
     c.rms_eps = 1e-6;
-    c.family = kernels::gemma3::family(2, 1e6, 4);
+    c.family = model::gemma3::family(2, 1e6, 4);
     c.family.layers[1].window = None;
     let q41 = GgmlType::Q4_1;
     let f32n = |r: &mut Rng, name: String, n| tensor(r, &name, GgmlType::F32, &[n], 0.2, 1.0);
@@ -476,7 +475,7 @@ fn gemma_family_matches_the_cpu_forward() {
     }
     // Control: the llama skeleton over the same weights is another model.
     let mut llama = w.clone();
-    llama.config.family = kernels::model::ModelFamily::llama();
+    llama.config.family = model::ModelFamily::llama();
     let mut plain = cuda(&llama, Precision::F32);
     let c = plain.forward(None, &PROMPT, 0).unwrap();
     let moved = rel_err(&c, &b);

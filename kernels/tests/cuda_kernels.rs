@@ -18,8 +18,8 @@ use kernels::cpu::norm::rms_norm as cpu_rms_norm;
 use kernels::cpu::rope::{rope as cpu_rope, rope_halves};
 use kernels::cuda::device::{driver_present, Device};
 use kernels::cuda::ops::{self, AttentionShape, DeviceMatrix, QuantizedActs};
-use kernels::model::RopeStyle;
-use kernels::{GgmlType, QTensor};
+use model::RopeStyle;
+use model::{GgmlType, QTensor};
 
 /// The GPU, or `None` (with the reason printed) where there is none.
 fn gpu() -> Option<Arc<Device>> {
@@ -99,8 +99,8 @@ fn rel_err(gpu: &[f32], cpu: &[f32]) -> f64 {
 fn weight(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, scale: f32) -> QTensor {
     let x = rng.vec(rows * cols, scale);
     let data = match ty {
-        GgmlType::Q8_0 => kernels::quant::quantize_q8_0(&x).unwrap(),
-        GgmlType::Q4_1 => kernels::quant::quantize_q4_1(&x).unwrap(),
+        GgmlType::Q8_0 => model::quant::quantize_q8_0(&x).unwrap(),
+        GgmlType::Q4_1 => model::quant::quantize_q4_1(&x).unwrap(),
         GgmlType::Q4_0 | GgmlType::Q5_0 => {
             // No quantizer on the CPU side: random quants under a valid
             // f16 scale exercise every nibble and high bit.
@@ -132,7 +132,7 @@ fn weight(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, scale: f32) -> 
             }
             out
         }
-        _ => kernels::quant::encode_float(ty, &x).unwrap(),
+        _ => model::quant::encode_float(ty, &x).unwrap(),
     };
     QTensor {
         name: format!("w_{ty}_{rows}x{cols}"),

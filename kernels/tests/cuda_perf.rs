@@ -69,15 +69,15 @@ fn per_call_us(dev: &Device, f: &mut dyn FnMut()) -> f64 {
 /// rows): where a forward's time goes.
 /// SmolLM2-135M's shapes and formats, with seeded values: the kernels'
 /// times do not depend on the numbers.
-fn smollm2_shaped(name: &str, ty: kernels::GgmlType, rows: usize, cols: usize) -> kernels::QTensor {
+fn smollm2_shaped(name: &str, ty: model::GgmlType, rows: usize, cols: usize) -> model::QTensor {
     let x: Vec<f32> = (0..rows * cols)
         .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 5000.0)
         .collect();
     let data = match ty {
-        kernels::GgmlType::Q4_1 => kernels::quant::quantize_q4_1(&x).unwrap(),
-        _ => kernels::quant::quantize_q8_0(&x).unwrap(),
+        model::GgmlType::Q4_1 => model::quant::quantize_q4_1(&x).unwrap(),
+        _ => model::quant::quantize_q8_0(&x).unwrap(),
     };
-    kernels::QTensor {
+    model::QTensor {
         name: name.into(),
         ggml_type: ty,
         shape: vec![rows, cols],
@@ -96,8 +96,8 @@ fn kernel_figures() {
     println!("device: {}", dev.describe());
     let (d, qw, kvw, ff, vocab) = (576, 576, 192, 1536, 49152);
     let (n_head, n_kv, head_dim, rope_base) = (9, 3, 64, 100000.0);
-    let q41 = kernels::GgmlType::Q4_1;
-    let embd = smollm2_shaped("token_embd", kernels::GgmlType::Q8_0, vocab, d);
+    let q41 = model::GgmlType::Q4_1;
+    let embd = smollm2_shaped("token_embd", model::GgmlType::Q8_0, vocab, d);
     let mats = [
         (
             "q_proj",
@@ -232,7 +232,7 @@ fn gpu_figures() {
         eprintln!("skipped: TAPTREE_MODEL (a GGUF path) is not set");
         return;
     };
-    let model = kernels::load::load_model(&path).expect("load TAPTREE_MODEL");
+    let model = model::load::load_model(&path).expect("load TAPTREE_MODEL");
     let w = &model.weights;
     let vocab = w.config.vocab_size as u32;
     let prompt: Vec<u32> = (0..128u32).map(|i| (i * 7919 + 13) % vocab).collect();

@@ -5,8 +5,8 @@ mod gguf_python;
 
 use std::path::Path;
 
-use kernels::gguf::{GgufFile, GgufWriter};
-use kernels::{GgmlType, QTensor};
+use model::gguf::{GgufFile, GgufWriter};
+use model::{GgmlType, QTensor};
 use sha2::{Digest, Sha256};
 
 const ALL_TYPES: [GgmlType; 12] = [
@@ -202,8 +202,8 @@ fn fixture_models_read_by_gguf_python_match() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    for name in kernels::fixtures::NAMES {
-        let path = kernels::fixtures::write(name, dir.path()).unwrap();
+    for name in fixtures::NAMES {
+        let path = fixtures::write(name, dir.path()).unwrap();
         let rust = rust_hashes(&GgufFile::open(&path).unwrap());
         let python = python_hashes(&path);
         assert_eq!(rust.len(), python.len(), "{name}");

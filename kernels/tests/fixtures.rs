@@ -3,9 +3,9 @@
 
 mod gguf_python;
 
-use kernels::fixtures::{self, OUTLIER_DIM, OUTLIER_TOKEN, OUTLIER_VALUE};
-use kernels::load::{load_model, LoadedModel, ModelFormat};
-use kernels::GgmlType;
+use fixtures::{OUTLIER_DIM, OUTLIER_TOKEN, OUTLIER_VALUE};
+use model::load::{load_model, LoadedModel, ModelFormat};
+use model::GgmlType;
 
 /// Names of tensors whose dequantized values differ in any bit.
 fn differing(a: &LoadedModel, b: &LoadedModel) -> Vec<String> {
@@ -184,7 +184,6 @@ mod python {
     //! in Python (fixtures/hf_vs_gguf.py).
 
     use super::gguf_python;
-    use kernels::fixtures;
     use safetensors::tensor::TensorView;
     use safetensors::SafeTensors;
 
@@ -218,7 +217,7 @@ mod python {
                 let mut data = v.data().to_vec();
                 if n.ends_with("q_proj.weight") {
                     let (rows, cols) = (v.shape()[0], v.shape()[1]);
-                    data = kernels::hf::permute_rope_rows(&data, 4, rows, 4 * cols);
+                    data = model::load::permute_rope_rows(&data, 4, rows, 4 * cols);
                 }
                 (n, v.shape().to_vec(), data)
             })

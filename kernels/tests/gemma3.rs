@@ -8,9 +8,9 @@ mod gguf_python;
 use std::path::{Path, PathBuf};
 
 use kernels::cpu::CpuForward;
-use kernels::load::load_model;
 use kernels::switches::Switches;
 use kernels::{generate, Forward, Precision};
+use model::load::load_model;
 
 /// The reference of fixtures/hf_gemma3.py, computed once per test binary
 /// (minutes on two cores), or the output directory of an earlier run of it

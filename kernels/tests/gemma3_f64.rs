@@ -12,11 +12,11 @@ use std::process::Command;
 
 use capture::{Capture, CaptureOptions, RunInfo, Selection};
 use kernels::cpu::CpuForward;
-use kernels::load::load_model;
 use kernels::switches::Switches;
 use kernels::{stages, Forward, Precision};
+use model::load::load_model;
 
-fn capture_logits(model: &kernels::ModelWeights, ids: &[u32], precision: Precision, out: &Path) {
+fn capture_logits(model: &model::ModelWeights, ids: &[u32], precision: Precision, out: &Path) {
     let cap = Capture::start(CaptureOptions {
         out: out.into(),
         selection: Selection::parse("stage=logits").unwrap(),

@@ -2,7 +2,7 @@
 
 mod gguf_python;
 
-use kernels::fetch::{self, FetchError};
+use fetch::FetchError;
 
 #[test]
 fn install_verified_keeps_only_matching_files() {

@@ -3,8 +3,6 @@
 
 use std::path::Path;
 
-use kernels::fetch;
-
 fn write_script(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, body).unwrap();
@@ -77,11 +75,7 @@ fn failed_fetches_explain_themselves_and_leave_no_model() {
     let p = fetch::resolve("tiny-q").unwrap();
     assert_eq!(p, cache.join("fixtures").join("tiny-q.gguf"));
     assert_eq!(
-        kernels::load::load_model(&p)
-            .unwrap()
-            .weights
-            .config
-            .n_layer,
+        model::load::load_model(&p).unwrap().weights.config.n_layer,
         3
     );
     std::env::remove_var("TAPTREE_CACHE");

@@ -2,9 +2,9 @@
 
 mod gguf_python;
 
-use kernels::gguf::{GgufWriter, Value};
-use kernels::load::{load_model, LoadError, ModelFormat};
-use kernels::GgmlType;
+use model::gguf::{GgufWriter, Value};
+use model::load::{load_model, LoadError, ModelFormat};
+use model::GgmlType;
 
 #[test]
 fn smollm2_loads_with_its_hyperparameters() {
@@ -35,7 +35,7 @@ fn smollm2_loads_with_its_hyperparameters() {
     assert_eq!(m.source.format, ModelFormat::Gguf);
     assert_eq!(
         m.source.blake3,
-        kernels::load::file_blake3(&path).unwrap(),
+        model::load::file_blake3(&path).unwrap(),
         "the manifest's model hash is the file's"
     );
     assert!(m.tokenizer.is_some());

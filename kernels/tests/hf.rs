@@ -2,10 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use kernels::fixtures;
-use kernels::load::load_model;
-use kernels::quant::encode_float;
-use kernels::GgmlType;
+use model::load::load_model;
+use model::quant::encode_float;
+use model::GgmlType;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 

@@ -28,9 +28,9 @@ use kernels::cpu::matmul::Act;
 use kernels::cpu::norm::rms_norm;
 use kernels::cpu::rope::rope;
 use kernels::cpu::weights::DenseWeights;
-use kernels::load::load_model;
 use kernels::switches::FLASH_ATTN_VAR;
-use kernels::{fetch, LlamaConfig};
+use model::load::load_model;
+use model::LlamaConfig;
 
 const TOLERANCE: f64 = 1e-6;
 
@@ -388,7 +388,7 @@ fn the_llamacpp_forward_runs_and_refuses_what_it_does_not_model() {
     use kernels::{Forward, Precision};
 
     // Q4_1 linear weights and a Q8_0 embedding, as SmolLM2.
-    let w = kernels::fixtures::weights("tiny-q").unwrap();
+    let w = fixtures::weights("tiny-q").unwrap();
     let vocab = w.config.vocab_size as u32;
     let tokens: Vec<u32> = (0..70u32).map(|i| (i * 7 + 3) % vocab).collect();
     let fa = Switches::none().with_flash_attn(true);

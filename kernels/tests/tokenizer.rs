@@ -8,8 +8,8 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use kernels::gguf::GgufFile;
-use kernels::tokenizer::{ChatTemplate, Tokenizer};
+use model::gguf::GgufFile;
+use model::tokenizer::{ChatTemplate, Tokenizer};
 
 const PROMPTS: &[&str] = &[
     "What is the capital of France?",
@@ -143,8 +143,8 @@ fn chat_templates_other_than_chatml_are_refused() {
 
 /// A tokenizer-only GGUF: the fixtures' byte vocabulary plus a few merges.
 fn small_vocab_gguf(dir: &Path, pre: &str) -> std::path::PathBuf {
-    use kernels::gguf::{GgufWriter, Value, ValueType};
-    let mut tokens = kernels::fixtures::tokens();
+    use model::gguf::{GgufWriter, Value, ValueType};
+    let mut tokens = fixtures::tokens();
     // "Ġ 1" first: it joins a space to a digit only where the pre-tokenizer
     // leaves them in one piece, which is where the four differ.
     let merges = ["Ġ 1", "1 2", "12 3", "Ġ a", "Ġ t", "h e", "Ġt he", "Ġ Ġ"];

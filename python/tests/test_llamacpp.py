@@ -36,7 +36,7 @@ def llama_cpp():
     except ImportError:
         llama_cpp = None
     _need("llama-cpp-python is not installed (python3 -m pip install llama-cpp-python==0.3.36)", llama_cpp)
-    _need("%s: no model (cargo run --release -p kernels --example fetch_model)" % MODEL, os.path.isfile(MODEL))
+    _need("%s: no model (cargo run --release -p fetch --example fetch_model)" % MODEL, os.path.isfile(MODEL))
     return llama_cpp
 
 

@@ -4,7 +4,7 @@
 use super::git::{Commit, GitError, Repo};
 use super::judge::{FirstOp, Judge, JudgeError};
 use super::runner::{Got, Runner, StepError, Workdir};
-use super::search::{self, Outcome, Probe};
+use super::search::{self, Probe, SearchOutcome};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -116,7 +116,7 @@ pub enum Answer {
 
 /// Everything a bisect over commits found.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub struct CommitsReport {
     pub good: Named,
     pub bad: Named,
     pub reference: PathBuf,
@@ -133,7 +133,7 @@ pub struct Report {
 }
 
 /// Runs the bisect; `on_step` sees each step as it completes (the log).
-pub fn bisect(req: &Request, mut on_step: impl FnMut(&Step)) -> Result<Report, BisectError> {
+pub fn bisect(req: &Request, mut on_step: impl FnMut(&Step)) -> Result<CommitsReport, BisectError> {
     let commits = req.repo.first_parent_range(&req.good, &req.bad)?;
     let cache_dir = req
         .cache
@@ -204,7 +204,7 @@ pub fn bisect(req: &Request, mut on_step: impl FnMut(&Step)) -> Result<Report, B
             .and_then(|s| s.first_op.clone())
     };
     let answer = match outcome {
-        Outcome::FirstBad { index } => Answer::FirstBad {
+        SearchOutcome::FirstBad { index } => Answer::FirstBad {
             commit: (&commits[index]).into(),
             first_op: first_op_of(&commits[index].id),
             first_change: steps
@@ -212,21 +212,21 @@ pub fn bisect(req: &Request, mut on_step: impl FnMut(&Step)) -> Result<Report, B
                 .find(|s| s.commit == commits[index].id)
                 .and_then(|s| s.first_change.clone()),
         },
-        Outcome::Ambiguous { candidates } => Answer::Ambiguous {
+        SearchOutcome::Ambiguous { candidates } => Answer::Ambiguous {
             candidates: candidates.iter().map(|&i| (&commits[i]).into()).collect(),
         },
-        Outcome::GoodIsRed => Answer::GoodIsRed {
+        SearchOutcome::GoodIsRed => Answer::GoodIsRed {
             commit: (&commits[0]).into(),
             first_op: first_op_of(&commits[0].id),
         },
-        Outcome::BadIsGreen => Answer::BadIsGreen {
+        SearchOutcome::BadIsGreen => Answer::BadIsGreen {
             commit: commits.last().expect("range has endpoints").into(),
         },
-        Outcome::EndpointSkipped { index } => Answer::EndpointSkipped {
+        SearchOutcome::EndpointSkipped { index } => Answer::EndpointSkipped {
             commit: (&commits[index]).into(),
         },
     };
-    Ok(Report {
+    Ok(CommitsReport {
         good: (&commits[0]).into(),
         bad: commits.last().expect("range has endpoints").into(),
         reference: req.judge.reference.clone(),
@@ -242,11 +242,4 @@ pub fn bisect(req: &Request, mut on_step: impl FnMut(&Step)) -> Result<Report, B
 
 fn describe(c: &Commit) -> String {
     format!("commit {} ({})", c.short(), c.subject)
-}
-
-/// A capture counts only once its tree opens: manifest present and sound.
-pub fn tree_is_complete(path: &std::path::Path) -> Result<(), String> {
-    capture::TreeReader::open(path)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
 }

@@ -102,7 +102,7 @@ fn verdict(tree: &Path, report: &diff::Report) -> Result<Verdict, JudgeError> {
             return Err(JudgeError::NoVerdict {
                 tree: tree.to_path_buf(),
                 outcome: format!("{other:?}").to_lowercase(),
-                summary: report.summary.clone(),
+                summary: diff::render::summary(report),
             })
         }
     };
@@ -142,6 +142,6 @@ fn verdict(tree: &Path, report: &diff::Report) -> Result<Verdict, JudgeError> {
         first_op,
         logits_min_cos,
         first_change,
-        summary: report.summary.clone(),
+        summary: diff::render::summary(report),
     })
 }

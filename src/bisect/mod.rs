@@ -9,8 +9,8 @@
 //! - [`ddmin`]: delta debugging for a minimal set of switches;
 //! - [`judge`]: green or red against the reference, by the `diff` crate;
 //! - [`runner`]: one step, from the cache or a fresh capture;
-//! - [`commits`] and [`switches`]: the two bisects, each computing a `Report`
-//!   that `src/cli/bisect.rs` renders.
+//! - [`commits`] and [`switches`]: the two bisects, each computing a report (`CommitsReport`, `SwitchesReport`)
+//!   that [`render`] presents.
 
 pub mod cache;
 pub mod command;
@@ -18,6 +18,7 @@ pub mod commits;
 pub mod ddmin;
 pub mod git;
 pub mod judge;
+pub mod render;
 pub mod runner;
 pub mod search;
 pub mod switches;

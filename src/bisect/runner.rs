@@ -113,7 +113,7 @@ impl Runner {
         drop(dir);
         match outcome? {
             RunOutcome::Ok => {
-                if let Err(reason) = super::commits::tree_is_complete(&staged) {
+                if let Err(reason) = tree_is_complete(&staged) {
                     self.cache.discard(&staged);
                     return Err(StepError::Incomplete {
                         what: what.to_string(),
@@ -144,4 +144,11 @@ impl Runner {
             }
         }
     }
+}
+
+/// A capture counts only once its tree opens: manifest present and sound.
+fn tree_is_complete(path: &Path) -> Result<(), String> {
+    capture::TreeReader::open(path)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }

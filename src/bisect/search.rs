@@ -20,7 +20,7 @@ pub enum Probe {
 
 /// The answer of a search.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum SearchOutcome {
     /// `index` is red and the candidate before it green: the first bad one.
     FirstBad { index: usize },
     /// Skipped candidates sit between the last green and the first red: the
@@ -42,20 +42,20 @@ pub fn first_bad<E>(
     len: usize,
     check_endpoints: bool,
     mut probe: impl FnMut(usize) -> Result<Probe, E>,
-) -> Result<Outcome, E> {
+) -> Result<SearchOutcome, E> {
     assert!(len >= 2, "a range needs a good and a bad endpoint");
     let (mut lo, mut hi) = (0usize, len - 1);
     let (mut lo_seen, mut hi_seen) = (false, false);
     if check_endpoints {
         match probe(lo)? {
             Probe::Green => lo_seen = true,
-            Probe::Red => return Ok(Outcome::GoodIsRed),
-            Probe::Skip => return Ok(Outcome::EndpointSkipped { index: lo }),
+            Probe::Red => return Ok(SearchOutcome::GoodIsRed),
+            Probe::Skip => return Ok(SearchOutcome::EndpointSkipped { index: lo }),
         }
         match probe(hi)? {
             Probe::Red => hi_seen = true,
-            Probe::Green => return Ok(Outcome::BadIsGreen),
-            Probe::Skip => return Ok(Outcome::EndpointSkipped { index: hi }),
+            Probe::Green => return Ok(SearchOutcome::BadIsGreen),
+            Probe::Skip => return Ok(SearchOutcome::EndpointSkipped { index: hi }),
         }
     }
     let mut skipped: Vec<usize> = Vec::new();
@@ -70,15 +70,15 @@ pub fn first_bad<E>(
                 if !lo_seen {
                     match probe(lo)? {
                         Probe::Green => {}
-                        Probe::Red => return Ok(Outcome::GoodIsRed),
-                        Probe::Skip => return Ok(Outcome::EndpointSkipped { index: lo }),
+                        Probe::Red => return Ok(SearchOutcome::GoodIsRed),
+                        Probe::Skip => return Ok(SearchOutcome::EndpointSkipped { index: lo }),
                     }
                 }
                 if !hi_seen {
                     match probe(hi)? {
                         Probe::Red => {}
-                        Probe::Green => return Ok(Outcome::BadIsGreen),
-                        Probe::Skip => return Ok(Outcome::EndpointSkipped { index: hi }),
+                        Probe::Green => return Ok(SearchOutcome::BadIsGreen),
+                        Probe::Skip => return Ok(SearchOutcome::EndpointSkipped { index: hi }),
                     }
                 }
                 let mut between: Vec<usize> = skipped
@@ -87,11 +87,11 @@ pub fn first_bad<E>(
                     .filter(|&i| lo < i && i < hi)
                     .collect();
                 if between.is_empty() {
-                    return Ok(Outcome::FirstBad { index: hi });
+                    return Ok(SearchOutcome::FirstBad { index: hi });
                 }
                 between.sort_unstable();
                 between.push(hi);
-                return Ok(Outcome::Ambiguous {
+                return Ok(SearchOutcome::Ambiguous {
                     candidates: between,
                 });
             }
@@ -125,7 +125,7 @@ mod tests {
 
     /// Runs a search over `len` candidates, red from `first_red` on, with
     /// `skips` untestable; returns the outcome and the probed indices.
-    fn search(len: usize, first_red: usize, skips: &[usize]) -> (Outcome, Vec<usize>) {
+    fn search(len: usize, first_red: usize, skips: &[usize]) -> (SearchOutcome, Vec<usize>) {
         search_checked(len, first_red, skips, false)
     }
 
@@ -134,7 +134,7 @@ mod tests {
         first_red: usize,
         skips: &[usize],
         check_endpoints: bool,
-    ) -> (Outcome, Vec<usize>) {
+    ) -> (SearchOutcome, Vec<usize>) {
         let mut probed = Vec::new();
         let outcome = first_bad::<Infallible>(len, check_endpoints, |i| {
             assert!(!probed.contains(&i), "index {i} probed twice");
@@ -155,7 +155,7 @@ mod tests {
     fn finds_every_boundary_of_a_32_range_in_at_most_5_probes_plus_an_endpoint() {
         for first_red in 1..32 {
             let (outcome, probed) = search(32, first_red, &[]);
-            assert_eq!(outcome, Outcome::FirstBad { index: first_red });
+            assert_eq!(outcome, SearchOutcome::FirstBad { index: first_red });
             // 31 possible answers take 5 probes; an answer next to an
             // endpoint also needs that endpoint observed.
             let endpoint = usize::from(first_red == 1 || first_red == 31);
@@ -170,47 +170,50 @@ mod tests {
     fn boundary_sizes() {
         // Two commits: the answer rests on both endpoints.
         let (outcome, probed) = search(2, 1, &[]);
-        assert_eq!(outcome, Outcome::FirstBad { index: 1 });
+        assert_eq!(outcome, SearchOutcome::FirstBad { index: 1 });
         assert_eq!(probed, vec![0, 1]);
         // Three: one probe inside, one endpoint.
         let (outcome, probed) = search(3, 1, &[]);
-        assert_eq!(outcome, Outcome::FirstBad { index: 1 });
+        assert_eq!(outcome, SearchOutcome::FirstBad { index: 1 });
         assert_eq!(probed, vec![1, 0]);
         let (outcome, _) = search(3, 2, &[]);
-        assert_eq!(outcome, Outcome::FirstBad { index: 2 });
+        assert_eq!(outcome, SearchOutcome::FirstBad { index: 2 });
     }
 
     #[test]
     fn endpoints_are_validated_when_the_answer_rests_on_them() {
         // Everything red: the good endpoint is red.
-        assert_eq!(search(32, 0, &[]).0, Outcome::GoodIsRed);
+        assert_eq!(search(32, 0, &[]).0, SearchOutcome::GoodIsRed);
         // Everything green: the bad endpoint is green.
-        assert_eq!(search(32, 99, &[]).0, Outcome::BadIsGreen);
-        assert_eq!(search(8, 0, &[0]).0, Outcome::EndpointSkipped { index: 0 });
+        assert_eq!(search(32, 99, &[]).0, SearchOutcome::BadIsGreen);
+        assert_eq!(
+            search(8, 0, &[0]).0,
+            SearchOutcome::EndpointSkipped { index: 0 }
+        );
     }
 
     #[test]
     fn checked_endpoints_are_probed_first_and_never_again() {
         let (outcome, probed) = search_checked(32, 18, &[], true);
-        assert_eq!(outcome, Outcome::FirstBad { index: 18 });
+        assert_eq!(outcome, SearchOutcome::FirstBad { index: 18 });
         assert_eq!(probed[..2], [0, 31]);
         assert!(probed.len() <= 7, "{probed:?}");
         // A red good endpoint stops at once, even where the middle is green.
         let (outcome, probed) = search_checked(32, 0, &[], true);
-        assert_eq!(outcome, Outcome::GoodIsRed);
+        assert_eq!(outcome, SearchOutcome::GoodIsRed);
         assert_eq!(probed, [0]);
         let (outcome, probed) = search_checked(32, 99, &[], true);
-        assert_eq!(outcome, Outcome::BadIsGreen);
+        assert_eq!(outcome, SearchOutcome::BadIsGreen);
         assert_eq!(probed, [0, 31]);
         let (outcome, _) = search_checked(32, 5, &[31], true);
-        assert_eq!(outcome, Outcome::EndpointSkipped { index: 31 });
+        assert_eq!(outcome, SearchOutcome::EndpointSkipped { index: 31 });
     }
 
     #[test]
     fn skips_a_candidate_and_still_finds_the_answer() {
         // Index 23 is on the path to 18 and cannot be tested.
         let (outcome, probed) = search(32, 18, &[23]);
-        assert_eq!(outcome, Outcome::FirstBad { index: 18 });
+        assert_eq!(outcome, SearchOutcome::FirstBad { index: 18 });
         assert!(probed.contains(&23));
         assert!(probed.len() <= 6, "{probed:?}");
     }
@@ -221,7 +224,7 @@ mod tests {
         let (outcome, _) = search(32, 18, &[17]);
         assert_eq!(
             outcome,
-            Outcome::Ambiguous {
+            SearchOutcome::Ambiguous {
                 candidates: vec![17, 18]
             }
         );

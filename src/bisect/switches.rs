@@ -179,7 +179,7 @@ pub struct Culprit {
 
 /// Everything a bisect over switches found.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub struct SwitchesReport {
     pub switches: Vec<Switch>,
     pub reference: PathBuf,
     pub tolerance: String,
@@ -192,7 +192,10 @@ pub struct Report {
 
 /// Runs the arms; `on_arm` sees each arm as it completes (`planned` is the
 /// number of arms known so far, for a progress bar).
-pub fn bisect(req: &Request, mut on_arm: impl FnMut(&Arm, usize)) -> Result<Report, SwitchesError> {
+pub fn bisect(
+    req: &Request,
+    mut on_arm: impl FnMut(&Arm, usize),
+) -> Result<SwitchesReport, SwitchesError> {
     let temp;
     let cache_dir = match &req.cache {
         Some(dir) => dir.clone(),
@@ -347,8 +350,8 @@ impl Arms<'_> {
         Ok(arm)
     }
 
-    fn report(self, answer: Answer) -> Report {
-        Report {
+    fn report(self, answer: Answer) -> SwitchesReport {
+        SwitchesReport {
             switches: self.req.switches.clone(),
             reference: self.req.judge.reference.clone(),
             tolerance: self.req.judge.tolerance.to_string(),

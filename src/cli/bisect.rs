@@ -5,8 +5,8 @@
 //! switch arm diverges, 2 when the bisect could not decide (a bad endpoint, a
 //! failed capture, a tree that cannot be compared).
 
-use crate::bisect::judge::{FirstOp, Judge};
-use crate::bisect::{commits, git::Repo, switches};
+use crate::bisect::judge::Judge;
+use crate::bisect::{commits, git::Repo, render, switches};
 use crate::exit;
 use anyhow::Context;
 use std::io::{IsTerminal, Write};
@@ -47,8 +47,14 @@ pub struct Judging {
     /// Shell command that writes a tree to $TAPTREE_OUT (run with `sh -c`).
     #[arg(long, value_name = "CMD")]
     pub capture: String,
-    /// Tolerance expression of `taptree diff` (default: diff's default).
-    #[arg(long, value_name = "EXPR", conflicts_with = "bitwise")]
+    /// Tolerance expression of `taptree diff` (default: diff's default);
+    /// spelt as in `taptree diff`, `--tol` for short.
+    #[arg(
+        long = "tolerance",
+        visible_alias = "tol",
+        value_name = "EXPR",
+        conflicts_with = "bitwise"
+    )]
     pub tol: Option<String>,
     /// Green only when bitwise identical to the reference.
     #[arg(long)]
@@ -134,105 +140,17 @@ fn run_commits(args: CommitsArgs) -> anyhow::Result<u8> {
     let mut n = 0;
     let report = commits::bisect(&req, |step| {
         n += 1;
-        eprintln!("{}", step_line(n, step));
+        eprintln!("{}", render::step_line(n, step));
     })?;
     if args.judging.json {
         print_json(&report)?;
     } else {
-        print!("{}", render_commits(&report));
+        print!("{}", render::commits_text(&report));
     }
     Ok(match report.answer {
         commits::Answer::FirstBad { .. } | commits::Answer::Ambiguous { .. } => exit::DIVERGED,
         _ => exit::COULD_NOT_COMPARE,
     })
-}
-
-fn short(id: &str) -> &str {
-    &id[..id.len().min(10)]
-}
-
-fn op_or_dash(op: &Option<FirstOp>) -> String {
-    op.as_ref().map_or("-".into(), |o| o.to_string())
-}
-
-/// `step 3: 1a2b3c4d5e commit 23: red at L0/ffn_down@1 (origin, cos 0.873211)`.
-fn step_line(n: usize, s: &commits::Step) -> String {
-    let verdict = match s.verdict {
-        commits::StepVerdict::Green => "green".to_string(),
-        commits::StepVerdict::Red => format!(
-            "red at {}; logits min cos {}",
-            op_or_dash(&s.first_op),
-            cos_or_dash(s.logits_min_cos)
-        ),
-        commits::StepVerdict::Skip => "skip (capture command exited 125)".to_string(),
-    };
-    let cached = if s.cached { " [cached]" } else { "" };
-    format!(
-        "step {n}: {} {}: {verdict}{cached}",
-        short(&s.commit),
-        s.subject
-    )
-}
-
-fn render_commits(r: &commits::Report) -> String {
-    use commits::Answer;
-    let mut out = String::new();
-    let named = |c: &commits::Named| format!("{} {}", c.commit, c.subject);
-    match &r.answer {
-        Answer::FirstBad {
-            commit,
-            first_op,
-            first_change,
-        } => {
-            out += &format!("first bad commit: {}\n", named(commit));
-            out += &format!("first diverging op: {}\n", op_or_dash(first_op));
-            if let Some(op) = first_op {
-                for reason in &op.reasons {
-                    out += &format!("  {reason}\n");
-                }
-            }
-            if let Some(change) = first_change {
-                out += &format!("first op not bitwise equal to the reference: {change}\n");
-            }
-        }
-        Answer::Ambiguous { candidates } => {
-            out += "skipped commits hide the boundary; the first bad commit is one of:\n";
-            for c in candidates {
-                out += &format!("  {}\n", named(c));
-            }
-        }
-        Answer::GoodIsRed { commit, first_op } => {
-            out += &format!(
-                "--good {} is already red against the reference (first diverging op: {}); \
-                 nothing to bisect: check --reference and --good\n",
-                named(commit),
-                op_or_dash(first_op)
-            );
-        }
-        Answer::BadIsGreen { commit } => {
-            out += &format!(
-                "--bad {} is within tolerance of the reference; nothing to bisect: \
-                 check --reference, --bad and the tolerance\n",
-                named(commit)
-            );
-        }
-        Answer::EndpointSkipped { commit } => {
-            out += &format!(
-                "{}: the answer rests on this endpoint and its capture command exits 125; \
-                 choose another --good/--bad\n",
-                named(commit)
-            );
-        }
-    }
-    out += &format!(
-        "{} commits in range, {} steps: {} captures run, {} from cache ({})\n",
-        r.range,
-        r.steps.len(),
-        r.captures_run,
-        r.cache_hits,
-        r.cache.display()
-    );
-    out
 }
 
 fn run_switches(args: SwitchesArgs) -> anyhow::Result<u8> {
@@ -266,7 +184,7 @@ fn run_switches(args: SwitchesArgs) -> anyhow::Result<u8> {
     if args.judging.json {
         print_json(&report)?;
     } else {
-        print!("{}", render_switches(&report));
+        print!("{}", render::switches_text(&report));
     }
     Ok(match report.answer {
         switches::Answer::NoDivergence => exit::OK,
@@ -275,92 +193,6 @@ fn run_switches(args: SwitchesArgs) -> anyhow::Result<u8> {
             exit::COULD_NOT_COMPARE
         }
     })
-}
-
-fn cos_or_dash(c: Option<f64>) -> String {
-    c.map_or("-".into(), |c| format!("{c:.6}"))
-}
-
-fn render_switches(r: &switches::Report) -> String {
-    use switches::{Answer, ArmVerdict};
-    let labels: Vec<String> = r.arms.iter().map(|a| a.label()).collect();
-    let width = labels.iter().map(String::len).max().unwrap_or(3).max(3);
-    let changes: Vec<String> = r
-        .arms
-        .iter()
-        .map(|a| a.first_change.clone().unwrap_or_else(|| "-".into()))
-        .collect();
-    let cwidth = changes.iter().map(String::len).max().unwrap_or(0).max(12);
-    let mut out = format!(
-        "{:width$}  {:7}  {:14}  {:cwidth$}  {}\n",
-        "arm", "verdict", "logits min cos", "first change", "first diverging op"
-    );
-    for ((arm, label), change) in r.arms.iter().zip(&labels).zip(&changes) {
-        let verdict = match arm.verdict {
-            ArmVerdict::Green => "green",
-            ArmVerdict::Red => "red",
-            ArmVerdict::Skip => "skip",
-        };
-        out += &format!(
-            "{label:width$}  {verdict:7}  {:14}  {change:cwidth$}  {}\n",
-            cos_or_dash(arm.logits_min_cos),
-            op_or_dash(&arm.first_op)
-        );
-    }
-    out += "\n";
-    match &r.answer {
-        Answer::NoDivergence => out += "no arm diverges from the reference\n",
-        Answer::BaselineRed { first_op } => {
-            out += &format!(
-                "all off already diverges from the reference (first diverging op: {}); \
-                 the switches cannot explain it\n",
-                op_or_dash(first_op)
-            )
-        }
-        Answer::Single { culprits } => {
-            if culprits.len() > 1 {
-                out += "switches red alone, earliest first divergence first:\n";
-                for c in culprits {
-                    out += &format!(
-                        "  {}: {} (first change {})\n",
-                        c.switches.join(" "),
-                        op_or_dash(&c.first_op),
-                        c.first_change.as_deref().unwrap_or("-")
-                    );
-                }
-            }
-            let first = &culprits[0];
-            let what = if culprits.len() > 1 {
-                "culprit of the first divergence"
-            } else {
-                "culprit"
-            };
-            out += &format!(
-                "{what}: {} alone (first diverging op: {})\n",
-                first.switches.join(" "),
-                op_or_dash(&first.first_op)
-            );
-        }
-        Answer::Set { culprit } => {
-            out += "no single switch diverges alone\n";
-            out += &format!(
-                "minimal culprit set (delta debugging): {} (first diverging op: {})\n",
-                culprit.switches.join(" "),
-                op_or_dash(&culprit.first_op)
-            );
-        }
-        Answer::Undecided => {
-            out += "no single switch diverges alone and all on could not be captured \
-                    (exit 125): undecided\n"
-        }
-    }
-    out += &format!(
-        "{} arms: {} captures run, {} from cache\n",
-        r.arms.len(),
-        r.captures_run,
-        r.cache_hits
-    );
-    out
 }
 
 fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {

@@ -10,9 +10,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use kernels::generate::{greedy, greedy_batch, Generation};
-use kernels::load::{load_model, LoadedModel};
 use kernels::switches::Switches;
-use kernels::{backend, fetch, stages, Precision};
+use kernels::{backend, stages, Precision};
+use model::load::{load_model, LoadedModel};
 
 use crate::cli::engine::{self, EngineRun};
 use crate::exit;

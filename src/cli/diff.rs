@@ -26,7 +26,13 @@ pub struct Args {
     /// When two tensors agree: `cos>=0.999`, `ulp<=4`, `abs<=1e-3|rel<=1e-2`,
     /// combined with & (binds tighter) and |, parentheses to group. Metrics:
     /// cos abs rel rmse nmse sqnr ulp eq argmax; `bitwise` means exact.
-    #[arg(short, long, value_name = "EXPR", default_value = diff::tolerance::DEFAULT)]
+    #[arg(
+        short,
+        long,
+        alias = "tol",
+        value_name = "EXPR",
+        default_value = diff::tolerance::DEFAULT
+    )]
     pub tolerance: String,
     /// Exact agreement only: every element bitwise equal.
     #[arg(long, conflicts_with = "tolerance")]
@@ -146,7 +152,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         Tolerance::parse(&args.tolerance)?
     };
     let perturb_at = match &args.perturb_at {
-        Some(s) => Some(At::parse(s).ok_or_else(|| {
+        Some(s) => Some(s.parse::<At>().map_err(|_| {
             anyhow::anyhow!("--perturb-at {s:?}: expected a key like L3/ffn_down@2 or logits@0")
         })?),
         None => None,
@@ -270,11 +276,16 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         };
         print!("{}", diff::render::table::render(&report, &table));
     }
-    let code = match report.outcome.exit_code() {
-        0 => exit::OK,
-        1 => exit::DIVERGED,
-        _ => exit::COULD_NOT_COMPARE,
-    };
+    // A damaged tree is named on stderr too, as every file that cannot be
+    // read is; the table or JSON above still holds its row.
+    for row in report.rows.iter().filter(|r| r.unreadable.is_some()) {
+        eprintln!(
+            "taptree: {}: could not read: {}",
+            row.name(),
+            row.unreadable.as_deref().unwrap_or_default()
+        );
+    }
+    let code = exit::of_outcome(report.outcome);
     // The process ends here: freeing the manifests' and the report's many
     // small allocations one by one would only delay the exit.
     std::mem::forget(report);

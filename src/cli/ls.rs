@@ -28,7 +28,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let shown: Vec<_> = m
         .entries
         .iter()
-        .filter(|e| selection.wants(&e.key.stage, e.key.layer, e.key.pos.clone(), e.key.slot))
+        .filter(|e| selection.wants(e.key.id()))
         .collect();
     if shown.is_empty() && !m.entries.is_empty() && !selection.is_all() {
         let mut stages: Vec<&str> = m.entries.iter().map(|e| e.key.stage.as_str()).collect();

@@ -26,7 +26,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let at = match &args.at {
-        Some(s) => Some(At::parse(s).ok_or_else(|| {
+        Some(s) => Some(s.parse::<At>().map_err(|_| {
             anyhow::anyhow!("--at {s:?}: expected a key like L3/ffn_down@2 or logits")
         })?),
         None => None,

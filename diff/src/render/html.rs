@@ -2,7 +2,7 @@
 //! each cell's worst-position error (`-log10` of its relative RMS error, so
 //! bitwise equal is the palest and red is large), and the rows.
 
-use crate::report::{Cause, Report, Status};
+use crate::report::{Cause, Outcome, Report, Status};
 use crate::tolerance::short;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -20,6 +20,7 @@ fn color(status: Status, rel: f64) -> &'static str {
         Status::Mismatch => "#7b1fa2",
         Status::Degenerate => "#f9a825",
         Status::Equal => "#e8f5e9",
+        Status::Unreadable => "#616161",
         _ if !rel.is_finite() || rel >= 1e-1 => "#b71c1c",
         _ if rel >= 1e-2 => "#e53935",
         _ if rel >= 1e-3 => "#ff8a65",
@@ -44,12 +45,15 @@ table{{border-collapse:collapse}}td,th{{padding:2px 6px;border:1px solid #ddd;fo
     let _ = write!(
         h,
         "<h1>taptree diff</h1><p class=\"{}\">{}</p>",
-        if report.outcome.exit_code() == 0 {
+        if matches!(
+            report.outcome,
+            Outcome::Identical | Outcome::WithinTolerance
+        ) {
             "ok"
         } else {
             "red"
         },
-        esc(&report.summary)
+        esc(&super::summary(report))
     );
     let _ = write!(h, "<table>");
     for (label, t) in [
@@ -91,6 +95,13 @@ table{{border-collapse:collapse}}td,th{{padding:2px 6px;border:1px solid #ddd;fo
         );
     }
 
+    heatmap(&mut h, report);
+    rows_table(&mut h, report);
+    h
+}
+
+/// The layer × stage heatmap and its legend.
+fn heatmap(h: &mut String, report: &Report) {
     // Heatmap: layers down, per-layer stages across; globals in their own line.
     let mut stages: Vec<&str> = Vec::new();
     let mut cells: BTreeMap<(Option<u32>, &str), usize> = BTreeMap::new();
@@ -146,7 +157,7 @@ table{{border-collapse:collapse}}td,th{{padding:2px 6px;border:1px solid #ddd;fo
         for l in &layers {
             let _ = write!(h, "<tr><th>L{l}</th>");
             for s in &stages {
-                cell(&mut h, cells.get(&(Some(*l), *s)).copied());
+                cell(h, cells.get(&(Some(*l), *s)).copied());
             }
             let _ = write!(h, "</tr>");
         }
@@ -188,7 +199,10 @@ table{{border-collapse:collapse}}td,th{{padding:2px 6px;border:1px solid #ddd;fo
         }
         let _ = write!(h, "</p>");
     }
+}
 
+/// One line per row, every row.
+fn rows_table(h: &mut String, report: &Report) {
     let _ = write!(
         h,
         "<h2>Rows</h2><table><tr><th>op</th><th>verdict</th><th>min cos @pos</th><th>max abs</th>\
@@ -200,9 +214,9 @@ table{{border-collapse:collapse}}td,th{{padding:2px 6px;border:1px solid #ddd;fo
         let cause = match &r.cause {
             Some(Cause::Origin) => "origin".to_string(),
             Some(Cause::GrewFrom { from }) => {
-                format!("grew past tolerance from {}", from.join(", "))
+                format!("grew past tolerance from {}", super::names(from))
             }
-            Some(Cause::Inherited { from }) => format!("inherited from {}", from.join(", ")),
+            Some(Cause::Inherited { from }) => format!("inherited from {}", super::names(from)),
             None => String::new(),
         };
         let truth = r.truth.as_ref().map_or(String::new(), |t| {
@@ -227,5 +241,4 @@ table{{border-collapse:collapse}}td,th{{padding:2px 6px;border:1px solid #ddd;fo
         );
     }
     let _ = writeln!(h, "</table></body></html>");
-    h
 }

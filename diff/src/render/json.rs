@@ -1,12 +1,44 @@
-//! JSON: the report serialized (schema in docs/GUIDE.md). Infinite and NaN
-//! numbers (SQNR of identical tensors, undefined errors) become `null`. A
-//! row's `positions` lists only the positions that are not bitwise equal (and
-//! always the worst one, which `worst` indexes): equal positions would be the
-//! bulk of the output and say nothing; `total` still counts them.
+//! JSON: the report serialized (schema in docs/GUIDE.md), with its one-line
+//! summary. Infinite and NaN numbers (SQNR of identical tensors, undefined
+//! errors) become `null`. A row's `positions` lists only the positions that
+//! are not bitwise equal (and always the worst one, which `worst` indexes):
+//! equal positions would be the bulk of the output and say nothing; `total`
+//! still counts them.
 
-use crate::report::{Position, Report, Row};
+use crate::inputs::InputSplit;
+use crate::report::{Control, Counts, Outcome, Position, Report, Row, TreeInfo};
 use crate::stat::StatReport;
+use serde::Serialize;
 
+/// The report as JSON: its fields in order, the summary after the outcome.
+#[derive(Serialize)]
+struct Json<'r> {
+    schema: u32,
+    a: &'r TreeInfo,
+    b: &'r TreeInfo,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    truth: Option<&'r TreeInfo>,
+    tolerance: &'r str,
+    outcome: Outcome,
+    summary: String,
+    rows: Vec<Row>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_divergence: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_inexact: Option<usize>,
+    common_only: bool,
+    growth_ranking: &'r [usize],
+    only_in_a: &'r [String],
+    only_in_b: &'r [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    inputs_split: Option<&'r InputSplit>,
+    counts: &'r Counts,
+    controls: &'r [Control],
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    notes: &'r [String],
+}
+
+/// The report as JSON text.
 pub fn render(report: &Report) -> String {
     let mut out = Vec::new();
     write(report, &mut out).expect("writing to memory does not fail");
@@ -39,17 +71,35 @@ pub fn write(report: &Report, mut w: impl std::io::Write) -> std::io::Result<()>
                 growth: row.growth.clone(),
                 truth: row.truth.clone(),
                 hint: row.hint.clone(),
+                unreadable: row.unreadable.clone(),
             }
         })
         .collect();
-    let report = Report {
+    let json = Json {
+        schema: report.schema,
+        a: &report.a,
+        b: &report.b,
+        truth: report.truth.as_ref(),
+        tolerance: &report.tolerance,
+        outcome: report.outcome,
+        summary: super::summary::summary(report),
         rows,
-        ..report.clone_without_rows()
+        first_divergence: report.first_divergence,
+        first_inexact: report.first_inexact,
+        common_only: report.common_only,
+        growth_ranking: &report.growth_ranking,
+        only_in_a: &report.only_in_a,
+        only_in_b: &report.only_in_b,
+        inputs_split: report.inputs_split.as_ref(),
+        counts: &report.counts,
+        controls: &report.controls,
+        notes: &report.notes,
     };
-    serde_json::to_writer_pretty(&mut w, &report).map_err(std::io::Error::from)?;
+    serde_json::to_writer_pretty(&mut w, &json).map_err(std::io::Error::from)?;
     w.write_all(b"\n")
 }
 
+/// A stat report as JSON text.
 pub fn render_stat(stat: &StatReport) -> String {
     let mut s = serde_json::to_string_pretty(stat).expect("a stat report always serializes");
     s.push('\n');

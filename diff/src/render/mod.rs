@@ -3,4 +3,18 @@
 
 pub mod html;
 pub mod json;
+mod summary;
 pub mod table;
+
+pub use summary::summary;
+
+/// Rows named one after the other: `L3/ffn_up, L3/ffn_gate`.
+fn names(rows: &[capture::RowId]) -> String {
+    let names: Vec<String> = rows.iter().map(|r| r.to_string()).collect();
+    names.join(", ")
+}
+
+/// A hash as the reports show it: its first 12 hex digits.
+pub(crate) fn short_hash(h: &str) -> &str {
+    &h[..h.len().min(12)]
+}

@@ -67,14 +67,15 @@ fn status_word(s: Status) -> &'static str {
         Status::Fail => "FAIL",
         Status::Mismatch => "MISMATCH",
         Status::Degenerate => "DEGENERATE",
+        Status::Unreadable => "UNREADABLE",
     }
 }
 
 fn cause_word(row: &Row) -> String {
     match &row.cause {
         Some(Cause::Origin) => "origin".into(),
-        Some(Cause::GrewFrom { from }) => format!("grew past tolerance <- {}", from.join(", ")),
-        Some(Cause::Inherited { from }) => format!("inherited <- {}", from.join(", ")),
+        Some(Cause::GrewFrom { from }) => format!("grew past tolerance <- {}", super::names(from)),
+        Some(Cause::Inherited { from }) => format!("inherited <- {}", super::names(from)),
         None => String::new(),
     }
 }
@@ -90,7 +91,7 @@ fn tree_line(label: &str, t: &crate::report::TreeInfo) -> String {
         what.join(" "),
         if what.is_empty() { "" } else { ", " },
         t.taps,
-        crate::walk::short_hash(&t.root)
+        super::short_hash(&t.root)
     )
 }
 
@@ -106,7 +107,7 @@ pub fn render(report: &Report, opts: &TableOptions) -> String {
         let _ = writeln!(out, "{}", p.dim(n));
     }
     if report.outcome == Outcome::Identical {
-        let _ = writeln!(out, "{}", p.green(&report.summary));
+        let _ = writeln!(out, "{}", p.green(&super::summary(report)));
         render_controls(&mut out, report, &p);
         return out;
     }
@@ -117,6 +118,14 @@ pub fn render(report: &Report, opts: &TableOptions) -> String {
     );
     let _ = writeln!(out);
 
+    render_rows(&mut out, report, opts, &p);
+    render_findings(&mut out, report, opts, &p);
+    render_footer(&mut out, report, &p);
+    out
+}
+
+/// The column header, then one line per row (equal runs folded).
+fn render_rows(out: &mut String, report: &Report, opts: &TableOptions, p: &Paint) {
     let mut header = format!(
         "{:<28} {:<10} {:>18} {:>10} {:>10}",
         "op", "verdict", "min cos @pos", "max abs", "growth"
@@ -160,12 +169,15 @@ pub fn render(report: &Report, opts: &TableOptions) -> String {
         if quiet {
             continue;
         }
-        flush(&mut out, &mut folded);
-        let _ = writeln!(out, "{}", format_row(report, i, opts, &p));
+        flush(out, &mut folded);
+        let _ = writeln!(out, "{}", format_row(report, i, opts, p));
     }
-    flush(&mut out, &mut folded);
+    flush(out, &mut folded);
     let _ = writeln!(out);
+}
 
+/// The first diverging op, the first inexact one, error growth and truth.
+fn render_findings(out: &mut String, report: &Report, opts: &TableOptions, p: &Paint) {
     if let Some(i) = report.first_divergence {
         let row = &report.rows[i];
         let w = row.worst();
@@ -264,6 +276,10 @@ pub fn render(report: &Report, opts: &TableOptions) -> String {
             c.truth_closer_a + c.truth_closer_b + c.truth_neither
         );
     }
+}
+
+/// Inputs that part, one-sided positions, counts, controls and the summary.
+fn render_footer(out: &mut String, report: &Report, p: &Paint) {
     if let Some(split) = &report.inputs_split {
         let slot = split
             .slot
@@ -317,14 +333,14 @@ pub fn render(report: &Report, opts: &TableOptions) -> String {
             c.positions, c.taps_compared, c.taps_skipped, c.bytes_read
         ))
     );
-    render_controls(&mut out, report, &p);
+    render_controls(out, report, p);
+    let summary = super::summary(report);
     let summary = match report.outcome {
-        Outcome::Diverged => p.red(&report.summary),
-        Outcome::WithinTolerance | Outcome::Identical => p.green(&report.summary),
-        _ => p.yellow(&report.summary),
+        Outcome::Diverged => p.red(&summary),
+        Outcome::WithinTolerance | Outcome::Identical => p.green(&summary),
+        _ => p.yellow(&summary),
     };
     let _ = writeln!(out, "{summary}");
-    out
 }
 
 fn truth_sentence(row: &Row, t: &crate::report::TruthVerdict) -> String {
@@ -366,7 +382,7 @@ fn format_row(report: &Report, i: usize, opts: &TableOptions, p: &Paint) -> Stri
     let verdict = status_word(row.status);
     let verdict = match row.status {
         Status::Fail | Status::Mismatch => p.red(&format!("{verdict:<10}")),
-        Status::Degenerate => p.yellow(&format!("{verdict:<10}")),
+        Status::Degenerate | Status::Unreadable => p.yellow(&format!("{verdict:<10}")),
         Status::Pass => p.green(&format!("{verdict:<10}")),
         Status::Equal => p.dim(&format!("{verdict:<10}")),
     };
@@ -425,6 +441,10 @@ fn format_row(report: &Report, i: usize, opts: &TableOptions, p: &Paint) -> Stri
         s.push_str("  ");
         s.push_str(&row.reasons.join("; "));
     }
+    if let Some(why) = &row.unreadable {
+        s.push_str("  could not read: ");
+        s.push_str(why);
+    }
     s
 }
 
@@ -435,7 +455,7 @@ pub fn render_stat(stat: &StatReport) -> String {
         out,
         "{}  (root {})",
         stat.path,
-        crate::walk::short_hash(&stat.root)
+        super::short_hash(&stat.root)
     );
     let _ = writeln!(out, "crushed: {}", stat.crushed_rule);
     let _ = writeln!(

@@ -2,7 +2,7 @@
 //! llama) or `gelu_tanh(gate) * up` (GeGLU, Gemma).
 
 use super::Real;
-use crate::model::FfnActivation;
+use model::FfnActivation;
 
 /// [`swiglu`] or [`geglu`], as `act` says.
 pub fn gated<T: Real>(act: FfnActivation, gate: &[T], up: &[T]) -> Vec<T> {

@@ -15,9 +15,9 @@ use super::rope::{rope_with, RopeTable};
 use super::weights::DenseWeights;
 use super::{tap, Real};
 use crate::forward::{Forward, ForwardError, Precision};
-use crate::model::{FfnActivation, LlamaConfig, ModelFamily, ModelWeights};
 use crate::stages as st;
 use crate::switches::{ActPrecision, Family, Switches};
+use model::{FfnActivation, LlamaConfig, ModelFamily, ModelWeights};
 
 /// The activation handling of each matmul family, resolved once at open.
 #[derive(Debug, Clone, Copy)]

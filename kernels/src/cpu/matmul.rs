@@ -156,7 +156,7 @@ pub struct QuantRow<T> {
 /// does for the weight's dot product: `quantize_row_q8_0`/`q8_1` for 32-blocks
 /// (`d = amax / 127` stored as f16, `q = round(x / d)`), and for 256-blocks
 /// (K-quant weights) `quantize_row_q8_K` through
-/// [`crate::quant::quantize_row_q8_k`] (`d = -max / 127` in f32, round half
+/// [`model::quant::quantize_row_q8_k`] (`d = -max / 127` in f32, round half
 /// to even).
 pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
     assert!(
@@ -166,7 +166,7 @@ pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
     );
     if block == 256 {
         let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
-        let blocks = crate::quant::quantize_row_q8_k(&xf).expect("whole blocks, checked above");
+        let blocks = model::quant::quantize_row_q8_k(&xf).expect("whole blocks, checked above");
         return QuantRow {
             q: blocks
                 .iter()

@@ -6,7 +6,7 @@
 //! Hugging Face's `rotate_half`), as Gemma 3 has them.
 
 use super::Real;
-use crate::model::RopeStyle;
+use model::RopeStyle;
 
 /// [`rope`] or [`rope_halves`], as `style` says.
 pub fn rope_styled<T: Real>(

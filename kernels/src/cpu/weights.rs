@@ -7,8 +7,8 @@ use super::matmul::{matmul_with_mins, Act, Linear, Matrix};
 use super::qmatrix::{QMatrix, Weight};
 use super::Real;
 use crate::forward::ForwardError;
-use crate::model::{ModelWeights, QTensor};
-use crate::quant::GgmlType;
+use model::quant::GgmlType;
+use model::{ModelWeights, QTensor};
 
 /// One decoder layer.
 #[derive(Debug, Clone)]
@@ -22,7 +22,7 @@ pub struct DenseLayer {
     pub w_gate: Linear,
     pub w_up: Linear,
     pub w_down: Linear,
-    /// The family's extra norms (see [`crate::model::ExtraNorms`]).
+    /// The family's extra norms (see [`model::ExtraNorms`]).
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub post_attn_norm: Option<Vec<f32>>,

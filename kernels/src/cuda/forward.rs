@@ -1,5 +1,5 @@
 //! [`CudaForward`]: the decoder forward on the GPU (llama, or the family its
-//! [`ModelFamily`](crate::model::ModelFamily) describes: Gemma 3's extra norms, RoPE over halves, GeGLU,
+//! [`ModelFamily`](model::ModelFamily) describes: Gemma 3's extra norms, RoPE over halves, GeGLU,
 //! scaled embedding and sliding windows), tapped stage by stage with the CPU
 //! forward's stage names.
 //!
@@ -22,9 +22,9 @@ use super::device::Device;
 use super::ops::{self, AttentionShape, DeviceMatrix, QuantizedActs};
 use super::CudaError;
 use crate::forward::{Forward, ForwardError, Precision};
-use crate::model::{FfnActivation, LlamaConfig, ModelWeights, QTensor};
 use crate::stages as st;
 use crate::switches::{ActPrecision, Family, Switches};
+use model::{FfnActivation, LlamaConfig, ModelWeights, QTensor};
 
 struct LayerOnDevice {
     attn_norm: CudaSlice<f32>,

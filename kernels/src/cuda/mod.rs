@@ -18,7 +18,7 @@
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! # let weights: kernels::ModelWeights = todo!();
+//! # let weights: model::ModelWeights = todo!();
 //! use kernels::{switches::Switches, Precision};
 //! let mut fwd = kernels::cuda::open(&weights, Precision::F32, &Switches::none())?;
 //! let logits = fwd.forward(None, &[1, 2, 3], 0)?;
@@ -33,9 +33,9 @@ pub use device::Device;
 pub use forward::{tap_copy_stats, CudaForward};
 
 use crate::forward::{Forward, ForwardError, Precision};
-use crate::model::ModelWeights;
-use crate::quant::GgmlType;
 use crate::switches::Switches;
+use model::quant::GgmlType;
+use model::ModelWeights;
 
 /// Why the GPU could not do what was asked.
 #[derive(Debug, thiserror::Error)]

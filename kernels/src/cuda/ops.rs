@@ -8,8 +8,8 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelA
 
 use super::device::{Device, Family};
 use super::CudaError;
-use crate::model::{QTensor, RopeStyle};
-use crate::quant::GgmlType;
+use model::quant::GgmlType;
+use model::{QTensor, RopeStyle};
 
 /// Warps per block of the matmul kernels (`WARPS` in matmul.cu).
 const MATMUL_WARPS: u32 = 4;

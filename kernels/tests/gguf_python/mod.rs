@@ -43,27 +43,25 @@ pub fn python_has(modules: &[&str]) -> bool {
 /// The real model: fetched in CI or with `TAPTREE_FETCH=1`, else only used
 /// when already cached.
 pub fn smollm2() -> Option<PathBuf> {
-    real_model(&kernels::fetch::SMOLLM2)
+    real_model(&fetch::SMOLLM2)
 }
 
 /// Gemma 3 270M, as [`smollm2`].
 pub fn gemma3() -> Option<PathBuf> {
-    real_model(&kernels::fetch::GEMMA3_270M)
+    real_model(&fetch::GEMMA3_270M)
 }
 
-fn real_model(m: &kernels::fetch::RealModel) -> Option<PathBuf> {
-    if let Some(p) = kernels::fetch::cached(m) {
+fn real_model(m: &fetch::RealModel) -> Option<PathBuf> {
+    if let Some(p) = fetch::cached(m) {
         return Some(p);
     }
     if in_ci() || std::env::var("TAPTREE_FETCH").is_ok_and(|v| v == "1") {
-        return Some(
-            kernels::fetch::ensure(m).unwrap_or_else(|e| panic!("fetching {}: {e}", m.name)),
-        );
+        return Some(fetch::ensure(m).unwrap_or_else(|e| panic!("fetching {}: {e}", m.name)));
     }
     eprintln!(
-        "skipped: {} is not in {} (run `cargo run --release -p kernels --example fetch_model {}`, or set TAPTREE_FETCH=1)",
+        "skipped: {} is not in {} (run `cargo run --release -p fetch --example fetch_model {}`, or set TAPTREE_FETCH=1)",
         m.name,
-        kernels::fetch::cache_dir().display(),
+        fetch::cache_dir().display(),
         m.name
     );
     None

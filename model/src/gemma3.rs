@@ -17,7 +17,7 @@
 //!   loader subtracts the 1 again), so the GGUF value is the multiplier, as
 //!   for llama.
 
-use crate::model::{FfnActivation, LayerAttention, ModelFamily, RopeStyle};
+use crate::family::{FfnActivation, LayerAttention, ModelFamily, RopeStyle};
 
 /// The RoPE base of the sliding-window layers (Hugging Face's
 /// `rope_local_base_freq`; not in the GGUF).

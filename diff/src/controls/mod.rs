@@ -8,73 +8,43 @@
 //! - FIXTURE VALIDITY: no tap position of A or B may be degenerate (all zero,
 //!   all nonfinite, constant): agreement between such tensors proves nothing.
 //!
-//! A failed control makes the diff's outcome `ControlFailed` (exit 2).
+//! SELF and PERTURBED are delegates of a walk ([`SelfCheck`],
+//! [`PlantedCheck`]) over the doubles in [`doubles`]. A failed control makes
+//! the diff's outcome `ControlFailed` (exit 2).
+
+pub mod doubles;
 
 use crate::graph::StageGraph;
 use crate::metrics::compare;
 use crate::report::{Control, Flagged, Report, Status};
-use crate::tree::{Tree, Tweaked};
-use crate::walk::{self, Options};
+use crate::tree::Tree;
+use crate::walk::{self, Action, Change, Options, Visit};
 use crate::Error;
+use doubles::Tweaked;
 use rayon::prelude::*;
 use std::collections::BTreeSet;
 
 /// A position named on the command line: `L3/ffn_down@2`, `logits@0 slot 1`,
-/// or without `@pos` (the tap's middle position).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct At {
-    pub layer: Option<u32>,
-    pub stage: String,
-    pub pos: Option<u32>,
-    pub slot: Option<u32>,
-}
+/// or without `@pos` (the tap's middle position). Parsed by capture, where
+/// every key is.
+pub use capture::Site as At;
 
-impl At {
-    pub fn parse(s: &str) -> Option<At> {
-        let s = s.trim();
-        let (s, slot) = match s.split_once(" slot ") {
-            Some((head, n)) => (head, Some(n.trim().parse().ok()?)),
-            None => (s, None),
-        };
-        let (s, pos) = match s.split_once('@') {
-            Some((head, p)) => (head, Some(p.trim().parse().ok()?)),
-            None => (s, None),
-        };
-        let (layer, stage) = match s.split_once('/') {
-            Some((l, stage)) => {
-                let n = l.strip_prefix('L').or_else(|| l.strip_prefix('l'))?;
-                (Some(n.parse().ok()?), stage)
-            }
-            None => (None, s),
-        };
-        if stage.is_empty() {
+/// The (entry, row) of `tree` that `at` names, if it holds it.
+pub fn locate(at: &At, tree: &dyn Tree) -> Option<(usize, usize)> {
+    let m = tree.manifest();
+    m.entries.iter().enumerate().find_map(|(i, e)| {
+        if e.key.stage != at.stage || e.key.layer != at.layer {
             return None;
         }
-        Some(At {
-            layer,
-            stage: stage.to_string(),
-            pos,
-            slot,
-        })
-    }
-
-    /// The (entry, row) of `tree` this names, if it holds it.
-    pub fn locate(&self, tree: &dyn Tree) -> Option<(usize, usize)> {
-        let m = tree.manifest();
-        m.entries.iter().enumerate().find_map(|(i, e)| {
-            if e.key.stage != self.stage || e.key.layer != self.layer {
-                return None;
-            }
-            if self.slot.is_some() && e.key.slot != self.slot {
-                return None;
-            }
-            match self.pos {
-                Some(p) if e.key.pos.contains(&p) => Some((i, (p - e.key.pos.start) as usize)),
-                Some(_) => None,
-                None => Some((i, e.key.rows() as usize / 2)),
-            }
-        })
-    }
+        if at.slot.is_some() && e.key.slot != at.slot {
+            return None;
+        }
+        match at.pos {
+            Some(p) if e.key.pos.contains(&p) => Some((i, (p - e.key.pos.start) as usize)),
+            Some(_) => None,
+            None => Some((i, e.key.rows() as usize / 2)),
+        }
+    })
 }
 
 /// Runs the three controls on `a` (and FIXTURE VALIDITY on `b` too).
@@ -94,7 +64,7 @@ pub fn run(
 /// Adds controls to a report and concludes it again.
 pub fn attach(report: &mut Report, controls: Vec<Control>) {
     report.controls = controls;
-    walk::conclude(report);
+    walk::outcome::conclude(report);
 }
 
 fn quiet<'p>(opts: &Options<'p>) -> Options<'p> {
@@ -108,41 +78,53 @@ fn quiet<'p>(opts: &Options<'p>) -> Options<'p> {
     }
 }
 
+/// SELF's delegate: the rows that are not bitwise equal and whether a
+/// position was held by one side only.
+#[derive(Default)]
+pub struct SelfCheck {
+    /// Rows neither equal nor degenerate, in forward order.
+    pub not_equal: Vec<String>,
+    /// A position was found in one tree only.
+    pub one_sided: bool,
+}
+
+impl Visit for SelfCheck {
+    fn visit(&mut self, change: Change<'_>) -> Action {
+        match change {
+            Change::OnlyIn { .. } => self.one_sided = true,
+            Change::Row(row) => {
+                if row.status != Status::Equal && row.status != Status::Degenerate {
+                    self.not_equal.push(row.name());
+                }
+            }
+        }
+        Action::Continue
+    }
+}
+
 /// SELF: every tensor of A read twice and compared must be bitwise equal.
 pub fn self_control(a: &dyn Tree, opts: &Options) -> Result<Control, Error> {
     let copy = Tweaked::unhashed(a);
-    let r = walk::diff(a, &copy, None, &quiet(opts))?;
-    let not_equal: Vec<String> = r
-        .rows
-        .iter()
-        .filter(|row| row.status != Status::Equal && row.status != Status::Degenerate)
-        .map(|row| row.name())
-        .collect();
+    let mut check = SelfCheck::default();
+    let walked = walk::walk(a, &copy, None, &quiet(opts), &mut check)?;
+    let matched = walked.counts.positions;
     let positions: u64 = a
         .manifest()
         .entries
         .iter()
         .map(|e| e.key.rows() as u64)
         .sum();
-    let passed = not_equal.is_empty()
-        && r.only_in_a.is_empty()
-        && r.only_in_b.is_empty()
-        && r.counts.positions == positions;
+    let passed = check.not_equal.is_empty() && !check.one_sided && matched == positions;
     Ok(Control {
         name: "SELF".into(),
         passed,
         detail: if passed {
-            format!(
-                "A against A: {} positions bitwise equal",
-                r.counts.positions
-            )
+            format!("A against A: {matched} positions bitwise equal")
         } else {
             format!(
-                "A against A is not bitwise equal: {} rows differ (first {}), {} of {} positions matched",
-                not_equal.len(),
-                not_equal.first().map_or("-", |s| s.as_str()),
-                r.counts.positions,
-                positions
+                "A against A is not bitwise equal: {} rows differ (first {}), {matched} of {positions} positions matched",
+                check.not_equal.len(),
+                check.not_equal.first().map_or("-", |s| s.as_str()),
             )
         },
         flagged: Vec::new(),
@@ -169,6 +151,31 @@ pub fn middle(tree: &dyn Tree) -> Option<At> {
     })
 }
 
+/// PERTURBED's delegate: the first red row in forward order (its name and
+/// worst position) and how many rows are red.
+#[derive(Default)]
+pub struct PlantedCheck {
+    /// The first red row: name, worst position, its slot.
+    pub first_red: Option<(String, u32, Option<u32>)>,
+    /// Red rows in all.
+    pub red: u64,
+}
+
+impl Visit for PlantedCheck {
+    fn visit(&mut self, change: Change<'_>) -> Action {
+        if let Change::Row(row) = change {
+            if row.status.is_red() {
+                self.red += 1;
+                if self.first_red.is_none() {
+                    let w = row.worst();
+                    self.first_red = Some((row.name(), w.pos, w.slot));
+                }
+            }
+        }
+        Action::Continue
+    }
+}
+
 /// PERTURBED: a planted change at `at` (default: [`middle`]) must be the
 /// first diverging op, at its position, and the only red row.
 pub fn perturbed(a: &dyn Tree, opts: &Options, at: Option<&At>) -> Result<Control, Error> {
@@ -186,29 +193,21 @@ pub fn perturbed(a: &dyn Tree, opts: &Options, at: Option<&At>) -> Result<Contro
             }
         },
     };
-    let Some((entry, row)) = target.locate(a) else {
+    let Some((entry, row)) = locate(&target, a) else {
         return Err(Error::NoSuchTap {
             path: a.path().to_path_buf(),
-            key: at_label(&target),
+            key: target.to_string(),
         });
     };
     let key = &a.manifest().entries[entry].key;
     let pos = key.pos.start + row as u32;
     let planted = Tweaked::perturbed(a, entry, row);
-    let r = walk::diff(a, &planted, None, &quiet(opts))?;
-    let name = match key.layer {
-        Some(l) => format!("L{l}/{}", key.stage),
-        None => key.stage.clone(),
-    };
-    let label = capture::Key::new(key.stage.as_str(), key.layer, pos..pos + 1)
-        .with_slot(key.slot)
-        .to_string();
-    let found = r.first_divergence.map(|i| {
-        let row = &r.rows[i];
-        let w = row.worst();
-        (row.name(), w.pos, w.slot)
-    });
-    let passed = found.as_ref() == Some(&(name.clone(), pos, key.slot)) && r.counts.rows_red == 1;
+    let mut check = PlantedCheck::default();
+    walk::walk(a, &planted, None, &quiet(opts), &mut check)?;
+    let name = key.id().row().to_string();
+    let label = key.id().with_pos(pos..pos + 1).to_string();
+    let found = check.first_red;
+    let passed = found.as_ref() == Some(&(name, pos, key.slot)) && check.red == 1;
     Ok(Control {
         name: "PERTURBED".into(),
         passed,
@@ -216,26 +215,12 @@ pub fn perturbed(a: &dyn Tree, opts: &Options, at: Option<&At>) -> Result<Contro
             (Some(_), true) => format!("planted change at {label}: named exactly"),
             (Some((n, p, _)), false) => format!(
                 "planted change at {label}, but the first diverging op is {n}@{p} ({} red rows)",
-                r.counts.rows_red
+                check.red
             ),
             (None, _) => format!("planted change at {label} was not seen: no divergence"),
         },
         flagged: Vec::new(),
     })
-}
-
-fn at_label(at: &At) -> String {
-    let mut s = match at.layer {
-        Some(l) => format!("L{l}/{}", at.stage),
-        None => at.stage.clone(),
-    };
-    if let Some(p) = at.pos {
-        s.push_str(&format!("@{p}"));
-    }
-    if let Some(slot) = at.slot {
-        s.push_str(&format!(" slot {slot}"));
-    }
-    s
 }
 
 /// FIXTURE VALIDITY: reads every tap of every tree and flags degenerate rows.
@@ -256,11 +241,10 @@ pub fn fixture_validity(trees: &[(&str, &dyn Tree)]) -> Result<Control, Error> {
                     let row = &t.bytes()[r * len..(r + 1) * len];
                     let m = compare(row, e.dtype, row, e.dtype).metrics();
                     if let Some(what) = m.degenerate_a {
-                        let mut k = e.key.clone();
-                        k.pos = k.pos.start + r as u32..k.pos.start + r as u32 + 1;
+                        let p = e.key.pos.start + r as u32;
                         out.push(Flagged {
                             tree: name.to_string(),
-                            key: k.to_string(),
+                            key: e.key.id().with_pos(p..p + 1).to_string(),
                             what,
                         });
                     }

@@ -12,6 +12,11 @@
 //! against the model's sha256 before the result is renamed to its final name
 //! in the cache, so a file under that name is always a verified one and a
 //! failed or corrupt fetch leaves nothing behind that looks valid.
+//!
+//! `cargo run --release -p fetch --example fetch_model [smollm2|gemma3-270m]`
+//! fetches a model and prints its path.
+
+#![forbid(unsafe_code)]
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -82,7 +87,7 @@ pub enum FetchError {
     #[error("{spec}: no such file or directory, and not a known model name (known: smollm2, gemma3-270m, tiny-f32, tiny-q, tiny-outlier)")]
     NotFound { spec: String },
     #[error(transparent)]
-    Fixture(#[from] crate::fixtures::FixtureError),
+    Fixture(#[from] fixtures::FixtureError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -133,10 +138,10 @@ pub fn resolve(spec: &str) -> Result<PathBuf, FetchError> {
     if let Some(m) = REAL_MODELS.iter().find(|m| m.name == spec) {
         return ensure(m);
     }
-    if crate::fixtures::NAMES.contains(&spec) {
+    if fixtures::NAMES.contains(&spec) {
         // Deterministic and tiny: rewriting it every time keeps the cached
         // copy in step with the code that defines it.
-        return Ok(crate::fixtures::write(spec, &cache_dir().join("fixtures"))?);
+        return Ok(fixtures::write(spec, &cache_dir().join("fixtures"))?);
     }
     let path = PathBuf::from(spec);
     if path.exists() {

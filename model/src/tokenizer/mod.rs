@@ -28,117 +28,15 @@ use tokenizers::{AddedToken, Tokenizer as HfTokenizer};
 
 use crate::gguf::{GgufFile, Value};
 
-/// GGUF token types that are matched verbatim rather than through BPE.
-const TOKEN_TYPE_CONTROL: i64 = 3;
-const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+mod chat;
+mod error;
+mod sentencepiece;
 
-/// Why a tokenizer could not be built or used.
-#[derive(Debug, thiserror::Error)]
-pub enum TokenizerError {
-    #[error("{path}: tokenizer model {model:?} is not supported (supported: gpt2 byte-level BPE, llama SentencePiece with a Gemma vocabulary)")]
-    UnsupportedModel { path: String, model: String },
-    #[error("{path}: pre-tokenizer {pre:?} is not supported (supported: smollm, starcoder, refact, gpt-2, default, llama-bpe, qwen2)")]
-    UnsupportedPre { path: String, pre: String },
-    #[error("{path}: tokenizer metadata {key}: {reason}")]
-    BadMetadata {
-        path: String,
-        key: &'static str,
-        reason: String,
-    },
-    #[error("{path}: {message}")]
-    Build { path: String, message: String },
-    #[error("chat template is not ChatML nor Gemma's and is not supported: {excerpt:?}")]
-    UnsupportedChatTemplate { excerpt: String },
-    #[error("the model carries no chat template")]
-    NoChatTemplate,
-    #[error("encoding {text:?}: {message}")]
-    Encode { text: String, message: String },
-    #[error("decoding {ids:?}: {message}")]
-    Decode { ids: Vec<u32>, message: String },
-}
-
-/// A chat template: ChatML (`<|im_start|>role\ncontent<|im_end|>\n`) or
-/// Gemma's turns (`<start_of_turn>role\ncontent<end_of_turn>\n`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChatTemplate {
-    /// The system turn the template inserts when the conversation has none.
-    pub default_system: Option<String>,
-    pub turns: TurnFormat,
-}
-
-/// How a template marks a turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TurnFormat {
-    ChatMl,
-    /// `<start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n`.
-    Gemma,
-}
-
-impl ChatTemplate {
-    /// Gemma's turns, no default system turn.
-    pub fn gemma() -> ChatTemplate {
-        ChatTemplate {
-            default_system: None,
-            turns: TurnFormat::Gemma,
-        }
-    }
-
-    /// Recognises a ChatML or Gemma template and extracts its default system
-    /// prompt.
-    pub fn parse(template: &str) -> Result<ChatTemplate, TokenizerError> {
-        if template.contains("<start_of_turn>") && template.contains("<end_of_turn>") {
-            return Ok(ChatTemplate::gemma());
-        }
-        let chatml = template.contains("<|im_start|>")
-            && template.contains("<|im_end|>")
-            && template.contains("add_generation_prompt")
-            && (template.contains("message['role']") || template.contains("message[\"role\"]"));
-        if !chatml {
-            return Err(TokenizerError::UnsupportedChatTemplate {
-                excerpt: template.chars().take(120).collect(),
-            });
-        }
-        // A default system turn is a literal inside a branch taken when the
-        // first message is not a system one.
-        let has_default_branch = template.contains("!= 'system'")
-            || template.contains("!= \"system\"")
-            || template.contains("!='system'");
-        let default_system = has_default_branch
-            .then(|| {
-                let start = template.find("<|im_start|>system")? + "<|im_start|>system".len();
-                let rest = &template[start..];
-                let body = rest
-                    .strip_prefix('\n')
-                    .or_else(|| rest.strip_prefix("\\n"))?;
-                let end = body.find("<|im_end|>")?;
-                Some(body[..end].replace("\\n", "\n"))
-            })
-            .flatten();
-        Ok(ChatTemplate {
-            default_system,
-            turns: TurnFormat::ChatMl,
-        })
-    }
-
-    /// One user turn, with the default system turn when the template has one,
-    /// and the generation prompt (`<|im_start|>assistant\n`).
-    pub fn render_user(&self, user: &str) -> String {
-        if self.turns == TurnFormat::Gemma {
-            // The template's `{{ bos_token }}` is the tokenizer's to add.
-            return format!(
-                "<start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n",
-                user.trim()
-            );
-        }
-        let mut s = String::new();
-        if let Some(system) = &self.default_system {
-            s.push_str(&format!("<|im_start|>system\n{system}<|im_end|>\n"));
-        }
-        s.push_str(&format!("<|im_start|>user\n{user}<|im_end|>\n"));
-        s.push_str("<|im_start|>assistant\n");
-        s
-    }
-}
+pub use chat::{ChatTemplate, TurnFormat};
+pub use error::TokenizerError;
+use sentencepiece::{
+    has_gemma_turns, sentencepiece_gemma, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED,
+};
 
 /// A tokenizer with its special ids and chat template.
 #[derive(Clone)]
@@ -211,7 +109,8 @@ impl Tokenizer {
         };
         let model = model.as_str().unwrap_or("");
         if model == "llama" && has_gemma_turns(gguf) {
-            return sentencepiece_gemma(gguf).map(Some);
+            let (inner, n_tokens) = sentencepiece_gemma(gguf)?;
+            return Ok(Some(Tokenizer::with_gguf_specials(inner, gguf, n_tokens)));
         }
         if model != "gpt2" {
             return Err(TokenizerError::UnsupportedModel {
@@ -418,159 +317,8 @@ impl Tokenizer {
     }
 }
 
-/// Whether a GGUF's vocabulary has Gemma's turn tokens.
-fn has_gemma_turns(gguf: &GgufFile) -> bool {
-    let Some(tokens) = gguf.get("tokenizer.ggml.tokens").and_then(Value::as_array) else {
-        return false;
-    };
-    let has = |s: &str| tokens.iter().any(|t| t.as_str() == Some(s));
-    has("<start_of_turn>") && has("<end_of_turn>")
-}
-
-/// Gemma's SentencePiece BPE from a GGUF, built as Hugging Face's
-/// `gemma_tokenizer` builds it from the same file (so the ids agree):
-/// all-space tokens respelled as `▁` runs, merges rebuilt from the
-/// vocabulary ranked by file order (the file's scores do not follow Gemma's
-/// merge order), byte fallback, spaces normalized to `▁`, control tokens as
-/// special added tokens and user-defined ones (`\n\n`, `<table>`) as added
-/// tokens.
-fn sentencepiece_gemma(gguf: &GgufFile) -> Result<Tokenizer, TokenizerError> {
-    use tokenizers::decoders::byte_fallback::ByteFallback;
-    use tokenizers::decoders::fuse::Fuse;
-    use tokenizers::decoders::sequence::Sequence as DecoderSequence;
-    use tokenizers::normalizers::replace::Replace;
-
-    let path = gguf.path().display().to_string();
-    let bad = |key: &'static str, reason: &str| TokenizerError::BadMetadata {
-        path: path.clone(),
-        key,
-        reason: reason.into(),
-    };
-    let tokens: Vec<String> = gguf
-        .get("tokenizer.ggml.tokens")
-        .and_then(Value::as_array)
-        .and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect())
-        .ok_or_else(|| bad("tokenizer.ggml.tokens", "not an array of strings"))?;
-    let types: Vec<i64> = gguf
-        .get("tokenizer.ggml.token_type")
-        .and_then(Value::as_array)
-        .and_then(|a| a.iter().map(Value::as_i64).collect::<Option<Vec<_>>>())
-        .filter(|t| t.len() == tokens.len())
-        .ok_or_else(|| {
-            bad(
-                "tokenizer.ggml.token_type",
-                "not an integer array as long as the token list",
-            )
-        })?;
-    let tokens: Vec<String> = tokens
-        .into_iter()
-        .map(|t| {
-            if t.contains(' ') && t.trim().is_empty() {
-                "\u{2581}".repeat(t.chars().count())
-            } else {
-                t
-            }
-        })
-        .collect();
-    let vocab: std::collections::HashMap<String, u32> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), i as u32))
-        .collect();
-    let merges = merges_from_vocabulary(&tokens, &vocab);
-    let bpe = BPE::builder()
-        .vocab_and_merges(
-            vocab
-                .iter()
-                .map(|(t, &i)| (t.clone(), i))
-                .collect::<tokenizers::models::bpe::Vocab>(),
-            merges,
-        )
-        .unk_token("<unk>".into())
-        .fuse_unk(true)
-        .byte_fallback(true)
-        .build()
-        .map_err(|e| TokenizerError::Build {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
-    let build_err = |e: tokenizers::Error| TokenizerError::Build {
-        path: path.clone(),
-        message: e.to_string(),
-    };
-    let mut inner = HfTokenizer::new(bpe);
-    inner.with_normalizer(Some(Replace::new(" ", "\u{2581}").map_err(build_err)?));
-    inner.with_pre_tokenizer(Some(
-        Split::new(
-            SplitPattern::String(" ".into()),
-            SplitDelimiterBehavior::MergedWithPrevious,
-            false,
-        )
-        .map_err(build_err)?,
-    ));
-    inner.with_decoder(Some(DecoderSequence::new(vec![
-        Replace::new("\u{2581}", " ").map_err(build_err)?.into(),
-        ByteFallback::new().into(),
-        Fuse::new().into(),
-    ])));
-    let of_type = |ty: i64| {
-        tokens
-            .iter()
-            .zip(&types)
-            .filter(move |(_, &t)| t == ty)
-            .map(|(s, _)| s)
-    };
-    let control: Vec<AddedToken> = of_type(TOKEN_TYPE_CONTROL)
-        .map(|s| AddedToken::from(s.clone(), true).normalized(false))
-        .collect();
-    inner.add_special_tokens(&control);
-    let user: Vec<AddedToken> = of_type(TOKEN_TYPE_USER_DEFINED)
-        .filter(|s| vocab.contains_key(*s))
-        .map(|s| AddedToken::from(s.clone(), false).normalized(false))
-        .collect();
-    inner.add_tokens(&user);
-    Ok(Tokenizer::with_gguf_specials(inner, gguf, tokens.len()))
-}
-
-/// The merges a SentencePiece vocabulary implies, best first: every split of
-/// a token into two tokens, ranked by the merged token's position in the
-/// file, then the longer left piece first (Hugging Face's `generate_merges`
-/// with `-index` as the score).
-fn merges_from_vocabulary(
-    tokens: &[String],
-    vocab: &std::collections::HashMap<String, u32>,
-) -> Vec<(String, String)> {
-    // (rank of the merged token, left length, right length, left, right)
-    let mut merges: Vec<(u32, usize, usize, &str, &str)> = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    for t in tokens {
-        // A respelled duplicate ranks where its last copy sits, once.
-        if !seen.insert(t.as_str()) {
-            continue;
-        }
-        let rank = vocab[t];
-        let mut local: Vec<(u32, usize, usize, &str, &str)> = t
-            .char_indices()
-            .skip(1)
-            .filter_map(|(i, _)| {
-                let (l, r) = t.split_at(i);
-                (vocab.contains_key(l) && vocab.contains_key(r))
-                    .then(|| (rank, l.chars().count(), r.chars().count(), l, r))
-            })
-            .collect();
-        local.sort_by_key(|m| (vocab[m.3], vocab[m.4]));
-        merges.extend(local);
-    }
-    // Stable: equal keys keep the order above, as Python's sort does.
-    merges.sort_by(|a, b| (a.0, b.1, b.2).cmp(&(b.0, a.1, a.2)));
-    merges
-        .into_iter()
-        .map(|m| (m.3.to_string(), m.4.to_string()))
-        .collect()
-}
-
 /// A byte-level BPE tokenizer over `tokens` (ids are list positions).
-pub(crate) fn build(
+fn build(
     path: &str,
     tokens: &[String],
     merges: Vec<(String, String)>,

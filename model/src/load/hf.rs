@@ -13,41 +13,13 @@ use std::path::{Path, PathBuf};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value as Json;
 
-use crate::load::{assemble, file_blake3, LoadError, LoadedModel, ModelFormat, ModelSource};
-use crate::model::{LlamaConfig, QTensor};
+use super::assemble::assemble;
+use super::error::{HfError, LoadError};
+use super::source::{file_blake3, LoadedModel, ModelFormat, ModelSource};
+use crate::family::ModelFamily;
 use crate::quant::GgmlType;
 use crate::tokenizer::Tokenizer;
-
-/// Why an HF checkpoint could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum HfError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: invalid JSON: {message}")]
-    Json { path: PathBuf, message: String },
-    #[error("{path}: {key}: {reason}")]
-    BadConfig {
-        path: PathBuf,
-        key: &'static str,
-        reason: String,
-    },
-    #[error("{path}: not a safetensors file: {message}")]
-    Safetensors { path: PathBuf, message: String },
-    #[error("{path}: tensor {tensor:?} has dtype {dtype}, supported: F32, F16, BF16")]
-    UnsupportedDtype {
-        path: PathBuf,
-        tensor: String,
-        dtype: String,
-    },
-    #[error("{path}: no *.safetensors files")]
-    NoWeights { path: PathBuf },
-    #[error("{path}: tensor {tensor:?} appears in more than one file")]
-    DuplicateTensor { path: PathBuf, tensor: String },
-}
+use crate::weights::{LlamaConfig, QTensor};
 
 /// The GGUF name of an HF tensor name, with whether its rows need the RoPE
 /// permutation and, if so, over how many heads.
@@ -233,7 +205,7 @@ pub fn config_from_json(path: &Path, json: &Json) -> Result<(LlamaConfig, bool),
         rope_base: float("rope_theta", Some(10000.0))?,
         rms_eps: float("rms_norm_eps", None)?,
         context_length: req("max_position_embeddings")?,
-        family: crate::model::ModelFamily::llama(),
+        family: ModelFamily::llama(),
     };
     Ok((config, tied))
 }

@@ -151,6 +151,9 @@ fn index<T>(items: &[T], key: impl Fn(&T) -> &String) -> HashMap<String, usize> 
         .collect()
 }
 
+/// A tensor as the header gives it: name, dims, type id, data offset.
+type RawTensor = (String, Vec<u64>, u32, u64);
+
 struct Parsed {
     version: u32,
     alignment: u64,
@@ -189,58 +192,9 @@ impl Parser<'_> {
         self.plausible(n_kv, 12, "metadata entries")?;
         self.plausible(n_tensors, 24, "tensors")?;
 
-        // Capacities are capped: a count that passed the plausibility check
-        // can still be far larger than what the file really holds.
-        let mut metadata: Vec<(String, Value)> = Vec::with_capacity(n_kv.min(1024) as usize);
-        let mut seen = std::collections::HashSet::new();
-        for i in 0..n_kv {
-            let key = self.string(&format!("metadata key #{i}"))?;
-            let id = self.u32(&format!("type of metadata {key:?}"))?;
-            let ty = ValueType::from_id(id).ok_or_else(|| GgufError::UnknownValueType {
-                path: self.path.into(),
-                key: key.clone(),
-                id,
-            })?;
-            let value = self.value(ty, &key, 0)?;
-            if !seen.insert(key.clone()) {
-                return Err(GgufError::Duplicate {
-                    path: self.path.into(),
-                    what: "metadata key",
-                    name: key,
-                });
-            }
-            metadata.push((key, value));
-        }
-
-        let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
-            None => DEFAULT_ALIGNMENT,
-            Some((_, v)) => {
-                let a = v.as_u64().unwrap_or(0);
-                if a == 0 || !a.is_power_of_two() {
-                    return Err(GgufError::BadAlignment {
-                        path: self.path.into(),
-                        alignment: a,
-                    });
-                }
-                a
-            }
-        };
-
-        let mut raw = Vec::with_capacity(n_tensors.min(4096) as usize);
-        for i in 0..n_tensors {
-            let name = self.string(&format!("tensor name #{i}"))?;
-            let n_dims = self.u32(&format!("dims count of tensor {name:?}"))?;
-            if n_dims == 0 || n_dims > 4 {
-                return Err(self.bad_tensor(&name, format!("{n_dims} dims (GGML allows 1 to 4)")));
-            }
-            let mut dims = Vec::with_capacity(n_dims as usize);
-            for d in 0..n_dims {
-                dims.push(self.u64(&format!("dim {d} of tensor {name:?}"))?);
-            }
-            let type_id = self.u32(&format!("type of tensor {name:?}"))?;
-            let offset = self.u64(&format!("offset of tensor {name:?}"))?;
-            raw.push((name, dims, type_id, offset));
-        }
+        let metadata = self.metadata(n_kv)?;
+        let alignment = self.alignment(&metadata)?;
+        let raw = self.tensor_headers(n_tensors)?;
 
         let header_end = self.pos as u64;
         let data_start = header_end.div_ceil(alignment) * alignment;
@@ -316,6 +270,72 @@ impl Parser<'_> {
             metadata,
             tensors,
         })
+    }
+
+    /// The metadata entries, in file order; a repeated key is corruption.
+    fn metadata(&mut self, n_kv: u64) -> Result<Vec<(String, Value)>, GgufError> {
+        // Capacities are capped: a count that passed the plausibility check
+        // can still be far larger than what the file really holds.
+        let mut metadata: Vec<(String, Value)> = Vec::with_capacity(n_kv.min(1024) as usize);
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..n_kv {
+            let key = self.string(&format!("metadata key #{i}"))?;
+            let id = self.u32(&format!("type of metadata {key:?}"))?;
+            let ty = ValueType::from_id(id).ok_or_else(|| GgufError::UnknownValueType {
+                path: self.path.into(),
+                key: key.clone(),
+                id,
+            })?;
+            let value = self.value(ty, &key, 0)?;
+            if !seen.insert(key.clone()) {
+                return Err(GgufError::Duplicate {
+                    path: self.path.into(),
+                    what: "metadata key",
+                    name: key,
+                });
+            }
+            metadata.push((key, value));
+        }
+        Ok(metadata)
+    }
+
+    /// `general.alignment`, or GGUF's default; it must be a power of two.
+    fn alignment(&self, metadata: &[(String, Value)]) -> Result<u64, GgufError> {
+        Ok(
+            match metadata.iter().find(|(k, _)| k == "general.alignment") {
+                None => DEFAULT_ALIGNMENT,
+                Some((_, v)) => {
+                    let a = v.as_u64().unwrap_or(0);
+                    if a == 0 || !a.is_power_of_two() {
+                        return Err(GgufError::BadAlignment {
+                            path: self.path.into(),
+                            alignment: a,
+                        });
+                    }
+                    a
+                }
+            },
+        )
+    }
+
+    /// Each tensor's name, dims, type id and data offset, as the header has them.
+    fn tensor_headers(&mut self, n_tensors: u64) -> Result<Vec<RawTensor>, GgufError> {
+        let mut raw = Vec::with_capacity(n_tensors.min(4096) as usize);
+        for i in 0..n_tensors {
+            let name = self.string(&format!("tensor name #{i}"))?;
+            let n_dims = self.u32(&format!("dims count of tensor {name:?}"))?;
+            if n_dims == 0 || n_dims > 4 {
+                return Err(self.bad_tensor(&name, format!("{n_dims} dims (GGML allows 1 to 4)")));
+            }
+            let mut dims = Vec::with_capacity(n_dims as usize);
+            for d in 0..n_dims {
+                dims.push(self.u64(&format!("dim {d} of tensor {name:?}"))?);
+            }
+            let type_id = self.u32(&format!("type of tensor {name:?}"))?;
+            let offset = self.u64(&format!("offset of tensor {name:?}"))?;
+            raw.push((name, dims, type_id, offset));
+        }
+        Ok(raw)
     }
 
     /// Like [`Parser::plausible`], against the bytes after the cursor.

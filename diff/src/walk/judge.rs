@@ -1,0 +1,285 @@
+//! Step 4, judge: one [`Row`] per (layer, stage) from its segments' states:
+//! per-position metrics under the tolerance, the worst position, the
+//! status, and with a truth which side is closer to it.
+
+use super::merge::Segment;
+use super::read::SegState;
+use crate::metrics::{Acc, Metrics};
+use crate::report::{Closer, EqualRun, Position, Row, Status, TruthVerdict};
+use crate::tolerance::Tolerance;
+use capture::Manifest;
+
+/// The row of `layer`/`stage` from its segments (in key order) and their states.
+pub(crate) fn build_row(
+    (layer, stage): super::RowKey,
+    segments: &[Segment],
+    states: &[SegState],
+    ma: &Manifest,
+    tol: &Tolerance,
+    has_truth: bool,
+) -> Row {
+    // Reports name A's own slot even when slots were paired.
+    let slot_of = |seg: &Segment| ma.entries[seg.a.entry()].key.slot;
+    let equal = equal_runs(segments, states, &slot_of);
+    let mut row = Row {
+        layer,
+        stage,
+        status: Status::Equal,
+        reasons: Vec::new(),
+        cause: None,
+        worst: 0,
+        total: Acc::default().metrics(),
+        positions: Vec::new(),
+        equal,
+        skipped: states.iter().all(|s| matches!(s, SegState::Skipped(_))),
+        growth: None,
+        truth: None,
+        hint: None,
+        unreadable: None,
+    };
+    if row.skipped {
+        // Every position equal by hash: one line stands for them all.
+        let (n, count) = segments
+            .iter()
+            .zip(states)
+            .map(|(seg, s)| match s {
+                SegState::Skipped(n) => (n * u64::from(seg.len), u64::from(seg.len)),
+                _ => (0, 0),
+            })
+            .fold((0, 0), |(n, c), (x, y)| (n + x, c + y));
+        let acc = Acc::identical(n, count);
+        row.total = acc.metrics();
+        row.positions = vec![Position {
+            pos: segments[0].key.3,
+            slot: slot_of(&segments[0]),
+            pass: true,
+            metrics: acc.metrics(),
+        }];
+        return row;
+    }
+    let Gathered {
+        positions,
+        truths,
+        total,
+        mismatch,
+        unreadable,
+    } = gather(segments, states, &slot_of, tol);
+    row.unreadable = unreadable;
+    let worst = worst(&positions);
+    row.status = status(&positions, mismatch.is_some(), row.unreadable.is_some());
+    if let Some(m) = mismatch {
+        row.reasons.push(m);
+    }
+    if row.status == Status::Fail {
+        row.reasons.extend(tol.failing(&positions[worst].metrics));
+    }
+    if row.status == Status::Degenerate {
+        let p = positions
+            .iter()
+            .find(|p| p.metrics.degenerate_a.is_some() || p.metrics.degenerate_b.is_some())
+            .unwrap();
+        let side =
+            |d: Option<crate::metrics::Degeneracy>| d.map_or("ok".to_string(), |d| d.to_string());
+        row.reasons.push(format!(
+            "degenerate at {}: A {}, B {}",
+            p.label(),
+            side(p.metrics.degenerate_a),
+            side(p.metrics.degenerate_b)
+        ));
+    }
+    // With a truth every row says which side is closer to it, green ones too.
+    if has_truth {
+        let w = &positions[worst];
+        row.truth = Some(match &truths[worst] {
+            Some((ta, tb)) => verdict(w.pos, w.slot, &ta.metrics(), &tb.metrics()),
+            None => TruthVerdict {
+                pos: w.pos,
+                slot: w.slot,
+                error_a: f64::NAN,
+                error_b: f64::NAN,
+                max_abs_a: f64::NAN,
+                max_abs_b: f64::NAN,
+                closer: Closer::Unknown,
+            },
+        });
+    }
+    row.worst = worst;
+    row.total = total.metrics();
+    row.positions = positions;
+    row
+}
+
+/// The positions of a row that were read (or fail as equal), in order, each
+/// with its truth accumulators; their merged total; the row's mismatch and
+/// why a tap could not be read, if so.
+struct Gathered<'s> {
+    positions: Vec<Position>,
+    truths: Vec<Option<&'s (Acc, Acc)>>,
+    total: Acc,
+    mismatch: Option<String>,
+    unreadable: Option<String>,
+}
+
+fn gather<'s>(
+    segments: &[Segment],
+    states: &'s [SegState],
+    slot_of: &dyn Fn(&Segment) -> Option<u32>,
+    tol: &Tolerance,
+) -> Gathered<'s> {
+    let count: usize = segments
+        .iter()
+        .zip(states)
+        .filter(|(_, s)| !matches!(s, SegState::Skipped(_)))
+        .map(|(seg, _)| seg.len as usize)
+        .sum();
+    let mut positions = Vec::with_capacity(count);
+    let mut total = Acc::default();
+    let mut mismatch = None;
+    let mut truths = Vec::with_capacity(count);
+    let mut unreadable = None;
+    for (seg, state) in segments.iter().zip(states) {
+        let slot = slot_of(seg);
+        match state {
+            // Positions equal by hash are counted, not listed (they are in
+            // `equal`), unless identity itself fails the tolerance.
+            SegState::Skipped(n) => {
+                let acc = Acc::identical(*n, 1);
+                let m = acc.metrics();
+                let pass = tol.passes(&m);
+                if pass {
+                    total.merge(&Acc::identical(n * u64::from(seg.len), u64::from(seg.len)));
+                    continue;
+                }
+                for j in 0..seg.len {
+                    total.merge(&acc);
+                    positions.push(Position {
+                        pos: seg.key.3 + j,
+                        slot,
+                        pass,
+                        metrics: m.clone(),
+                    });
+                    truths.push(None);
+                }
+            }
+            SegState::Compared {
+                mismatch: why,
+                results,
+            } => {
+                if why.is_some() {
+                    mismatch = why.clone();
+                }
+                for (j, (acc, truth)) in (0..seg.len).zip(results) {
+                    total.merge(acc);
+                    let m = acc.metrics();
+                    let pass = why.is_none() && tol.passes(&m);
+                    positions.push(Position {
+                        pos: seg.key.3 + j,
+                        slot,
+                        pass,
+                        metrics: m,
+                    });
+                    truths.push(truth.as_deref());
+                }
+            }
+            // Nothing is known of these positions: listed, never passing.
+            SegState::Unreadable(why) => {
+                unreadable.get_or_insert_with(|| why.clone());
+                for j in 0..seg.len {
+                    positions.push(Position {
+                        pos: seg.key.3 + j,
+                        slot,
+                        pass: false,
+                        metrics: Acc::default().metrics(),
+                    });
+                    truths.push(None);
+                }
+            }
+        }
+    }
+    Gathered {
+        positions,
+        truths,
+        total,
+        mismatch,
+        unreadable,
+    }
+}
+
+/// Positions equal by hash, as runs of one slot.
+fn equal_runs(
+    segments: &[Segment],
+    states: &[SegState],
+    slot_of: &dyn Fn(&Segment) -> Option<u32>,
+) -> Vec<EqualRun> {
+    let mut equal: Vec<EqualRun> = Vec::new();
+    for (seg, state) in segments.iter().zip(states) {
+        if let SegState::Skipped(_) = state {
+            let (slot, start, end) = (slot_of(seg), seg.key.3, seg.key.3 + seg.len);
+            match equal.last_mut() {
+                Some(r) if r.slot == slot && r.end == start => r.end = end,
+                _ => equal.push(EqualRun { slot, start, end }),
+            }
+        }
+    }
+    equal
+}
+
+/// The worst position: failing first, then lowest cosine, then highest NMSE.
+fn worst(positions: &[Position]) -> usize {
+    (0..positions.len())
+        .min_by(|&x, &y| {
+            let (px, py) = (&positions[x], &positions[y]);
+            px.pass
+                .cmp(&py.pass)
+                .then(px.metrics.cos.total_cmp(&py.metrics.cos))
+                .then(py.metrics.nmse.total_cmp(&px.metrics.nmse))
+                .then(x.cmp(&y))
+        })
+        .unwrap_or(0)
+}
+
+fn status(positions: &[Position], mismatch: bool, unreadable: bool) -> Status {
+    let degenerate = positions
+        .iter()
+        .any(|p| p.metrics.degenerate_a.is_some() || p.metrics.degenerate_b.is_some());
+    if unreadable {
+        Status::Unreadable
+    } else if mismatch {
+        Status::Mismatch
+    } else if positions.iter().any(|p| !p.pass) {
+        Status::Fail
+    } else if degenerate {
+        Status::Degenerate
+    } else if positions.iter().all(|p| p.metrics.bitwise()) {
+        Status::Equal
+    } else {
+        Status::Pass
+    }
+}
+
+/// Which of A and B is closer to the truth at one position.
+fn verdict(pos: u32, slot: Option<u32>, ta: &Metrics, tb: &Metrics) -> TruthVerdict {
+    let (ea, eb) = (ta.rel_rms, tb.rel_rms);
+    let closer = if !(ea.is_finite() && eb.is_finite()) {
+        match (ea.is_finite(), eb.is_finite()) {
+            (true, false) => Closer::A,
+            (false, true) => Closer::B,
+            _ => Closer::Neither,
+        }
+    } else if ea.max(eb) <= 1.1 * ea.min(eb) {
+        Closer::Neither
+    } else if ea < eb {
+        Closer::A
+    } else {
+        Closer::B
+    };
+    TruthVerdict {
+        pos,
+        slot,
+        error_a: ea,
+        error_b: eb,
+        max_abs_a: ta.max_abs,
+        max_abs_b: tb.max_abs,
+        closer,
+    }
+}

@@ -1,0 +1,218 @@
+//! Step 3, read: each matched segment judged from the manifests first
+//! (equal by hash, not comparable, or to be read), then the ones to be read
+//! read in parallel and compared position by position, with the truth.
+//! A tap that cannot be read makes its segment [`SegState::Unreadable`]:
+//! reported and counted, not the end of the diff.
+
+use super::index::{Loc, PosKey};
+use super::merge::Segment;
+use super::Options;
+use crate::metrics::{compare, Acc};
+use crate::tree::{Tensor, Tree};
+use capture::{Entry, Manifest};
+use rayon::prelude::*;
+use std::collections::{BTreeSet, HashMap};
+
+/// What became of a segment.
+pub(crate) enum SegState {
+    /// Equal by hash, never read: `n` elements per position.
+    Skipped(u64),
+    /// Read, or not comparable (`mismatch`): one result per position.
+    Compared {
+        mismatch: Option<String>,
+        results: Vec<Computed>,
+    },
+    /// A tap of A, B or the truth could not be read: why.
+    Unreadable(String),
+}
+
+/// A position's A-vs-B accumulator and, with a truth, (T-vs-A, T-vs-B).
+pub(crate) type Computed = (Acc, Option<Box<(Acc, Acc)>>);
+
+/// What the read step did, for the report's counts.
+#[derive(Default)]
+pub(crate) struct ReadCounts {
+    pub(crate) taps_skipped: u64,
+    pub(crate) taps_compared: u64,
+    pub(crate) bytes_read: u64,
+}
+
+/// The truth, indexed by position, and where its inputs part from A's.
+pub(crate) struct Truth<'t> {
+    pub(crate) tree: &'t dyn Tree,
+    pub(crate) index: HashMap<PosKey, Loc>,
+    /// Per slot, the first position the truth was fed other tokens than A.
+    pub(crate) split: HashMap<Option<u32>, u32>,
+}
+
+pub(crate) fn row_elems(e: &Entry) -> usize {
+    let rows = e.shape.first().copied().unwrap_or(1).max(1);
+    e.shape.iter().product::<usize>() / rows
+}
+
+fn row_bytes<'t>(t: &'t Tensor, e: &Entry, row: usize) -> &'t [u8] {
+    let len = row_elems(e) * e.dtype.size();
+    &t.bytes()[row * len..(row + 1) * len]
+}
+
+/// Why two taps cannot be compared element for element, if they cannot.
+fn mismatch(a: &Entry, b: &Entry) -> Option<String> {
+    let (sa, sb) = (
+        a.shape.get(1..).unwrap_or(&[]),
+        b.shape.get(1..).unwrap_or(&[]),
+    );
+    if sa != sb {
+        Some(format!("shape mismatch: row shape {sa:?} vs {sb:?}"))
+    } else if a.dtype != b.dtype && !(a.dtype.is_float() && b.dtype.is_float()) {
+        // Float dtypes compare in f64 (an f64 tree against an f32 one).
+        Some(format!("dtype mismatch: {} vs {}", a.dtype, b.dtype))
+    } else {
+        None
+    }
+}
+
+/// Judges every segment and reads the ones that need it: one state per
+/// segment of `matched`.
+pub(crate) fn read(
+    (a, b): (&dyn Tree, &dyn Tree),
+    truth: Option<&Truth>,
+    matched: &[Segment],
+    picking: bool,
+    opts: &Options,
+) -> (Vec<SegState>, ReadCounts) {
+    let (ma, mb) = (a.manifest(), b.manifest());
+    // Directories whose hashes agree hold only equal taps: skipped wholesale.
+    let equal_dirs: BTreeSet<&str> = capture::compare::equal_dirs(ma, mb);
+    let equal_by_hash = |ea: &Entry, eb: &Entry| {
+        ea.key.pos == eb.key.pos
+            && ea.dtype == eb.dtype
+            && ea.shape == eb.shape
+            && (ea.blake3 == eb.blake3
+                || (!picking && ea.key == eb.key && equal_dirs.contains(ea.dir().as_str())))
+    };
+    // Each segment judged from the manifests: equal by hash, not
+    // comparable, or to be read (`to_read`: segment, why not comparable).
+    let mut states: Vec<Option<SegState>> = Vec::with_capacity(matched.len());
+    let mut to_read: Vec<(usize, Option<String>)> = Vec::new();
+    let mut skipped_taps = vec![false; ma.entries.len()];
+    let mut compared_taps = vec![false; ma.entries.len()];
+    for (i, seg) in matched.iter().enumerate() {
+        let (ea, eb) = (&ma.entries[seg.a.entry()], &mb.entries[seg.b.entry()]);
+        if let Some(why) = mismatch(ea, eb) {
+            compared_taps[seg.a.entry()] = true;
+            // Same element count per row: the metrics still say something.
+            if row_elems(ea) == row_elems(eb) {
+                to_read.push((i, Some(why)));
+                states.push(None);
+            } else {
+                states.push(Some(SegState::Compared {
+                    mismatch: Some(why),
+                    results: (0..seg.len).map(|_| (Acc::default(), None)).collect(),
+                }));
+            }
+        } else if equal_by_hash(ea, eb) {
+            skipped_taps[seg.a.entry()] = true;
+            states.push(Some(SegState::Skipped(row_elems(ea) as u64)));
+        } else {
+            compared_taps[seg.a.entry()] = true;
+            to_read.push((i, None));
+            states.push(None);
+        }
+    }
+    // Two taps overlap in one run of positions: each pair is one segment,
+    // read once.
+    let total: u64 = to_read
+        .iter()
+        .map(|&(i, _)| {
+            ma.entries[matched[i].a.entry()].bytes + mb.entries[matched[i].b.entry()].bytes
+        })
+        .sum();
+    if let Some(p) = opts.progress {
+        p.start(total);
+    }
+    let computed: Vec<Result<Vec<Computed>, capture::Error>> = to_read
+        .par_iter()
+        .map(|&(i, _)| {
+            let seg = &matched[i];
+            let out = compare_segment((a, b), truth, seg);
+            if let Some(p) = opts.progress {
+                let (ea, eb) = (&ma.entries[seg.a.entry()], &mb.entries[seg.b.entry()]);
+                p.advance(ea.bytes + eb.bytes);
+            }
+            out
+        })
+        .collect();
+    if let Some(p) = opts.progress {
+        p.finish();
+    }
+    for ((i, why), results) in to_read.into_iter().zip(computed) {
+        states[i] = Some(match results {
+            Ok(results) => SegState::Compared {
+                mismatch: why,
+                results,
+            },
+            Err(e) => SegState::Unreadable(e.to_string()),
+        });
+    }
+    let states = states
+        .into_iter()
+        .map(|s| s.expect("every segment judged or read"))
+        .collect();
+    let counts = ReadCounts {
+        taps_skipped: skipped_taps
+            .iter()
+            .zip(&compared_taps)
+            .filter(|(s, c)| **s && !**c)
+            .count() as u64,
+        taps_compared: compared_taps.iter().filter(|c| **c).count() as u64,
+        bytes_read: total,
+    };
+    (states, counts)
+}
+
+/// Reads one segment's taps and compares them position by position (and
+/// each with the truth, where the truth was fed the same tokens).
+fn compare_segment(
+    (a, b): (&dyn Tree, &dyn Tree),
+    truth: Option<&Truth>,
+    seg: &Segment,
+) -> Result<Vec<Computed>, capture::Error> {
+    let (ma, mb): (&Manifest, &Manifest) = (a.manifest(), b.manifest());
+    let (ea, eb) = (&ma.entries[seg.a.entry()], &mb.entries[seg.b.entry()]);
+    let (ta, tb) = (a.read(seg.a.entry())?, b.read(seg.b.entry())?);
+    let mut out = Vec::with_capacity(seg.len as usize);
+    let mut truth_cache: HashMap<usize, Tensor> = HashMap::new();
+    for j in 0..seg.len {
+        let k = seg.key(j);
+        let (ra, rb) = (
+            row_bytes(&ta, ea, (seg.a.row + j) as usize),
+            row_bytes(&tb, eb, (seg.b.row + j) as usize),
+        );
+        let acc = compare(ra, ea.dtype, rb, eb.dtype);
+        let mut t_pair = None;
+        if let Some(t) = truth.filter(|t| t.split.get(&k.2).is_none_or(|&at| k.3 < at)) {
+            let lt = t
+                .index
+                .get(&k)
+                .or_else(|| t.index.get(&(k.0, k.1, None, k.3)));
+            if let Some(lt) = lt {
+                let et = &t.tree.manifest().entries[lt.entry()];
+                if row_elems(et) == row_elems(ea) {
+                    if let std::collections::hash_map::Entry::Vacant(v) =
+                        truth_cache.entry(lt.entry())
+                    {
+                        v.insert(t.tree.read(lt.entry())?);
+                    }
+                    let tt = &truth_cache[&lt.entry()];
+                    let rt = row_bytes(tt, et, lt.row());
+                    t_pair = Some(Box::new((
+                        compare(rt, et.dtype, ra, ea.dtype),
+                        compare(rt, et.dtype, rb, eb.dtype),
+                    )));
+                }
+            }
+        }
+        out.push((acc, t_pair));
+    }
+    Ok(out)
+}
