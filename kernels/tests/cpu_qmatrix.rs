@@ -6,8 +6,8 @@
 
 use kernels::cpu::matmul::{matmul_with_mins, Act, Linear, Matrix, Quantized};
 use kernels::cpu::qmatrix::{QMatrix, Weight};
-use kernels::quant::{quantize_q4_1, quantize_q8_0};
-use kernels::GgmlType;
+use model::quant::{quantize_q4_1, quantize_q8_0};
+use model::GgmlType;
 
 fn seq(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut s = seed;
@@ -40,7 +40,7 @@ fn pair(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (QMatrix, Matrix) 
         _ => quantize_q4_1(&wf).unwrap(),
     };
     let mut data = vec![0f32; rows * cols];
-    kernels::quant::dequantize(ty, &bytes, &mut data).unwrap();
+    model::quant::dequantize(ty, &bytes, &mut data).unwrap();
     let q = QMatrix {
         rows,
         cols,

@@ -3,13 +3,13 @@
 //! and are dequantized a few rows at a time where a matmul or the embedding
 //! reads them; float formats are held as f32 ([`Matrix`]).
 //!
-//! A row dequantized here is bit for bit the row [`crate::quant::dequantize`]
+//! A row dequantized here is bit for bit the row [`model::quant::dequantize`]
 //! writes (the same expressions in the same order; a test checks every
 //! format), so matmuls over a [`QMatrix`] equal those over its dequantized
 //! [`Matrix`] exactly.
 
 use super::matmul::Matrix;
-use crate::quant::{self, GgmlType};
+use model::quant::{self, GgmlType};
 
 /// A `[rows, cols]` weight in a block-quantized GGUF format, rows contiguous.
 #[derive(Debug, Clone)]

@@ -141,8 +141,8 @@ pub unsafe fn q8_w4(q: &[f32], d: &[f32], w: [&[f32]; 4], block: usize) -> [f32;
 /// as long as their weights.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
-pub unsafe fn dequantize(ty: crate::quant::GgmlType, data: &[u8], out: &mut [f32]) {
-    use crate::quant::GgmlType;
+pub unsafe fn dequantize(ty: model::quant::GgmlType, data: &[u8], out: &mut [f32]) {
+    use model::quant::GgmlType;
     let mask = _mm_set1_epi8(0x0F);
     // Four groups of eight bytes: the low halves of `a` and `b`, then the high.
     let quads = |a: __m128i, b: __m128i| [a, _mm_srli_si128(a, 8), b, _mm_srli_si128(b, 8)];
