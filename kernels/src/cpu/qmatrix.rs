@@ -152,9 +152,9 @@ pub fn dequantize_blocks(ty: GgmlType, data: &[u8], out: &mut [f32]) {
                 let (d, m) = (f16_at(b, 0), f16_at(b, 2));
                 let qs: &[u8; 16] = b[4..20].try_into().expect("16 bytes");
                 let (lo, hi) = y.split_at_mut(16);
-                for j in 0..16 {
-                    lo[j] = (qs[j] & 0x0F) as f32 * d + m;
-                    hi[j] = (qs[j] >> 4) as f32 * d + m;
+                for ((l, h), q) in lo.iter_mut().zip(hi).zip(qs) {
+                    *l = (q & 0x0F) as f32 * d + m;
+                    *h = (q >> 4) as f32 * d + m;
                 }
             }
         }
@@ -163,9 +163,9 @@ pub fn dequantize_blocks(ty: GgmlType, data: &[u8], out: &mut [f32]) {
                 let d = f16_at(b, 0);
                 let qs: &[u8; 16] = b[2..18].try_into().expect("16 bytes");
                 let (lo, hi) = y.split_at_mut(16);
-                for j in 0..16 {
-                    lo[j] = ((qs[j] & 0x0F) as i32 - 8) as f32 * d;
-                    hi[j] = ((qs[j] >> 4) as i32 - 8) as f32 * d;
+                for ((l, h), q) in lo.iter_mut().zip(hi).zip(qs) {
+                    *l = ((q & 0x0F) as i32 - 8) as f32 * d;
+                    *h = ((q >> 4) as i32 - 8) as f32 * d;
                 }
             }
         }
@@ -173,8 +173,8 @@ pub fn dequantize_blocks(ty: GgmlType, data: &[u8], out: &mut [f32]) {
             for (b, y) in data.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
                 let d = f16_at(b, 0);
                 let qs: &[u8; 32] = b[2..34].try_into().expect("32 bytes");
-                for j in 0..32 {
-                    y[j] = qs[j] as i8 as f32 * d;
+                for (yj, q) in y.iter_mut().zip(qs) {
+                    *yj = *q as i8 as f32 * d;
                 }
             }
         }

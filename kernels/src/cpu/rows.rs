@@ -84,8 +84,9 @@ fn chunk_body<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [
                 .w
                 .row_in(first + i + j, parts.next().expect("four parts"));
         }
-        for j in g..4 {
-            wr[j] = wr[0];
+        let first_row = wr[0];
+        for slot in wr.iter_mut().skip(g) {
+            *slot = first_row;
         }
         let out_g = &mut out[i * n..(i + g) * n];
         match job.q {
@@ -179,8 +180,8 @@ fn float_group<T: Real, W>(job: &Job<T, W>, g: usize, wr: [&[f32]; 4], out: &mut
     if n < 4 && g == 4 {
         for r in 0..n {
             let y = T::dot_w4_fast(row(r), wr).unwrap_or_else(|| dot_w4(row(r), wr));
-            for j in 0..4 {
-                out[j * n + r] = y[j];
+            for (j, yj) in y.into_iter().enumerate() {
+                out[j * n + r] = yj;
             }
         }
         return;
@@ -223,8 +224,8 @@ fn q8_group<T: Real, W: WeightRows>(
                 for (b, d) in qr.d.iter().enumerate() {
                     let s = b * block..(b + 1) * block;
                     let y = dot_w4(&qr.q[s.clone()], wr.map(|w| &w[s.clone()]));
-                    for j in 0..4 {
-                        acc[j] += *d * y[j];
+                    for (a, yj) in acc.iter_mut().zip(y) {
+                        *a += *d * yj;
                     }
                 }
                 acc
@@ -246,15 +247,16 @@ fn q8_group<T: Real, W: WeightRows>(
                 for b in 0..nb {
                     let s = b * block..(b + 1) * block;
                     let y = dot4(qs.map(|qr| &qr.q[s.clone()]), &w[s]);
-                    for t in 0..4 {
-                        acc[t] += qs[t].d[b] * y[t];
+                    for ((a, qr), yt) in acc.iter_mut().zip(qs).zip(y) {
+                        *a += qr.d[b] * yt;
                     }
                 }
                 acc
             });
-            for t in 0..(n - r).min(4) {
-                min_term(o0 + j, qs[t], &mut acc[t]);
-                o_out[r + t] = acc[t];
+            let m = (n - r).min(4);
+            for ((a, qr), y) in acc.iter_mut().zip(qs).zip(&mut o_out[r..r + m]) {
+                min_term(o0 + j, qr, a);
+                *y = *a;
             }
         }
     }

@@ -47,9 +47,9 @@ pub unsafe fn dot4(a: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
     let mut acc = [_mm256_setzero_ps(); 4];
     for c in (0..w.len()).step_by(8) {
         let wv = _mm256_loadu_ps(w.as_ptr().add(c));
-        for r in 0..4 {
-            let av = _mm256_loadu_ps(a[r].as_ptr().add(c));
-            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(av, wv));
+        for (acc_r, a_r) in acc.iter_mut().zip(a) {
+            let av = _mm256_loadu_ps(a_r.as_ptr().add(c));
+            *acc_r = _mm256_add_ps(*acc_r, _mm256_mul_ps(av, wv));
         }
     }
     let mut out = [0f32; 4];
@@ -67,9 +67,9 @@ pub unsafe fn dot_w4(a: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
     let mut acc = [_mm256_setzero_ps(); 4];
     for c in (0..a.len()).step_by(8) {
         let av = _mm256_loadu_ps(a.as_ptr().add(c));
-        for j in 0..4 {
-            let wv = _mm256_loadu_ps(w[j].as_ptr().add(c));
-            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(av, wv));
+        for (acc_j, w_j) in acc.iter_mut().zip(w) {
+            let wv = _mm256_loadu_ps(w_j.as_ptr().add(c));
+            *acc_j = _mm256_add_ps(*acc_j, _mm256_mul_ps(av, wv));
         }
     }
     let mut out = [0f32; 4];
@@ -91,9 +91,9 @@ pub unsafe fn q8_rows4(q: [&[f32]; 4], d: [&[f32]; 4], w: &[f32], block: usize) 
         let mut acc = [_mm256_setzero_ps(); 4];
         for c in (b * block..(b + 1) * block).step_by(8) {
             let wv = _mm256_loadu_ps(w.as_ptr().add(c));
-            for r in 0..4 {
-                let qv = _mm256_loadu_ps(q[r].as_ptr().add(c));
-                acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(qv, wv));
+            for (acc_r, q_r) in acc.iter_mut().zip(q) {
+                let qv = _mm256_loadu_ps(q_r.as_ptr().add(c));
+                *acc_r = _mm256_add_ps(*acc_r, _mm256_mul_ps(qv, wv));
             }
         }
         let dv = _mm_setr_ps(d[0][b], d[1][b], d[2][b], d[3][b]);
@@ -117,9 +117,9 @@ pub unsafe fn q8_w4(q: &[f32], d: &[f32], w: [&[f32]; 4], block: usize) -> [f32;
         let mut acc = [_mm256_setzero_ps(); 4];
         for c in (b * block..(b + 1) * block).step_by(8) {
             let qv = _mm256_loadu_ps(q.as_ptr().add(c));
-            for j in 0..4 {
-                let wv = _mm256_loadu_ps(w[j].as_ptr().add(c));
-                acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(qv, wv));
+            for (acc_j, w_j) in acc.iter_mut().zip(w) {
+                let wv = _mm256_loadu_ps(w_j.as_ptr().add(c));
+                *acc_j = _mm256_add_ps(*acc_j, _mm256_mul_ps(qv, wv));
             }
         }
         total = _mm_add_ps(total, _mm_mul_ps(_mm_set1_ps(db), reduce4(acc)));
