@@ -87,10 +87,10 @@ pub unsafe fn dot_w4(a: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
 #[target_feature(enable = "avx")]
 pub unsafe fn q8_rows4(q: [&[f32]; 4], d: [&[f32]; 4], w: &[f32], block: usize) -> [f32; 4] {
     let mut total = _mm_setzero_ps();
-    for b in 0..w.len() / block {
+    for (b, w_b) in w.chunks_exact(block).enumerate() {
         let mut acc = [_mm256_setzero_ps(); 4];
         for c in (b * block..(b + 1) * block).step_by(8) {
-            let wv = _mm256_loadu_ps(w.as_ptr().add(c));
+            let wv = _mm256_loadu_ps(w_b.as_ptr().add(c - b * block));
             for (acc_r, q_r) in acc.iter_mut().zip(q) {
                 let qv = _mm256_loadu_ps(q_r.as_ptr().add(c));
                 *acc_r = _mm256_add_ps(*acc_r, _mm256_mul_ps(qv, wv));
