@@ -37,6 +37,10 @@ pub struct Args {
     /// Tokens to generate greedily after the prefill; 0 = prefill only.
     #[arg(long, default_value_t = 0)]
     pub gen: usize,
+    /// Generate through the end-of-turn token: `--gen N` then always runs N
+    /// steps (to time decode over a fixed number of steps).
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// `cpu` or `cuda`.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
@@ -109,11 +113,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let force = force(&args);
     let (model, seqs) = load_sequences(&args)?;
     let mut fwd = backend::open(&args.backend, &model.weights, precision, &switches)?;
-    let stop: Vec<u32> = model
-        .tokenizer
-        .as_ref()
-        .map(|t| t.end_ids())
-        .unwrap_or_default();
+    let stop = stop_ids(&args, &model);
 
     let run_info = capture::RunInfo {
         model: model.source.path.display().to_string(),
@@ -294,11 +294,7 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
         "argv": std::env::args().collect::<Vec<_>>(),
         "extra": {"model_spec": args.model, "gen": args.gen, "slots": [&seq.tokens]},
     });
-    let stop: Vec<u32> = model
-        .tokenizer
-        .as_ref()
-        .map(|t| t.end_ids())
-        .unwrap_or_default();
+    let stop = stop_ids(&args, &model);
     engine::run(&EngineRun {
         engine: &args.engine,
         model_file: &model.source.path,
@@ -374,6 +370,15 @@ fn check_selection(
         );
     }
     Ok(())
+}
+
+/// The tokens that end generation: the tokenizer's end ids, none with
+/// `--ignore-eos`.
+fn stop_ids(args: &Args, model: &LoadedModel) -> Vec<u32> {
+    match &model.tokenizer {
+        Some(t) if !args.ignore_eos => t.end_ids(),
+        _ => Vec::new(),
+    }
 }
 
 /// `--force`, or `TAPTREE_FORCE=1|true|yes`.

@@ -10,10 +10,10 @@ use super::embedding::{embed, scale_embedding};
 use super::ffn::gated;
 use super::llamacpp;
 use super::llamacpp_gemma;
-use super::matmul::Act;
+use super::matmul::{Act, Quantized};
 use super::norm::rms_norm;
 use super::residual::add_residual;
-use super::rope::rope_styled;
+use super::rope::{rope_with, RopeTable};
 use super::weights::DenseWeights;
 use super::{tap, Real};
 use crate::forward::{Forward, ForwardError, Precision};
@@ -91,7 +91,8 @@ struct Engine<T> {
     ops: Ops,
 }
 
-/// The CPU forward. Weights are dequantized once at [`CpuForward::new`];
+/// The CPU forward. Weights are prepared once at [`CpuForward::new`]
+/// (quantized ones kept in their blocks, see [`super::qmatrix`]);
 /// several forwards (say, one per precision) may share them through
 /// [`CpuForward::with_weights`].
 pub struct CpuForward {
@@ -108,7 +109,7 @@ enum EngineOf {
 }
 
 impl CpuForward {
-    /// Dequantizes `weights` and opens a forward at `precision`, with
+    /// Prepares `weights` and opens a forward at `precision`, with
     /// `switches` overriding the activation precision of op families.
     pub fn new(
         weights: &ModelWeights,
@@ -119,7 +120,7 @@ impl CpuForward {
         CpuForward::with_weights(weights.config.clone(), dense, precision, switches)
     }
 
-    /// Opens a forward over weights already dequantized.
+    /// Opens a forward over weights already prepared.
     pub fn with_weights(
         config: LlamaConfig,
         weights: Arc<DenseWeights>,
@@ -159,7 +160,7 @@ impl CpuForward {
         })
     }
 
-    /// The dequantized weights, to share with another forward.
+    /// The prepared weights, to share with another forward.
     pub fn weights(&self) -> Arc<DenseWeights> {
         Arc::clone(&self.weights)
     }
@@ -234,6 +235,8 @@ impl<T: Real> Engine<T> {
         cache.truncate(start, kv_width);
 
         let fam = &cfg.family;
+        // One table per RoPE base (Gemma 3's local and global layers differ).
+        let mut rope_tables: Vec<RopeTable<T>> = Vec::new();
         let mut x: Vec<T> = embed(&w.token_embd, tokens);
         if fam.embed_scale {
             scale_embedding(&mut x, d);
@@ -245,11 +248,13 @@ impl<T: Real> Engine<T> {
             let la = fam.attention(l, cfg.rope_base);
             let h = rms_norm(&x, &lw.attn_norm, cfg.rms_eps);
             tap(st::ATTN_NORM, li, pos.clone(), slot, d, &h);
-            let mut q = lw.wq.apply(&h, n, acts.attn);
+            let hq = Quantized::for_weights(&h, n, acts.attn, &[&lw.wq, &lw.wk, &lw.wv]);
+            let mut q = lw.wq.apply_shared(&h, n, acts.attn, Some(&hq));
             tap(st::Q_PROJ, li, pos.clone(), slot, q_width, &q);
-            let mut k = lw.wk.apply(&h, n, acts.attn);
+            let mut k = lw.wk.apply_shared(&h, n, acts.attn, Some(&hq));
             tap(st::K_PROJ, li, pos.clone(), slot, kv_width, &k);
-            let v = lw.wv.apply(&h, n, acts.attn);
+            let v = lw.wv.apply_shared(&h, n, acts.attn, Some(&hq));
+            drop(hq);
             tap(st::V_PROJ, li, pos.clone(), slot, kv_width, &v);
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 // One norm per head: `rms_norm` takes rows of the weight's width.
@@ -259,8 +264,13 @@ impl<T: Real> Engine<T> {
                 tap(st::K_NORM, li, pos.clone(), slot, kv_width, &k);
             }
             let ops = self.ops;
-            let rope = |x: &mut [T], width: usize| match ops {
-                Ops::LlamaCpp { .. } => llamacpp_gemma::rope_styled(
+            if ops == Ops::Reference && !rope_tables.iter().any(|t| t.fits(start, la.rope_base)) {
+                rope_tables.push(RopeTable::new(start, n, cfg.head_dim, la.rope_base));
+            }
+            let table = rope_tables.iter().find(|t| t.fits(start, la.rope_base));
+            let rope = |x: &mut [T], width: usize| match (ops, table) {
+                (Ops::Reference, Some(table)) => rope_with(fam.rope, x, width, table),
+                _ => llamacpp_gemma::rope_styled(
                     fam.rope,
                     x,
                     width,
@@ -268,9 +278,6 @@ impl<T: Real> Engine<T> {
                     cfg.head_dim,
                     la.rope_base,
                 ),
-                Ops::Reference => {
-                    rope_styled(fam.rope, x, width, start, cfg.head_dim, la.rope_base)
-                }
             };
             rope(&mut q, q_width);
             tap(st::Q_ROPE, li, pos.clone(), slot, q_width, &q);
@@ -304,9 +311,11 @@ impl<T: Real> Engine<T> {
 
             let h = rms_norm(&x, &lw.ffn_norm, cfg.rms_eps);
             tap(st::FFN_NORM, li, pos.clone(), slot, d, &h);
-            let g = lw.w_gate.apply(&h, n, acts.ffn_up);
+            let hq = Quantized::for_weights(&h, n, acts.ffn_up, &[&lw.w_gate, &lw.w_up]);
+            let g = lw.w_gate.apply_shared(&h, n, acts.ffn_up, Some(&hq));
             tap(st::FFN_GATE, li, pos.clone(), slot, cfg.n_ff, &g);
-            let u = lw.w_up.apply(&h, n, acts.ffn_up);
+            let u = lw.w_up.apply_shared(&h, n, acts.ffn_up, Some(&hq));
+            drop(hq);
             tap(st::FFN_UP, li, pos.clone(), slot, cfg.n_ff, &u);
             let s = match self.ops {
                 Ops::LlamaCpp { .. } => llamacpp_gemma::gated(fam.ffn, &g, &u),

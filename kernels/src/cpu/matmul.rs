@@ -1,9 +1,11 @@
 //! `y = x W^T` over rows of activations, in float or with activations
 //! quantized to int8 per block (the `q8` mode).
 //!
-//! Weights are dequantized once to f32 ([`Matrix`]); rayon splits the work
-//! over output features, and each dot product runs in one fixed order, so the
-//! result does not depend on the thread count.
+//! Weights are read through [`WeightRows`]: held as f32 ([`Matrix`]) or in
+//! their quantized blocks (`super::qmatrix::QMatrix`), dequantized a few rows at a
+//! time ([`super::rows`] has the inner loops). rayon splits the work over
+//! output features, and each dot product runs in one fixed order, so the
+//! result does not depend on the thread count or on how weights are held.
 //!
 //! ## The q8 path
 //!
@@ -24,6 +26,8 @@
 //! it decides SmolLM2's first answer token to "What is the capital of
 //! France?".
 
+use super::qmatrix::{Weight, WeightRows};
+use super::rows::{fill_chunk, Job};
 use super::Real;
 use rayon::prelude::*;
 
@@ -43,7 +47,7 @@ pub struct Matrix {
 /// that the block dot does not round the same way.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    pub m: Matrix,
+    pub m: Weight,
     pub mins: Option<Vec<f32>>,
     /// Added to every output row (Qwen2's q/k/v projections).
     pub bias: Option<Vec<f32>>,
@@ -52,7 +56,18 @@ pub struct Linear {
 impl Linear {
     /// `x W^T (+ bias)` for `n` rows of `x`.
     pub fn apply<T: Real>(&self, x: &[T], n: usize, act: Act) -> Vec<T> {
-        let mut y = matmul_with_mins(x, n, &self.m, self.mins.as_deref(), act);
+        self.apply_shared(x, n, act, None)
+    }
+
+    /// [`Self::apply`], with `x` already quantized in `shared` when it fits.
+    pub fn apply_shared<T: Real>(
+        &self,
+        x: &[T],
+        n: usize,
+        act: Act,
+        shared: Option<&Quantized<T>>,
+    ) -> Vec<T> {
+        let mut y = matmul_shared(x, n, &self.m, self.mins.as_deref(), act, shared);
         if let Some(b) = &self.bias {
             for row in y.chunks_exact_mut(b.len()) {
                 for (v, &bi) in row.iter_mut().zip(b) {
@@ -191,80 +206,101 @@ pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
 
 /// `y[r, o] = sum_k x[r, k] * w[o, k]` for `n` rows of `x` (`[n, w.cols]`).
 /// Returns `[n, w.rows]`.
-pub fn matmul<T: Real>(x: &[T], n: usize, w: &Matrix, act: Act) -> Vec<T> {
+pub fn matmul<T: Real, W: WeightRows>(x: &[T], n: usize, w: &W, act: Act) -> Vec<T> {
     matmul_with_mins(x, n, w, None, act)
 }
 
-/// [`matmul`] with a Q4_1 weight's block minimums (see [`Linear`]).
-pub fn matmul_with_mins<T: Real>(
-    x: &[T],
-    n: usize,
-    w: &Matrix,
-    mins: Option<&[f32]>,
+/// Activation rows quantized once for several matmuls that read the same
+/// input with the same block size and activation handling (q, k and v; gate
+/// and up): quantizing is deterministic, so sharing it changes no bit.
+#[derive(Debug, Clone)]
+pub struct Quantized<T> {
+    block: usize,
     act: Act,
-) -> Vec<T> {
-    assert_eq!(x.len(), n * w.cols, "matmul input is not [{n}, {}]", w.cols);
-    let quantized = act != Act::Float && w.block > 1;
+    rows: Vec<QuantRow<T>>,
+}
+
+impl<T: Real> Quantized<T> {
+    /// Quantizes `x` (`n` rows) for `weights` when they all quantize it the
+    /// same way; otherwise holds nothing and each matmul quantizes its own.
+    pub fn for_weights(x: &[T], n: usize, act: Act, weights: &[&Linear]) -> Quantized<T> {
+        let block = weights.first().map_or(1, |l| l.m.block());
+        let shared = weights.iter().all(|l| l.m.block() == block);
+        let rows = if shared && act != Act::Float && block > 1 {
+            quantize_rows(x, n, block, act)
+        } else {
+            Vec::new()
+        };
+        Quantized { block, act, rows }
+    }
+
+    fn fits(&self, block: usize, act: Act) -> Option<&[QuantRow<T>]> {
+        (!self.rows.is_empty() && self.block == block && self.act == act).then_some(&self.rows[..])
+    }
+}
+
+/// `n` rows of `x` quantized per block of `block`, as `act` says.
+fn quantize_rows<T: Real>(x: &[T], n: usize, block: usize, act: Act) -> Vec<QuantRow<T>> {
     let quantize = match act {
         Act::LlamaCpp => super::llamacpp::quantize_row::<T>,
         Act::Float | Act::Q8 => quantize_row::<T>,
     };
-    let qrows: Vec<QuantRow<T>> = if quantized {
-        x.chunks_exact(w.cols)
-            .map(|r| quantize(r, w.block))
-            .collect()
-    } else {
-        Vec::new()
+    if n == 0 {
+        return Vec::new();
+    }
+    x.chunks_exact(x.len() / n)
+        .map(|r| quantize(r, block))
+        .collect()
+}
+
+/// [`matmul`] with a Q4_1 weight's block minimums (see [`Linear`]).
+pub fn matmul_with_mins<T: Real, W: WeightRows>(
+    x: &[T],
+    n: usize,
+    w: &W,
+    mins: Option<&[f32]>,
+    act: Act,
+) -> Vec<T> {
+    matmul_shared(x, n, w, mins, act, None)
+}
+
+/// [`matmul_with_mins`], taking the quantized activations from `shared` when
+/// they were quantized for this weight's block size.
+fn matmul_shared<T: Real, W: WeightRows>(
+    x: &[T],
+    n: usize,
+    w: &W,
+    mins: Option<&[f32]>,
+    act: Act,
+    shared: Option<&Quantized<T>>,
+) -> Vec<T> {
+    let (rows, cols, block) = (w.rows(), w.cols(), w.block());
+    assert_eq!(x.len(), n * cols, "matmul input is not [{n}, {cols}]");
+    let quantized = act != Act::Float && block > 1;
+    let own: Vec<QuantRow<T>>;
+    let q = match shared.and_then(|s| s.fits(block, act)) {
+        Some(q) if quantized => Some(q),
+        _ if quantized => {
+            own = quantize_rows(x, n, block, act);
+            Some(&own[..])
+        }
+        _ => None,
     };
-    // Output features in the outer loop: one weight row stays in cache while
-    // it meets every activation row. Results land transposed, `[w.rows, n]`.
+    let job = Job { x, n, w, mins, q };
+    // Output features in the outer loop: weight rows stay in cache while
+    // they meet every activation row. Results land transposed, `[rows, n]`.
     const CHUNK: usize = 16;
-    let mut yt = vec![T::ZERO; w.rows * n];
+    let mut yt = vec![T::ZERO; rows * n];
     yt.par_chunks_mut(CHUNK * n)
         .enumerate()
-        .for_each(|(c, out)| {
-            for (i, o_out) in out.chunks_exact_mut(n).enumerate() {
-                let wr = w.row(c * CHUNK + i);
-                if quantized {
-                    for (r, y) in o_out.iter_mut().enumerate() {
-                        let qr = &qrows[r];
-                        let mut acc = T::ZERO;
-                        for (b, d) in qr.d.iter().enumerate() {
-                            let span = b * w.block..(b + 1) * w.block;
-                            acc += *d * dot(&qr.q[span.clone()], &wr[span]);
-                        }
-                        // Q4_1: llama.cpp adds `m * s` with `s` rounded to
-                        // f16; the block dot above used `m * f16(d) * sum(q)`.
-                        if let Some(mins) = mins {
-                            let nb = w.cols / w.block;
-                            let m = &mins[(c * CHUNK + i) * nb..][..nb];
-                            for (mb, e) in m.iter().zip(&qr.s_err) {
-                                acc += T::from_f32(*mb) * *e;
-                            }
-                        }
-                        *y = acc;
-                    }
-                    continue;
-                }
-                let row = |r: usize| &x[r * w.cols..(r + 1) * w.cols];
-                let mut r = 0;
-                while r + 4 <= n {
-                    let y4 = dot4([row(r), row(r + 1), row(r + 2), row(r + 3)], wr);
-                    o_out[r..r + 4].copy_from_slice(&y4);
-                    r += 4;
-                }
-                for (r, y) in o_out.iter_mut().enumerate().skip(r) {
-                    *y = dot(row(r), wr);
-                }
-            }
-        });
+        .for_each(|(c, out)| fill_chunk(&job, c * CHUNK, out));
     if n == 1 {
         return yt;
     }
-    let mut y = vec![T::ZERO; n * w.rows];
-    for o in 0..w.rows {
+    let mut y = vec![T::ZERO; n * rows];
+    for o in 0..rows {
         for r in 0..n {
-            y[r * w.rows + o] = yt[o * n + r];
+            y[r * rows + o] = yt[o * n + r];
         }
     }
     y

@@ -18,8 +18,11 @@ pub mod llamacpp;
 pub mod llamacpp_gemma;
 pub mod matmul;
 pub mod norm;
+pub mod qmatrix;
 pub mod residual;
 pub mod rope;
+pub mod rows;
+mod rows_avx;
 pub mod weights;
 
 pub use forward::CpuForward;
@@ -32,6 +35,7 @@ use std::ops::{Add, AddAssign, Div, Mul, Neg, Sub};
 /// exactly in f64 mode.
 pub trait Real:
     capture::TapElem
+    + rows::Dots
     + Copy
     + Default
     + Debug

@@ -17,44 +17,84 @@ pub fn rope_styled<T: Real>(
     head_dim: usize,
     base: f32,
 ) {
-    match style {
-        RopeStyle::Interleaved => rope(x, width, start, head_dim, base),
-        RopeStyle::Halves => rope_halves(x, width, start, head_dim, base),
+    let table = RopeTable::new(start, x.len() / width, head_dim, base);
+    rope_with(style, x, width, &table);
+}
+
+/// The cosines and sines of rows `start..start + n` for one `head_dim` and
+/// base, computed in f64 and rounded to `T` once: built once per forward and
+/// base, and shared by q and k of every layer.
+#[derive(Debug, Clone)]
+pub struct RopeTable<T> {
+    start: usize,
+    base: f32,
+    half: usize,
+    /// `[n, head_dim / 2]`.
+    cs: Vec<(T, T)>,
+}
+
+impl<T: Real> RopeTable<T> {
+    pub fn new(start: usize, n: usize, head_dim: usize, base: f32) -> RopeTable<T> {
+        let half = head_dim / 2;
+        let inv_freq: Vec<f64> = (0..half)
+            .map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64))
+            .collect();
+        let mut cs = Vec::with_capacity(n * half);
+        for pos in start..start + n {
+            cs.extend(inv_freq.iter().map(|f| {
+                let theta = pos as f64 * f;
+                (T::from_f64(theta.cos()), T::from_f64(theta.sin()))
+            }));
+        }
+        RopeTable {
+            start,
+            base,
+            half,
+            cs,
+        }
+    }
+
+    /// Whether this table serves rows from `start` at `base`.
+    pub fn fits(&self, start: usize, base: f32) -> bool {
+        self.start == start && self.base.to_bits() == base.to_bits()
+    }
+
+    fn row(&self, r: usize) -> &[(T, T)] {
+        &self.cs[r * self.half..(r + 1) * self.half]
     }
 }
 
-/// `base^(-2i / head_dim)` for each rotating pair `i`, in f64.
-fn inv_freq(head_dim: usize, base: f32) -> Vec<f64> {
-    (0..head_dim / 2)
-        .map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64))
-        .collect()
-}
-
-/// The cosines and sines of row `pos`, computed in f64 and rounded to `T`
-/// once.
-fn angles<T: Real>(pos: usize, inv_freq: &[f64], cs: &mut [(T, T)]) {
-    for (c, f) in cs.iter_mut().zip(inv_freq) {
-        let theta = pos as f64 * f;
-        *c = (T::from_f64(theta.cos()), T::from_f64(theta.sin()));
+/// Rotates `x` (`[n, width]`, rows from the table's start) with `table`,
+/// pairing dimensions as `style` says.
+pub fn rope_with<T: Real>(style: RopeStyle, x: &mut [T], width: usize, table: &RopeTable<T>) {
+    let half = table.half;
+    for (r, row) in x.chunks_exact_mut(width).enumerate() {
+        let cs = table.row(r);
+        for head in row.chunks_exact_mut(2 * half) {
+            match style {
+                RopeStyle::Interleaved => {
+                    for (i, (c, s)) in cs.iter().enumerate() {
+                        let (x0, x1) = (head[2 * i], head[2 * i + 1]);
+                        head[2 * i] = x0 * *c - x1 * *s;
+                        head[2 * i + 1] = x0 * *s + x1 * *c;
+                    }
+                }
+                RopeStyle::Halves => {
+                    let (lo, hi) = head.split_at_mut(half);
+                    for ((a, b), (c, s)) in lo.iter_mut().zip(hi.iter_mut()).zip(cs) {
+                        let (x0, x1) = (*a, *b);
+                        *a = x0 * *c - x1 * *s;
+                        *b = x1 * *c + x0 * *s;
+                    }
+                }
+            }
+        }
     }
 }
 
 /// Rotates `x` as [`rope`] does, pairing dimension `i` with `i + head_dim/2`.
 pub fn rope_halves<T: Real>(x: &mut [T], width: usize, start: usize, head_dim: usize, base: f32) {
-    let half = head_dim / 2;
-    let inv_freq = inv_freq(head_dim, base);
-    let mut cs = vec![(T::ZERO, T::ZERO); half];
-    for (r, row) in x.chunks_exact_mut(width).enumerate() {
-        angles(start + r, &inv_freq, &mut cs);
-        for head in row.chunks_exact_mut(head_dim) {
-            let (lo, hi) = head.split_at_mut(half);
-            for ((a, b), (c, s)) in lo.iter_mut().zip(hi.iter_mut()).zip(&cs) {
-                let (x0, x1) = (*a, *b);
-                *a = x0 * *c - x1 * *s;
-                *b = x1 * *c + x0 * *s;
-            }
-        }
-    }
+    rope_styled(RopeStyle::Halves, x, width, start, head_dim, base);
 }
 
 /// Rotates `x` (`[n, width]`, `width` a multiple of `head_dim`, row `r` at
@@ -62,18 +102,7 @@ pub fn rope_halves<T: Real>(x: &mut [T], width: usize, start: usize, head_dim: u
 /// f64 and rounded to `T` once, so the f32 forward carries no error from the
 /// angle itself.
 pub fn rope<T: Real>(x: &mut [T], width: usize, start: usize, head_dim: usize, base: f32) {
-    let inv_freq = inv_freq(head_dim, base);
-    let mut cs = vec![(T::ZERO, T::ZERO); head_dim / 2];
-    for (r, row) in x.chunks_exact_mut(width).enumerate() {
-        angles(start + r, &inv_freq, &mut cs);
-        for head in row.chunks_exact_mut(head_dim) {
-            for (i, (c, s)) in cs.iter().enumerate() {
-                let (x0, x1) = (head[2 * i], head[2 * i + 1]);
-                head[2 * i] = x0 * *c - x1 * *s;
-                head[2 * i + 1] = x0 * *s + x1 * *c;
-            }
-        }
-    }
+    rope_styled(RopeStyle::Interleaved, x, width, start, head_dim, base);
 }
 
 #[cfg(test)]

@@ -1,13 +1,16 @@
-//! The model's weights as the CPU forward uses them: dequantized to f32 once,
-//! at open, each matrix remembering its source block size for the q8 path.
+//! The model's weights as the CPU forward uses them: block-quantized matrices
+//! kept in their GGUF blocks ([`QMatrix`], dequantized a few rows at a time
+//! where read), float ones and norms as f32, each matrix remembering its
+//! source block size for the q8 path.
 
 use super::matmul::{matmul_with_mins, Act, Linear, Matrix};
+use super::qmatrix::{QMatrix, Weight};
 use super::Real;
 use crate::forward::ForwardError;
 use model::quant::GgmlType;
 use model::{ModelWeights, QTensor};
 
-/// One decoder layer, dense.
+/// One decoder layer.
 #[derive(Debug, Clone)]
 pub struct DenseLayer {
     pub attn_norm: Vec<f32>,
@@ -26,10 +29,10 @@ pub struct DenseLayer {
     pub post_ffn_norm: Option<Vec<f32>>,
 }
 
-/// All weights, dense.
+/// All weights, as the forward reads them.
 #[derive(Debug, Clone)]
 pub struct DenseWeights {
-    pub token_embd: Matrix,
+    pub token_embd: Weight,
     pub layers: Vec<DenseLayer>,
     pub output_norm: Vec<f32>,
     /// `None` when the output is tied to the embedding (see [`Self::logits`]).
@@ -80,28 +83,63 @@ impl DenseWeights {
     }
 
     /// `x W^T` for `n` rows of `x`, through the output matrix: its own, or
-    /// the embedding when tied (never copied: for SmolLM2 that is 113 MB).
+    /// the embedding when tied (never copied: for SmolLM2 that is 30 MB of Q8_0).
     pub fn logits<T: Real>(&self, x: &[T], n: usize, act: Act) -> Vec<T> {
         match &self.output {
             Some(o) => o.apply(x, n, act),
             None => matmul_with_mins(x, n, &self.token_embd, None, act),
         }
     }
+
+    /// Bytes held for weight matrices (norms and biases aside).
+    pub fn resident_bytes(&self) -> usize {
+        let lin = |l: &Linear| l.m.resident_bytes();
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                    .into_iter()
+                    .map(lin)
+                    .sum::<usize>()
+            })
+            .sum();
+        layers + self.token_embd.resident_bytes() + self.output.as_ref().map_or(0, lin)
+    }
 }
 
-fn matrix(t: &QTensor, rows: usize, cols: usize) -> Result<Matrix, ForwardError> {
+/// A matrix in its GGUF blocks when block-quantized, else as f32.
+fn matrix(t: &QTensor, rows: usize, cols: usize) -> Result<Weight, ForwardError> {
     if t.rows() != rows || t.cols() != cols {
         return Err(ForwardError::Unsupported(format!(
             "{}: shape {:?}, expected [{rows}, {cols}] from the model's hyperparameters",
             t.name, t.shape
         )));
     }
-    Ok(Matrix {
+    let block = t.ggml_type.block_size();
+    if block > 1 {
+        if t.data.len() != t.ggml_type.row_bytes(cols) * rows {
+            return Err(ForwardError::Unsupported(format!(
+                "{}: {} bytes, expected {} for {rows} rows of {cols} {}",
+                t.name,
+                t.data.len(),
+                t.ggml_type.row_bytes(cols) * rows,
+                t.ggml_type
+            )));
+        }
+        return Ok(Weight::Quant(QMatrix {
+            rows,
+            cols,
+            ty: t.ggml_type,
+            bytes: t.data.clone(),
+        }));
+    }
+    Ok(Weight::Dense(Matrix {
         rows,
         cols,
         data: dequantize(t)?,
-        block: t.ggml_type.block_size(),
-    })
+        block,
+    }))
 }
 
 fn linear(t: &QTensor, rows: usize, cols: usize) -> Result<Linear, ForwardError> {

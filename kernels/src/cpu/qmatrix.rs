@@ -1,0 +1,236 @@
+//! Weight matrices as the CPU forward holds them: quantized formats stay in
+//! their GGUF blocks ([`QMatrix`], 4.5 bits a weight for Q4_1 instead of 32)
+//! and are dequantized a few rows at a time where a matmul or the embedding
+//! reads them; float formats are held as f32 ([`Matrix`]).
+//!
+//! A row dequantized here is bit for bit the row [`model::quant::dequantize`]
+//! writes (the same expressions in the same order; a test checks every
+//! format), so matmuls over a [`QMatrix`] equal those over its dequantized
+//! [`Matrix`] exactly.
+
+use super::matmul::Matrix;
+use model::quant::{self, GgmlType};
+
+/// A `[rows, cols]` weight in a block-quantized GGUF format, rows contiguous.
+#[derive(Debug, Clone)]
+pub struct QMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub ty: GgmlType,
+    pub bytes: Vec<u8>,
+}
+
+impl QMatrix {
+    /// The raw bytes of one row.
+    fn row_bytes(&self, r: usize) -> &[u8] {
+        let n = self.ty.row_bytes(self.cols);
+        &self.bytes[r * n..(r + 1) * n]
+    }
+
+    /// Dequantizes row `r` into `out` (`cols` long).
+    #[inline(always)]
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        dequantize_blocks(self.ty, self.row_bytes(r), out);
+    }
+}
+
+/// Something a matmul reads weight rows from.
+pub trait WeightRows: Sync {
+    fn rows(&self) -> usize;
+    fn cols(&self) -> usize;
+    /// Block size of the source format; 1 for float formats.
+    fn block(&self) -> usize;
+    /// Row `r` as f32: borrowed when held as f32, else dequantized into
+    /// `buf` (`cols` long).
+    fn row_in<'a>(&'a self, r: usize, buf: &'a mut [f32]) -> &'a [f32];
+}
+
+impl WeightRows for Matrix {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn block(&self) -> usize {
+        self.block
+    }
+    #[inline(always)]
+    fn row_in<'a>(&'a self, r: usize, _buf: &'a mut [f32]) -> &'a [f32] {
+        self.row(r)
+    }
+}
+
+impl WeightRows for QMatrix {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn block(&self) -> usize {
+        self.ty.block_size()
+    }
+    #[inline(always)]
+    fn row_in<'a>(&'a self, r: usize, buf: &'a mut [f32]) -> &'a [f32] {
+        self.dequantize_row(r, buf);
+        buf
+    }
+}
+
+/// A weight of either kind.
+#[derive(Debug, Clone)]
+pub enum Weight {
+    Dense(Matrix),
+    Quant(QMatrix),
+}
+
+impl WeightRows for Weight {
+    fn rows(&self) -> usize {
+        match self {
+            Weight::Dense(m) => m.rows,
+            Weight::Quant(q) => q.rows,
+        }
+    }
+    fn cols(&self) -> usize {
+        match self {
+            Weight::Dense(m) => m.cols,
+            Weight::Quant(q) => q.cols,
+        }
+    }
+    fn block(&self) -> usize {
+        match self {
+            Weight::Dense(m) => m.block,
+            Weight::Quant(q) => q.ty.block_size(),
+        }
+    }
+    #[inline(always)]
+    fn row_in<'a>(&'a self, r: usize, buf: &'a mut [f32]) -> &'a [f32] {
+        match self {
+            Weight::Dense(m) => m.row(r),
+            Weight::Quant(q) => q.row_in(r, buf),
+        }
+    }
+}
+
+impl Weight {
+    /// Bytes held for the weight values.
+    pub fn resident_bytes(&self) -> usize {
+        match self {
+            Weight::Dense(m) => m.data.len() * 4,
+            Weight::Quant(q) => q.bytes.len(),
+        }
+    }
+}
+
+#[inline(always)]
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// [`quant::dequantize`] of whole blocks: Q4_0, Q4_1 and Q8_0 eight weights
+/// at a time with AVX2 (and F16C) where the CPU has them, else inlined into the caller
+/// (so they compile with its target features).
+#[inline(always)]
+pub fn dequantize_blocks(ty: GgmlType, data: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let simd = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
+        if simd
+            && data.len() == ty.row_bytes(out.len())
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            // SAFETY: AVX2 and F16C checked, whole blocks of `ty` filling `out`.
+            unsafe { super::rows_avx::dequantize(ty, data, out) };
+            return;
+        }
+    }
+    match ty {
+        GgmlType::Q4_1 => {
+            for (b, y) in data.chunks_exact(20).zip(out.chunks_exact_mut(32)) {
+                let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+                let qs: &[u8; 16] = b[4..20].try_into().expect("16 bytes");
+                let (lo, hi) = y.split_at_mut(16);
+                for ((l, h), q) in lo.iter_mut().zip(hi).zip(qs) {
+                    *l = (q & 0x0F) as f32 * d + m;
+                    *h = (q >> 4) as f32 * d + m;
+                }
+            }
+        }
+        GgmlType::Q4_0 => {
+            for (b, y) in data.chunks_exact(18).zip(out.chunks_exact_mut(32)) {
+                let d = f16_at(b, 0);
+                let qs: &[u8; 16] = b[2..18].try_into().expect("16 bytes");
+                let (lo, hi) = y.split_at_mut(16);
+                for ((l, h), q) in lo.iter_mut().zip(hi).zip(qs) {
+                    *l = ((q & 0x0F) as i32 - 8) as f32 * d;
+                    *h = ((q >> 4) as i32 - 8) as f32 * d;
+                }
+            }
+        }
+        GgmlType::Q8_0 => {
+            for (b, y) in data.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
+                let d = f16_at(b, 0);
+                let qs: &[u8; 32] = b[2..34].try_into().expect("32 bytes");
+                for (yj, q) in y.iter_mut().zip(qs) {
+                    *yj = *q as i8 as f32 * d;
+                }
+            }
+        }
+        _ => quant::dequantize(ty, data, out).expect("a whole row of blocks"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_equal_quant_dequantize_bit_for_bit() {
+        let types = [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ];
+        for ty in types {
+            let cols = 256;
+            let rows = 3;
+            let n = ty.row_bytes(cols) * rows;
+            // Arbitrary bytes, with the f16 scales kept finite and small.
+            let mut s = 0x9e37_79b9u32;
+            let mut bytes: Vec<u8> = (0..n)
+                .map(|_| {
+                    s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (s >> 24) as u8
+                })
+                .collect();
+            for b in bytes.chunks_exact_mut(ty.type_size()) {
+                for h in b.chunks_exact_mut(2).take(2) {
+                    h[1] &= 0x3b;
+                }
+            }
+            let mut want = vec![0f32; rows * cols];
+            quant::dequantize(ty, &bytes, &mut want).unwrap();
+            let q = QMatrix {
+                rows,
+                cols,
+                ty,
+                bytes,
+            };
+            let mut got = vec![0f32; cols];
+            for r in 0..rows {
+                q.dequantize_row(r, &mut got);
+                let want_bits: Vec<u32> = want[r * cols..][..cols]
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect();
+                let got_bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got_bits, want_bits, "{ty} row {r}");
+            }
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! The matmul's inner loops: a chunk of output features against every
+//! activation row, in float or on q8 activations.
+//!
+//! Every output is the same sum in the same order as [`super::matmul::dot`] (eight lanes,
+//! summed pairwise at the end) whatever the grouping: four activation rows
+//! share one weight row ([`dot4`], prefill), or one activation row meets four
+//! weight rows ([`dot_w4`], decode), so that four independent chains keep
+//! the adder busy without reordering any sum. Weight rows are dequantized
+//! four at a time into a small buffer when the weight is held quantized.
+//!
+//! The loops are compiled twice: for AVX2, chosen at run time, and for the
+//! baseline. Both are the same additions and multiplications in the same
+//! order (no FMA contraction: Rust never fuses), so the two give the same
+//! bits; only the vector width differs.
+
+use super::matmul::{dot4, QuantRow};
+use super::qmatrix::WeightRows;
+use super::Real;
+
+/// One matmul's inputs.
+pub(crate) struct Job<'a, T, W> {
+    pub x: &'a [T],
+    pub n: usize,
+    pub w: &'a W,
+    pub mins: Option<&'a [f32]>,
+    /// The activation rows quantized per block of the weight's block size,
+    /// for the q8 path; `None` for float activations.
+    pub q: Option<&'a [QuantRow<T>]>,
+}
+
+/// Fills `out` (`[k, n]`, transposed) with output features `first..first + k`.
+pub(crate) fn fill_chunk<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { fill_chunk_avx2(job, first, out) };
+        }
+    }
+    chunk_body(job, first, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn fill_chunk_avx2<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [T]) {
+    chunk_body(job, first, out)
+}
+
+/// [`super::matmul::dot`] of one activation row against four weight rows, each sum in
+/// exactly that order, with the activation loaded once for the four.
+#[inline(always)]
+pub fn dot_w4<T: Real>(a: &[T], w: [&[f32]; 4]) -> [T; 4] {
+    let mut acc = [[T::ZERO; 8]; 4];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        let a8 = &a[c * 8..c * 8 + 8];
+        for (acc_r, wr) in acc.iter_mut().zip(&w) {
+            let w8 = &wr[c * 8..c * 8 + 8];
+            for j in 0..8 {
+                acc_r[j] += a8[j] * T::from_f32(w8[j]);
+            }
+        }
+    }
+    for i in chunks * 8..a.len() {
+        for (acc_r, wr) in acc.iter_mut().zip(&w) {
+            acc_r[i % 8] += a[i] * T::from_f32(wr[i]);
+        }
+    }
+    acc.map(|l| ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])))
+}
+
+#[inline(always)]
+fn chunk_body<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [T]) {
+    let (n, cols) = (job.n, job.w.cols());
+    let k = out.len() / n;
+    let mut buf = vec![0f32; 4 * cols];
+    let mut i = 0;
+    while i < k {
+        let g = (k - i).min(4);
+        let mut parts = buf.chunks_exact_mut(cols);
+        let mut wr: [&[f32]; 4] = [&[]; 4];
+        for (j, slot) in wr.iter_mut().enumerate().take(g) {
+            *slot = job
+                .w
+                .row_in(first + i + j, parts.next().expect("four parts"));
+        }
+        let first_row = wr[0];
+        for slot in wr.iter_mut().skip(g) {
+            *slot = first_row;
+        }
+        let out_g = &mut out[i * n..(i + g) * n];
+        match job.q {
+            Some(q) => q8_group(job, q, first + i, g, wr, out_g),
+            None => float_group(job, g, wr, out_g),
+        }
+        i += g;
+    }
+}
+
+/// Vector fast paths of the inner loops, for the element types that have
+/// them (f32 on x86_64 with AVX: [`super::rows_avx`]); `None` sends the
+/// caller to the portable loop, which gives the same bits.
+pub trait Dots: Sized + Copy {
+    fn dot4_fast(_a: [&[Self]; 4], _w: &[f32]) -> Option<[Self; 4]> {
+        None
+    }
+    fn dot_w4_fast(_a: &[Self], _w: [&[f32]; 4]) -> Option<[Self; 4]> {
+        None
+    }
+    fn q8_rows4_fast(
+        _q: [&[Self]; 4],
+        _d: [&[Self]; 4],
+        _w: &[f32],
+        _b: usize,
+    ) -> Option<[Self; 4]> {
+        None
+    }
+    fn q8_w4_fast(_q: &[Self], _d: &[Self], _w: [&[f32]; 4], _b: usize) -> Option<[Self; 4]> {
+        None
+    }
+}
+
+impl Dots for f64 {}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn avx(len: usize) -> bool {
+    len % 8 == 0 && std::arch::is_x86_feature_detected!("avx")
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Dots for f32 {
+    #[inline(always)]
+    fn dot4_fast(a: [&[f32]; 4], w: &[f32]) -> Option<[f32; 4]> {
+        let ok = avx(w.len()) && a.iter().all(|r| r.len() >= w.len());
+        // SAFETY: AVX checked by `avx`, lengths just above.
+        ok.then(|| unsafe { super::rows_avx::dot4(a, w) })
+    }
+    #[inline(always)]
+    fn dot_w4_fast(a: &[f32], w: [&[f32]; 4]) -> Option<[f32; 4]> {
+        let ok = avx(a.len()) && w.iter().all(|r| r.len() >= a.len());
+        // SAFETY: as above.
+        ok.then(|| unsafe { super::rows_avx::dot_w4(a, w) })
+    }
+    #[inline(always)]
+    fn q8_rows4_fast(q: [&[f32]; 4], d: [&[f32]; 4], w: &[f32], b: usize) -> Option<[f32; 4]> {
+        let ok = avx(b)
+            && w.len() % b == 0
+            && q.iter().all(|r| r.len() >= w.len())
+            && d.iter().all(|r| r.len() >= w.len() / b);
+        // SAFETY: as above.
+        ok.then(|| unsafe { super::rows_avx::q8_rows4(q, d, w, b) })
+    }
+    #[inline(always)]
+    fn q8_w4_fast(q: &[f32], d: &[f32], w: [&[f32]; 4], b: usize) -> Option<[f32; 4]> {
+        let ok = avx(b)
+            && q.len() % b == 0
+            && d.len() >= q.len() / b
+            && w.iter().all(|r| r.len() >= q.len());
+        // SAFETY: as above.
+        ok.then(|| unsafe { super::rows_avx::q8_w4(q, d, w, b) })
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+impl Dots for f32 {}
+
+/// Four activation rows, the last repeated when fewer than four are left
+/// (its extra results are dropped): keeps remainders on the vector path.
+#[inline(always)]
+fn four<'a, U: ?Sized>(rows: impl Fn(usize) -> &'a U, r: usize, n: usize) -> [&'a U; 4] {
+    [0, 1, 2, 3].map(|t| rows((r + t).min(n - 1)))
+}
+
+/// `g` weight rows (`wr[..g]`) against every activation row, in float.
+#[inline(always)]
+fn float_group<T: Real, W>(job: &Job<T, W>, g: usize, wr: [&[f32]; 4], out: &mut [T]) {
+    let (n, cols, x) = (job.n, wr[0].len(), job.x);
+    let row = |r: usize| &x[r * cols..(r + 1) * cols];
+    if n < 4 && g == 4 {
+        for r in 0..n {
+            let y = T::dot_w4_fast(row(r), wr).unwrap_or_else(|| dot_w4(row(r), wr));
+            for (j, yj) in y.into_iter().enumerate() {
+                out[j * n + r] = yj;
+            }
+        }
+        return;
+    }
+    for (j, o_out) in out.chunks_exact_mut(n).enumerate() {
+        for r in (0..n).step_by(4) {
+            let a = four(row, r, n);
+            let y = T::dot4_fast(a, wr[j]).unwrap_or_else(|| dot4(a, wr[j]));
+            let m = (n - r).min(4);
+            o_out[r..r + m].copy_from_slice(&y[..m]);
+        }
+    }
+}
+
+/// `g` weight rows from output feature `o0` against every quantized
+/// activation row: `sum_b d_b * dot(q_b, w_b)`, then Q4_1's min term (see
+/// [`super::matmul`]), per output in that order.
+#[inline(always)]
+fn q8_group<T: Real, W: WeightRows>(
+    job: &Job<T, W>,
+    q: &[QuantRow<T>],
+    o0: usize,
+    g: usize,
+    wr: [&[f32]; 4],
+    out: &mut [T],
+) {
+    let (n, block) = (job.n, job.w.block());
+    let nb = wr[0].len() / block;
+    let min_term = |o: usize, qr: &QuantRow<T>, acc: &mut T| {
+        if let Some(mins) = job.mins {
+            for (mb, e) in mins[o * nb..][..nb].iter().zip(&qr.s_err) {
+                *acc += T::from_f32(*mb) * *e;
+            }
+        }
+    };
+    if n < 4 && g == 4 {
+        for (r, qr) in q.iter().enumerate() {
+            let mut acc = T::q8_w4_fast(&qr.q, &qr.d, wr, block).unwrap_or_else(|| {
+                let mut acc = [T::ZERO; 4];
+                for (b, d) in qr.d.iter().enumerate() {
+                    let s = b * block..(b + 1) * block;
+                    let y = dot_w4(&qr.q[s.clone()], wr.map(|w| &w[s.clone()]));
+                    for (a, yj) in acc.iter_mut().zip(y) {
+                        *a += *d * yj;
+                    }
+                }
+                acc
+            });
+            for (j, a) in acc.iter_mut().enumerate() {
+                min_term(o0 + j, qr, a);
+                out[j * n + r] = *a;
+            }
+        }
+        return;
+    }
+    for (j, o_out) in out.chunks_exact_mut(n).enumerate() {
+        let w = wr[j];
+        for r in (0..n).step_by(4) {
+            let qs = four(|i| &q[i], r, n);
+            let fast = T::q8_rows4_fast(qs.map(|x| &x.q[..]), qs.map(|x| &x.d[..]), w, block);
+            let mut acc = fast.unwrap_or_else(|| {
+                let mut acc = [T::ZERO; 4];
+                for b in 0..nb {
+                    let s = b * block..(b + 1) * block;
+                    let y = dot4(qs.map(|qr| &qr.q[s.clone()]), &w[s]);
+                    for ((a, qr), yt) in acc.iter_mut().zip(qs).zip(y) {
+                        *a += qr.d[b] * yt;
+                    }
+                }
+                acc
+            });
+            let m = (n - r).min(4);
+            for ((a, qr), y) in acc.iter_mut().zip(qs).zip(&mut o_out[r..r + m]) {
+                min_term(o0 + j, qr, a);
+                *y = *a;
+            }
+        }
+    }
+}

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""taptree's CPU forward against llama.cpp (llama-cpp-python) on the same
+model, the same prompts and the same cores, interleaved round by round.
+
+Run through scripts/bench_forward.sh, which pins both to the same CPUs and
+passes the taptree binary and the settings in the environment:
+
+  TAPTREE   taptree binary (required)
+  MODEL     model for `taptree capture --model` (default smollm2)
+  THREADS   threads of both forwards (default 2)
+  ROUNDS    rounds (default 5)
+  GEN       decode steps timed (default 64)
+
+Each round times, in this order: taptree prefill (f32, then q8), llama.cpp
+prefill, taptree decode (f32, then q8), llama.cpp decode.
+
+- Prefill: the 37-token chat prompt "What is the capital of France?" in one
+  forward. taptree: `capture --gen 0 --select stage=logits`, its own
+  "forward" time; llama.cpp: `Llama.eval` of the same token ids after a reset.
+- Decode: GEN greedy steps after a 23-token plain-text prompt, the end token
+  ignored. taptree: the forward time of `--gen GEN+1 --ignore-eos` (one
+  prefill and GEN one-token forwards) minus that of `--gen 0` on the same
+  prompt in the same round; llama.cpp: GEN calls of `Llama.eval([token])`
+  after the prompt, argmax of the last logits between them.
+
+A round is quiet when the one-minute load average at its start is below
+THREADS + 1 (the bench's own forwards keep about THREADS busy); the medians are taken over the quiet rounds (over all rounds,
+said so, when none was quiet).
+"""
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CHAT = "What is the capital of France?"
+PLAIN = (
+    "The old lighthouse keeper climbed the spiral stairs every evening to "
+    "light the great lamp, and the ships far out at sea"
+)
+
+
+def taptree(args, out):
+    """Runs `taptree capture`, returns (forward seconds, manifest)."""
+    cmd = [os.environ["TAPTREE"], "capture", "--model", MODEL, "--out", out, "--force",
+           "--select", "stage=logits"] + args
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"bench_forward: {' '.join(cmd)} failed:\n{r.stdout}{r.stderr}")
+    m = re.search(r"forward ([0-9.]+) s", r.stdout)
+    if not m:
+        sys.exit(f"bench_forward: no forward time in taptree's output:\n{r.stdout}")
+    with open(os.path.join(out, "manifest.json")) as f:
+        manifest = json.load(f)
+    return float(m.group(1)), manifest
+
+
+def main():
+    global MODEL
+    MODEL = os.environ.get("MODEL", "smollm2")
+    threads = int(os.environ.get("THREADS", "2"))
+    rounds = int(os.environ.get("ROUNDS", "5"))
+    gen = int(os.environ.get("GEN", "64"))
+    from llama_cpp import Llama
+    import numpy as np
+
+    tmp = tempfile.mkdtemp(prefix="bench_forward.")
+    out = os.path.join(tmp, "tree")
+    _, man = taptree(["--chat", CHAT], out)
+    chat_ids = man["run"]["prompt_tokens"]
+    model_path = man["run"]["model"]
+    _, man = taptree(["--prompt", PLAIN], out)
+    plain_ids = man["run"]["prompt_tokens"]
+    llm = Llama(model_path=model_path, n_ctx=256, n_batch=256, n_threads=threads,
+                n_threads_batch=threads, verbose=False)
+    print(f"model {model_path}; {threads} threads; chat prompt {len(chat_ids)} tokens, "
+          f"plain prompt {len(plain_ids)} tokens, {gen} decode steps; "
+          f"llama-cpp-python {__import__('llama_cpp').__version__}")
+
+    def llama_prefill():
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(chat_ids)
+        return time.perf_counter() - t
+
+    def llama_decode():
+        llm.reset()
+        llm.eval(plain_ids)
+        t = time.perf_counter()
+        for _ in range(gen):
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            llm.eval([tok])
+        return time.perf_counter() - t
+
+    def tt_decode(precision):
+        base = ["--prompt", PLAIN, "--precision", precision]
+        t0, _ = taptree(base + ["--gen", "0"], out)
+        t1, m = taptree(base + ["--gen", str(gen + 1), "--ignore-eos"], out)
+        assert len(m["run"]["extra"]["generated_tokens"][0]) == gen + 1
+        return t1 - t0
+
+    llama_prefill()  # warm-up
+    rows = []
+    for r in range(rounds):
+        load = os.getloadavg()[0]
+        row = {"load": load}
+        row["tt_prefill_f32"] = taptree(["--chat", CHAT, "--precision", "f32"], out)[0]
+        row["tt_prefill_q8"] = taptree(["--chat", CHAT, "--precision", "q8"], out)[0]
+        row["llama_prefill"] = llama_prefill()
+        row["tt_decode_f32"] = tt_decode("f32")
+        row["tt_decode_q8"] = tt_decode("q8")
+        row["llama_decode"] = llama_decode()
+        rows.append(row)
+        print(f"round {r + 1}: load {load:.2f}; prefill tok/s taptree f32 "
+              f"{len(chat_ids) / row['tt_prefill_f32']:.1f}, q8 "
+              f"{len(chat_ids) / row['tt_prefill_q8']:.1f}, llama.cpp "
+              f"{len(chat_ids) / row['llama_prefill']:.1f}; decode tok/s taptree f32 "
+              f"{gen / row['tt_decode_f32']:.1f}, q8 {gen / row['tt_decode_q8']:.1f}, "
+              f"llama.cpp {gen / row['llama_decode']:.1f}", flush=True)
+
+    quiet = [r for r in rows if r["load"] < threads + 1]
+    which = f"{len(quiet)} quiet rounds of {len(rows)}"
+    if not quiet:
+        quiet, which = rows, f"all {len(rows)} rounds (none quiet: load >= {threads + 1})"
+    med = {k: statistics.median(r[k] for r in quiet) for k in rows[0]}
+    print(f"\nmedians over {which}:")
+    print("| | taptree | llama.cpp | taptree time / llama.cpp time |")
+    print("|---|---|---|---|")
+    for what, n, ll in (("prefill", len(chat_ids), "llama_prefill"),
+                        ("decode", gen, "llama_decode")):
+        for p in ("f32", "q8"):
+            tt = med[f"tt_{what}_{p}"]
+            print(f"| {what} {p} | {n / tt:.1f} tok/s | {n / med[ll]:.1f} tok/s | "
+                  f"{tt / med[ll]:.2f} |")
+    subprocess.run(["rm", "-rf", tmp])
+
+
+if __name__ == "__main__":
+    main()
