@@ -19,6 +19,7 @@ use kernels::cpu::embedding::{embed, scale_embedding};
 use kernels::cpu::ffn::gated;
 use kernels::cpu::forward::Acts;
 use kernels::cpu::llamacpp;
+use kernels::cpu::llamacpp_gemma;
 use kernels::cpu::norm::rms_norm;
 use kernels::cpu::residual::add_residual;
 use kernels::cpu::rope::rope_styled;
@@ -74,9 +75,9 @@ impl<'a> Ops<'a> {
         let flash_attn =
             switches.flash_attn() || extra("flash_attn").and_then(|v| v.as_bool()) == Some(true);
         if arith == Arith::LlamaCpp {
-            if cfg.family != ModelFamily::llama() {
+            if llamacpp_gemma::graph_of(cfg, 0).is_none() {
                 return Err(unsupported(format!(
-                    "--precision llamacpp models llama.cpp's arithmetic for the llama family only, not {}",
+                    "--precision llamacpp models llama.cpp's arithmetic for llama and gemma3, not {}",
                     cfg.arch
                 )));
             }
@@ -310,7 +311,13 @@ impl<'a> Ops<'a> {
             st::FFN_NORM => rms_norm(&at(st::POST_ATTN_RESIDUAL)?, &lw.ffn_norm, c.rms_eps),
             st::FFN_GATE => lw.w_gate.apply(&at(st::FFN_NORM)?, n, acts.ffn_up),
             st::FFN_UP => lw.w_up.apply(&at(st::FFN_NORM)?, n, acts.ffn_up),
-            st::FFN_SWIGLU | st::FFN_GEGLU => gated(f.ffn, &at(st::FFN_GATE)?, &at(st::FFN_UP)?),
+            st::FFN_SWIGLU | st::FFN_GEGLU => {
+                let (g, u) = (at(st::FFN_GATE)?, at(st::FFN_UP)?);
+                match self.arith {
+                    Arith::LlamaCpp => llamacpp_gemma::gated(f.ffn, &g, &u),
+                    _ => gated(f.ffn, &g, &u),
+                }
+            }
             st::FFN_DOWN => lw.w_down.apply(&at(gated_stage)?, n, acts.ffn_down),
             st::POST_FFN_NORM => norm(at(st::FFN_DOWN)?, &lw.post_ffn_norm),
             _ => {
@@ -332,7 +339,9 @@ impl<'a> Ops<'a> {
         let width = if q { c.n_head } else { c.n_head_kv } * c.head_dim;
         let base = c.family.attention(l, c.rope_base).rope_base;
         match self.arith {
-            Arith::LlamaCpp => llamacpp::rope(x, width, start, c.head_dim, base),
+            Arith::LlamaCpp => {
+                llamacpp_gemma::rope_styled(c.family.rope, x, width, start, c.head_dim, base)
+            }
             _ => rope_styled(c.family.rope, x, width, start, c.head_dim, base),
         }
     }
@@ -362,8 +371,9 @@ impl<'a> Ops<'a> {
         // llama.cpp's K/V cache holds f16 values.
         let f16 = |x: Vec<T>| x.into_iter().map(llamacpp::f16_round).collect::<Vec<T>>();
         let (k, v) = (f16(k), f16(v));
+        let graph = llamacpp_gemma::graph_of(c, l).expect("family checked at open");
         if !self.flash_attn {
-            return Ok(llamacpp::attention(q, n, start, &k, &v, heads));
+            return Ok(llamacpp::attention_in(q, n, start, &k, &v, heads, graph));
         }
         if n >= llamacpp::FLASH_ATTN_TILE_ROWS {
             return Err(Error::Unsupported {
@@ -373,6 +383,6 @@ impl<'a> Ops<'a> {
                 ),
             });
         }
-        Ok(llamacpp::flash_attention(q, n, start, &k, &v, heads))
+        Ok(llamacpp::flash_attention_in(q, n, start, &k, &v, heads, graph))
     }
 }

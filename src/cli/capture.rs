@@ -13,6 +13,7 @@ use kernels::generate::{greedy, greedy_batch, Generation};
 use kernels::switches::Switches;
 use kernels::{backend, stages, Precision};
 use model::load::{load_model, LoadedModel};
+use model::tokenizer::Tokenizer;
 
 use crate::cli::engine::{self, EngineRun};
 use crate::exit;
@@ -163,20 +164,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         );
         // Each position's token as text, for reports (one list per sequence).
         if let Some(t) = &model.tokenizer {
-            let pieces: Vec<Vec<String>> = seqs
-                .iter()
-                .zip(&gens)
-                .map(|(s, g)| {
-                    s.tokens
-                        .iter()
-                        .chain(&g.tokens)
-                        .map(|&id| t.decode(&[id]).unwrap_or_else(|_| format!("#{id}")))
-                        .collect()
-                })
-                .collect();
-            c.run_mut()
-                .extra
-                .insert("token_pieces".into(), serde_json::json!(pieces));
+            c.run_mut().extra.insert(
+                "token_pieces".into(),
+                serde_json::json!(token_pieces(t, &seqs, &gens)),
+            );
         }
     }
 
@@ -188,28 +179,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         precision,
         describe_switches(&switches)
     );
-    for (s, g) in seqs.iter().zip(&gens) {
-        // The stop token ends the answer; it is not part of its text.
-        let shown = &g.tokens[..g.tokens.len() - usize::from(g.stopped)];
-        let text = match &model.tokenizer {
-            Some(t) => t.decode(shown)?,
-            None => format!("{shown:?}"),
-        };
-        println!(
-            "{}: {} prompt tokens, {} generated{}",
-            s.label,
-            s.tokens.len(),
-            g.tokens.len(),
-            if g.stopped {
-                " (stopped at end of turn)"
-            } else {
-                ""
-            }
-        );
-        if args.gen > 0 {
-            println!("  {}", text.trim_end());
-        }
-    }
+    print_answers(&model, &seqs, &gens, args.gen)?;
     let positions: usize = seqs
         .iter()
         .zip(&gens)
@@ -236,6 +206,54 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         ),
     }
     Ok(exit::OK)
+}
+
+/// Each position's token as text (prompt, then generated), one list per
+/// sequence: `#id` where the tokenizer cannot decode a token alone.
+fn token_pieces(t: &Tokenizer, seqs: &[Sequence], gens: &[Generation]) -> Vec<Vec<String>> {
+    seqs.iter()
+        .zip(gens)
+        .map(|(s, g)| {
+            s.tokens
+                .iter()
+                .chain(&g.tokens)
+                .map(|&id| t.decode(&[id]).unwrap_or_else(|_| format!("#{id}")))
+                .collect()
+        })
+        .collect()
+}
+
+/// Each sequence's prompt length, generated count and (with `gen > 0`)
+/// its answer as text.
+fn print_answers(
+    model: &LoadedModel,
+    seqs: &[Sequence],
+    gens: &[Generation],
+    gen: usize,
+) -> anyhow::Result<()> {
+    for (s, g) in seqs.iter().zip(gens) {
+        // The stop token ends the answer; it is not part of its text.
+        let shown = &g.tokens[..g.tokens.len() - usize::from(g.stopped)];
+        let text = match &model.tokenizer {
+            Some(t) => t.decode(shown)?,
+            None => format!("{shown:?}"),
+        };
+        println!(
+            "{}: {} prompt tokens, {} generated{}",
+            s.label,
+            s.tokens.len(),
+            g.tokens.len(),
+            if g.stopped {
+                " (stopped at end of turn)"
+            } else {
+                ""
+            }
+        );
+        if gen > 0 {
+            println!("  {}", text.trim_end());
+        }
+    }
+    Ok(())
 }
 
 /// `--engine hf|llama.cpp`: the same model resolution, tokenization and

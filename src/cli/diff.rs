@@ -226,16 +226,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let (a_ref, b_ref) = (pick(0), pick(1));
     let t_ref = t_ref.map(|_| pick(2));
 
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let pb = indicatif::ProgressBar::new(0);
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
-            )
-            .expect("a valid template"),
-        );
-        Bar(pb)
-    });
+    let bar = progress_bar();
     let opts = Options {
         tolerance,
         slot_a,
@@ -251,14 +242,47 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         controls::attach(&mut report, c);
     }
 
+    present(&args, &report, a_ref, b_ref)?;
+    let code = exit::of_outcome(report.outcome);
+    // The process ends here: freeing the manifests' and the report's many
+    // small allocations one by one would only delay the exit.
+    std::mem::forget(report);
+    std::mem::forget(reconciled);
+    std::mem::forget((shifted_a, shifted_b, shifted_t));
+    std::mem::forget((a, b, truth));
+    Ok(code)
+}
+
+/// A progress bar on stderr when it is a terminal.
+fn progress_bar() -> Option<Bar> {
+    std::io::stderr().is_terminal().then(|| {
+        let pb = indicatif::ProgressBar::new(0);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
+            )
+            .expect("a valid template"),
+        );
+        Bar(pb)
+    })
+}
+
+/// Writes the report where the flags ask: `--html`, then `--json` or the
+/// table on stdout; every unreadable tap is named on stderr as well.
+fn present(
+    args: &Args,
+    report: &diff::Report,
+    a: &dyn diff::Tree,
+    b: &dyn diff::Tree,
+) -> anyhow::Result<()> {
     if let Some(path) = &args.html {
-        let ctx = diff::render::html::DiffContext::read(&report, a_ref, b_ref)?;
-        std::fs::write(path, diff::render::html::render_diff(&report, &ctx))
+        let ctx = diff::render::html::DiffContext::read(report, a, b)?;
+        std::fs::write(path, diff::render::html::render_diff(report, &ctx))
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
     if args.json {
         let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-        diff::render::json::write(&report, &mut out)
+        diff::render::json::write(report, &mut out)
             .and_then(|()| std::io::Write::flush(&mut out))
             .map_err(|e| anyhow::Error::new(e).context("writing the report"))?;
     } else {
@@ -277,7 +301,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             only_red: args.only_red,
             growth_top: args.growth_top,
         };
-        print!("{}", diff::render::table::render(&report, &table));
+        print!("{}", diff::render::table::render(report, &table));
     }
     // A damaged tree is named on stderr too, as every file that cannot be
     // read is; the table or JSON above still holds its row.
@@ -288,14 +312,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             row.unreadable.as_deref().unwrap_or_default()
         );
     }
-    let code = exit::of_outcome(report.outcome);
-    // The process ends here: freeing the manifests' and the report's many
-    // small allocations one by one would only delay the exit.
-    std::mem::forget(report);
-    std::mem::forget(reconciled);
-    std::mem::forget((shifted_a, shifted_b, shifted_t));
-    std::mem::forget((a, b, truth));
-    Ok(code)
+    Ok(())
 }
 
 /// Exit 2 when the two runs were fed different prompts: their positions

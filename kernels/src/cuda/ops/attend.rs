@@ -1,0 +1,226 @@
+//! RoPE, attention and the KV-cache write: the launches that see positions.
+
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+
+use super::{check, grid, launch_err, upload};
+use crate::cuda::device::{Device, Family};
+use crate::cuda::CudaError;
+use model::RopeStyle;
+
+/// RoPE in place on `x` (`[pos.len(), n_heads * head_dim]`), row r at `pos[r]`.
+pub fn rope(
+    dev: &Device,
+    x: &mut CudaViewMut<f32>,
+    pos: &CudaView<u32>,
+    n_heads: usize,
+    head_dim: usize,
+    base: f32,
+) -> Result<(), CudaError> {
+    let rows = pos.len();
+    check("rope x", x.len(), rows * n_heads * head_dim)?;
+    let f = dev.function(Family::Rope, "rope")?;
+    let (h, d) = (n_heads as i32, head_dim as i32);
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(x).arg(pos).arg(&h).arg(&d).arg(&base);
+    // SAFETY: x holds rows * n_heads * head_dim floats (checked above).
+    unsafe { b.launch(grid(rows, 128, 0)) }.map_err(launch_err("rope"))?;
+    Ok(())
+}
+
+/// RoPE of q (`[pos.len(), n_q * head_dim]`) and k (`[pos.len(), n_k *
+/// head_dim]`) in one launch; each bitwise as by [`rope`].
+#[allow(clippy::too_many_arguments)]
+pub fn rope_qk(
+    dev: &Device,
+    q: &mut CudaViewMut<f32>,
+    k: &mut CudaViewMut<f32>,
+    pos: &CudaView<u32>,
+    n_q: usize,
+    n_k: usize,
+    head_dim: usize,
+    base: f32,
+) -> Result<(), CudaError> {
+    rope_qk_styled(
+        dev,
+        RopeStyle::Interleaved,
+        q,
+        k,
+        pos,
+        n_q,
+        n_k,
+        head_dim,
+        base,
+    )
+}
+
+/// [`rope_qk`] in either layout: pairs `(2i, 2i+1)` of each head
+/// (`Interleaved`, llama's GGUF order) or `(i, i + head_dim / 2)` (`Halves`,
+/// Gemma 3), each as the CPU's `rope_styled`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_qk_styled(
+    dev: &Device,
+    style: RopeStyle,
+    q: &mut CudaViewMut<f32>,
+    k: &mut CudaViewMut<f32>,
+    pos: &CudaView<u32>,
+    n_q: usize,
+    n_k: usize,
+    head_dim: usize,
+    base: f32,
+) -> Result<(), CudaError> {
+    let rows = pos.len();
+    check("rope q", q.len(), rows * n_q * head_dim)?;
+    check("rope k", k.len(), rows * n_k * head_dim)?;
+    let f = dev.function(Family::Rope, "rope_qk")?;
+    let halves = (style == RopeStyle::Halves) as i32;
+    let (nq, nk, d) = (n_q as i32, n_k as i32, head_dim as i32);
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(q)
+        .arg(k)
+        .arg(pos)
+        .arg(&nq)
+        .arg(&nk)
+        .arg(&d)
+        .arg(&base)
+        .arg(&halves);
+    // SAFETY: q and k hold rows * heads * head_dim floats (checked above).
+    unsafe { b.launch(grid(rows, 128, 0)) }.map_err(launch_err("rope_qk"))?;
+    Ok(())
+}
+
+/// The shape of one attention launch.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub rows: usize,
+    /// Position of the first query row; row r attends to keys `0..=pos0 + r`.
+    pub pos0: usize,
+    pub n_head: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+}
+
+/// Causal GQA attention of `q` (`[rows, n_head * head_dim]`) over one
+/// sequence's cache `k`, `v` (`[>= pos0 + rows, n_kv * head_dim]`).
+pub fn attention(
+    dev: &Device,
+    q: &CudaView<f32>,
+    k: &CudaView<f32>,
+    v: &CudaView<f32>,
+    out: &mut CudaViewMut<f32>,
+    s: AttentionShape,
+) -> Result<(), CudaError> {
+    attention_windowed(dev, q, k, v, out, s, None)
+}
+
+/// [`attention`] where row r sees only the last `window` positions
+/// `pos0 + r + 1 - window ..= pos0 + r` (sliding-window attention, as the
+/// CPU's `attention_windowed`); `None` sees them all.
+pub fn attention_windowed(
+    dev: &Device,
+    q: &CudaView<f32>,
+    k: &CudaView<f32>,
+    v: &CudaView<f32>,
+    out: &mut CudaViewMut<f32>,
+    s: AttentionShape,
+    window: Option<usize>,
+) -> Result<(), CudaError> {
+    let pos = upload(dev, &[s.pos0 as u32])?;
+    let keys = s.pos0 + s.rows;
+    attention_at(dev, q, k, v, out, &pos.as_view(), s, window, keys)
+}
+
+/// [`attention_windowed`] with the first row's position read from the
+/// device (`pos[0]`; `s.pos0` only sizes the checks): what a CUDA graph
+/// replays at every position. The cache views hold at least `max_keys`
+/// positions, and no row may see more.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_at(
+    dev: &Device,
+    q: &CudaView<f32>,
+    k: &CudaView<f32>,
+    v: &CudaView<f32>,
+    out: &mut CudaViewMut<f32>,
+    pos: &CudaView<u32>,
+    s: AttentionShape,
+    window: Option<usize>,
+    max_keys: usize,
+) -> Result<(), CudaError> {
+    if window == Some(0) {
+        return Err(CudaError::Shape(
+            "attention: a window of 0 positions".into(),
+        ));
+    }
+    if s.n_kv == 0 || s.n_head % s.n_kv != 0 {
+        return Err(CudaError::Shape(format!(
+            "attention: {} query heads do not group over {} kv heads",
+            s.n_head, s.n_kv
+        )));
+    }
+    let width = s.n_head * s.head_dim;
+    let keys = max_keys.max(s.pos0 + s.rows);
+    check("attention q", q.len(), s.rows * width)?;
+    check("attention out", out.len(), s.rows * width)?;
+    check("attention k", k.len(), keys * s.n_kv * s.head_dim)?;
+    check("attention v", v.len(), keys * s.n_kv * s.head_dim)?;
+    check("attention pos", pos.len(), 1)?;
+    let shared = (window.map_or(keys, |w| w.min(keys)) * 4) as u32;
+    let f = dev.function(Family::Attention, "attention")?;
+    // Past 48 KiB (with the kernel's few static bytes) a block must opt in.
+    if shared > 44 * 1024 {
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            shared as i32,
+        )
+        .map_err(|e| CudaError::driver("attention: raise shared memory", e))?;
+    }
+    // As the CPU: the scale rounded once from f64.
+    let scale = (1.0 / (s.head_dim as f64).sqrt()) as f32;
+    let (nh, nkv, hd) = (s.n_head as i32, s.n_kv as i32, s.head_dim as i32);
+    let win = window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(q)
+        .arg(k)
+        .arg(v)
+        .arg(out)
+        .arg(pos)
+        .arg(&nh)
+        .arg(&nkv)
+        .arg(&hd)
+        .arg(&scale)
+        .arg(&win);
+    let cfg = LaunchConfig {
+        grid_dim: (s.rows as u32, s.n_head as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: shared,
+    };
+    // SAFETY: every buffer holds what the shape reads (checked above, the
+    // caller keeping pos[0] + rows <= max_keys); the scores of the longest
+    // row fit the dynamic shared memory requested.
+    unsafe { b.launch(cfg) }.map_err(launch_err("attention"))?;
+    Ok(())
+}
+
+/// Writes `rows` rows of new keys and values (`[rows, kv_width]`) into one
+/// layer's cache (`[capacity, kv_width]`) at the positions `pos[..rows]`,
+/// read from the device.
+pub fn kv_write(
+    dev: &Device,
+    k: &CudaView<f32>,
+    v: &CudaView<f32>,
+    k_cache: &mut CudaViewMut<f32>,
+    v_cache: &mut CudaViewMut<f32>,
+    pos: &CudaView<u32>,
+    kv_width: usize,
+) -> Result<(), CudaError> {
+    let rows = pos.len();
+    check("kv_write k", k.len(), rows * kv_width)?;
+    check("kv_write v", v.len(), rows * kv_width)?;
+    let f = dev.function(Family::Attention, "kv_write")?;
+    let w = kv_width as i32;
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(k).arg(v).arg(k_cache).arg(v_cache).arg(pos).arg(&w);
+    // SAFETY: k and v hold `rows` rows (checked above); the caller keeps
+    // every pos[r] below the caches' capacity.
+    unsafe { b.launch(grid(rows, 256, 0)) }.map_err(launch_err("kv_write"))?;
+    Ok(())
+}
