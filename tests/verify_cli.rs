@@ -478,7 +478,10 @@ fn trusted_verify_refuses_a_damaged_manifest() {
     // One byte changed in place inside the entry list, the size kept: the
     // manifest no longer parses, and the trusted path must see it.
     let mut broken = whole.clone();
-    let at = String::from_utf8_lossy(&whole).rfind("\"entries\":[").unwrap() + 11;
+    let at = String::from_utf8_lossy(&whole)
+        .rfind("\"entries\":[")
+        .unwrap()
+        + 11;
     assert_eq!(broken[at], b'{');
     broken[at] = b'x';
     assert!(serde_json::from_slice::<serde_json::Value>(&broken).is_err());

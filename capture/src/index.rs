@@ -559,7 +559,10 @@ pub(crate) fn check_trusted(tree: &Path, version: &str, root: &str) -> Result<In
 
 /// A regular file's `len` bytes, mapped (a copy of many megabytes costs
 /// more than the checksum over them), or read where mapping fails.
-fn map_or_read(file: &std::fs::File, len: u64) -> std::io::Result<crate::manifest_file::ManifestBytes> {
+fn map_or_read(
+    file: &std::fs::File,
+    len: u64,
+) -> std::io::Result<crate::manifest_file::ManifestBytes> {
     use crate::manifest_file::ManifestBytes;
     // SAFETY: read-only; a tree's manifest and index are renamed into
     // place whole and never written again.

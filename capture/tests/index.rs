@@ -184,7 +184,10 @@ fn a_manifest_that_no_longer_parses_fails_the_trusted_path() {
     assert!(serde_json::from_slice::<serde_json::Value>(&json).is_err());
     std::fs::write(&json_path, &json).unwrap();
     let err = TreeReader::head(&t).unwrap_err().to_string();
-    assert!(err.contains("manifest.json") && err.contains("checksum"), "{err}");
+    assert!(
+        err.contains("manifest.json") && err.contains("checksum"),
+        "{err}"
+    );
 }
 
 #[test]
