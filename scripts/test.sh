@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 # Python side of the cross-checks: reading taps with safetensors.numpy, the
 # gguf package's dequantization, the tokenizers library, a numpy reference forward,
 # blake3 for the Python tree writer (the `taptree` package in python/).
-python3 -m pip install --quiet --disable-pip-version-check numpy safetensors gguf tokenizers blake3 pytest
+python3 -m pip install --quiet --disable-pip-version-check numpy safetensors gguf tokenizers blake3 xxhash pytest
 # The Hugging Face engine (`taptree capture --engine hf`, python/taptree/hf.py)
 # and the reference of Gemma 3 (kernels/tests/gemma3.rs, fixtures/hf_gemma3.py,
 # transformers loading its GGUF): torch from PyPI (its Linux wheel brings the

@@ -475,6 +475,18 @@ fn trusted_verify_refuses_a_damaged_manifest() {
     std::fs::write(&manifest, b"not json at all").unwrap();
     let o = taptree(&[&"verify", &a, &b]);
     assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));
+    // One byte changed in place inside the entry list, the size kept: the
+    // manifest no longer parses, and the trusted path must see it.
+    let mut broken = whole.clone();
+    let at = String::from_utf8_lossy(&whole)
+        .rfind("\"entries\":[")
+        .unwrap()
+        + 11;
+    assert_eq!(broken[at], b'{');
+    broken[at] = b'x';
+    assert!(serde_json::from_slice::<serde_json::Value>(&broken).is_err());
+    std::fs::write(&manifest, &broken).unwrap();
+    assert_refused(&taptree(&[&"verify", &a, &b]), "manifest.json", "damaged");
     // Intact again: trusted.
     std::fs::write(&manifest, &whole).unwrap();
     let o = taptree(&[&"verify", &a, &b]);
@@ -551,7 +563,7 @@ fn python_with(modules: &str) -> bool {
         .unwrap_or(false);
     if !ok {
         let why = format!(
-            "python3 with {modules} is not available (python3 -m pip install numpy blake3)"
+            "python3 with {modules} is not available (python3 -m pip install numpy blake3 xxhash)"
         );
         if std::env::var("CI").as_deref() == Ok("true") {
             panic!("{why}; CI requires it");
@@ -563,7 +575,7 @@ fn python_with(modules: &str) -> bool {
 
 #[test]
 fn python_and_rust_write_the_same_tree() {
-    if !python_with("numpy, blake3") {
+    if !python_with("numpy, blake3, xxhash") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

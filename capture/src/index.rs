@@ -5,8 +5,9 @@
 //! Why: a tree of 37,674 taps has a 12 MB manifest. Checking it whole
 //! (blake3) and parsing it costs tens of milliseconds, which trusted
 //! `verify A B` and `diff` paid on every call. With the index, trusted
-//! `verify A B` checks a 256-byte head, the sizes of both files and the
-//! manifest's bytes before its entry list (a few KB); opening a tree hashes
+//! `verify A B` checks a 288-byte head, the sizes of both files, the
+//! manifest's bytes outside its entry list, and a fast checksum (XXH3-128)
+//! of every byte of both files; opening a tree hashes
 //! the manifest (to refuse any damage) but parses only those few KB and
 //! decodes the entries from the records. docs/FORMAT.md ("The index") is the
 //! normative description; docs/TRUST.md says what each path checks.
@@ -17,13 +18,13 @@ use crate::key::Key;
 use crate::manifest::{self, Entry, Manifest, MANIFEST_FILE};
 use crate::open::*;
 use std::collections::HashMap;
-use std::io::{Read, Seek};
+use std::io::Read;
 use std::path::Path;
 
 /// The index's file name at the root of a tree, beside `manifest.json`.
 pub const INDEX_FILE: &str = "manifest.idx";
 /// The fixed size of the index's head.
-pub const HEAD_LEN: usize = 256;
+pub const HEAD_LEN: usize = 288;
 /// The first bytes of every index.
 pub const MAGIC: &[u8; 16] = b"taptree index\n\0\0";
 /// The fixed size of one entry's record.
@@ -62,6 +63,15 @@ pub struct IndexHead {
     pub prefix_blake3: [u8; 32],
     /// blake3 of the body (everything after the head).
     pub body_blake3: [u8; 32],
+    /// XXH3-128 (canonical, big-endian) of the whole `manifest.json`, and
+    /// of the whole body: trusted `verify A B`'s damage check of every byte.
+    pub json_xxh3: [u8; 16],
+    pub body_xxh3: [u8; 16],
+}
+
+/// XXH3-128 of `b`, in its canonical (big-endian) byte order.
+pub fn xxh3(b: &[u8]) -> [u8; 16] {
+    xxhash_rust::xxh3::xxh3_128(b).to_be_bytes()
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -108,7 +118,7 @@ impl IndexHead {
                 hex(&hash_at(b, SEAL_AT))
             ));
         }
-        if b[216..SEAL_AT].iter().any(|&c| c != 0) {
+        if b[248..SEAL_AT].iter().any(|&c| c != 0) {
             return Err("reserved head bytes are not zero".into());
         }
         Ok(IndexHead {
@@ -126,6 +136,8 @@ impl IndexHead {
             prefix_blake3: hash_at(b, 144),
             body_blake3: hash_at(b, 176),
             entries_end: u64_at(b, 208),
+            json_xxh3: b[216..232].try_into().expect("16 bytes"),
+            body_xxh3: b[232..248].try_into().expect("16 bytes"),
         })
     }
 
@@ -154,6 +166,8 @@ impl IndexHead {
         ] {
             b[at..at + 32].copy_from_slice(h);
         }
+        b[216..232].copy_from_slice(&self.json_xxh3);
+        b[232..248].copy_from_slice(&self.body_xxh3);
         let seal = blake3::hash(&b[..SEAL_AT]);
         b[SEAL_AT..].copy_from_slice(seal.as_bytes());
         b
@@ -175,6 +189,25 @@ impl IndexHead {
             return Err("its index does not point at the manifest's entries".into());
         }
         Ok(self.entries_at as usize..self.entries_end as usize)
+    }
+
+    /// Whether `json` is, to the checksum, the manifest this head was
+    /// written for: its size and the XXH3-128 of all its bytes.
+    pub fn check_whole_json(&self, json: &[u8]) -> std::result::Result<(), String> {
+        if json.len() as u64 != self.json_len {
+            return Err(format!(
+                "{} bytes, its index says {}: the manifest was truncated, appended to, edited or damaged",
+                json.len(),
+                self.json_len
+            ));
+        }
+        if xxh3(json) != self.json_xxh3 {
+            return Err(
+                "its bytes do not have the checksum its index records: the manifest was edited or damaged"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 
     /// Whether this head describes the manifest whose bytes before its
@@ -309,6 +342,8 @@ pub fn build(json: &[u8], m: &Manifest) -> std::result::Result<Vec<u8>, String> 
             .finalize()
             .as_bytes(),
         body_blake3: *blake3::hash(&body).as_bytes(),
+        json_xxh3: xxh3(json),
+        body_xxh3: xxh3(&body),
     };
     let mut out = head.write().to_vec();
     out.extend_from_slice(&body);
@@ -361,7 +396,7 @@ pub fn decode(index: &[u8], head: &IndexHead) -> std::result::Result<Vec<Entry>,
             head.body_len
         ));
     }
-    if blake3::hash(body).as_bytes() != &head.body_blake3 {
+    if xxh3(body) != head.body_xxh3 || blake3::hash(body).as_bytes() != &head.body_blake3 {
         return Err("its records do not hash to what its head says: the index was damaged".into());
     }
     let records_len = head
@@ -469,17 +504,18 @@ fn open_index(tree: &Path) -> Result<std::fs::File> {
 
 /// Trusted `verify A B`'s check of a format 2.1 tree, given the first
 /// bytes of its manifest and the head fields found there: the index's head
-/// is sealed, both files have the sizes it records, and the manifest's
-/// bytes before its entries (its head, run, selection, stages and
-/// directory hashes) are the ones it hashed. Returns the index head.
+/// is sealed, both files have the sizes it records, the manifest's bytes
+/// outside its entries are the ones it hashed, and every byte of both files
+/// has the XXH3-128 checksum it records. Returns the index head.
 pub(crate) fn check_trusted(tree: &Path, version: &str, root: &str) -> Result<IndexHead> {
+    let index_path = tree.join(INDEX_FILE);
     let mut file = open_index(tree)?;
     let mut buf = [0u8; HEAD_LEN];
-    let n = read_up_to(&mut file, &mut buf).map_err(|e| Error::io(tree.join(INDEX_FILE), e))?;
+    let n = read_up_to(&mut file, &mut buf).map_err(|e| Error::io(&index_path, e))?;
     let head = IndexHead::parse(&buf[..n]).map_err(|r| bad_index(tree, r))?;
     let len = file
         .metadata()
-        .map_err(|e| Error::io(tree.join(INDEX_FILE), e))?
+        .map_err(|e| Error::io(&index_path, e))?
         .len();
     if Some(len) != head.body_len.checked_add(HEAD_LEN as u64) {
         return Err(bad_index(
@@ -492,26 +528,53 @@ pub(crate) fn check_trusted(tree: &Path, version: &str, root: &str) -> Result<In
     }
     check_version_and_root(tree, &head, version, root)?;
     let json_path = tree.join(MANIFEST_FILE);
-    let mut json = open_regular(&json_path).map_err(|e| Error::io(&json_path, e))?;
+    let json = open_regular(&json_path).map_err(|e| Error::io(&json_path, e))?;
     let json_len = json.metadata().map_err(|e| Error::io(&json_path, e))?.len();
     let bad = |reason: String| Error::BadManifest {
         path: json_path.clone(),
         reason,
     };
-    // Only the bytes outside the entries are read, once their place is
-    // known to lie within the file.
+    // The files are mapped only once their sizes are the ones recorded.
     let span = head.entries_span(json_len).map_err(bad)?;
-    let mut prefix = vec![0u8; span.start + 1];
-    let mut suffix = vec![0u8; json_len as usize - span.end];
-    let io = |e| Error::io(&json_path, e);
-    let n = read_up_to(&mut json, &mut prefix).map_err(io)?;
-    prefix.truncate(n);
-    json.seek(std::io::SeekFrom::Start(span.end as u64))
-        .map_err(io)?;
-    let n = read_up_to(&mut json, &mut suffix).map_err(io)?;
-    suffix.truncate(n);
-    head.check_json(&prefix, &suffix, json_len).map_err(bad)?;
+    let index = map_or_read(&file, len).map_err(|e| Error::io(&index_path, e))?;
+    let json = map_or_read(&json, json_len).map_err(|e| Error::io(&json_path, e))?;
+    // The two checksums side by side: the manifest's is three quarters of
+    // the work.
+    let (body_ok, json_ok) = std::thread::scope(|s| {
+        let body = s.spawn(|| index.get(HEAD_LEN..).map(xxh3) == Some(head.body_xxh3));
+        let json_ok = head.check_whole_json(&json);
+        (body.join().unwrap_or(false), json_ok)
+    });
+    if !body_ok {
+        return Err(bad_index(
+            tree,
+            "its records do not have the checksum its head records: the index was edited or damaged",
+        ));
+    }
+    json_ok.map_err(bad)?;
+    head.check_json(&json, &json[span.end.min(json.len())..], json_len)
+        .map_err(bad)?;
     Ok(head)
+}
+
+/// A regular file's `len` bytes, mapped (a copy of many megabytes costs
+/// more than the checksum over them), or read where mapping fails.
+fn map_or_read(
+    file: &std::fs::File,
+    len: u64,
+) -> std::io::Result<crate::manifest_file::ManifestBytes> {
+    use crate::manifest_file::ManifestBytes;
+    // SAFETY: read-only; a tree's manifest and index are renamed into
+    // place whole and never written again.
+    // Populated: the kernel maps every page at once rather than one fault
+    // at a time as the checksum walks them.
+    if let Ok(map) = unsafe { memmap2::MmapOptions::new().populate().map(file) } {
+        return Ok(ManifestBytes::Mapped(map));
+    }
+    let mut bytes = Vec::new();
+    let f = file;
+    f.take(len).read_to_end(&mut bytes)?;
+    Ok(ManifestBytes::Read(bytes))
 }
 
 fn check_version_and_root(tree: &Path, head: &IndexHead, version: &str, root: &str) -> Result<()> {
@@ -565,6 +628,7 @@ pub(crate) fn open_manifest(tree: &Path, json: &[u8]) -> Result<Manifest> {
         .map(|n| index.truncate(n))?;
     let head = IndexHead::parse(&index).map_err(|r| bad_index(tree, r))?;
     let span = head.entries_span(json.len() as u64).map_err(bad_json)?;
+    head.check_whole_json(json).map_err(bad_json)?;
     head.check_json(json, &json[span.end..], json.len() as u64)
         .map_err(bad_json)?;
     let mut text = json[..span.start].to_vec();
@@ -604,6 +668,8 @@ pub fn reseal(index: &mut [u8]) {
     }
     let body = *blake3::hash(&index[HEAD_LEN..]).as_bytes();
     index[176..208].copy_from_slice(&body);
+    let body = xxh3(&index[HEAD_LEN..]);
+    index[232..248].copy_from_slice(&body);
     let seal = *blake3::hash(&index[..SEAL_AT]).as_bytes();
     index[SEAL_AT..HEAD_LEN].copy_from_slice(&seal);
 }

@@ -31,6 +31,7 @@ import sys
 
 import blake3
 import numpy as np
+import xxhash
 
 from .select import Selection
 
@@ -169,7 +170,7 @@ _NONE = 0xFFFFFFFF
 
 def build_index(raw, manifest):
     """The bytes of `manifest.idx` for a sealed manifest's exact bytes `raw`
-    and the manifest they hold (docs/FORMAT.md, "The index"): a 256-byte
+    and the manifest they hold (docs/FORMAT.md, "The index"): a 288-byte
     sealed head, then one 104-byte record per entry, the shapes' dimensions,
     and the strings (stage names, and paths not spelt as path_of spells them)."""
     at = raw.rfind(b'"entries":[')
@@ -235,7 +236,8 @@ def build_index(raw, manifest):
         blake3.blake3(body).digest(),
         entries_end,
     )
-    head += bytes(224 - len(head))  # reserved
+    head += xxhash.xxh3_128_digest(raw) + xxhash.xxh3_128_digest(body)
+    head += bytes(256 - len(head))  # reserved
     return head + blake3.blake3(head).digest() + body
 
 
