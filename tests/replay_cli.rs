@@ -573,17 +573,11 @@ fn every_op_of_a_gemma3_tree_recomputes_bit_for_bit_in_f32_and_within_tolerance_
     let (c, r) = replay_json(&tree, "gemma3-270m", &[]);
     assert_eq!(c, 0, "{r}");
     assert!(rows(&r).iter().all(|row| err(row) < 1e-5), "{r}");
-    // Refused, exit 2: llama.cpp's arithmetic is modelled for llama only.
-    let o = run(&[
-        "replay",
-        tree.to_str().unwrap(),
-        "--model",
-        "gemma3-270m",
-        "--precision",
-        "llamacpp",
-    ]);
-    assert_eq!(code(&o), 2, "{}", text(&o));
-    assert!(text(&o).contains("llama family only"), "{}", text(&o));
+    // llama.cpp's Gemma arithmetic is modelled: not refused, and this f32
+    // tree is not llama.cpp's (its matmuls saw no Q8_K activations): red.
+    let (c, r) = replay_json(&tree, "gemma3-270m", &["--precision", "llamacpp"]);
+    assert_eq!(c, 1, "{r}");
+    assert!(rows(&r).iter().any(|row| err(row) > 1e-4), "{r}");
 }
 
 #[test]

@@ -383,6 +383,8 @@ impl<'a> Ops<'a> {
                 ),
             });
         }
-        Ok(llamacpp::flash_attention_in(q, n, start, &k, &v, heads, graph))
+        Ok(llamacpp::flash_attention_in(
+            q, n, start, &k, &v, heads, graph,
+        ))
     }
 }
