@@ -56,7 +56,7 @@ record() {
     # FIXTURES: where the fixture models are (written when missing).
     local fx=${FIXTURES:-target/fixtures}
     if [ ! -f "$fx/tiny-q.gguf" ]; then
-        cargo run --release -q -p kernels --example write_fixtures "$fx" >/dev/null || exit 2
+        cargo run --release -q -p fixtures --bin generate -- models "$fx" >/dev/null || exit 2
     fi
     # Global: the EXIT trap reads it after this function returned.
     scratch=$(mktemp -d)
