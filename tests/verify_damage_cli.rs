@@ -1,0 +1,155 @@
+//! `taptree verify` on bad input, end to end: a missing tree, damaged tap
+//! files, a damaged manifest under trusted verify, unsafe manifest paths and
+//! an escaping symlink, each exiting 2 and naming the file and the problem.
+
+mod verify_support;
+use verify_support::*;
+
+#[test]
+fn missing_tree_and_empty_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _) = (dir.path().join("a"), ());
+    make_tree(&a, 0.0);
+    assert_refused(
+        &taptree(&[&"verify", &a, &dir.path().join("nope")]),
+        "nope",
+        "No such file",
+    );
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    assert_refused(&taptree(&[&"verify", &empty]), "empty", "not a tree");
+}
+
+#[test]
+fn damaged_tap_files_are_named() {
+    type Damage = fn(&Path);
+    let cases: [(&str, Damage, &str); 3] = [
+        (
+            "truncated",
+            |f| {
+                let b = std::fs::read(f).unwrap();
+                std::fs::write(f, &b[..b.len() - 4]).unwrap();
+            },
+            "truncated",
+        ),
+        (
+            "not safetensors",
+            |f| std::fs::write(f, b"PK\x03\x04 a zip file").unwrap(),
+            "not a safetensors file",
+        ),
+        ("empty", |f| std::fs::write(f, b"").unwrap(), "truncated"),
+    ];
+    for (name, damage, problem) in cases {
+        let (_dir, a, b) = two_trees(0.0);
+        let file = b.join("L001/ffn_down.p0-4.safetensors");
+        damage(&file);
+        let rel = "L001/ffn_down.p0-4.safetensors";
+        assert_refused(&taptree(&[&"verify", &b]), rel, problem);
+        assert_refused(&taptree(&[&"verify", &"--rehash", &a, &b]), rel, problem);
+        let _ = name;
+    }
+}
+
+#[test]
+fn trusted_verify_refuses_a_damaged_manifest() {
+    // Trusted mode reads the roots from the heads, but a manifest cut right
+    // after a `}` (its head intact), or with a byte flipped in a field
+    // nothing else hashes, is damaged: exit 2, never "bitwise identical".
+    let (_dir, a, b) = two_trees(0.0);
+    let manifest = b.join("manifest.json");
+    let whole = std::fs::read(&manifest).unwrap();
+    let braces: Vec<usize> = (0..whole.len() - 2).filter(|&i| whole[i] == b'}').collect();
+    for &i in [
+        braces[0],
+        braces[braces.len() / 2],
+        braces[braces.len() - 1],
+    ]
+    .iter()
+    {
+        std::fs::write(&manifest, &whole[..=i]).unwrap();
+        assert_refused(&taptree(&[&"verify", &a, &b]), "manifest.json", "damaged");
+    }
+    let mut flipped = whole.clone();
+    let at = String::from_utf8_lossy(&whole).find("\"argv\"").unwrap() + 2;
+    flipped[at] ^= 0x20;
+    std::fs::write(&manifest, &flipped).unwrap();
+    assert_refused(&taptree(&[&"verify", &a, &b]), "manifest.json", "damaged");
+    std::fs::write(&manifest, b"not json at all").unwrap();
+    let o = taptree(&[&"verify", &a, &b]);
+    assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));
+    // One byte changed in place inside the entry list, the size kept: the
+    // manifest no longer parses, and the trusted path must see it.
+    let mut broken = whole.clone();
+    let at = String::from_utf8_lossy(&whole)
+        .rfind("\"entries\":[")
+        .unwrap()
+        + 11;
+    assert_eq!(broken[at], b'{');
+    broken[at] = b'x';
+    assert!(serde_json::from_slice::<serde_json::Value>(&broken).is_err());
+    std::fs::write(&manifest, &broken).unwrap();
+    assert_refused(&taptree(&[&"verify", &a, &b]), "manifest.json", "damaged");
+    // Intact again: trusted.
+    std::fs::write(&manifest, &whole).unwrap();
+    let o = taptree(&[&"verify", &a, &b]);
+    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+}
+
+#[test]
+fn unsafe_manifests_are_refused() {
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(Edit, &str); 5] = [
+        (
+            |m| m["entries"][0]["path"] = "/etc/passwd".into(),
+            "absolute",
+        ),
+        (
+            |m| m["entries"][0]["path"] = "L000/../../../x.safetensors".into(),
+            "escapes the tree",
+        ),
+        (
+            |m| {
+                m["entries"][0]["shape"] = serde_json::json!([4, usize::MAX]);
+            },
+            "overflows",
+        ),
+        (
+            |m| m["entries"][0]["bytes"] = 12345.into(),
+            "entry says 12345",
+        ),
+        (
+            |m| m["format_version"] = "3.1".into(),
+            "unsupported tree format version 3.1 (this taptree reads 1.x to 2.x)",
+        ),
+    ];
+    for (edit, problem) in cases {
+        let (_dir, a, b) = two_trees(0.0);
+        edit_manifest(&b, edit);
+        assert_refused(&taptree(&[&"verify", &b]), "manifest", problem);
+        assert_refused(
+            &taptree(&[&"verify", &"--rehash", &a, &b]),
+            "manifest",
+            problem,
+        );
+        assert_refused(&taptree(&[&"ls", &b]), "manifest", problem);
+    }
+}
+
+#[test]
+fn a_symlink_out_of_the_tree_is_refused() {
+    let (dir, a, b) = two_trees(0.0);
+    let file = b.join("L000/attn_norm.p0-4.safetensors");
+    let outside = dir.path().join("elsewhere.safetensors");
+    std::fs::rename(&file, &outside).unwrap();
+    std::os::unix::fs::symlink(&outside, &file).unwrap();
+    assert_refused(
+        &taptree(&[&"verify", &b]),
+        "L000/attn_norm.p0-4.safetensors",
+        "outside the tree",
+    );
+    assert_refused(
+        &taptree(&[&"verify", &"--rehash", &a, &b]),
+        "L000/attn_norm.p0-4.safetensors",
+        "outside the tree",
+    );
+}
