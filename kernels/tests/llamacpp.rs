@@ -19,7 +19,6 @@ mod llamacpp_common;
 
 use std::collections::HashMap;
 
-use capture::TreeReader;
 use kernels::cpu::attention::{attention, Heads};
 use kernels::cpu::embedding::embed;
 use kernels::cpu::ffn::swiglu;
@@ -29,10 +28,8 @@ use kernels::cpu::norm::rms_norm;
 use kernels::cpu::rope::rope;
 use kernels::cpu::weights::DenseWeights;
 use llamacpp_common::{
-    capture_llamacpp, llama_cpp_available, outside_tolerance, print_table, rel_rms, taps, worst,
-    worst_per_stage, TOLERANCE,
+    outside_tolerance, print_table, rel_rms, worst, worst_per_stage, Run, TOLERANCE,
 };
-use model::load::load_model;
 use model::LlamaConfig;
 
 /// How an op is recomputed: llama.cpp's arithmetic, taptree's plain q8, or
@@ -154,39 +151,11 @@ fn replay(
     out
 }
 
-struct Run {
-    cfg: LlamaConfig,
-    weights: DenseWeights,
-    tokens: Vec<u32>,
-    taps: HashMap<(String, Option<u32>), Vec<f32>>,
-    _dir: tempfile::TempDir,
-}
-
 fn llamacpp_run(flash_attn: bool) -> Option<Run> {
-    if let Err(why) = llama_cpp_available() {
-        eprintln!("skipped: {why}");
-        return None;
-    }
-    let model_path = fetch::ensure_smollm2().expect("fetch SmolLM2");
-    let model = load_model(&model_path).expect("load SmolLM2");
-    let tok = model
-        .tokenizer
-        .as_ref()
-        .expect("SmolLM2 carries a tokenizer");
-    let tokens = tok
-        .encode_chat("What is the capital of France? Answer in one word.")
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("llamacpp");
-    capture_llamacpp(&model_path, &tokens, &out, flash_attn);
-    let tree = TreeReader::open(&out).unwrap();
-    Some(Run {
-        cfg: model.weights.config.clone(),
-        weights: DenseWeights::new(&model.weights).unwrap(),
-        tokens,
-        taps: taps(&tree),
-        _dir: dir,
-    })
+    llamacpp_common::llamacpp_run(
+        || fetch::ensure_smollm2().expect("fetch SmolLM2"),
+        flash_attn,
+    )
 }
 
 #[test]

@@ -17,7 +17,6 @@ mod llamacpp_common;
 use std::collections::HashMap;
 use std::process::Command;
 
-use capture::TreeReader;
 use kernels::cpu::attention::{attention_windowed, Heads};
 use kernels::cpu::embedding::embed;
 use kernels::cpu::ffn::geglu;
@@ -28,10 +27,8 @@ use kernels::cpu::norm::rms_norm;
 use kernels::cpu::rope::rope_halves;
 use kernels::cpu::weights::DenseWeights;
 use llamacpp_common::{
-    capture_llamacpp, llama_cpp_available, outside_tolerance, print_table, rel_rms, taps, worst,
-    Rows, TOLERANCE,
+    llama_cpp_available, outside_tolerance, print_table, rel_rms, worst, Rows, Run, TOLERANCE,
 };
-use model::load::load_model;
 use model::LlamaConfig;
 
 type Taps = HashMap<(String, Option<u32>), Vec<f32>>;
@@ -154,39 +151,11 @@ fn replay(cfg: &LlamaConfig, w: &DenseWeights, tokens: &[u32], t: &Taps, ops: Op
     out
 }
 
-struct Run {
-    cfg: LlamaConfig,
-    weights: DenseWeights,
-    tokens: Vec<u32>,
-    taps: Taps,
-    _dir: tempfile::TempDir,
-}
-
 fn gemma_run(flash_attn: bool) -> Option<Run> {
-    if let Err(why) = llama_cpp_available() {
-        eprintln!("skipped: {why}");
-        return None;
-    }
-    let model_path = fetch::ensure(&fetch::GEMMA3_270M).expect("fetch Gemma 3 270M");
-    let model = load_model(&model_path).expect("load Gemma 3 270M");
-    let tok = model
-        .tokenizer
-        .as_ref()
-        .expect("the GGUF carries a tokenizer");
-    let tokens = tok
-        .encode_chat("What is the capital of France? Answer in one word.")
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("llamacpp");
-    capture_llamacpp(&model_path, &tokens, &out, flash_attn);
-    let tree = TreeReader::open(&out).unwrap();
-    Some(Run {
-        cfg: model.weights.config.clone(),
-        weights: DenseWeights::new(&model.weights).unwrap(),
-        tokens,
-        taps: taps(&tree),
-        _dir: dir,
-    })
+    llamacpp_common::llamacpp_run(
+        || fetch::ensure(&fetch::GEMMA3_270M).expect("fetch Gemma 3 270M"),
+        flash_attn,
+    )
 }
 
 #[test]

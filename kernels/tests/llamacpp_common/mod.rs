@@ -9,7 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use capture::TreeReader;
+use kernels::cpu::weights::DenseWeights;
 use kernels::switches::FLASH_ATTN_VAR;
+use model::load::load_model;
+use model::LlamaConfig;
 
 /// The per-op bound: relative RMS error against llama.cpp's output.
 pub const TOLERANCE: f64 = 1e-6;
@@ -147,4 +150,43 @@ pub fn print_table(rows: &Rows, plain: &Rows, exact: &Rows) {
             at(lq)
         );
     }
+}
+
+/// One llama.cpp capture of the France chat prompt, and what recomputing
+/// its ops needs.
+pub struct Run {
+    pub cfg: LlamaConfig,
+    pub weights: DenseWeights,
+    pub tokens: Vec<u32>,
+    pub taps: HashMap<(String, Option<u32>), Vec<f32>>,
+    _dir: tempfile::TempDir,
+}
+
+/// Captures `fetch()`'s model under llama.cpp (`flash_attn` on or off) and
+/// reads its taps; `None`, saying why, without llama-cpp-python.
+pub fn llamacpp_run(fetch: impl FnOnce() -> PathBuf, flash_attn: bool) -> Option<Run> {
+    if let Err(why) = llama_cpp_available() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    let model_path = fetch();
+    let model = load_model(&model_path).expect("load the model");
+    let tok = model
+        .tokenizer
+        .as_ref()
+        .expect("the GGUF carries a tokenizer");
+    let tokens = tok
+        .encode_chat("What is the capital of France? Answer in one word.")
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("llamacpp");
+    capture_llamacpp(&model_path, &tokens, &out, flash_attn);
+    let tree = TreeReader::open(&out).unwrap();
+    Some(Run {
+        cfg: model.weights.config.clone(),
+        weights: DenseWeights::new(&model.weights).unwrap(),
+        tokens,
+        taps: taps(&tree),
+        _dir: dir,
+    })
 }
