@@ -15,7 +15,9 @@
 # - the armed capture's cost end to end, as a user meets it: `taptree
 #   capture` of a full tree against the same run keeping only the logits
 #   (--select stage=logits), ROUNDS rounds (default 5) interleaved, wall
-#   clock medians, and the ratio of the medians.
+#   clock medians, and the ratio of the medians; SYNC_THREADS="8 64" repeats
+#   it per TAPTREE_SYNC_THREADS value, FRESH=1 writes new trees instead of
+#   replacing the last one.
 set -uo pipefail
 
 TAPTREE=${TAPTREE:-taptree}
@@ -46,23 +48,48 @@ timed() {
     awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f\n", b - a}'
 }
 
-echo "=== armed capture end to end: full tree vs logits only ($ROUNDS rounds, interleaved)"
-base=("$TAPTREE" capture --model "$MODEL" --backend cuda --chat "$PROMPT" --gen "$GEN" --force)
-echo "\$ ${base[*]} --out $WORK/logits --select stage=logits"
-echo "\$ ${base[*]} --out $WORK/full"
-: >"$WORK/logits.s"
-: >"$WORK/full.s"
-# One warm-up of each (the PTX cache, the page cache of the model).
-timed "${base[@]}" --out "$WORK/logits" --select stage=logits >/dev/null
-timed "${base[@]}" --out "$WORK/full" >/dev/null
-for _ in $(seq "$ROUNDS"); do
-    timed "${base[@]}" --out "$WORK/logits" --select stage=logits >>"$WORK/logits.s"
-    timed "${base[@]}" --out "$WORK/full" >>"$WORK/full.s"
+# One end-to-end comparison: ROUNDS rounds of the logits-only and the full
+# capture, interleaved, after one warm-up of each. With FRESH=1 each capture
+# writes a new tree (the previous one deleted outside the timed region);
+# else each replaces the last with --force, as a user re-running does.
+e2e() {
+    local label=$1
+    echo "=== armed capture end to end, $label: full tree vs logits only ($ROUNDS rounds, interleaved)"
+    local base=("$TAPTREE" capture --model "$MODEL" --backend cuda --chat "$PROMPT" --gen "$GEN")
+    local force=(--force)
+    [[ ${FRESH:-0} == 1 ]] && force=()
+    echo "\$ ${base[*]} ${force[*]} --out $WORK/logits --select stage=logits"
+    echo "\$ ${base[*]} ${force[*]} --out $WORK/full"
+    : >"$WORK/logits.s"
+    : >"$WORK/full.s"
+    local round
+    for round in $(seq 0 "$ROUNDS"); do
+        [[ ${FRESH:-0} == 1 ]] && rm -rf "$WORK/logits" "$WORK/full" && sync
+        local l f
+        l=$(timed "${base[@]}" "${force[@]}" --out "$WORK/logits" --select stage=logits)
+        f=$(timed "${base[@]}" "${force[@]}" --out "$WORK/full")
+        # Round 0 is the warm-up (the PTX cache, the page cache of the model).
+        if ((round > 0)); then
+            echo "$l" >>"$WORK/logits.s"
+            echo "$f" >>"$WORK/full.s"
+        fi
+    done
+    grep '^captured' "$WORK/last.log"
+    l=$(median <"$WORK/logits.s")
+    f=$(median <"$WORK/full.s")
+    echo "logits only: $(xargs <"$WORK/logits.s") s; median $l s"
+    echo "full tree:   $(xargs <"$WORK/full.s") s; median $f s"
+    echo "full / logits-only ($label): x$(awk -v a="$f" -v b="$l" 'BEGIN {printf "%.2f", a / b}')"
+}
+
+# SYNC_THREADS="8 64": one comparison per TAPTREE_SYNC_THREADS value (the
+# threads that fdatasync the tap files at the end); default: the built-in.
+for t in ${SYNC_THREADS:-default}; do
+    if [[ $t == default ]]; then
+        unset TAPTREE_SYNC_THREADS
+    else
+        export TAPTREE_SYNC_THREADS=$t
+    fi
+    e2e "sync threads $t${FRESH:+, fresh trees}"
 done
-grep '^captured' "$WORK/last.log"
-l=$(median <"$WORK/logits.s")
-f=$(median <"$WORK/full.s")
-echo "logits only: $(xargs <"$WORK/logits.s") s; median $l s"
-echo "full tree:   $(xargs <"$WORK/full.s") s; median $f s"
-echo "full / logits-only: x$(awk -v a="$f" -v b="$l" 'BEGIN {printf "%.2f", a / b}')"
 du -sh "$WORK/full" "$WORK/logits" 2>/dev/null
