@@ -14,9 +14,13 @@ use std::path::{Component, Path};
 /// The head of a manifest: see [`TreeReader::head`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ManifestHead {
+    /// `major.minor`, as the manifest writes it.
     pub format_version: String,
+    /// The root hash, lowercase hex.
     pub root: String,
+    /// Number of entries.
     pub taps: u64,
+    /// Total tensor bytes of the entries.
     pub bytes: u64,
 }
 

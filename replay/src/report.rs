@@ -43,7 +43,7 @@ impl Default for Options {
 pub struct Row {
     /// The stage name, as the tree's keys spell it.
     pub stage: String,
-    /// The layer, `None` for a global stage (`embed`, `logits`).
+    /// The layer, `None` for a global stage (`embedding`, `logits`).
     pub layer: Option<u32>,
     /// Positions compared (over every slot).
     pub positions: u64,
