@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::io::Read;
 use std::path::{Component, Path};
 
-/// The head of a manifest: see [`TreeReader::head`].
+/// The head of a manifest: see [`TreeReader::head`](crate::TreeReader::head).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ManifestHead {
     /// `major.minor`, as the manifest writes it.
