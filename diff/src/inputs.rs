@@ -72,7 +72,7 @@ pub struct PromptsDiffer {
     pub slot: Option<u32>,
     /// The first position whose prompt token differs.
     pub pos: u32,
-    /// A's prompt token at `pos` (or, past A's prompt, none: see `len_a`).
+    /// A's prompt token at `pos`.
     pub token_a: u32,
     /// B's prompt token at `pos`.
     pub token_b: u32,
