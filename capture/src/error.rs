@@ -38,7 +38,8 @@ pub enum Error {
         path: PathBuf,
         /// The selection as given.
         selection: String,
-        /// Why it selects nothing: the glob that matched no stage, or that no tap was selected.
+        /// Why it selects nothing: the glob that matched no stage, or that no
+        /// tap was selected.
         reason: String,
     },
 

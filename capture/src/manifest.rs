@@ -49,7 +49,8 @@ pub const GLOBAL_DIR: &str = "global";
 pub struct RunInfo {
     /// The model file or directory the run loaded, as given.
     pub model: String,
-    /// blake3 of the model (its file, or a directory's files), hex; `None` when the producer does not say.
+    /// blake3 of the model (its file, or a directory's files), hex; `None` when
+    /// the producer does not say.
     pub model_blake3: Option<String>,
     /// The forward that ran (`cpu`, `cuda`, or an engine's name such as `llama.cpp`).
     pub backend: String,
@@ -106,7 +107,8 @@ pub struct Manifest {
     pub format: String,
     /// `major.minor`.
     pub format_version: String,
-    /// The root hash, lowercase hex: every entry's hash and everything that steers a verdict (see docs/FORMAT.md).
+    /// The root hash, lowercase hex: every entry's hash and everything that
+    /// steers a verdict (see docs/FORMAT.md).
     pub root: String,
     /// blake3 of the manifest file with this value's 64 hex digits read as
     /// `0`s (see [`seal`]). Format 2; absent in format 1.

@@ -173,7 +173,8 @@ pub struct Acc {
     pub nonfinite_a: u64,
     /// Values of B that are NaN or infinite.
     pub nonfinite_b: u64,
-    /// Pairs where one side is nonfinite and the other is not, or both are of different kinds.
+    /// Pairs where one side is nonfinite and the other is not, or both are of
+    /// different kinds.
     pub nonfinite_mismatch: u64,
     /// Values of A that are exactly zero.
     pub zero_a: u64,
@@ -243,7 +244,8 @@ pub struct Metrics {
     pub nmse: f64,
     /// `−10 log10(nmse)` in dB; infinite when NMSE is 0.
     pub sqnr_db: f64,
-    /// The largest distance in representable values of the stored dtype; `None` when the dtypes differ.
+    /// The largest distance in representable values of the stored dtype; `None`
+    /// when the dtypes differ.
     pub max_ulp: Option<u64>,
     /// Pairs whose bits are equal.
     pub bitwise_equal: u64,

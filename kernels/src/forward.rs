@@ -67,7 +67,8 @@ pub enum ForwardError {
         /// The vocabulary's size.
         vocab: usize,
     },
-    /// The model, precision or call is one this forward does not run (the message says which).
+    /// The model, precision or call is one this forward does not run (the
+    /// message says which).
     #[error("{0}")]
     Unsupported(String),
     /// The GPU failed (a CUDA error, as text).

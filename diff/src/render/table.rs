@@ -96,7 +96,8 @@ fn tree_line(label: &str, t: &crate::report::TreeInfo) -> String {
     )
 }
 
-/// The diff as the terminal table (see the module doc); ANSI colors only when `opts.color`.
+/// The diff as the terminal table (see the module doc); ANSI colors only when
+/// `opts.color`.
 pub fn render(report: &Report, opts: &TableOptions) -> String {
     let p = Paint { on: opts.color };
     let mut out = String::new();

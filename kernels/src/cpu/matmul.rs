@@ -157,7 +157,8 @@ pub struct QuantRow<T> {
     pub q: Vec<T>,
     /// One scale per block: a value is `q * d`.
     pub d: Vec<T>,
-    /// Per 32-block, `block_q8_1`'s f16 sum minus `f16(d) * sum(q)`; empty otherwise.
+    /// Per block: `block_q8_1`'s f16 sum `s` minus `f16(d) * sum(q)` for
+    /// 32-blocks, 0 for other block sizes.
     pub s_err: Vec<T>,
 }
 

@@ -109,7 +109,8 @@ pub trait Dots: Sized + Copy {
     fn dot_w4_fast(_a: &[Self], _w: [&[f32]; 4]) -> Option<[Self; 4]> {
         None
     }
-    /// Four q8 rows (values `q`, block scales `d`) dotted with `w` in blocks of `b`, or `None`.
+    /// Four q8 rows (values `q`, block scales `d`) dotted with `w` in blocks of
+    /// `b`, or `None`.
     fn q8_rows4_fast(
         _q: [&[Self]; 4],
         _d: [&[Self]; 4],

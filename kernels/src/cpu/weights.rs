@@ -55,7 +55,9 @@ pub struct DenseWeights {
 }
 
 impl DenseWeights {
-    /// Prepares `w` for the CPU forward: block-quantized matrices kept in their blocks, the rest as f32; refuses a tensor whose shape or size the hyperparameters contradict.
+    /// Prepares `w` for the CPU forward: block-quantized matrices kept in their
+    /// blocks, the rest as f32; refuses a tensor whose shape or size the
+    /// hyperparameters contradict.
     pub fn new(w: &ModelWeights) -> Result<DenseWeights, ForwardError> {
         let c = &w.config;
         let q_width = c.n_head * c.head_dim;

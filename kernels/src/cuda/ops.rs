@@ -56,7 +56,8 @@ pub struct DeviceMatrix {
 }
 
 impl DeviceMatrix {
-    /// Copies a weight to the device, refusing a type the kernels do not decode or bytes that do not fit its shape.
+    /// Copies a weight to the device, refusing a type the kernels do not decode
+    /// or bytes that do not fit its shape.
     pub fn upload(dev: &Device, t: &QTensor) -> Result<DeviceMatrix, CudaError> {
         if !supported(t.ggml_type) {
             return Err(CudaError::UnsupportedType {

@@ -310,7 +310,8 @@ pub enum GgufError {
         /// The repeated name.
         name: String,
     },
-    /// A count in the header could not fit in the file (the sign of a truncated or corrupt header).
+    /// A count in the header could not fit in the file (the sign of a truncated
+    /// or corrupt header).
     #[error("{path}: truncated or corrupt: {count} {what} declared, more than a file of {len} bytes can hold")]
     ImplausibleCount {
         /// The file.

@@ -30,7 +30,8 @@ pub enum LoadError {
         /// The path given.
         path: PathBuf,
     },
-    /// `general.architecture` (or HF `model_type`) names a model the forwards do not implement.
+    /// `general.architecture` (or HF `model_type`) names a model the forwards
+    /// do not implement.
     #[error("{path}: architecture {arch:?} is not supported (supported: llama, qwen2 without sliding window, gemma3)")]
     UnsupportedArchitecture {
         /// The model file or directory.

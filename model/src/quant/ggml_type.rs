@@ -16,13 +16,16 @@ pub enum GgmlType {
     Q5_0,
     /// 32-element blocks of 8-bit values with an f16 scale (id 8).
     Q8_0,
-    /// 256-element super-blocks of 2-bit values with 4-bit sub-block scales and mins (id 10).
+    /// 256-element super-blocks of 2-bit values with 4-bit sub-block scales and
+    /// mins (id 10).
     Q2_K,
     /// 256-element super-blocks of 3-bit values with 6-bit sub-block scales (id 11).
     Q3_K,
-    /// 256-element super-blocks of 4-bit values with 6-bit sub-block scales and mins (id 12).
+    /// 256-element super-blocks of 4-bit values with 6-bit sub-block scales and
+    /// mins (id 12).
     Q4_K,
-    /// 256-element super-blocks of 5-bit values with 6-bit sub-block scales and mins (id 13).
+    /// 256-element super-blocks of 5-bit values with 6-bit sub-block scales and
+    /// mins (id 13).
     Q5_K,
     /// 256-element super-blocks of 6-bit values with 8-bit sub-block scales (id 14).
     Q6_K,

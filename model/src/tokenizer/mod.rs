@@ -245,7 +245,8 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
-    /// A token id's text as the vocabulary spells it (byte-level or `▁` marks included); `None` outside the vocabulary.
+    /// A token id's text as the vocabulary spells it (byte-level or `▁` marks
+    /// included); `None` outside the vocabulary.
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
     }
