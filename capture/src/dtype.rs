@@ -16,7 +16,7 @@ pub enum DType {
     F64,
     /// Signed 8-bit integer, 1 byte.
     I8,
-    /// Signed 32-bit integer, 4 bytes (token ids).
+    /// Signed 32-bit integer, 4 bytes.
     I32,
 }
 

@@ -104,7 +104,7 @@ pub enum Error {
     /// element count overflows.
     #[error("{}: bad shape {shape:?} for {key}: {reason}", path.display())]
     BadShape {
-        /// The file whose entry is wrong.
+        /// The manifest.
         path: PathBuf,
         /// The tap's key.
         key: String,

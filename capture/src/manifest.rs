@@ -52,7 +52,8 @@ pub struct RunInfo {
     /// blake3 of the model (its file, or a directory's files), hex; `None` when
     /// the producer does not say.
     pub model_blake3: Option<String>,
-    /// The forward that ran (`cpu`, `cuda`, or an engine's name such as `llama.cpp`).
+    /// The forward that ran: `cpu`, `cuda`, or another engine's
+    /// (`llama.cpp/cpu`, `hf/cuda`).
     pub backend: String,
     /// The arithmetic the forward ran in (`f32`, `q8`, ...); enters the root.
     pub precision: String,

@@ -39,7 +39,7 @@ pub enum TokenizerError {
     /// The model's chat template is neither ChatML nor Gemma's turns.
     #[error("chat template is not ChatML nor Gemma's and is not supported: {excerpt:?}")]
     UnsupportedChatTemplate {
-        /// The start of the template.
+        /// The template's first 120 characters.
         excerpt: String,
     },
     /// The model carries no chat template, so a conversation cannot be rendered.
