@@ -22,7 +22,8 @@ use std::thread::JoinHandle;
 /// Nanoseconds the writer threads spent hashing, creating and writing
 /// files, and starting their writeback, summed over threads: what
 /// `TAPTREE_TIMING=1` reports at the end of a capture.
-pub(crate) static WRITER_NANOS: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+pub(crate) static WRITER_NANOS: [AtomicU64; 3] =
+    [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
 
 fn add_nanos(i: usize, since: std::time::Instant) {
     WRITER_NANOS[i].fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);

@@ -9,10 +9,10 @@ mod cuda_models;
 
 use cuda_models::*;
 use kernels::cpu::CpuForward;
+use kernels::cuda::device::driver_present;
 use kernels::cuda::CudaForward;
 use kernels::switches::{ActPrecision, Family, Switches};
 use kernels::{Forward, ForwardError, Precision};
-use kernels::cuda::device::driver_present;
 use model::GgmlType;
 
 #[test]

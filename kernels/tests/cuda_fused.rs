@@ -37,12 +37,37 @@ fn models() -> Vec<(&'static str, ModelWeights)> {
     let mut floats = tiny_model();
     let mut r = Rng(11);
     for (l, lw) in floats.layers.iter_mut().enumerate() {
-        lw.wq = tensor(&mut r, &format!("blk.{l}.attn_q"), GgmlType::F32, &[64, 64], 0.3, 0.0);
-        lw.w_up = tensor(&mut r, &format!("blk.{l}.ffn_up"), GgmlType::F16, &[96, 64], 0.3, 0.0);
-        lw.w_down = tensor(&mut r, &format!("blk.{l}.ffn_down"), GgmlType::Q8_0, &[64, 96], 0.3, 0.0);
+        lw.wq = tensor(
+            &mut r,
+            &format!("blk.{l}.attn_q"),
+            GgmlType::F32,
+            &[64, 64],
+            0.3,
+            0.0,
+        );
+        lw.w_up = tensor(
+            &mut r,
+            &format!("blk.{l}.ffn_up"),
+            GgmlType::F16,
+            &[96, 64],
+            0.3,
+            0.0,
+        );
+        lw.w_down = tensor(
+            &mut r,
+            &format!("blk.{l}.ffn_down"),
+            GgmlType::Q8_0,
+            &[64, 96],
+            0.3,
+            0.0,
+        );
     }
     floats.output = Some(tensor(&mut r, "output", GgmlType::F16, &[97, 64], 0.5, 0.0));
-    let mut out = vec![("q4_1", tiny_model()), ("k-quants", gemma_weights), ("floats", floats)];
+    let mut out = vec![
+        ("q4_1", tiny_model()),
+        ("k-quants", gemma_weights),
+        ("floats", floats),
+    ];
     for (_, w) in &mut out {
         // Room past the cache's first capacity (64 positions).
         w.config.context_length = 256;
@@ -170,13 +195,22 @@ fn fused_launches_equal_the_unfused_ones() {
         (GgmlType::F16, 72),
     ] {
         let (out, ff, hd) = (cols + 16 * 3 + 2, 2 * cols + 6, 16);
-        let w = |rng: &mut ks::Rng, r: usize| DeviceMatrix::upload(dev, &ks::weight(rng, ty, r, cols, 0.5)).unwrap();
+        let w = |rng: &mut ks::Rng, r: usize| {
+            DeviceMatrix::upload(dev, &ks::weight(rng, ty, r, cols, 0.5)).unwrap()
+        };
         let (wo, wg, wu) = (w(&mut rng, out), w(&mut rng, ff), w(&mut rng, ff));
-        let (wq, wk, wv) = (w(&mut rng, 4 * hd), w(&mut rng, 2 * hd), w(&mut rng, 2 * hd));
+        let (wq, wk, wv) = (
+            w(&mut rng, 4 * hd),
+            w(&mut rng, 2 * hd),
+            w(&mut rng, 2 * hd),
+        );
         for rows in [1usize, 9] {
             let what = format!("{ty} cols {cols} rows {rows}");
             let x = up(&rand(&mut rng, rows * cols));
-            let nw = up(&rand(&mut rng, cols).iter().map(|v| 1.0 + 0.2 * v).collect::<Vec<_>>());
+            let nw = up(&rand(&mut rng, cols)
+                .iter()
+                .map(|v| 1.0 + 0.2 * v)
+                .collect::<Vec<_>>());
             let resid = up(&rand(&mut rng, rows * out));
             let norm = Some(ops::Norm {
                 weight: &nw.as_view(),
@@ -187,22 +221,85 @@ fn fused_launches_equal_the_unfused_ones() {
             let mut y = up(&vec![0.0; rows * out]);
             let mut a = up(&vec![0.0; rows * out]);
             let mut b = up(&vec![0.0; rows * out]);
-            ops::rms_norm(dev, &x.as_view(), &nw.as_view(), &mut h.as_view_mut(), rows, 1e-5).unwrap();
+            ops::rms_norm(
+                dev,
+                &x.as_view(),
+                &nw.as_view(),
+                &mut h.as_view_mut(),
+                rows,
+                1e-5,
+            )
+            .unwrap();
             ops::matmul_f32(dev, &wo, &h.as_view(), &mut y.as_view_mut(), rows).unwrap();
-            ops::add(dev, &resid.as_view(), &y.as_view(), &mut a.as_view_mut(), rows * out).unwrap();
-            ops::matmul_fused(dev, &wo, &x.as_view(), norm, Some(&resid.as_view()), &mut b.as_view_mut(), rows).unwrap();
+            ops::add(
+                dev,
+                &resid.as_view(),
+                &y.as_view(),
+                &mut a.as_view_mut(),
+                rows * out,
+            )
+            .unwrap();
+            ops::matmul_fused(
+                dev,
+                &wo,
+                &x.as_view(),
+                norm,
+                Some(&resid.as_view()),
+                &mut b.as_view_mut(),
+                rows,
+            )
+            .unwrap();
             ks::assert_bitwise(&format!("{what}: norm + matmul + add"), &get(&b), &get(&a));
-            assert!(get(&b) != get(&y), "{what}: control: the add changed nothing");
+            assert!(
+                get(&b) != get(&y),
+                "{what}: control: the add changed nothing"
+            );
             // Without norm and residual: the plain matmul.
-            ops::matmul_fused(dev, &wo, &h.as_view(), None, None, &mut b.as_view_mut(), rows).unwrap();
+            ops::matmul_fused(
+                dev,
+                &wo,
+                &h.as_view(),
+                None,
+                None,
+                &mut b.as_view_mut(),
+                rows,
+            )
+            .unwrap();
             ks::assert_bitwise(&format!("{what}: matmul"), &get(&b), &get(&y));
             // norm + gate/up + SwiGLU.
             let (mut g, mut u) = (up(&vec![0.0; rows * ff]), up(&vec![0.0; rows * ff]));
             let (mut s1, mut s2) = (up(&vec![0.0; rows * ff]), up(&vec![0.0; rows * ff]));
-            ops::matmul_f32_many(dev, &[&wg, &wu], &h.as_view(), &mut [g.as_view_mut(), u.as_view_mut()], rows).unwrap();
-            ops::swiglu(dev, &g.as_view(), &u.as_view(), &mut s1.as_view_mut(), rows * ff).unwrap();
-            ops::gate_up_swiglu(dev, &wg, &wu, &x.as_view(), norm, &mut s2.as_view_mut(), rows).unwrap();
-            ks::assert_bitwise(&format!("{what}: norm + gate/up + swiglu"), &get(&s2), &get(&s1));
+            ops::matmul_f32_many(
+                dev,
+                &[&wg, &wu],
+                &h.as_view(),
+                &mut [g.as_view_mut(), u.as_view_mut()],
+                rows,
+            )
+            .unwrap();
+            ops::swiglu(
+                dev,
+                &g.as_view(),
+                &u.as_view(),
+                &mut s1.as_view_mut(),
+                rows * ff,
+            )
+            .unwrap();
+            ops::gate_up_swiglu(
+                dev,
+                &wg,
+                &wu,
+                &x.as_view(),
+                norm,
+                &mut s2.as_view_mut(),
+                rows,
+            )
+            .unwrap();
+            ks::assert_bitwise(
+                &format!("{what}: norm + gate/up + swiglu"),
+                &get(&s2),
+                &get(&s1),
+            );
             // norm + q/k/v + RoPE + the cache write, near position 8190.
             let cap = 8192;
             let pos: Vec<u32> = (0..rows as u32).map(|r| 8191 - rows as u32 + r).collect();
@@ -214,9 +311,35 @@ fn fused_launches_equal_the_unfused_ones() {
             let (mut kc1, mut vc1) = (up(&vec![0.0; cap * nk]), up(&vec![0.0; cap * nk]));
             let (mut kc2, mut vc2) = (up(&vec![0.0; cap * nk]), up(&vec![0.0; cap * nk]));
             let mut q2 = up(&vec![0.0; rows * nq]);
-            ops::matmul_f32_many(dev, &[&wq, &wk, &wv], &h.as_view(), &mut [q.as_view_mut(), k.as_view_mut(), v.as_view_mut()], rows).unwrap();
-            ops::rope_qk(dev, &mut q.as_view_mut(), &mut k.as_view_mut(), &pos.as_view(), nq / hd, nk / hd, hd, 1e4).unwrap();
-            ops::kv_write(dev, &k.as_view(), &v.as_view(), &mut kc1.as_view_mut(), &mut vc1.as_view_mut(), &pos.as_view(), nk).unwrap();
+            ops::matmul_f32_many(
+                dev,
+                &[&wq, &wk, &wv],
+                &h.as_view(),
+                &mut [q.as_view_mut(), k.as_view_mut(), v.as_view_mut()],
+                rows,
+            )
+            .unwrap();
+            ops::rope_qk(
+                dev,
+                &mut q.as_view_mut(),
+                &mut k.as_view_mut(),
+                &pos.as_view(),
+                nq / hd,
+                nk / hd,
+                hd,
+                1e4,
+            )
+            .unwrap();
+            ops::kv_write(
+                dev,
+                &k.as_view(),
+                &v.as_view(),
+                &mut kc1.as_view_mut(),
+                &mut vc1.as_view_mut(),
+                &pos.as_view(),
+                nk,
+            )
+            .unwrap();
             ops::qkv_rope(
                 dev,
                 [&wq, &wk, &wv],

@@ -14,7 +14,6 @@ mod cuda_kernels_support;
 
 use cuda_kernels_support::*;
 
-
 use kernels::cpu::attention::{attention as cpu_attention, Heads};
 use kernels::cpu::embedding::embed;
 use kernels::cpu::ffn::swiglu as cpu_swiglu;
@@ -127,7 +126,6 @@ fn matmul_f32_is_bitwise_the_cpu_dot_order() {
         }
     }
 }
-
 
 #[test]
 fn rope_matches_at_far_positions() {
@@ -348,4 +346,3 @@ fn fused_launches_equal_their_single_kernels() {
     assert!(worst_ulps("rope_qk q", &gq, &cq) <= 1);
     assert!(worst_ulps("rope_qk k", &gk, &ck) <= 1);
 }
-

@@ -8,7 +8,6 @@ mod cuda_kernels_support;
 
 use cuda_kernels_support::*;
 
-
 use kernels::cpu::attention::{attention_windowed, Heads};
 use kernels::cpu::embedding::embed;
 use kernels::cpu::ffn::{geglu as cpu_geglu, swiglu as cpu_swiglu};
@@ -189,4 +188,3 @@ fn gemma_ops_match_the_cpu() {
         );
     }
 }
-

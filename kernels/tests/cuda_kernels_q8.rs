@@ -8,7 +8,6 @@ mod cuda_kernels_support;
 
 use cuda_kernels_support::*;
 
-
 use kernels::cpu::matmul::{matmul as cpu_matmul, matmul_with_mins, quantize_row, Act};
 use kernels::cuda::ops::{self, DeviceMatrix, QuantizedActs};
 use kernels::cuda::q8::{self, Q8Dot};

@@ -22,17 +22,27 @@ const MATMUL_CORE: &str = include_str!("matmul_core.cuh");
 /// A kernel source family: one `.cu` file, one module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
+    /// `embedding.cu`: the embedding row lookup.
     Embedding,
+    /// `norm.cu`: RMSNorm.
     Norm,
+    /// `matmul.cu`: matmuls over every supported weight type, and the int8
+    /// quantization of their activations.
     Matmul,
+    /// `rope.cu`: rotary embedding.
     Rope,
+    /// `attention.cu`: attention and the KV cache writes.
     Attention,
+    /// `ffn.cu`: the gated nonlinearities (SwiGLU, GeGLU).
     Ffn,
+    /// `elementwise.cu`: residual adds and scaling.
     Elementwise,
+    /// `fused.cu`: the fused matmuls of an unarmed single-sequence forward.
     Fused,
 }
 
 impl Family {
+    /// Every family, each compiled as one module.
     pub const ALL: [Family; 8] = [
         Family::Embedding,
         Family::Norm,
@@ -44,6 +54,7 @@ impl Family {
         Family::Fused,
     ];
 
+    /// The family's source file name (under `kernels/src/cuda/`).
     pub fn file(self) -> &'static str {
         match self {
             Family::Embedding => "embedding.cu",
@@ -144,10 +155,12 @@ impl Device {
         }))
     }
 
+    /// The stream every launch and copy of this device goes through.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
 
+    /// The CUDA context the stream belongs to.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }

@@ -2,15 +2,16 @@
 //! among them) in five launches per layer instead of twelve, each bitwise
 //! the unfused launches' result (`cuda_forward.rs::fused_equals_unfused`).
 //!
-//! A layer: attn_norm + q/k/v + RoPE + the cache write ([`ops::qkv_rope`]);
-//! attention; o_proj + the residual add ([`ops::matmul_fused`]); ffn_norm
-//! + gate/up + SwiGLU ([`ops::gate_up_swiglu`]); ffn_down + the residual
-//! add. The output norm runs inside the logits' matmul. The intermediate
-//! tensors the taps name (a norm's output, q/k/v before RoPE, gate and up,
-//! o_proj and ffn_down before their adds) are never written, so an armed
-//! forward runs unfused (`encode.rs`), as do the forms this pass does not
-//! cover: several sequences at once, int8 activations, the families with
-//! q/k norms, post norms, RoPE over halves or GeGLU (Gemma 3).
+//! A layer: attn_norm, q/k/v, RoPE and the cache write in one launch
+//! ([`ops::qkv_rope`]); attention; o_proj and the residual add
+//! ([`ops::matmul_fused`]); ffn_norm, gate/up and SwiGLU
+//! ([`ops::gate_up_swiglu`]); ffn_down and the residual add. The output
+//! norm runs inside the logits' matmul. The intermediate tensors the taps
+//! name (a norm's output, q/k/v before RoPE, gate and up, o_proj and
+//! ffn_down before their adds) are never written, so an armed forward runs
+//! unfused (`encode.rs`), as do the forms this pass does not cover: several
+//! sequences at once, int8 activations, the families with q/k norms, post
+//! norms, RoPE over halves or GeGLU (Gemma 3).
 
 use super::{CudaForward, Group};
 use crate::cuda::ops::{self, AttentionShape, Norm, QkvOut};
@@ -65,7 +66,10 @@ impl CudaForward {
             c.n_ff,
         );
         let w = &self.w;
-        let sc = self.scratch.as_mut().expect("scratch allocated before encode");
+        let sc = self
+            .scratch
+            .as_mut()
+            .expect("scratch allocated before encode");
         let cache = self.caches.get_mut(&g.slot).expect("cache ensured above");
         let pos = sc.pos.slice(..rows);
         ops::embedding(

@@ -17,7 +17,17 @@ pub fn rope(
     head_dim: usize,
     base: f32,
 ) -> Result<(), CudaError> {
-    launch_rope(dev, RopeStyle::Interleaved, x, None, pos, n_heads, 0, head_dim, base)
+    launch_rope(
+        dev,
+        RopeStyle::Interleaved,
+        x,
+        None,
+        pos,
+        n_heads,
+        0,
+        head_dim,
+        base,
+    )
 }
 
 /// RoPE of q (`[pos.len(), n_q * head_dim]`) and k (`[pos.len(), n_k *
@@ -33,7 +43,17 @@ pub fn rope_qk(
     head_dim: usize,
     base: f32,
 ) -> Result<(), CudaError> {
-    rope_qk_styled(dev, RopeStyle::Interleaved, q, k, pos, n_q, n_k, head_dim, base)
+    rope_qk_styled(
+        dev,
+        RopeStyle::Interleaved,
+        q,
+        k,
+        pos,
+        n_q,
+        n_k,
+        head_dim,
+        base,
+    )
 }
 
 /// [`rope_qk`] in either layout: pairs `(2i, 2i+1)` of each head
@@ -84,12 +104,7 @@ fn launch_rope(
         Some(k) => b.arg(k),
         None => b.arg(&null),
     };
-    b.arg(pos)
-        .arg(&nq)
-        .arg(&nk)
-        .arg(&d)
-        .arg(&base)
-        .arg(&halves);
+    b.arg(pos).arg(&nq).arg(&nk).arg(&d).arg(&base).arg(&halves);
     // SAFETY: q and k hold rows * heads * head_dim floats (checked above);
     // with no k, n_k = 0 gives its heads no threads.
     unsafe { b.launch(grid(rows, 128, 0)) }.map_err(launch_err("rope_qk"))?;
@@ -99,11 +114,15 @@ fn launch_rope(
 /// The shape of one attention launch.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionShape {
+    /// Query rows in the launch.
     pub rows: usize,
     /// Position of the first query row; row r attends to keys `0..=pos0 + r`.
     pub pos0: usize,
+    /// Query heads.
     pub n_head: usize,
+    /// Key/value heads.
     pub n_kv: usize,
+    /// Size of one head.
     pub head_dim: usize,
 }
 

@@ -44,9 +44,17 @@ pub fn matmul_fused(
     y: &mut CudaViewMut<f32>,
     rows: usize,
 ) -> Result<(), CudaError> {
-    check(&format!("matmul_fused {} y", w.name), y.len(), rows * w.rows)?;
+    check(
+        &format!("matmul_fused {} y", w.name),
+        y.len(),
+        rows * w.rows,
+    )?;
     if let Some(r) = resid {
-        check(&format!("matmul_fused {} resid", w.name), r.len(), rows * w.rows)?;
+        check(
+            &format!("matmul_fused {} resid", w.name),
+            r.len(),
+            rows * w.rows,
+        )?;
     }
     let weight_bytes = MATMUL_F32_OUTS * w.ggml_type.row_bytes(w.cols);
     let f = Fused {
