@@ -43,17 +43,7 @@ impl CudaForward {
             ring: &mut self.ring,
         };
 
-        ops::embedding(
-            &dev,
-            &w.token_embd,
-            &sc.tok.slice(..rows),
-            &mut sc.x.slice_mut(..rows * d),
-        )?;
-        if c.family.embed_scale {
-            // Rounded to f32 first, as the CPU forward does.
-            let scale = (d as f64).sqrt() as f32;
-            ops::scale(&dev, &mut sc.x.slice_mut(..rows * d), scale, rows * d)?;
-        }
+        embed(&dev, &c, &w.token_embd, sc, rows)?;
         taps.tap(st::EMBEDDING, None, &sc.x, d)?;
 
         for (l, lw) in w.layers.iter().enumerate() {
@@ -92,6 +82,30 @@ impl CudaForward {
         )?;
         taps.tap(st::LOGITS, None, &sc.logits, c.vocab_size)
     }
+}
+
+/// The run's token rows embedded into `sc.x` (scaled where the family
+/// scales them): the first launches of both passes.
+pub(super) fn embed(
+    dev: &Device,
+    c: &LlamaConfig,
+    table: &DeviceMatrix,
+    sc: &mut Scratch,
+    rows: usize,
+) -> Result<(), CudaError> {
+    let d = c.n_embd;
+    ops::embedding(
+        dev,
+        table,
+        &sc.tok.slice(..rows),
+        &mut sc.x.slice_mut(..rows * d),
+    )?;
+    if c.family.embed_scale {
+        // Rounded to f32 first, as the CPU forward does.
+        let scale = (d as f64).sqrt() as f32;
+        ops::scale(dev, &mut sc.x.slice_mut(..rows * d), scale, rows * d)?;
+    }
+    Ok(())
 }
 
 /// One layer of one pass: what its launches need besides the buffers.

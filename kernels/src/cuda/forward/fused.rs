@@ -71,17 +71,8 @@ impl CudaForward {
             .as_mut()
             .expect("scratch allocated before encode");
         let cache = self.caches.get_mut(&g.slot).expect("cache ensured above");
+        super::encode::embed(&dev, &c, &w.token_embd, sc, rows)?;
         let pos = sc.pos.slice(..rows);
-        ops::embedding(
-            &dev,
-            &w.token_embd,
-            &sc.tok.slice(..rows),
-            &mut sc.x.slice_mut(..rows * d),
-        )?;
-        if c.family.embed_scale {
-            let scale = (d as f64).sqrt() as f32;
-            ops::scale(&dev, &mut sc.x.slice_mut(..rows * d), scale, rows * d)?;
-        }
         let max_keys = if graphed {
             cache.capacity
         } else {
