@@ -39,6 +39,7 @@ pub mod stat;
 pub mod tolerance;
 pub mod tree;
 pub mod truth;
+pub mod unshard;
 pub mod walk;
 
 pub use metrics::Metrics;
@@ -77,6 +78,18 @@ pub enum Error {
     Layout {
         path: PathBuf,
         stage: String,
+        reason: String,
+    },
+
+    /// A tensor-parallel tap's shards do not make one full tensor: one
+    /// missing, two overlapping, or declarations that disagree.
+    #[error("{}: {key}: {reason}", path.display())]
+    Shards {
+        /// The tree.
+        path: PathBuf,
+        /// The full tensor's key.
+        key: String,
+        /// What is wrong.
         reason: String,
     },
 
