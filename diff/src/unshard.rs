@@ -40,6 +40,15 @@ pub fn is_ranked(m: &Manifest) -> bool {
     m.entries.iter().any(|e| e.key.rank.is_some())
 }
 
+/// The number of ranks `m`'s taps name (highest rank + 1; 0 without ranks).
+pub fn rank_count(m: &Manifest) -> u32 {
+    m.entries
+        .iter()
+        .filter_map(|e| e.key.rank)
+        .max()
+        .map_or(0, |r| r + 1)
+}
+
 /// Checks that the shards `parts` of one tap (inner entries) tile their
 /// full tensor; returns them in order along the axis.
 fn tile(path: &Path, entries: &[Entry], mut parts: Vec<usize>) -> Result<Vec<usize>, Error> {
@@ -96,8 +105,8 @@ fn tile(path: &Path, entries: &[Entry], mut parts: Vec<usize>) -> Result<Vec<usi
     }
     if at != shard.full {
         return Err(bad(format!(
-            "missing shard: {at}..{} along axis {axis} is held by no rank",
-            shard.full
+            "missing shard: {at}..{} of {} along axis {axis} is held by no rank",
+            shard.full, shard.full
         )));
     }
     Ok(parts)
@@ -345,6 +354,8 @@ fn reduce_notes(
     let partial_stage = format!("{stage}_partial");
     let entries = &tree.manifest().entries;
     let mut notes = Vec::new();
+    // Per verdict: taps, first position, one past the last.
+    let mut found: BTreeMap<String, (usize, u32, u32)> = BTreeMap::new();
     for (i, e) in entries.iter().enumerate() {
         if e.key.layer != layer || e.key.stage != stage || e.key.rank.is_some() {
             continue;
@@ -391,20 +402,29 @@ fn reduce_notes(
             }
             sum.unwrap_or_default()
         };
-        let key = &e.key;
         if sum_without(None) == reduced {
             continue;
         }
-        match (0..addends.len()).find(|&k| sum_without(Some(k)) == reduced) {
-            Some(k) => notes.push(format!(
-                "{key} in {name}: rank {}'s partial sum ({partial_stage}) is missing from the all-reduce",
+        let why = match (0..addends.len()).find(|&k| sum_without(Some(k)) == reduced) {
+            Some(k) => format!(
+                "rank {}'s partial sum ({partial_stage}) is missing from the all-reduce",
                 parts[k].0
-            )),
-            None => notes.push(format!(
-                "{key} in {name}: not the rank-order sum of its {} partial sums ({partial_stage})",
+            ),
+            None => format!(
+                "not the rank-order sum of its {} partial sums ({partial_stage})",
                 parts.len()
-            )),
-        }
+            ),
+        };
+        let seen = found.entry(why).or_insert((0, u32::MAX, 0));
+        seen.0 += 1;
+        seen.1 = seen.1.min(e.key.pos.start);
+        seen.2 = seen.2.max(e.key.pos.end);
+    }
+    let row = capture::RowId::new(layer, stage);
+    for (why, (taps, first, end)) in found {
+        notes.push(format!(
+            "{row} in {name} ({taps} taps, positions {first}..{end}): {why}"
+        ));
     }
     Ok(notes)
 }

@@ -3,7 +3,7 @@
 //! row is explained by rank.
 
 use capture::TreeReader;
-use diff::unshard::{is_ranked, rank_notes, Unsharded};
+use diff::unshard::{is_ranked, rank_count, rank_notes, Unsharded};
 use diff::Tree;
 
 /// The unsharded views of the ranked trees among A, B and the truth.
@@ -21,8 +21,9 @@ impl<'t> Views<'t> {
         notes: &mut Vec<String>,
     ) -> anyhow::Result<Views<'t>> {
         let (ra, rb) = (is_ranked(a.manifest()), is_ranked(b.manifest()));
-        // Partial sums are compared rank by rank only when both sides have them.
-        let keep = ra && rb;
+        // Partial sums are compared rank by rank only when both sides have
+        // them over the same ranks (TP=2's rank 1 sums other columns than TP=4's).
+        let keep = ra && rb && rank_count(a.manifest()) == rank_count(b.manifest());
         let view = |t: &'t TreeReader, ranked: bool| -> anyhow::Result<Option<Unsharded<'t>>> {
             Ok(match ranked {
                 true => Some(Unsharded::new(t, keep)?),
@@ -54,8 +55,8 @@ impl<'t> Views<'t> {
             ));
             if !keep {
                 notes.push(
-                    "per-rank partial sums (*_partial) not compared: the other tree has no ranks \
-                     (its all-reduced sums are compared)"
+                    "per-rank partial sums (*_partial) not compared: the trees do not split over \
+                     the same ranks (their all-reduced sums are compared)"
                         .into(),
                 );
             }
