@@ -54,11 +54,14 @@ impl<'t> Views<'t> {
                 tps[0], tps[1]
             ));
             if !keep {
-                notes.push(
-                    "per-rank partial sums (*_partial) not compared: the trees do not split over \
-                     the same ranks (their all-reduced sums are compared)"
-                        .into(),
-                );
+                let why = match ra && rb {
+                    true => "the trees do not split over the same ranks",
+                    false => "the other tree has no ranks",
+                };
+                notes.push(format!(
+                    "per-rank partial sums (*_partial) not compared: {why} \
+                     (the all-reduced sums are compared)"
+                ));
             }
         }
         Ok(views)
