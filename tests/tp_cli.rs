@@ -9,6 +9,11 @@ use std::process::{Command, Output};
 use capture::{Capture, CaptureOptions, RunInfo, Selection, Shard, StageSpec, TapId};
 use serde_json::Value;
 
+/// Environment variables set for a run.
+type Env = [(&'static str, &'static str)];
+/// A shard of `sharded_tree`: rank, first column, one past the last.
+type Placed = (u32, u32, u32);
+
 /// One capture is armed per process: the tests that write trees here take turns.
 static ARMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -211,7 +216,7 @@ fn splits_that_cannot_be_made_are_exit_2() {
     let d = tempfile::tempdir().unwrap();
     let f32 = fixtures::write("tiny-f32", d.path()).unwrap();
     let q = fixtures::write("tiny-q", d.path()).unwrap();
-    let cases: [(&Path, &str, &[(&str, &str)], &str); 5] = [
+    let cases: [(&Path, &str, &Env, &str); 5] = [
         (
             &f32,
             "5",
@@ -253,7 +258,7 @@ fn splits_that_cannot_be_made_are_exit_2() {
 /// `shards` (rank, start, end of 6 columns) say, each shard's values its
 /// columns of `0, 1, .. 11`; a one-device tree of the same tensor when
 /// `shards` is empty.
-fn sharded_tree(out: &Path, shards: &[(u32, u32, u32)]) {
+fn sharded_tree(out: &Path, shards: &[Placed]) {
     let _one_at_a_time = ARMED.lock().unwrap_or_else(|p| p.into_inner());
     let cap = Capture::start(CaptureOptions {
         out: out.to_path_buf(),
@@ -294,7 +299,7 @@ fn shards_that_do_not_tile_are_exit_2_naming_the_tap() {
     let (code, report, out) = diff(&good, &one);
     assert_eq!(code, 0, "{out}");
     assert_eq!(status(&report, "L0/x"), "equal", "{out}");
-    let cases: [(&str, &[(u32, u32, u32)], &str); 3] = [
+    let cases: [(&str, &[Placed], &str); 3] = [
         (
             "missing",
             &[(0, 0, 4)],
