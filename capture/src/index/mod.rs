@@ -15,8 +15,8 @@
 mod head;
 mod records;
 
-pub use head::{xxh3, IndexHead};
 use head::hex;
+pub use head::{xxh3, IndexHead};
 pub use records::{build, decode};
 
 use crate::error::{Error, Result};

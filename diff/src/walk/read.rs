@@ -204,7 +204,11 @@ pub(crate) fn truth_pair(
     if t.split.get(&k.2).is_some_and(|&at| k.3 >= at) {
         return Ok(None);
     }
-    let Some(lt) = t.index.get(&k).or_else(|| t.index.get(&(k.0, k.1, None, k.3))) else {
+    let Some(lt) = t
+        .index
+        .get(&k)
+        .or_else(|| t.index.get(&(k.0, k.1, None, k.3)))
+    else {
         return Ok(None);
     };
     let (ea, eb) = (
