@@ -8,12 +8,12 @@
 use crate::metrics::{Degeneracy, Metrics};
 use serde::{Deserialize, Serialize};
 
-/// Version of the JSON schema of [`Report`].
+/// Version of the JSON schema of [`DiffReport`].
 pub const SCHEMA: u32 = 1;
 
 /// Everything a diff found.
 #[derive(Debug, Clone)]
-pub struct Report {
+pub struct DiffReport {
     /// Version of this structure ([`SCHEMA`]).
     pub schema: u32,
     /// The reference tree.
@@ -25,7 +25,7 @@ pub struct Report {
     /// The tolerance, as written (`cos>=0.999 & nmse<=1e-4`).
     pub tolerance: String,
     /// What the diff concluded.
-    pub outcome: Outcome,
+    pub outcome: DiffOutcome,
     /// One row per (layer, stage), in forward order (empty when identical).
     pub rows: Vec<Row>,
     /// Index into `rows` of the first diverging op.
@@ -58,7 +58,7 @@ pub struct Report {
 /// What the diff concluded; maps to the exit code 0, 1 or 2.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub enum DiffOutcome {
     /// Equal roots: every tensor bitwise identical (nothing was read).
     Identical,
     /// Every compared position within tolerance.

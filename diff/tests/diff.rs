@@ -5,7 +5,7 @@ mod support;
 
 use capture::DType;
 use diff::controls::{self, At};
-use diff::report::{Cause, Closer, Outcome, Status};
+use diff::report::{Cause, Closer, DiffOutcome, Status};
 use diff::{Options, Tolerance};
 use support::{taps, MemTree, Shape, Tap};
 
@@ -22,7 +22,7 @@ fn equal_roots_are_identical_without_rows() {
     let a = MemTree::new("a", taps(&Shape::default(), |_| {}));
     let b = MemTree::new("b", taps(&Shape::default(), |_| {}));
     let r = diff::diff(&a, &b, None, &opts()).unwrap();
-    assert_eq!(r.outcome, Outcome::Identical);
+    assert_eq!(r.outcome, DiffOutcome::Identical);
     assert!(r.rows.is_empty());
     assert!(
         diff::render::summary(&r).starts_with("bitwise identical: "),
@@ -42,7 +42,7 @@ fn batched_prefill_tree_diffs_against_decode_tree_per_position() {
     let r = diff::diff(&prefill, &decode, None, &opts()).unwrap();
     assert_eq!(
         r.outcome,
-        Outcome::WithinTolerance,
+        DiffOutcome::WithinTolerance,
         "{}",
         diff::render::summary(&r)
     );
@@ -88,7 +88,7 @@ fn taps_cut_at_different_positions_are_matched_position_by_position() {
     let r = diff::diff(&a, &b, None, &opts()).unwrap();
     assert_eq!(
         r.outcome,
-        Outcome::WithinTolerance,
+        DiffOutcome::WithinTolerance,
         "{}",
         diff::render::summary(&r)
     );
@@ -109,7 +109,7 @@ fn taps_cut_at_different_positions_are_matched_position_by_position() {
     let r = diff::diff(&a, &b, None, &opts()).unwrap();
     assert_eq!(
         r.outcome,
-        Outcome::Diverged,
+        DiffOutcome::Diverged,
         "{}",
         diff::render::summary(&r)
     );
@@ -152,7 +152,7 @@ fn one_changed_tap_is_named_and_every_other_tap_is_skipped_unread() {
         }),
     );
     let r = diff::diff(&a, &b, None, &opts()).unwrap();
-    assert_eq!(r.outcome, Outcome::Diverged);
+    assert_eq!(r.outcome, DiffOutcome::Diverged);
     let first = &r.rows[r.first_divergence.unwrap()];
     assert_eq!(first.name(), "L1/ffn_up");
     assert_eq!(first.worst().pos, 2);
@@ -232,7 +232,7 @@ fn a_three_percent_scale_error_fails_the_default_but_not_cosine_alone() {
     let r = diff::diff(&a, &b, None, &cos_only).unwrap();
     assert_eq!(
         r.outcome,
-        Outcome::WithinTolerance,
+        DiffOutcome::WithinTolerance,
         "cosine is blind to scale"
     );
 }
@@ -291,7 +291,7 @@ fn dtype_and_shape_mismatches_are_never_green() {
     assert_eq!(q.status, Status::Pass, "{:?}", q.reasons);
     assert_eq!(red[1].0, "L2/v_proj");
     assert!(red[1].1.starts_with("shape mismatch"));
-    assert_eq!(r.outcome, Outcome::Diverged);
+    assert_eq!(r.outcome, DiffOutcome::Diverged);
 }
 
 /// A change at `at` that every later op carries (scaled), like a real bug.
@@ -434,7 +434,7 @@ fn slots_pair_with_a_lone_sequence() {
     );
     let by_default = diff::diff(&a, &b, None, &opts()).unwrap();
     assert_eq!(by_default.counts.positions, 0, "slots match by default");
-    assert_eq!(by_default.outcome, Outcome::Inconclusive);
+    assert_eq!(by_default.outcome, DiffOutcome::Inconclusive);
     let paired = Options {
         slot_a: Some(Some(1)),
         slot_b: Some(None),
@@ -443,7 +443,7 @@ fn slots_pair_with_a_lone_sequence() {
     let r = diff::diff(&a, &b, None, &paired).unwrap();
     assert_eq!(
         r.outcome,
-        Outcome::WithinTolerance,
+        DiffOutcome::WithinTolerance,
         "{}",
         diff::render::summary(&r)
     );
@@ -479,7 +479,7 @@ fn degenerate_agreement_is_not_agreement() {
     let r = diff::diff(&a, &b, None, &opts()).unwrap();
     let row = r.rows.iter().find(|row| row.name() == "L1/v_proj").unwrap();
     assert_eq!(row.status, Status::Degenerate);
-    assert_eq!(r.outcome, Outcome::Inconclusive);
+    assert_eq!(r.outcome, DiffOutcome::Inconclusive);
     let v = controls::fixture_validity(&[("A", &a), ("B", &b)]).unwrap();
     assert!(!v.passed);
     assert_eq!(v.flagged.len(), 4 * 2);
@@ -601,10 +601,10 @@ fn a_failed_control_makes_the_outcome_could_not_compare() {
     );
     let b = MemTree::new("b", taps(&Shape::default(), |_| {}));
     let mut r = diff::diff(&a, &b, None, &opts()).unwrap();
-    assert_eq!(r.outcome, Outcome::Diverged);
+    assert_eq!(r.outcome, DiffOutcome::Diverged);
     let c = controls::run(&a, &b, &opts(), None).unwrap();
     controls::attach(&mut r, c);
-    assert_eq!(r.outcome, Outcome::ControlFailed);
+    assert_eq!(r.outcome, DiffOutcome::ControlFailed);
 }
 
 #[test]
@@ -649,7 +649,7 @@ fn positions_after_the_generated_tokens_part_are_not_compared() {
     let r = diff::diff(&a, &b, None, &opts()).unwrap();
     assert_eq!(
         r.outcome,
-        Outcome::WithinTolerance,
+        DiffOutcome::WithinTolerance,
         "{}",
         diff::render::summary(&r)
     );

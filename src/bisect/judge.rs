@@ -93,11 +93,11 @@ impl Judge {
     }
 }
 
-fn verdict(tree: &Path, report: &diff::Report) -> Result<Verdict, JudgeError> {
-    use diff::Outcome;
+fn verdict(tree: &Path, report: &diff::DiffReport) -> Result<Verdict, JudgeError> {
+    use diff::DiffOutcome;
     let red = match report.outcome {
-        Outcome::Identical | Outcome::WithinTolerance => false,
-        Outcome::Diverged => true,
+        DiffOutcome::Identical | DiffOutcome::WithinTolerance => false,
+        DiffOutcome::Diverged => true,
         other => {
             return Err(JudgeError::NoVerdict {
                 tree: tree.to_path_buf(),
@@ -122,7 +122,7 @@ fn verdict(tree: &Path, report: &diff::Report) -> Result<Verdict, JudgeError> {
             row: i,
         }
     });
-    let logits_min_cos = if report.outcome == Outcome::Identical {
+    let logits_min_cos = if report.outcome == DiffOutcome::Identical {
         Some(1.0)
     } else {
         report

@@ -48,14 +48,15 @@ pub struct Judging {
     #[arg(long, value_name = "CMD")]
     pub capture: String,
     /// Tolerance expression of `taptree diff` (default: diff's default);
-    /// spelt as in `taptree diff`, `--tol` for short.
+    /// spelt as in `taptree diff`: `-t`, `--tolerance` or `--tol`.
     #[arg(
-        long = "tolerance",
+        short,
+        long,
         visible_alias = "tol",
         value_name = "EXPR",
         conflicts_with = "bitwise"
     )]
-    pub tol: Option<String>,
+    pub tolerance: Option<String>,
     /// Green only when bitwise identical to the reference.
     #[arg(long)]
     pub bitwise: bool,
@@ -108,7 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
 fn judge(j: &Judging) -> anyhow::Result<Judge> {
     let tolerance = if j.bitwise {
         diff::Tolerance::bitwise()
-    } else if let Some(expr) = &j.tol {
+    } else if let Some(expr) = &j.tolerance {
         diff::Tolerance::parse(expr).map_err(|e| anyhow::anyhow!("--tol {expr:?}: {e}"))?
     } else {
         diff::Tolerance::default()

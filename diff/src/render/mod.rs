@@ -1,4 +1,4 @@
-//! Renderers of a [`crate::Report`] (and of a [`crate::stat::StatReport`]):
+//! Renderers of a [`crate::DiffReport`] (and of a [`crate::stat::StatReport`]):
 //! siblings that only format what the report holds.
 
 pub mod html;
