@@ -118,7 +118,7 @@ fn verdict(tree: &Path, report: &diff::DiffReport) -> Result<Verdict, JudgeError
                 _ => "origin".into(),
             },
             cos: worst.metrics.cos,
-            reasons: row.reasons.clone(),
+            reasons: row.reasons.iter().map(diff::render::reason).collect(),
             row: i,
         }
     });

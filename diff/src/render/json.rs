@@ -38,6 +38,14 @@ struct Json<'r> {
     notes: &'r [String],
 }
 
+/// `Row::reasons` in words (the schema's list of strings).
+pub(crate) fn worded_reasons<S: serde::Serializer>(
+    r: &[crate::report::Reason],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_seq(r.iter().map(super::reason))
+}
+
 /// The report as JSON text.
 pub fn render(report: &DiffReport) -> String {
     let mut out = Vec::new();

@@ -195,7 +195,7 @@ fn render_findings(out: &mut String, report: &DiffReport, opts: &TableOptions, p
             p.bold(&row.name()),
             first.label(),
             cause_word(row),
-            row.reasons.join("; ")
+            super::reasons(&row.reasons)
         );
         if let Some(t) = &row.truth {
             let _ = writeln!(out, "{}", truth_sentence(row, t));
@@ -440,7 +440,7 @@ fn format_row(report: &DiffReport, i: usize, opts: &TableOptions, p: &Paint) -> 
     }
     if row.status == Status::Mismatch || row.status == Status::Degenerate {
         s.push_str("  ");
-        s.push_str(&row.reasons.join("; "));
+        s.push_str(&super::reasons(&row.reasons));
     }
     if let Some(why) = &row.unreadable {
         s.push_str("  could not read: ");

@@ -5,7 +5,7 @@
 use super::merge::Segment;
 use super::read::SegState;
 use crate::metrics::{Acc, Metrics};
-use crate::report::{Closer, EqualRun, Position, Row, Status, TruthVerdict};
+use crate::report::{Closer, EqualRun, Position, Reason, Row, Status, TruthVerdict};
 use crate::tolerance::Tolerance;
 use capture::Manifest;
 
@@ -78,14 +78,12 @@ pub(crate) fn build_row(
             .iter()
             .find(|p| p.metrics.degenerate_a.is_some() || p.metrics.degenerate_b.is_some())
             .unwrap();
-        let side =
-            |d: Option<crate::metrics::Degeneracy>| d.map_or("ok".to_string(), |d| d.to_string());
-        row.reasons.push(format!(
-            "degenerate at {}: A {}, B {}",
-            p.label(),
-            side(p.metrics.degenerate_a),
-            side(p.metrics.degenerate_b)
-        ));
+        row.reasons.push(Reason::Degenerate {
+            pos: p.pos,
+            slot: p.slot,
+            a: p.metrics.degenerate_a,
+            b: p.metrics.degenerate_b,
+        });
     }
     // With a truth every row says which side is closer to it, green ones too.
     if has_truth {
@@ -116,7 +114,7 @@ struct Gathered<'s> {
     positions: Vec<Position>,
     truths: Vec<Option<&'s (Acc, Acc)>>,
     total: Acc,
-    mismatch: Option<String>,
+    mismatch: Option<Reason>,
     unreadable: Option<String>,
 }
 

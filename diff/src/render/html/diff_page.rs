@@ -250,7 +250,7 @@ fn page_row(r: &Row, i: usize, ctx: &DiffContext) -> PageRow {
     ];
     let mut details = Vec::new();
     if !r.reasons.is_empty() || r.cause.is_some() || r.hint.is_some() || r.unreadable.is_some() {
-        let mut lines: Vec<String> = r.reasons.clone();
+        let mut lines: Vec<String> = r.reasons.iter().map(crate::render::reason).collect();
         lines.extend(r.cause.as_ref().map(|_| cause(&r.cause)));
         lines.extend(r.hint.clone());
         lines.extend(
@@ -335,7 +335,7 @@ pub fn page(report: &DiffReport, ctx: &DiffContext) -> Page {
             "first diverging op: {}{} — {}",
             r.name(),
             r.worst().label(),
-            r.reasons.join("; ")
+            crate::render::reasons(&r.reasons)
         ));
     }
     for c in &report.controls {
