@@ -98,15 +98,19 @@ fn chunk_body<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [
 }
 
 /// Vector fast paths of the inner loops, for the element types that have
-/// them (f32 on x86_64 with AVX: [`super::rows_avx`]); `None` sends the
+/// them (f32 on x86_64 with AVX: `rows_avx`); `None` sends the
 /// caller to the portable loop, which gives the same bits.
 pub trait Dots: Sized + Copy {
+    /// Four rows of `a` dotted with `w` at once, or `None` for the portable loop.
     fn dot4_fast(_a: [&[Self]; 4], _w: &[f32]) -> Option<[Self; 4]> {
         None
     }
+    /// One row `a` dotted with four weight rows at once, or `None`.
     fn dot_w4_fast(_a: &[Self], _w: [&[f32]; 4]) -> Option<[Self; 4]> {
         None
     }
+    /// Four q8 rows (values `q`, block scales `d`) dotted with `w` in blocks of
+    /// `b`, or `None`.
     fn q8_rows4_fast(
         _q: [&[Self]; 4],
         _d: [&[Self]; 4],
@@ -115,6 +119,7 @@ pub trait Dots: Sized + Copy {
     ) -> Option<[Self; 4]> {
         None
     }
+    /// One q8 row dotted with four weight rows in blocks of `b`, or `None`.
     fn q8_w4_fast(_q: &[Self], _d: &[Self], _w: [&[f32]; 4], _b: usize) -> Option<[Self; 4]> {
         None
     }
