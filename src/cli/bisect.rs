@@ -76,6 +76,8 @@ pub struct CommitsArgs {
     #[command(flatten)]
     pub judging: Judging,
     /// Where trees are cached [default: <git common dir>/taptree/trees].
+    // The text is clap's help, where the brackets read as a placeholder.
+    #[allow(rustdoc::invalid_html_tags)]
     #[arg(long, value_name = "DIR")]
     pub cache: Option<PathBuf>,
     /// Capture --good and --bad before searching. By default an endpoint is
