@@ -27,6 +27,8 @@ mod engines_cli;
 mod replay_cli;
 // The HTML report clicked in headless Chromium.
 mod report_browser;
+// `taptree capture --tp` and the diff of tensor-parallel trees.
+mod tp_cli;
 // `taptree ls` and `taptree verify`.
 mod verify_cli;
 // `taptree verify` on damaged and hostile trees.
