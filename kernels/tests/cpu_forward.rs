@@ -30,7 +30,7 @@ fn f32_tensor(name: &str, shape: &[usize], rng: &mut Rng, scale: f32, offset: f3
         name: name.into(),
         ggml_type: GgmlType::F32,
         shape: shape.to_vec(),
-        data,
+        data: data.into(),
     }
 }
 

@@ -61,7 +61,7 @@ fn tensor(
         name: name.into(),
         ggml_type: ty,
         shape: shape.to_vec(),
-        data,
+        data: data.into(),
     }
 }
 
@@ -393,7 +393,7 @@ fn k_quant(r: &mut Rng, name: &str, ty: GgmlType, rows: usize, cols: usize) -> Q
         name: name.into(),
         ggml_type: ty,
         shape: vec![rows, cols],
-        data,
+        data: data.into(),
     }
 }
 
@@ -512,7 +512,7 @@ fn q5_0(r: &mut Rng, name: &str, rows: usize, cols: usize) -> QTensor {
         name: name.into(),
         ggml_type: GgmlType::Q5_0,
         shape: vec![rows, cols],
-        data,
+        data: data.into(),
     }
 }
 
