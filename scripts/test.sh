@@ -50,3 +50,7 @@ cargo test --workspace --release
 # run time): build it, and run its tests, which skip without a GPU except the
 # one that checks a missing driver is an error, not a panic.
 cargo test --release --features cuda -p kernels --test cuda_kernels --test cuda_forward
+
+# Every public item of the library crates carries a doc (#![deny(missing_docs)]
+# is checked by the builds above); their intra-doc links must resolve too.
+RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --workspace --quiet

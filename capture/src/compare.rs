@@ -11,7 +11,13 @@ use std::collections::{BTreeSet, HashMap};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Difference {
     /// In both, with other bytes, dtype or shape.
-    Changed { a: Entry, b: Entry },
+    /// In both, with other bytes, dtype or shape.
+    Changed {
+        /// A's entry.
+        a: Entry,
+        /// B's entry.
+        b: Entry,
+    },
     /// In A, not in B.
     Missing(Entry),
     /// In B, not in A.
@@ -19,6 +25,7 @@ pub enum Difference {
 }
 
 impl Difference {
+    /// The key of the tap that differs.
     pub fn key(&self) -> &Key {
         match self {
             Difference::Changed { a, .. } => &a.key,
@@ -30,11 +37,16 @@ impl Difference {
 /// The outcome of comparing two trees.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Comparison {
+    /// Whether the roots are equal: the same taps, bitwise, and the same
+    /// selection, verdict-steering run fields and stages.
     pub identical: bool,
     /// The first difference in A's forward order (extras, in B's order, after).
     pub first: Option<Difference>,
+    /// Taps in both trees whose entries differ.
     pub changed: usize,
+    /// Taps in A only.
     pub missing: usize,
+    /// Taps in B only.
     pub extra: usize,
     /// Directories whose hashes were equal and were not looked into.
     pub dirs_skipped: usize,

@@ -6,11 +6,17 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum DType {
+    /// IEEE single, 4 bytes.
     F32,
+    /// IEEE half, 2 bytes.
     F16,
+    /// bfloat16 (the top 16 bits of an f32), 2 bytes.
     BF16,
+    /// IEEE double, 8 bytes.
     F64,
+    /// Signed 8-bit integer, 1 byte.
     I8,
+    /// Signed 32-bit integer, 4 bytes.
     I32,
 }
 
@@ -59,6 +65,7 @@ impl std::fmt::Display for DType {
 
 /// A Rust element type that can be tapped without conversion.
 pub trait TapElem: bytemuck::Pod {
+    /// The dtype the tree records for this element type.
     const DTYPE: DType;
 }
 

@@ -16,8 +16,12 @@ use std::fmt::Write as _;
 /// an origin from an inherited divergence.
 #[derive(Debug, Clone, Copy)]
 pub struct VerdictInputs<'a> {
+    /// The selection's canonical string (`all` for everything).
     pub selection: &'a str,
+    /// How the run was made; only its `precision`, `switches` and
+    /// `prompt_tokens` are hashed.
     pub run: &'a RunInfo,
+    /// The stage vocabulary in forward order, with each stage's inputs.
     pub stages: &'a [StageSpec],
 }
 

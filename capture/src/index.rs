@@ -41,20 +41,28 @@ const HAS_SLOT: u16 = 4;
 /// The head of an index: what trusted `verify A B` reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IndexHead {
+    /// The tree format's major version the index was built for (the manifest's).
     pub major: u32,
+    /// The tree format's minor version.
     pub minor: u32,
+    /// Number of entries.
     pub taps: u64,
+    /// Total tensor bytes of the entries.
     pub bytes: u64,
     /// The size of `manifest.json`.
     pub json_len: u64,
     /// Where in `manifest.json` the `[` that opens `entries` lies, and
     /// where the array ends (just after its `]`).
     pub entries_at: u64,
+    /// Where the entry array ends in `manifest.json` (just after its `]`).
     pub entries_end: u64,
+    /// Bytes of the body: the records, the dims and the strings.
     pub body_len: u64,
     /// How many shape dimensions, and strings, the body holds.
     pub dims: u64,
+    /// How many strings the body's string table holds.
     pub strings: u64,
+    /// The tree's root hash, raw.
     pub root: [u8; 32],
     /// The manifest's own `manifest_blake3`.
     pub manifest_blake3: [u8; 32],
@@ -66,6 +74,7 @@ pub struct IndexHead {
     /// XXH3-128 (canonical, big-endian) of the whole `manifest.json`, and
     /// of the whole body: trusted `verify A B`'s damage check of every byte.
     pub json_xxh3: [u8; 16],
+    /// XXH3-128 (canonical) of the whole body.
     pub body_xxh3: [u8; 16],
 }
 

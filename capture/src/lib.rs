@@ -38,6 +38,7 @@
 //! tree.verify().unwrap();
 //! ```
 
+#![deny(missing_docs)]
 mod arm;
 pub mod compare;
 pub mod dtype;

@@ -47,27 +47,42 @@ pub const GLOBAL_DIR: &str = "global";
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RunInfo {
+    /// The model file or directory the run loaded, as given.
     pub model: String,
+    /// blake3 of the model (its file, or a directory's files), hex; `None` when
+    /// the producer does not say.
     pub model_blake3: Option<String>,
+    /// The forward that ran: `cpu`, `cuda`, or another engine's
+    /// (`llama.cpp/cpu`, `hf/cuda`).
     pub backend: String,
+    /// The arithmetic the forward ran in (`f32`, `q8`, ...); enters the root.
     pub precision: String,
+    /// Numerical switches that change the forward's arithmetic, by name; enter the root.
     pub switches: BTreeMap<String, String>,
+    /// The token ids of the prompt, in order; enter the root.
     pub prompt_tokens: Vec<u32>,
+    /// `git rev-parse HEAD` of the producer, if it was run from a checkout.
     pub git_rev: Option<String>,
+    /// The machine's host name.
     pub host: String,
+    /// The producer's command line.
     pub argv: Vec<String>,
     /// UTC, RFC 3339.
     pub time: String,
+    /// Free-form run details by name (e.g. `slots`, `generated_tokens`); not hashed.
     pub extra: BTreeMap<String, serde_json::Value>,
 }
 
 /// One tap of the tree.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
+    /// Which tap this is: stage, layer, positions, slot.
     pub key: Key,
     /// Relative to the tree root, `/`-separated: `L003/ffn_down.p0-7.safetensors`.
     pub path: String,
+    /// The tensor's element type.
     pub dtype: DType,
+    /// The tensor's shape; axis 0 is the positions.
     pub shape: Vec<usize>,
     /// blake3 of the tensor bytes (not of the file), lowercase hex.
     pub blake3: String,
@@ -93,11 +108,14 @@ pub struct Manifest {
     pub format: String,
     /// `major.minor`.
     pub format_version: String,
+    /// The root hash, lowercase hex: every entry's hash and everything that
+    /// steers a verdict (see docs/FORMAT.md).
     pub root: String,
     /// blake3 of the manifest file with this value's 64 hex digits read as
     /// `0`s (see [`seal`]). Format 2; absent in format 1.
     #[serde(default)]
     pub manifest_blake3: Option<String>,
+    /// How the run was made.
     pub run: RunInfo,
     /// The selection the capture used (`all` for everything).
     #[serde(default)]

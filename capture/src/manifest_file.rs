@@ -11,12 +11,16 @@ use std::collections::HashSet;
 use std::io::Read;
 use std::path::{Component, Path};
 
-/// The head of a manifest: see [`TreeReader::head`].
+/// The head of a manifest: see [`TreeReader::head`](crate::TreeReader::head).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ManifestHead {
+    /// `major.minor`, as the manifest writes it.
     pub format_version: String,
+    /// The root hash, lowercase hex.
     pub root: String,
+    /// Number of entries.
     pub taps: u64,
+    /// Total tensor bytes of the entries.
     pub bytes: u64,
 }
 

@@ -24,7 +24,9 @@ pub struct TreeReader {
 /// What [`TreeReader::verify`] checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Verified {
+    /// Taps rehashed.
     pub taps: usize,
+    /// Their tensor bytes.
     pub bytes: u64,
 }
 
@@ -125,10 +127,12 @@ impl TreeReader {
         })
     }
 
+    /// The tree's directory, as it was opened.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// The manifest, parsed and checked.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
     }
@@ -138,6 +142,7 @@ impl TreeReader {
         &self.manifest.entries
     }
 
+    /// The root hash, lowercase hex.
     pub fn root(&self) -> &str {
         &self.manifest.root
     }
@@ -418,10 +423,12 @@ pub struct TensorView {
 }
 
 impl TensorView {
+    /// The tensor's element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
+    /// The tensor's shape, axis 0 the positions.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }

@@ -28,21 +28,26 @@ use std::thread::JoinHandle;
 pub struct CaptureOptions {
     /// The tree to write.
     pub out: PathBuf,
+    /// Which taps (and positions) to write; the rest are not copied.
     pub selection: Selection,
     /// Replace an existing tree at `out` (never anything that is not a tree).
     pub force: bool,
     /// The stage vocabulary in forward order, recorded in the manifest.
     pub stages: Vec<StageSpec>,
+    /// How the run was made; empty `host`, `argv` and `time` are filled in.
     pub run: RunInfo,
 }
 
 /// What a finished capture wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Summary {
+    /// Taps written.
     pub taps: usize,
     /// Tensor bytes (headers not counted).
     pub bytes: u64,
+    /// The root hash, lowercase hex.
     pub root: String,
+    /// The tree's directory.
     pub path: PathBuf,
 }
 

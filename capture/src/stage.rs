@@ -26,10 +26,14 @@ pub enum Scope {
 /// entirely (layer 0 has no previous layer; it reads the global stages).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageSpec {
+    /// The stage name, as taps and keys spell it (`attn_norm`, `ffn_down`).
     pub name: String,
+    /// Whether the stage happens once per layer or once per forward.
     pub scope: Scope,
+    /// The stages this one's output is computed from (see above for the spelling).
     #[serde(default)]
     pub inputs: Vec<String>,
+    /// Inputs at layer 0, when they differ from `inputs`; empty otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub first_layer_inputs: Vec<String>,
     /// How the stage's width is laid out where engines legitimately differ,
@@ -41,6 +45,7 @@ pub struct StageSpec {
 }
 
 impl StageSpec {
+    /// A stage outside the layers (`embedding`, `logits`) computed from `inputs`.
     pub fn global(name: &str, inputs: &[&str]) -> StageSpec {
         StageSpec {
             name: name.to_string(),
@@ -51,6 +56,7 @@ impl StageSpec {
         }
     }
 
+    /// A per-layer stage computed from `inputs`.
     pub fn layer(name: &str, inputs: &[&str]) -> StageSpec {
         StageSpec {
             name: name.to_string(),
@@ -61,6 +67,7 @@ impl StageSpec {
         }
     }
 
+    /// Sets the inputs of layer 0 (see [`StageSpec`]).
     pub fn with_first_layer_inputs(mut self, inputs: &[&str]) -> StageSpec {
         self.first_layer_inputs = inputs.iter().map(|s| s.to_string()).collect();
         self

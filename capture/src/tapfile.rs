@@ -52,11 +52,15 @@ pub fn encode_header(key: &Key, dtype: DType, shape: &[usize], data_len: usize) 
 /// What a tap file's header says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
+    /// The key recorded in the header's metadata.
     pub key: Key,
+    /// The tensor's element type.
     pub dtype: DType,
+    /// The tensor's shape, axis 0 the positions.
     pub shape: Vec<usize>,
     /// Offset of the first data byte in the file.
     pub data_start: usize,
+    /// Bytes of tensor data (element count × dtype size).
     pub data_len: usize,
 }
 

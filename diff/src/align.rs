@@ -21,6 +21,7 @@ pub struct Shifted<'t> {
 }
 
 impl<'t> Shifted<'t> {
+    /// `inner` with its first `n` positions dropped and the rest renumbered from 0.
     pub fn new(inner: &'t dyn Tree, n: u32) -> Shifted<'t> {
         let mut manifest = inner.manifest().clone();
         let entries = std::mem::take(&mut manifest.entries);

@@ -18,7 +18,9 @@ pub struct InputSplit {
     /// A's slot (B's, when slots are paired, may differ).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slot: Option<u32>,
+    /// A's token at `pos`.
     pub token_a: u32,
+    /// B's token at `pos`.
     pub token_b: u32,
 }
 
@@ -66,12 +68,17 @@ pub fn split(
 /// learned by comparing them position by position.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptsDiffer {
+    /// A's slot, `None` in a single-sequence run.
     pub slot: Option<u32>,
     /// The first position whose prompt token differs.
     pub pos: u32,
+    /// A's prompt token at `pos`.
     pub token_a: u32,
+    /// B's prompt token at `pos`.
     pub token_b: u32,
+    /// Length of A's prompt, in tokens.
     pub len_a: usize,
+    /// Length of B's prompt, in tokens.
     pub len_b: usize,
     /// A shift of B (`--align N`) under which the prompts agree, if a small one does.
     pub align_hint: Option<i64>,

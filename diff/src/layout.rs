@@ -24,7 +24,10 @@ pub enum Rotary {
     /// Pairs `(2i, 2i + 1)`: GGUF, llama.cpp, taptree's forwards.
     Interleaved,
     /// Pairs `(i, i + head_dim / 2)`: Hugging Face transformers.
-    HalfSplit { head_dim: usize },
+    HalfSplit {
+        /// Size of one head: a pair's two halves are `head_dim / 2` apart.
+        head_dim: usize,
+    },
 }
 
 /// A stage's declared layout, as far as the diff reconciles it.

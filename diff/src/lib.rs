@@ -8,7 +8,7 @@
 //! tree, which side is inaccurate. [`controls`] check the comparator itself;
 //! [`stat`] describes one tree. The renderers in [`render`] only format.
 //!
-//! The walk goes by steps (index, merge, read, judge: [`walk`]) and hands
+//! The walk goes by steps (index, merge, read, judge: [`walk`](mod@walk)) and hands
 //! what it finds to a delegate ([`walk::Visit`]); [`walk::Recorder`] builds
 //! the report, and the controls are delegates of their own.
 //!
@@ -24,6 +24,8 @@
 //! println!("{}", diff::render::summary(&report));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+
+#![deny(missing_docs)]
 
 pub mod align;
 pub mod controls;
@@ -59,28 +61,42 @@ pub enum Error {
     /// A tap's shape does not hold one row per position of its key.
     #[error("{}: {key}: shape {shape:?} does not hold one row per position", path.display())]
     BadRows {
+        /// The tap file.
         path: PathBuf,
+        /// The tap's key.
         key: String,
+        /// The shape it holds.
         shape: Vec<usize>,
     },
 
     /// Two taps of one tree hold the same position.
     #[error("{}: position {pos} of {key} is held by two taps", path.display())]
     DuplicatePosition {
+        /// The tree's directory.
         path: PathBuf,
+        /// The key of the second tap holding it.
         key: String,
+        /// The position held twice.
         pos: u32,
     },
 
     /// A stage declares a layout the diff cannot reconcile.
     #[error("{}: stage {stage}: {reason}", path.display())]
     Layout {
+        /// The tree's directory.
         path: PathBuf,
+        /// The stage whose layout is declared.
         stage: String,
+        /// What the diff cannot reconcile.
         reason: String,
     },
 
     /// `--at` or a control named a tap the tree does not hold.
     #[error("{}: no tap {key:?}", path.display())]
-    NoSuchTap { path: PathBuf, key: String },
+    NoSuchTap {
+        /// The tree's directory.
+        path: PathBuf,
+        /// The tap as named.
+        key: String,
+    },
 }

@@ -153,30 +153,46 @@ pub struct Acc {
     pub n: u64,
     /// Pairs where both values are finite.
     pub finite: u64,
+    /// Σ a·b over finite pairs.
     pub sum_ab: f64,
+    /// Σ a² over finite pairs.
     pub sum_aa: f64,
+    /// Σ b² over finite pairs.
     pub sum_bb: f64,
+    /// Σ (a − b)² over finite pairs.
     pub sum_dd: f64,
+    /// The largest |a − b| over finite pairs.
     pub max_abs: f64,
+    /// The largest |a − b| / max(|a|, |b|) over finite pairs (0 where both are 0).
     pub max_rel: f64,
     /// None when the two dtypes differ (ULP distance is undefined).
     pub max_ulp: Option<u64>,
+    /// Pairs whose bits are equal.
     pub bitwise_equal: u64,
+    /// Values of A that are NaN or infinite.
     pub nonfinite_a: u64,
+    /// Values of B that are NaN or infinite.
     pub nonfinite_b: u64,
+    /// Pairs where one side is nonfinite and the other is not, or both are of
+    /// different kinds.
     pub nonfinite_mismatch: u64,
+    /// Values of A that are exactly zero.
     pub zero_a: u64,
+    /// Values of B that are exactly zero.
     pub zero_b: u64,
     /// Elements equal to the row's first value, per side. Exact only when
     /// all are (the fast path counts whole constant blocks): `same == n`
     /// means constant, which is all it is for.
     pub same_a: u64,
+    /// See `same_a`.
     pub same_b: u64,
     /// Argmax of each side over its finite values (index within the row).
     pub argmax_a: Option<u64>,
+    /// See `argmax_a`; `None` after a merge.
     pub argmax_b: Option<u64>,
     /// Rows merged in (argmax agreement is counted per row).
     pub rows: u64,
+    /// Rows whose argmax agrees.
     pub argmax_agree: u64,
     /// Width of the narrowest row merged in (constant needs width >= 2).
     pub min_width: u64,
@@ -214,28 +230,45 @@ impl Default for Acc {
 /// The derived metrics of a comparison, as reported.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Metrics {
+    /// Element pairs compared.
     pub n: u64,
+    /// Cosine similarity, `a·b / (|a| |b|)`: 1 when both norms are zero, 0 when one is.
     pub cos: f64,
+    /// `max |a − b|`.
     pub max_abs: f64,
+    /// `max |a − b| / max(|a|, |b|)`, in [0, 2].
     pub max_rel: f64,
+    /// `sqrt(mean (a − b)²)` over finite pairs.
     pub rmse: f64,
+    /// `Σ (a − b)² / Σ a²`: 0 when both are 0, infinite when only A's energy is.
     pub nmse: f64,
+    /// `−10 log10(nmse)` in dB; infinite when NMSE is 0.
     pub sqnr_db: f64,
+    /// The largest distance in representable values of the stored dtype; `None`
+    /// when the dtypes differ.
     pub max_ulp: Option<u64>,
+    /// Pairs whose bits are equal.
     pub bitwise_equal: u64,
     /// Rows whose argmax agrees, out of `rows` (meaningful for logits).
     pub argmax_agree: u64,
+    /// Rows compared.
     pub rows: u64,
+    /// Values of A that are NaN or infinite.
     pub nonfinite_a: u64,
+    /// Values of B that are NaN or infinite.
     pub nonfinite_b: u64,
+    /// Pairs nonfinite on one side only, or of different kinds; always red.
     pub nonfinite_mismatch: u64,
+    /// Values of A that are exactly zero.
     pub zero_a: u64,
+    /// Values of B that are exactly zero.
     pub zero_b: u64,
     /// `sqrt(nmse)`: the error relative to A's magnitude (error growth uses it).
     pub rel_rms: f64,
     /// Why a side is degenerate (all zero, all nonfinite, constant), if it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub degenerate_a: Option<Degeneracy>,
+    /// Why B is degenerate, if it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub degenerate_b: Option<Degeneracy>,
 }
@@ -244,8 +277,11 @@ pub struct Metrics {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Degeneracy {
+    /// Every value is exactly zero.
     AllZero,
+    /// Every value is NaN or infinite.
     AllNonfinite,
+    /// Every value of a row (of width 2 or more) is the same.
     Constant,
 }
 

@@ -21,46 +21,71 @@ pub const BLOCKS: [usize; 2] = [256, 32];
 /// Dimensions of largest |x| listed per position.
 pub const TOP: usize = 4;
 
+/// The statistics of a tree's taps.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatReport {
+    /// The tree's directory.
     pub path: String,
+    /// The tree's root hash.
     pub root: String,
+    /// The crushed rule in words.
     pub crushed_rule: String,
+    /// One per tap, in forward order.
     pub taps: Vec<TapStat>,
 }
 
+/// One tap's statistics, one per position.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TapStat {
+    /// The tap's key (`L3/ffn_down@0..7`).
     pub key: String,
+    /// Its dtype as safetensors spells it.
     pub dtype: String,
+    /// Its shape; axis 0 the positions.
     pub shape: Vec<usize>,
+    /// One per row (position).
     pub positions: Vec<PosStat>,
 }
 
+/// One position's statistics over its finite values.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PosStat {
+    /// The token position.
     pub pos: u32,
+    /// Finite values counted.
     pub n: usize,
+    /// The smallest finite value (+∞ when there is none).
     pub min: f64,
+    /// The largest finite value (−∞ when there is none).
     pub max: f64,
+    /// Mean of the finite values.
     pub mean: f64,
+    /// Standard deviation (population) of the finite values.
     pub std: f64,
+    /// Values that are NaN or infinite.
     pub nonfinite: usize,
+    /// Values that are exactly zero.
     pub zeros: usize,
     /// `(dimension, value)`, largest |value| first.
     pub top: Vec<(usize, f64)>,
+    /// One per size of [`BLOCKS`].
     pub blocks: Vec<BlockStat>,
 }
 
 /// Per-block max/second-max statistics for one block size.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BlockStat {
+    /// Elements per block.
     pub block: usize,
+    /// Blocks in the row (a short last block counts).
     pub count: usize,
+    /// Blocks that are crushed ([`CRUSHED_RATIO`]).
     pub crushed: usize,
     /// The largest ratio, its block index and the dimension holding the max.
     pub worst_ratio: f64,
+    /// The index of the block with the largest ratio.
     pub worst_block: usize,
+    /// The dimension holding that block's largest |x|.
     pub worst_dim: usize,
 }
 

@@ -30,21 +30,34 @@ pub const DEFAULT: &str = "cos>=0.999 & nmse<=1e-4";
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("tolerance {input:?}: {part:?}: {reason}")]
 pub struct ParseError {
+    /// The whole expression as given.
     pub input: String,
+    /// The piece that failed.
     pub part: String,
+    /// What is wrong with it.
     pub reason: String,
 }
 
+/// A metric a tolerance expression compares (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Metric {
+    /// `cos`: cosine similarity.
     Cos,
+    /// `abs`: max absolute difference.
     Abs,
+    /// `rel`: max relative difference.
     Rel,
+    /// `rmse`: root mean square error.
     Rmse,
+    /// `nmse`: error energy over A's energy.
     Nmse,
+    /// `sqnr`: `−10 log10(nmse)`, dB.
     Sqnr,
+    /// `ulp`: max ULP distance; undefined across dtypes.
     Ulp,
+    /// `eq`: the fraction of bitwise-equal elements.
     Eq,
+    /// `argmax`: the fraction of rows whose argmax agrees.
     Argmax,
 }
 
@@ -93,12 +106,18 @@ impl Metric {
     }
 }
 
+/// A comparison operator of a tolerance expression.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
+    /// `<=`: the metric is at most the number.
     Le,
+    /// `>=`: the metric is at least the number.
     Ge,
+    /// `<`: the metric is below the number.
     Lt,
+    /// `>`: the metric is above the number.
     Gt,
+    /// `==`: the metric equals the number exactly.
     Eq,
 }
 
@@ -117,9 +136,13 @@ impl Op {
 /// A parsed expression.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Expr {
+    /// `bitwise`: every element bitwise equal.
     Bitwise,
+    /// `METRIC OP NUMBER`.
     Cmp(Metric, Op, f64),
+    /// Every term holds (`&`).
     And(Vec<Expr>),
+    /// Some term holds (`|`).
     Or(Vec<Expr>),
 }
 
@@ -151,6 +174,7 @@ impl Tolerance {
         }
     }
 
+    /// Parses the grammar of the module doc; the error names the offending piece.
     pub fn parse(input: &str) -> Result<Tolerance, ParseError> {
         let mut p = Parser {
             input,
@@ -173,6 +197,7 @@ impl Tolerance {
         })
     }
 
+    /// The parsed expression.
     pub fn expr(&self) -> &Expr {
         &self.expr
     }

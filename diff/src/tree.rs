@@ -9,7 +9,9 @@ use std::path::Path;
 
 /// A tree the diff can walk.
 pub trait Tree: Sync {
+    /// The tree's directory (for messages and paths of its files).
     fn path(&self) -> &Path;
+    /// The manifest: entries in capture (forward) order.
     fn manifest(&self) -> &Manifest;
     /// The tensor bytes of entry `index` (capture order).
     fn read(&self, index: usize) -> Result<Tensor, capture::Error>;
@@ -17,12 +19,18 @@ pub trait Tree: Sync {
 
 /// Tensor bytes: mapped, read from a tap file (with its header), or owned.
 pub enum Tensor {
+    /// A mapped tap file.
     View(TensorView),
+    /// A tap file read into a buffer (reused between reads).
     Read {
+        /// The file's bytes.
         bytes: Vec<u8>,
+        /// Where the tensor starts.
         start: usize,
+        /// The tensor's length in bytes.
         len: usize,
     },
+    /// Bytes built in memory (a control's double).
     Owned(Vec<u8>),
 }
 
@@ -47,6 +55,7 @@ impl Drop for Tensor {
 }
 
 impl Tensor {
+    /// The tensor's raw little-endian bytes.
     pub fn bytes(&self) -> &[u8] {
         match self {
             Tensor::View(v) => v.bytes(),

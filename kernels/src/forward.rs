@@ -20,6 +20,7 @@ pub enum Precision {
 }
 
 impl Precision {
+    /// The name `--precision` and the manifest's `precision` use.
     pub fn name(self) -> &'static str {
         match self {
             Precision::F32 => "f32",
@@ -29,6 +30,7 @@ impl Precision {
         }
     }
 
+    /// The precision `--precision` names, or `None` for an unknown name.
     pub fn parse(s: &str) -> Option<Precision> {
         match s {
             "f32" => Some(Precision::F32),
@@ -49,12 +51,27 @@ impl std::fmt::Display for Precision {
 /// Why a forward could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
+    /// The positions run would pass the model's context length.
     #[error("position {end} exceeds the context length {context}")]
-    ContextOverflow { end: usize, context: usize },
+    ContextOverflow {
+        /// One past the last position asked for.
+        end: usize,
+        /// The model's context length.
+        context: usize,
+    },
+    /// A token id is not in the vocabulary.
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
-    TokenOutOfRange { id: u32, vocab: usize },
+    TokenOutOfRange {
+        /// The token id.
+        id: u32,
+        /// The vocabulary's size.
+        vocab: usize,
+    },
+    /// The model, precision or call is one this forward does not run (the
+    /// message says which).
     #[error("{0}")]
     Unsupported(String),
+    /// The GPU failed (a CUDA error, as text).
     #[error("device: {0}")]
     Device(String),
 }
@@ -65,11 +82,13 @@ pub enum ForwardError {
 /// positions it ran, so the tree of a prefill-then-decode run and the tree of
 /// a one-token-at-a-time run diff position by position.
 pub trait Forward {
+    /// The hyperparameters of the model this forward runs.
     fn config(&self) -> &LlamaConfig;
 
     /// `"cpu"` or `"cuda"`.
     fn backend(&self) -> &'static str;
 
+    /// The precision this forward was opened in.
     fn precision(&self) -> Precision;
 
     /// Runs `tokens` at positions `start_pos..start_pos + tokens.len()` of one

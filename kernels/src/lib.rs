@@ -21,6 +21,8 @@
 //! assert_eq!(generate::greedy(again.as_mut(), &[1, 5, 9], 4, &[]).unwrap().tokens, out.tokens);
 //! ```
 
+#![deny(missing_docs)]
+
 pub mod backend;
 pub mod cpu;
 #[cfg(feature = "cuda")]

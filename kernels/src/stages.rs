@@ -7,28 +7,51 @@ use capture::StageSpec;
 
 use model::{FfnActivation, LlamaConfig, ModelFamily};
 
+/// The token embedding row (scaled by `sqrt(n_embd)` where the family says so).
 pub const EMBEDDING: &str = "embedding";
+/// RMSNorm before attention.
 pub const ATTN_NORM: &str = "attn_norm";
+/// The Q projection (plus bias where the model has one).
 pub const Q_PROJ: &str = "q_proj";
+/// The K projection (plus bias where the model has one).
 pub const K_PROJ: &str = "k_proj";
+/// The V projection (plus bias where the model has one).
 pub const V_PROJ: &str = "v_proj";
+/// Q after the rotary embedding.
 pub const Q_ROPE: &str = "q_rope";
+/// K after the rotary embedding (what the KV cache holds).
 pub const K_ROPE: &str = "k_rope";
+/// `softmax(QKᵀ / sqrt(d)) V`, before `o_proj`.
 pub const ATTN: &str = "attn";
+/// The attention output projection.
 pub const O_PROJ: &str = "o_proj";
+/// The residual stream after adding the attention's output.
 pub const POST_ATTN_RESIDUAL: &str = "post_attn_residual";
+/// RMSNorm before the FFN.
 pub const FFN_NORM: &str = "ffn_norm";
+/// The FFN gate projection.
 pub const FFN_GATE: &str = "ffn_gate";
+/// The FFN up projection.
 pub const FFN_UP: &str = "ffn_up";
+/// `silu(gate) * up` (llama).
 pub const FFN_SWIGLU: &str = "ffn_swiglu";
+/// `gelu_tanh(gate) * up` (Gemma 3).
 pub const FFN_GEGLU: &str = "ffn_geglu";
+/// RMSNorm of each query head (Gemma 3).
 pub const Q_NORM: &str = "q_norm";
+/// RMSNorm of each key head (Gemma 3).
 pub const K_NORM: &str = "k_norm";
+/// RMSNorm of the attention output before its residual add (Gemma 3).
 pub const POST_ATTN_NORM: &str = "post_attn_norm";
+/// RMSNorm of the FFN output before its residual add (Gemma 3).
 pub const POST_FFN_NORM: &str = "post_ffn_norm";
+/// The FFN down projection.
 pub const FFN_DOWN: &str = "ffn_down";
+/// The residual stream after adding the FFN's output (the layer's output).
 pub const POST_FFN_RESIDUAL: &str = "post_ffn_residual";
+/// RMSNorm after the last layer.
 pub const FINAL_NORM: &str = "final_norm";
+/// The output matmul: one score per vocabulary entry.
 pub const LOGITS: &str = "logits";
 
 /// The vocabulary written into every manifest by the llama forwards.

@@ -26,13 +26,18 @@ use crate::forward::Precision;
 /// A family of matmuls that one switch controls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
+    /// The q, k, v and o projections (`TAPTREE_ACT_ATTN`).
     Attn,
+    /// The gate and up projections (`TAPTREE_ACT_FFN_UP`).
     FfnUp,
+    /// The down projection (`TAPTREE_ACT_FFN_DOWN`).
     FfnDown,
+    /// The output matmul (`TAPTREE_ACT_LOGITS`).
     Logits,
 }
 
 impl Family {
+    /// Every family, in the order switches are listed.
     pub const ALL: [Family; 4] = [Family::Attn, Family::FfnUp, Family::FfnDown, Family::Logits];
 
     /// The environment variable that switches this family.
@@ -56,6 +61,7 @@ pub enum ActPrecision {
 }
 
 impl ActPrecision {
+    /// The value a switch variable takes (`f32`, `q8`).
     pub fn name(self) -> &'static str {
         match self {
             ActPrecision::F32 => "f32",
@@ -67,12 +73,26 @@ impl ActPrecision {
 /// A switch variable that could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SwitchError {
+    /// A precision switch holds something other than `f32` or `q8`.
     #[error("{var}: bad value {value:?}: expected f32 or q8")]
-    BadValue { var: String, value: String },
+    BadValue {
+        /// The variable.
+        var: String,
+        /// Its value.
+        value: String,
+    },
+    /// A `TAPTREE_ACT_*` variable that names no matmul family.
     #[error("{var}: unknown precision switch (known: TAPTREE_ACT_ATTN, TAPTREE_ACT_FFN_UP, TAPTREE_ACT_FFN_DOWN, TAPTREE_ACT_LOGITS)")]
-    Unknown { var: String },
+    Unknown {
+        /// The variable.
+        var: String,
+    },
+    /// `TAPTREE_LLAMACPP_FLASH_ATTN` holds something other than `0` or `1`.
     #[error("TAPTREE_LLAMACPP_FLASH_ATTN: bad value {value:?}: expected 0 or 1")]
-    BadFlashAttn { value: String },
+    BadFlashAttn {
+        /// The value given.
+        value: String,
+    },
 }
 
 /// The variable that selects llama.cpp's flash attention under

@@ -69,6 +69,7 @@ pub enum FfnActivation {
 /// The attention of one layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LayerAttention {
+    /// RoPE frequency base of this layer.
     pub rope_base: f32,
     /// A query at position `p` sees positions `p - window + 1 ..= p`;
     /// `None`: every earlier position.

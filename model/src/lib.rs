@@ -20,6 +20,7 @@
 //! # }
 //! ```
 
+#![deny(missing_docs)]
 pub mod family;
 pub mod gemma3;
 pub mod gguf;

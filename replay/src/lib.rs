@@ -35,6 +35,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
 pub mod ops;
 pub mod render;
 pub mod report;
@@ -53,8 +56,12 @@ use std::path::PathBuf;
 pub struct Model<'a> {
     /// How the model was named (its path), for messages.
     pub name: &'a str,
+    /// The hyperparameters that fix each stage's width and computation.
     pub config: &'a LlamaConfig,
+    /// The weights, dequantized to f32 as the CPU forward reads them.
     pub weights: &'a DenseWeights,
+    /// blake3 of the model file, hex; `None` skips the check against the
+    /// tree's recorded `model_blake3`.
     pub blake3: Option<&'a str>,
 }
 
@@ -73,51 +80,78 @@ pub enum Error {
     /// The tree records another model than the one given.
     #[error("{}: the tree was captured from a model with blake3 {recorded}, --model {model} has {given}", tree.display())]
     ModelMismatch {
+        /// The tree's directory.
         tree: PathBuf,
+        /// The model blake3 the tree's run records.
         recorded: String,
+        /// The model given, as [`Model::name`] names it.
         model: String,
+        /// That model's blake3.
         given: String,
     },
 
     /// An op's input is not in the tree.
     #[error("{}: cannot replay {tap}: its input {input} is not in the tree", tree.display())]
     MissingInput {
+        /// The tree's directory.
         tree: PathBuf,
+        /// The tap being replayed, as `L3/attn@0..7`.
         tap: String,
+        /// The input that is missing (a tap name, or the token of a position).
         input: String,
     },
 
     /// A tap's width is not what the model's hyperparameters make it.
     #[error("{}: {tap}: {width} values per position, the model makes {want} ({why})", tree.display())]
     Shape {
+        /// The tree's directory.
         tree: PathBuf,
+        /// The tap whose width is wrong.
         tap: String,
+        /// Values per position the tap holds.
         width: usize,
+        /// Values per position expected (or, for a rotary layout, the head
+        /// size the width must be a multiple of).
         want: usize,
+        /// Where `want` comes from.
         why: String,
     },
 
     /// A stage with no computation in the stage contract for this model.
     #[error("{}: stage {stage} has no defined computation for a {family} model (leave it out with --select)", tree.display())]
     UnknownStage {
+        /// The tree's directory.
         tree: PathBuf,
+        /// The stage, marked `(per layer)` or `(global)`.
         stage: String,
+        /// The model's family (`llama`, `gemma3`).
         family: String,
     },
 
     /// Two taps hold the same position of one stage.
     #[error("{}: position {pos} of {tap} is held by two taps", tree.display())]
     DuplicatePosition {
+        /// The tree's directory.
         tree: PathBuf,
+        /// The second tap that holds the position.
         tap: String,
+        /// The position held twice.
         pos: u32,
     },
 
     /// The arithmetic asked for does not exist for this tree or model.
     #[error("{}: {reason}", tree.display())]
-    Unsupported { tree: PathBuf, reason: String },
+    Unsupported {
+        /// The tree's directory.
+        tree: PathBuf,
+        /// What is not supported, naming the tap or the run's record.
+        reason: String,
+    },
 
     /// The selection left nothing to replay.
     #[error("{}: no tap matches the selection", tree.display())]
-    NothingSelected { tree: PathBuf },
+    NothingSelected {
+        /// The tree's directory.
+        tree: PathBuf,
+    },
 }

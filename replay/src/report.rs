@@ -41,7 +41,9 @@ impl Default for Options {
 /// One (layer, stage): its taps recomputed and compared.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
+    /// The stage name, as the tree's keys spell it.
     pub stage: String,
+    /// The layer, `None` for a global stage (`embedding`, `logits`).
     pub layer: Option<u32>,
     /// Positions compared (over every slot).
     pub positions: u64,
@@ -53,6 +55,7 @@ pub struct Row {
     pub above: bool,
     /// The position with the largest relative RMS error, and its slot.
     pub worst_pos: u32,
+    /// The worst position's slot, `None` in a single-sequence tree.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worst_slot: Option<u32>,
     /// Metrics at the worst position (A: the recomputation, B: the tree).
@@ -66,9 +69,12 @@ pub struct Row {
 /// One position's relative RMS error (infinite: a nonfinite mismatch).
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct PosError {
+    /// The token position.
     pub pos: u32,
+    /// The slot, `None` in a single-sequence tree.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slot: Option<u32>,
+    /// Relative RMS of the tree's values against the recomputation.
     pub rel_rms: f64,
 }
 
@@ -86,7 +92,9 @@ impl Row {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
+    /// Every row's local error is within tolerance.
     Within,
+    /// At least one row is above tolerance.
     Above,
 }
 
@@ -105,16 +113,21 @@ impl Outcome {
 pub struct Report {
     /// `"taptree-replay/1"`.
     pub schema: &'static str,
+    /// The tree's directory.
     pub tree: String,
+    /// The tree's root hash, from its manifest.
     pub root: String,
     /// The tree's run: backend, precision, engine (if it says).
     pub tree_backend: String,
+    /// The precision the tree's run records.
     pub tree_precision: String,
+    /// The model replayed against, as [`crate::Model::name`] names it.
     pub model: String,
     /// `matches the tree's record` or `the tree records no model hash`.
     pub model_check: String,
     /// The recomputation's arithmetic (`f64`, `f32`, `q8`, `llamacpp`).
     pub precision: String,
+    /// The largest local error within tolerance ([`Options::tolerance`]).
     pub tolerance: f64,
     /// Stages whose declared half-split rotary layout was put in the model's order.
     pub reconciled: Vec<String>,
@@ -124,10 +137,15 @@ pub struct Report {
     pub largest: Option<usize>,
     /// The first row in forward order above tolerance.
     pub first_above: Option<usize>,
+    /// How many rows are above tolerance.
     pub rows_above: usize,
+    /// How many taps were selected and recomputed.
     pub taps: usize,
+    /// Wall-clock seconds spent reading the tree into memory.
     pub seconds_read: f64,
+    /// Wall-clock seconds spent recomputing and comparing.
     pub seconds_replay: f64,
+    /// [`Outcome::Above`] when any row is.
     pub outcome: Outcome,
 }
 

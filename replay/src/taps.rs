@@ -25,6 +25,7 @@ pub type Id = (String, Option<u32>, Option<u32>);
 /// `0..present.len()`, `present[p]` when some tap holds position `p`.
 #[derive(Debug, Clone)]
 pub struct Plane {
+    /// Values per position (per row).
     pub width: usize,
     rows: Vec<f64>,
     present: Vec<bool>,

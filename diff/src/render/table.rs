@@ -24,6 +24,7 @@ pub struct TableOptions {
     pub color: bool,
     /// Every metric column, not just min cos and max abs.
     pub all_metrics: bool,
+    /// The row order.
     pub sort: Sort,
     /// Only red rows (and the folded counts of the rest).
     pub only_red: bool,
@@ -95,6 +96,8 @@ fn tree_line(label: &str, t: &crate::report::TreeInfo) -> String {
     )
 }
 
+/// The diff as the terminal table (see the module doc); ANSI colors only when
+/// `opts.color`.
 pub fn render(report: &Report, opts: &TableOptions) -> String {
     let p = Paint { on: opts.color };
     let mut out = String::new();

@@ -1,6 +1,6 @@
-//! Walking two trees, step by step: [`index`] each tree's taps, [`merge`]
-//! the two indexes into runs of positions both hold, [`read`] what the
-//! hashes cannot settle, [`judge`] each (layer, stage) into a row; then the
+//! Walking two trees, step by step: `index` each tree's taps, `merge`
+//! the two indexes into runs of positions both hold, `read` what the
+//! hashes cannot settle, `judge` each (layer, stage) into a row; then the
 //! rows in forward order, with causes and growth, go to a [`Visit`]
 //! delegate. [`diff`] records them into a [`Report`].
 

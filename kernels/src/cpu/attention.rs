@@ -6,8 +6,11 @@ use rayon::prelude::*;
 /// Head counts and sizes of one attention layer.
 #[derive(Debug, Clone, Copy)]
 pub struct Heads {
+    /// Query heads.
     pub n_head: usize,
+    /// Key/value heads; each serves `n_head / n_head_kv` query heads.
     pub n_head_kv: usize,
+    /// Size of one head.
     pub head_dim: usize,
 }
 

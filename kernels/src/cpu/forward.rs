@@ -25,9 +25,13 @@ use model::{FfnActivation, LlamaConfig, ModelFamily, ModelWeights};
 /// The activation handling of each matmul family, resolved once at open.
 #[derive(Debug, Clone, Copy)]
 pub struct Acts {
+    /// The q, k, v and o projections.
     pub attn: Act,
+    /// The gate and up projections.
     pub ffn_up: Act,
+    /// The down projection.
     pub ffn_down: Act,
+    /// The output (logits) matmul.
     pub logits: Act,
 }
 

@@ -290,8 +290,8 @@ impl Geometry {
 /// rounded to f16, `k` and `v` (`[start + n, n_head_kv * head_dim]`) must
 /// already hold f16 values (the cache stores them so: see [`f16_round`]).
 /// `kq = mul_mat(k, q)` and `kqv = mul_mat(v, kq)` sum in the order of the
-/// kernel llama.cpp runs for `n` rows ([`dot_f16`]); `soft_max_ext` scales
-/// in f32, exponentiates with [`v_expf`] and sums per 8-lane vector into an
+/// kernel llama.cpp runs for `n` rows (`dot_f16`); `soft_max_ext` scales
+/// in f32, exponentiates with `v_expf` and sums per 8-lane vector into an
 /// f64 total; the probabilities are rounded to f16 before they weight the
 /// values. Row `r` sees positions `0..=start + r`: the padded, masked cache
 /// cells contribute exact zeros in llama.cpp, and do here. llama's graph:

@@ -18,7 +18,7 @@
 //!   dimension `i` with `i + head_dim / 2`, with the same f32 walk of the
 //!   angle as llama's ([`super::llamacpp::rope_cache`]); base 10,000 on the
 //!   sliding-window layers, the file's `rope.freq_base` on the global ones.
-//! - **Attention** ([`ATTN_GRAPH`], [`super::llamacpp::attention_in`]): the
+//! - **Attention** ([`attn_graph`], [`super::llamacpp::attention_in`]): the
 //!   graph scales the roped queries by `f_attention_scale = 1/sqrt(head_dim)`
 //!   (`ggml_scale`, f32) before the F16 `kq` product and soft-maxes with
 //!   `kq_scale = 1`; the sliding-window layers mask keys `window` or more

@@ -34,8 +34,11 @@ use rayon::prelude::*;
 /// A weight matrix `[rows, cols]` = `[out_features, in_features]`, dequantized.
 #[derive(Debug, Clone)]
 pub struct Matrix {
+    /// Output features.
     pub rows: usize,
+    /// Input features.
     pub cols: usize,
+    /// Row-major `[rows, cols]` values.
     pub data: Vec<f32>,
     /// Block size of the source format; 1 for float formats, whose matmuls
     /// llama.cpp runs without quantizing the activations.
@@ -47,7 +50,9 @@ pub struct Matrix {
 /// that the block dot does not round the same way.
 #[derive(Debug, Clone)]
 pub struct Linear {
+    /// The weight, quantized or dense.
     pub m: Weight,
+    /// Q4_1's per-block minimums, `[rows, cols / 32]`; `None` for other types.
     pub mins: Option<Vec<f32>>,
     /// Added to every output row (Qwen2's q/k/v projections).
     pub bias: Option<Vec<f32>>,
@@ -80,6 +85,7 @@ impl Linear {
 }
 
 impl Matrix {
+    /// Row `r` (`cols` values).
     pub fn row(&self, r: usize) -> &[f32] {
         &self.data[r * self.cols..(r + 1) * self.cols]
     }
@@ -147,8 +153,12 @@ pub fn dot4<T: Real>(a: [&[T]; 4], w: &[f32]) -> [T; 4] {
 /// `f16(d) * sum(q)` (what a Q4_1 dot's min term sees).
 #[derive(Debug, Clone)]
 pub struct QuantRow<T> {
+    /// The quantized values, held as `T` (integers).
     pub q: Vec<T>,
+    /// One scale per block: a value is `q * d`.
     pub d: Vec<T>,
+    /// Per block: `block_q8_1`'s f16 sum `s` minus `f16(d) * sum(q)` for
+    /// 32-blocks, 0 for other block sizes.
     pub s_err: Vec<T>,
 }
 

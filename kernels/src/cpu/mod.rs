@@ -50,16 +50,27 @@ pub trait Real:
     + AddAssign
     + 'static
 {
+    /// 0.
     const ZERO: Self;
+    /// 1.
     const ONE: Self;
+    /// `v` as `Self` (exact: f32 is the narrowest `Real`).
     fn from_f32(v: f32) -> Self;
+    /// `v` as `Self`, rounded to nearest when `Self` is f32.
     fn from_f64(v: f64) -> Self;
+    /// Widened to f64 (exact).
     fn to_f64(self) -> f64;
+    /// `self` as f32, rounded to nearest when `Self` is f64.
     fn to_f32(self) -> f32;
+    /// `e^self`.
     fn exp(self) -> Self;
+    /// Hyperbolic tangent.
     fn tanh(self) -> Self;
+    /// Square root.
     fn sqrt(self) -> Self;
+    /// Absolute value.
     fn abs(self) -> Self;
+    /// Nearest integer, halves away from zero (`f32::round`).
     fn round(self) -> Self;
 }
 

@@ -15,11 +15,15 @@ use model::TensorBytes;
 /// A `[rows, cols]` weight in a block-quantized GGUF format, rows contiguous.
 #[derive(Debug, Clone)]
 pub struct QMatrix {
+    /// Output features.
     pub rows: usize,
+    /// Input features (a multiple of the type's block size).
     pub cols: usize,
+    /// The block format of `bytes`.
     pub ty: GgmlType,
-    /// The blocks, shared with the loaded model (a slice of the GGUF file's
-    /// map when it came from one): holding them copies nothing.
+    /// Rows of GGUF blocks, as the file holds them: shared with the loaded
+    /// model (a slice of the GGUF file's map when it came from one), so
+    /// holding them copies nothing.
     pub bytes: TensorBytes,
 }
 
@@ -39,7 +43,9 @@ impl QMatrix {
 
 /// Something a matmul reads weight rows from.
 pub trait WeightRows: Sync {
+    /// Output features.
     fn rows(&self) -> usize;
+    /// Input features.
     fn cols(&self) -> usize;
     /// Block size of the source format; 1 for float formats.
     fn block(&self) -> usize;
@@ -93,7 +99,9 @@ impl WeightRows for QMatrix {
 /// A weight of either kind.
 #[derive(Debug, Clone)]
 pub enum Weight {
+    /// A float weight, held as f32.
     Dense(Matrix),
+    /// A block-quantized weight, held in its GGUF blocks.
     Quant(QMatrix),
 }
 

@@ -34,6 +34,8 @@ pub struct RopeTable<T> {
 }
 
 impl<T: Real> RopeTable<T> {
+    /// cos and sin of every rotation angle for positions `start..start + n`
+    /// (angles in f64, rounded once to `T`).
     pub fn new(start: usize, n: usize, head_dim: usize, base: f32) -> RopeTable<T> {
         let half = head_dim / 2;
         let inv_freq: Vec<f64> = (0..half)

@@ -148,15 +148,19 @@ fn add_min_term<T: Real>(mins: Option<&[f32]>, o: usize, nb: usize, qr: &QuantRo
 }
 
 /// Vector fast paths of the inner loops, for the element types that have
-/// them (f32 on x86_64 with AVX: [`super::rows_avx`]); `None` sends the
+/// them (f32 on x86_64 with AVX: `rows_avx`); `None` sends the
 /// caller to the portable loop, which gives the same bits.
 pub trait Dots: Sized + Copy {
+    /// Four rows of `a` dotted with `w` at once, or `None` for the portable loop.
     fn dot4_fast(_a: [&[Self]; 4], _w: &[f32]) -> Option<[Self; 4]> {
         None
     }
+    /// One row `a` dotted with four weight rows at once, or `None`.
     fn dot_w4_fast(_a: &[Self], _w: [&[f32]; 4]) -> Option<[Self; 4]> {
         None
     }
+    /// Four q8 rows (values `q`, block scales `d`) dotted with `w` in blocks of
+    /// `b`, or `None`.
     fn q8_rows4_fast(
         _q: [&[Self]; 4],
         _d: [&[Self]; 4],
@@ -165,6 +169,7 @@ pub trait Dots: Sized + Copy {
     ) -> Option<[Self; 4]> {
         None
     }
+    /// One q8 row dotted with four weight rows in blocks of `b`, or `None`.
     fn q8_w4_fast(_q: &[Self], _d: &[Self], _w: [&[f32]; 4], _b: usize) -> Option<[Self; 4]> {
         None
     }

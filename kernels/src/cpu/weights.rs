@@ -13,33 +13,51 @@ use model::{ModelWeights, QTensor};
 /// One decoder layer.
 #[derive(Debug, Clone)]
 pub struct DenseLayer {
+    /// RMSNorm weight before attention.
     pub attn_norm: Vec<f32>,
+    /// Q projection (rows in interleaved RoPE order; bias for Qwen2).
     pub wq: Linear,
+    /// K projection (rows in interleaved RoPE order; bias for Qwen2).
     pub wk: Linear,
+    /// V projection (bias for Qwen2).
     pub wv: Linear,
+    /// Attention output projection.
     pub wo: Linear,
+    /// RMSNorm weight before the FFN.
     pub ffn_norm: Vec<f32>,
+    /// FFN gate projection.
     pub w_gate: Linear,
+    /// FFN up projection.
     pub w_up: Linear,
+    /// FFN down projection.
     pub w_down: Linear,
     /// The family's extra norms (see [`model::ExtraNorms`]).
     pub q_norm: Option<Vec<f32>>,
+    /// `[head_dim]`, applied to every key head.
     pub k_norm: Option<Vec<f32>>,
+    /// `[n_embd]`, applied to the attention output before its residual add.
     pub post_attn_norm: Option<Vec<f32>>,
+    /// `[n_embd]`, applied to the FFN output before its residual add.
     pub post_ffn_norm: Option<Vec<f32>>,
 }
 
 /// All weights, as the forward reads them.
 #[derive(Debug, Clone)]
 pub struct DenseWeights {
+    /// The token embedding, `[vocab, n_embd]`, read a row per token.
     pub token_embd: Weight,
+    /// The decoder layers, in forward order.
     pub layers: Vec<DenseLayer>,
+    /// The final RMSNorm weight before the logits.
     pub output_norm: Vec<f32>,
     /// `None` when the output is tied to the embedding (see [`Self::logits`]).
     pub output: Option<Linear>,
 }
 
 impl DenseWeights {
+    /// Prepares `w` for the CPU forward: block-quantized matrices kept in their
+    /// blocks, the rest as f32; refuses a tensor whose shape or size the
+    /// hyperparameters contradict.
     pub fn new(w: &ModelWeights) -> Result<DenseWeights, ForwardError> {
         let c = &w.config;
         let q_width = c.n_head * c.head_dim;

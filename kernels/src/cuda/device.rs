@@ -21,16 +21,25 @@ const COMMON: &str = include_str!("common.cuh");
 /// A kernel source family: one `.cu` file, one module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
+    /// `embedding.cu`: the embedding row lookup.
     Embedding,
+    /// `norm.cu`: RMSNorm.
     Norm,
+    /// `matmul.cu`: matmuls over every supported weight type, and the int8
+    /// quantization of their activations.
     Matmul,
+    /// `rope.cu`: rotary embedding.
     Rope,
+    /// `attention.cu`: attention and the KV cache writes.
     Attention,
+    /// `ffn.cu`: the gated nonlinearities (SwiGLU, GeGLU).
     Ffn,
+    /// `elementwise.cu`: residual adds and scaling.
     Elementwise,
 }
 
 impl Family {
+    /// Every family, each compiled as one module.
     pub const ALL: [Family; 7] = [
         Family::Embedding,
         Family::Norm,
@@ -41,6 +50,7 @@ impl Family {
         Family::Elementwise,
     ];
 
+    /// The family's source file name (under `kernels/src/cuda/`).
     pub fn file(self) -> &'static str {
         match self {
             Family::Embedding => "embedding.cu",
@@ -129,10 +139,12 @@ impl Device {
         }))
     }
 
+    /// The stream every launch and copy of this device goes through.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
 
+    /// The CUDA context the stream belongs to.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }

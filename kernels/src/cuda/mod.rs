@@ -45,19 +45,40 @@ use model::ModelWeights;
 pub enum CudaError {
     /// No driver library could be loaded: no GPU, or no NVIDIA driver.
     #[error("no CUDA driver found: could not load any of {searched}")]
-    NoDriver { searched: String },
+    NoDriver {
+        /// The library names tried.
+        searched: String,
+    },
     /// A kernel needed compiling and NVRTC could not be loaded.
     #[error("no NVRTC library found to compile the kernels: could not load any of {searched} (add the CUDA toolkit's lib64 to LD_LIBRARY_PATH)")]
-    NoNvrtc { searched: String },
+    NoNvrtc {
+        /// The library names tried.
+        searched: String,
+    },
     /// NVRTC rejected a kernel source.
     #[error("{file}: NVRTC compilation failed: {log}")]
-    Compile { file: &'static str, log: String },
+    Compile {
+        /// The `.cu` file.
+        file: &'static str,
+        /// NVRTC's compile log.
+        log: String,
+    },
     /// A driver call failed.
     #[error("cuda: {op}: {message}")]
-    Driver { op: String, message: String },
+    Driver {
+        /// The call that failed (`launch rms_norm`, `upload blk.0.attn_q.weight`).
+        op: String,
+        /// The driver's message.
+        message: String,
+    },
     /// A weight is in a format the kernels do not decode.
     #[error("{tensor}: weight type {ggml_type} has no CUDA kernel (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q2_K..Q6_K)")]
-    UnsupportedType { tensor: String, ggml_type: GgmlType },
+    UnsupportedType {
+        /// The weight's name.
+        tensor: String,
+        /// Its type.
+        ggml_type: GgmlType,
+    },
     /// A launch's buffers do not fit its shape.
     #[error("cuda: {0}")]
     Shape(String),

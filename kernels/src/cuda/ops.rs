@@ -43,14 +43,21 @@ pub fn supported(t: GgmlType) -> bool {
 
 /// A weight matrix on the device, still in its file's block format.
 pub struct DeviceMatrix {
+    /// The weight's name in the model file (for messages).
     pub name: String,
+    /// The block format of `data`.
     pub ggml_type: GgmlType,
+    /// Output features.
     pub rows: usize,
+    /// Input features.
     pub cols: usize,
+    /// Rows of blocks, as the file holds them.
     pub data: CudaSlice<u8>,
 }
 
 impl DeviceMatrix {
+    /// Copies a weight to the device, refusing a type the kernels do not decode
+    /// or bytes that do not fit its shape.
     pub fn upload(dev: &Device, t: &QTensor) -> Result<DeviceMatrix, CudaError> {
         if !supported(t.ggml_type) {
             return Err(CudaError::UnsupportedType {
@@ -90,13 +97,19 @@ impl DeviceMatrix {
 /// per 32-element block, the f16-rounded scale, the sum of the quants, and
 /// `block_q8_1`'s f16 `s = sum * scale`.
 pub struct QuantizedActs {
+    /// The int8 quants, one per element.
     pub q: CudaSlice<i8>,
+    /// Per 32-element block, the f16-rounded scale.
     pub scales: CudaSlice<f32>,
+    /// Per 32-element block, the sum of the quants.
     pub sums: CudaSlice<i32>,
+    /// Per 32-element block, `block_q8_1`'s f16 `s = sum * scale`.
     pub s: CudaSlice<f32>,
 }
 
 impl QuantizedActs {
+    /// Zeroed device buffers for `elems` activations and their `elems / 32`
+    /// blocks.
     pub fn alloc(dev: &Device, elems: usize) -> Result<QuantizedActs, CudaError> {
         let s = dev.stream();
         let e = |e| CudaError::driver("alloc q8 activations", e);

@@ -21,7 +21,10 @@ pub enum Q8Dot {
     /// Activations in blocks of the weight's block size (Q8_0 for 32, Q8_K
     /// for 256), dotted in the CPU's order ([`matmul_q8_ordered`]): bitwise
     /// the CPU's q8 mode.
-    Ordered { block: usize },
+    Ordered {
+        /// Elements per activation block: 32 (Q8_0) or 256 (Q8_K).
+        block: usize,
+    },
 }
 
 impl Q8Dot {

@@ -11,7 +11,9 @@ use crate::quant::GgmlType;
 /// One entry of the tensor table, validated against the file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorInfo {
+    /// The tensor's name (e.g. `blk.0.attn_q.weight`).
     pub name: String,
+    /// The block layout its bytes are in.
     pub ggml_type: GgmlType,
     /// As stored: `ne0` (the contiguous dimension) first.
     pub dims: Vec<u64>,
@@ -27,6 +29,7 @@ impl TensorInfo {
         self.dims.iter().rev().map(|&d| d as usize).collect()
     }
 
+    /// The number of elements (product of the dims).
     pub fn numel(&self) -> usize {
         self.dims.iter().product::<u64>() as usize
     }
@@ -88,14 +91,17 @@ impl GgufFile {
         })
     }
 
+    /// The file this was opened from.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// The GGUF version of the header (2 or 3).
     pub fn version(&self) -> u32 {
         self.version
     }
 
+    /// The alignment of tensor data: `general.alignment`, else 32.
     pub fn alignment(&self) -> u64 {
         self.alignment
     }
@@ -110,6 +116,7 @@ impl GgufFile {
         &self.metadata
     }
 
+    /// The value of metadata `key`, if present.
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.meta_index.get(key).map(|&i| &self.metadata[i].1)
     }
@@ -119,6 +126,7 @@ impl GgufFile {
         &self.tensors
     }
 
+    /// The tensor named `name`, if present.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensor_index.get(name).map(|&i| &self.tensors[i])
     }

@@ -12,6 +12,7 @@ pub struct GgufWriter {
 }
 
 impl GgufWriter {
+    /// An empty file: no metadata, no tensors.
     pub fn new() -> GgufWriter {
         GgufWriter::default()
     }

@@ -6,12 +6,14 @@ use crate::weights::ModelWeights;
 /// The file format a model came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelFormat {
+    /// A single `.gguf` file.
     Gguf,
     /// `config.json` plus `*.safetensors`.
     HfSafetensors,
 }
 
 impl ModelFormat {
+    /// The format's name as the manifest records it (`gguf`, `hf-safetensors`).
     pub fn name(self) -> &'static str {
         match self {
             ModelFormat::Gguf => "gguf",
@@ -23,22 +25,26 @@ impl ModelFormat {
 /// Where a model came from.
 #[derive(Debug, Clone)]
 pub struct ModelSource {
+    /// The GGUF file or HF directory as given.
     pub path: PathBuf,
     /// blake3 of the GGUF file; for a directory, of its files' names and
     /// hashes (see [`load_hf`](super::load_hf)).
     pub blake3: String,
+    /// Which loader read it.
     pub format: ModelFormat,
 }
 
 /// A model ready for a forward.
 #[derive(Debug)]
 pub struct LoadedModel {
+    /// Hyperparameters and weights.
     pub weights: ModelWeights,
     /// `None` when the files carry no tokenizer, or one of a kind that is
     /// not supported (then `tokenizer_error` says which); use token ids then.
     pub tokenizer: Option<Tokenizer>,
     /// Why a tokenizer the file describes is not available.
     pub tokenizer_error: Option<TokenizerError>,
+    /// Where it came from, and its blake3.
     pub source: ModelSource,
 }
 

@@ -2,17 +2,32 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)]
 pub enum GgmlType {
+    /// 32-bit float (id 0); a block is one element.
     F32,
+    /// IEEE half (id 1); a block is one element.
     F16,
+    /// bfloat16 (id 30); a block is one element.
     BF16,
+    /// 32-element blocks of 4-bit values with an f16 scale (id 2).
     Q4_0,
+    /// 32-element blocks of 4-bit values with an f16 scale and minimum (id 3).
     Q4_1,
+    /// 32-element blocks of 5-bit values with an f16 scale (id 6).
     Q5_0,
+    /// 32-element blocks of 8-bit values with an f16 scale (id 8).
     Q8_0,
+    /// 256-element super-blocks of 2-bit values with 4-bit sub-block scales and
+    /// mins (id 10).
     Q2_K,
+    /// 256-element super-blocks of 3-bit values with 6-bit sub-block scales (id 11).
     Q3_K,
+    /// 256-element super-blocks of 4-bit values with 6-bit sub-block scales and
+    /// mins (id 12).
     Q4_K,
+    /// 256-element super-blocks of 5-bit values with 6-bit sub-block scales and
+    /// mins (id 13).
     Q5_K,
+    /// 256-element super-blocks of 6-bit values with 8-bit sub-block scales (id 14).
     Q6_K,
 }
 
@@ -68,6 +83,7 @@ impl GgmlType {
         }
     }
 
+    /// The type with GGUF id `id`, or `None` for a type this crate cannot dequantize.
     pub fn from_id(id: u32) -> Option<GgmlType> {
         Some(match id {
             0 => GgmlType::F32,
@@ -101,19 +117,32 @@ impl std::fmt::Display for GgmlType {
 /// Why bytes could not be dequantized.
 #[derive(Debug, thiserror::Error)]
 pub enum QuantError {
+    /// A tensor or row length is not a whole number of blocks.
     #[error("{ggml_type}: {n} elements is not a whole number of {block}-element blocks")]
     PartialBlock {
+        /// The type.
         ggml_type: GgmlType,
+        /// The element count.
         n: usize,
+        /// The type's block size.
         block: usize,
     },
+    /// Activations to quantize to Q8_K are not a whole number of 256-element blocks.
     #[error("Q8_K: {n} activations are not a whole number of 256-element blocks")]
-    PartialQ8KBlock { n: usize },
+    PartialQ8KBlock {
+        /// The element count.
+        n: usize,
+    },
+    /// The bytes do not match the element count.
     #[error("{ggml_type}: {n} elements need {expected} bytes, got {got}")]
     ByteLength {
+        /// The type.
         ggml_type: GgmlType,
+        /// The element count.
         n: usize,
+        /// Bytes that count takes in the type's layout.
         expected: usize,
+        /// Bytes given.
         got: usize,
     },
 }

@@ -25,6 +25,7 @@ pub fn quantize_q8_0(x: &[f32]) -> Result<Vec<u8>, QuantError> {
 pub struct BlockQ8K {
     /// f32 scale: `x ~ d * q`.
     pub d: f32,
+    /// The quantized values, one per element, `-127..=127`.
     pub qs: [i8; 256],
     /// Sums of each 16 values of `qs` (what the dots use for the mins term).
     pub bsums: [i16; 16],

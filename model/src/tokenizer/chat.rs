@@ -6,12 +6,14 @@ use super::error::TokenizerError;
 pub struct ChatTemplate {
     /// The system turn the template inserts when the conversation has none.
     pub default_system: Option<String>,
+    /// How the template marks each turn.
     pub turns: TurnFormat,
 }
 
 /// How a template marks a turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TurnFormat {
+    /// `<|im_start|>role\ncontent<|im_end|>\n` (SmolLM2, Qwen2).
     ChatMl,
     /// `<start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n`.
     Gemma,

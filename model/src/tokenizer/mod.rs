@@ -42,7 +42,9 @@ use sentencepiece::{
 #[derive(Clone)]
 pub struct Tokenizer {
     inner: HfTokenizer,
+    /// The beginning-of-sequence token, if the model declares one.
     pub bos_id: Option<u32>,
+    /// The end-of-sequence token (generation stops there), if the model declares one.
     pub eos_id: Option<u32>,
     /// Whether [`Tokenizer::encode`] prepends `bos_id`.
     pub add_bos: bool,
@@ -238,10 +240,13 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// The id of a token written exactly as in the vocabulary, if it is in it.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }
 
+    /// A token id's text as the vocabulary spells it (byte-level or `▁` marks
+    /// included); `None` outside the vocabulary.
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
     }

@@ -62,6 +62,7 @@ fn decades(page: &Page) -> (i32, i32) {
     (lo.min(hi - 2), hi)
 }
 
+/// The page's chart (see the module doc) as one inline `<svg>` element.
 pub fn render(page: &Page) -> String {
     let n = page.rows.len().max(1) as f64;
     let (lo, hi) = decades(page);

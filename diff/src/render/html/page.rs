@@ -33,6 +33,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// The word the table and page show for it (`ok`, `FAIL`, ...).
     pub fn label(self) -> &'static str {
         match self {
             Verdict::Equal => "equal",
@@ -44,6 +45,7 @@ impl Verdict {
         }
     }
 
+    /// Whether it makes the diff exit 1: out of tolerance, or dtype or shape differ.
     pub fn is_red(self) -> bool {
         matches!(self, Verdict::Fail | Verdict::Mismatch)
     }
@@ -81,8 +83,11 @@ pub struct Page {
 /// One (layer, stage) row, or one global row (`layer: None`).
 #[derive(Debug, Clone)]
 pub struct PageRow {
+    /// The row's layer, `None` for a global stage.
     pub layer: Option<u32>,
+    /// The stage name.
     pub stage: String,
+    /// How the row compares.
     pub verdict: Verdict,
     /// The row's value (its worst position's): 0 is exact; not finite is
     /// drawn at the top of the chart.
@@ -133,23 +138,31 @@ impl PageRow {
 /// One position's value.
 #[derive(Debug, Clone, Copy)]
 pub struct PosValue {
+    /// The token position.
     pub pos: u32,
+    /// The slot, `None` in a single-sequence tree.
     pub slot: Option<u32>,
+    /// The position's value (as [`PageRow::value`]).
     pub value: f64,
+    /// Whether the position is within tolerance.
     pub pass: bool,
 }
 
 /// A titled block of lines in a row's panel.
 #[derive(Debug, Clone)]
 pub struct Detail {
+    /// The section's heading.
     pub title: String,
+    /// Its lines, shown as preformatted text.
     pub lines: Vec<String>,
 }
 
 /// A further value per row (`values[i]` for row `i`), drawn dashed.
 #[derive(Debug, Clone)]
 pub struct Series {
+    /// Its name in the chart's legend.
     pub name: String,
+    /// The value of each row, `None` where it has none.
     pub values: Vec<Option<f64>>,
 }
 
@@ -180,7 +193,9 @@ impl MarkerKind {
 /// A row pointed out, with what to say about it.
 #[derive(Debug, Clone)]
 pub struct Marker {
+    /// The index of the row in [`Page::rows`].
     pub row: usize,
+    /// What kind of point it is (sets its color).
     pub kind: MarkerKind,
     /// `first diverging op`, `largest error growth (+3.1e-2)`.
     pub label: String,

@@ -91,11 +91,15 @@ pub fn rope_qk_styled(
 /// The shape of one attention launch.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionShape {
+    /// Query rows in the launch.
     pub rows: usize,
     /// Position of the first query row; row r attends to keys `0..=pos0 + r`.
     pub pos0: usize,
+    /// Query heads.
     pub n_head: usize,
+    /// Key/value heads.
     pub n_kv: usize,
+    /// Size of one head.
     pub head_dim: usize,
 }
 
