@@ -53,4 +53,4 @@ cargo test --release --features cuda -p kernels --test cuda_kernels --test cuda_
 
 # Every public item of the library crates carries a doc (#![deny(missing_docs)]
 # is checked by the builds above); their intra-doc links must resolve too.
-RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --workspace --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --workspace --lib --quiet

@@ -7,7 +7,7 @@
 #![cfg_attr(feature = "compile-out", allow(dead_code, unused_imports))]
 
 use crate::dtype::{DType, TapElem};
-use crate::key::TapId;
+use crate::key::{Shard, TapId};
 use crate::writer::Active;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,6 +49,26 @@ pub fn tap<T: TapElem>(
 ) {
     if is_armed() {
         let id = TapId::new(stage, layer, pos, slot);
+        tap_armed(id, shape, bytemuck::cast_slice(data), T::DTYPE);
+    }
+}
+
+/// [`tap`] of one tensor-parallel rank's tensor: `shard` places it in the
+/// full tensor (none: a per-rank tensor of the full shape, such as an
+/// addend before an all-reduce). Same contract as [`tap`]; a shard whose
+/// axis is 0 or beyond the shape, whose range is empty or leaves `full`, or
+/// whose extent differs from `shape[axis]`, fails the capture's `finish()`.
+#[cfg(not(feature = "compile-out"))]
+#[inline(always)]
+pub fn tap_ranked<T: TapElem>(
+    id: TapId<'_>,
+    rank: u32,
+    shard: Option<Shard>,
+    shape: &[usize],
+    data: &[T],
+) {
+    if is_armed() {
+        let id = id.with_rank(Some(rank), shard);
         tap_armed(id, shape, bytemuck::cast_slice(data), T::DTYPE);
     }
 }
@@ -120,6 +140,18 @@ pub fn is_armed() -> bool {
 #[inline(always)]
 pub fn wants(_stage: &str, _layer: Option<u32>, _pos: Range<u32>, _slot: Option<u32>) -> bool {
     false
+}
+
+/// Does nothing: taps are compiled out (feature `compile-out`).
+#[cfg(feature = "compile-out")]
+#[inline(always)]
+pub fn tap_ranked<T: TapElem>(
+    _id: TapId<'_>,
+    _rank: u32,
+    _shard: Option<Shard>,
+    _shape: &[usize],
+    _data: &[T],
+) {
 }
 
 /// Does nothing: taps are compiled out (feature `compile-out`).

@@ -114,6 +114,16 @@ pub fn hash_line(out: &mut String, key: &Key, dtype: DType, shape: &[usize], bla
     }
     out.push('\t');
     out.push_str(blake3);
+    // Format 2.2: only a ranked tap's line grows, so trees without ranks
+    // keep their hashes.
+    if let Some(rank) = key.rank {
+        out.push_str("\trank ");
+        push_decimal(out, rank as u64);
+    }
+    if let Some(shard) = key.shard {
+        use std::fmt::Write as _;
+        let _ = write!(out, "\tshard {shard}");
+    }
     out.push('\n');
 }
 

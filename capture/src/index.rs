@@ -483,9 +483,12 @@ pub fn decode(index: &[u8], head: &IndexHead) -> std::result::Result<Vec<Entry>,
     Ok(out)
 }
 
-/// Whether a manifest of this version has an index beside it.
+/// Whether a manifest of this version has an index beside it. A ranked
+/// tree (format 2.2, tensor parallel) has none: its records hold no rank
+/// or shard, so its entries are read from the JSON.
 pub fn has_index(version: &str) -> bool {
     manifest::parse_version(version).is_some_and(|v| v >= (2, 1))
+        && version != manifest::FORMAT_VERSION_RANKED
 }
 
 fn bad_index(tree: &Path, reason: impl Into<String>) -> Error {

@@ -1,4 +1,5 @@
-//! A tap's identity: (stage, layer or none, position range, optional slot).
+//! A tap's identity: (stage, layer or none, position range, optional slot,
+//! and for a tensor-parallel run, optional rank and [`Shard`] placement).
 //!
 //! Keys are printed and parsed here and nowhere else: [`Key`] (owned, in the
 //! manifest), [`TapId`] (borrowed and `Copy`, on the hot path), [`RowId`]
@@ -26,6 +27,56 @@ pub struct Key {
     pub pos: Range<u32>,
     /// The sequence of a batched decode, or none.
     pub slot: Option<u32>,
+    /// The tensor-parallel rank that computed it, or none (a replicated or
+    /// single-device tensor). Absent from the manifest when none, so trees
+    /// without ranks keep their bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// Where this rank's tensor lies in the full one, or none: a ranked tap
+    /// without a shard is a per-rank tensor of the full shape (an addend
+    /// before an all-reduce).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<Shard>,
+}
+
+/// A shard's place in the full tensor: elements `start..end` of `full`
+/// along `axis` (never 0, the positions). The full tensor's shape is the
+/// tap's shape with `shape[axis] = full`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Shard {
+    /// The split axis of the tap's shape.
+    pub axis: u32,
+    /// First element along `axis` this shard holds.
+    pub start: u32,
+    /// One past the last.
+    pub end: u32,
+    /// The full tensor's extent along `axis`.
+    pub full: u32,
+}
+
+impl fmt::Display for Shard {
+    /// `1:0-320/576`, as tap file metadata and hash lines write it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}-{}/{}", self.axis, self.start, self.end, self.full)
+    }
+}
+
+impl FromStr for Shard {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Shard, String> {
+        let bad = || format!("shard {s:?} is not axis:start-end/full");
+        let (axis, rest) = s.split_once(':').ok_or_else(bad)?;
+        let (range, full) = rest.split_once('/').ok_or_else(bad)?;
+        let (start, end) = range.split_once('-').ok_or_else(bad)?;
+        let n = |v: &str| v.parse::<u32>().map_err(|_| bad());
+        Ok(Shard {
+            axis: n(axis)?,
+            start: n(start)?,
+            end: n(end)?,
+            full: n(full)?,
+        })
+    }
 }
 
 impl Key {
@@ -36,12 +87,21 @@ impl Key {
             layer,
             pos,
             slot: None,
+            rank: None,
+            shard: None,
         }
     }
 
     /// The same key in `slot`.
     pub fn with_slot(mut self, slot: Option<u32>) -> Key {
         self.slot = slot;
+        self
+    }
+
+    /// The same key computed by `rank`, placed in the full tensor by `shard`.
+    pub fn with_rank(mut self, rank: Option<u32>, shard: Option<Shard>) -> Key {
+        self.rank = rank;
+        self.shard = shard;
         self
     }
 
@@ -53,6 +113,7 @@ impl Key {
     /// The key, borrowed.
     pub fn id(&self) -> TapId<'_> {
         TapId::new(&self.stage, self.layer, self.pos.clone(), self.slot)
+            .with_rank(self.rank, self.shard)
     }
 }
 
@@ -72,7 +133,9 @@ impl FromStr for Key {
         let pos = parts
             .pos
             .ok_or_else(|| ParseKeyError::new(s, "no `@` position"))?;
-        Ok(Key::new(parts.stage, parts.layer, pos).with_slot(parts.slot))
+        Ok(Key::new(parts.stage, parts.layer, pos)
+            .with_slot(parts.slot)
+            .with_rank(parts.rank, None))
     }
 }
 
@@ -89,6 +152,10 @@ pub struct TapId<'a> {
     pub end: u32,
     /// The sequence of a batched decode, or none.
     pub slot: Option<u32>,
+    /// The tensor-parallel rank, or none.
+    pub rank: Option<u32>,
+    /// The rank's place in the full tensor, or none.
+    pub shard: Option<Shard>,
 }
 
 impl<'a> TapId<'a> {
@@ -100,6 +167,17 @@ impl<'a> TapId<'a> {
             start: pos.start,
             end: pos.end,
             slot,
+            rank: None,
+            shard: None,
+        }
+    }
+
+    /// The same tap computed by `rank`, placed by `shard`.
+    pub fn with_rank(self, rank: Option<u32>, shard: Option<Shard>) -> TapId<'a> {
+        TapId {
+            rank,
+            shard,
+            ..self
         }
     }
 
@@ -124,7 +202,9 @@ impl<'a> TapId<'a> {
 
     /// The owned key.
     pub fn to_key(&self) -> Key {
-        Key::new(self.stage, self.layer, self.pos()).with_slot(self.slot)
+        Key::new(self.stage, self.layer, self.pos())
+            .with_slot(self.slot)
+            .with_rank(self.rank, self.shard)
     }
 
     /// The row of a report this tap belongs to.
@@ -141,7 +221,11 @@ impl fmt::Display for TapId<'_> {
         } else {
             write!(f, "@{}..{}", self.start, self.end)?;
         }
-        write_slot(f, self.slot)
+        write_slot(f, self.slot)?;
+        match self.rank {
+            Some(rank) => write!(f, " rank {rank}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -176,7 +260,7 @@ impl FromStr for RowId {
 
     fn from_str(s: &str) -> Result<RowId, ParseKeyError> {
         let parts = Parts::parse(s)?;
-        if parts.pos.is_some() || parts.slot.is_some() {
+        if parts.pos.is_some() || parts.slot.is_some() || parts.rank.is_some() {
             return Err(ParseKeyError::new(s, "a row names no position or slot"));
         }
         Ok(RowId::new(parts.layer, parts.stage))
@@ -294,6 +378,7 @@ struct Parts<'s> {
     /// The position was written as one number, not a range.
     single: bool,
     slot: Option<u32>,
+    rank: Option<u32>,
 }
 
 impl<'s> Parts<'s> {
@@ -305,6 +390,10 @@ impl<'s> Parts<'s> {
                 .map_err(|_| bad(&format!("{what} {:?} is not a number", n.trim())))
         };
         let s = text.trim();
+        let (s, rank) = match s.rsplit_once(" rank ") {
+            Some((head, n)) => (head, Some(number(n, "rank")?)),
+            None => (s, None),
+        };
         let (s, slot) = match s.split_once(" slot ") {
             Some((head, n)) => (head, Some(number(n, "slot")?)),
             None => (s, None),
@@ -342,6 +431,7 @@ impl<'s> Parts<'s> {
             pos,
             single,
             slot,
+            rank,
         })
     }
 }
@@ -369,6 +459,25 @@ mod tests {
         );
         assert_eq!(Key::new("x", Some(0), 4..5).to_string(), "L0/x@4");
         assert!("L3/ffn_down".parse::<Key>().is_err());
+        let ranked: Key = "L5/o_proj_partial@0..7 rank 1".parse().unwrap();
+        assert_eq!(ranked.rank, Some(1));
+        assert_eq!(ranked.to_string(), "L5/o_proj_partial@0..7 rank 1");
+        assert!("L5/x@0 rank q".parse::<Key>().is_err());
+    }
+
+    #[test]
+    fn shards_print_and_parse_back() {
+        let s = Shard {
+            axis: 1,
+            start: 64,
+            end: 320,
+            full: 576,
+        };
+        assert_eq!(s.to_string(), "1:64-320/576");
+        assert_eq!(s.to_string().parse::<Shard>().unwrap(), s);
+        for bad in ["", "1:64-320", "1:64/576", "x:0-1/2", "1-0:1/2"] {
+            assert!(bad.parse::<Shard>().is_err(), "{bad:?} parsed");
+        }
     }
 
     #[test]

@@ -57,13 +57,13 @@ pub mod stage;
 pub mod tapfile;
 mod writer;
 
-pub use arm::{is_armed, tap, wants};
+pub use arm::{is_armed, tap, tap_ranked, wants};
 pub use compare::{compare, Comparison, Difference};
 pub use dtype::{DType, TapElem};
 pub use error::{Error, Result};
 /// The `half` crate whose `f16` and `bf16` implement [`TapElem`].
 pub use half;
-pub use key::{Key, ParseKeyError, RowId, Site, TapId};
+pub use key::{Key, ParseKeyError, RowId, Shard, Site, TapId};
 pub use manifest::{Entry, Manifest, RunInfo, FORMAT_VERSION};
 pub use manifest_file::ManifestHead;
 pub use reader::{TensorView, TreeReader, Verified};

@@ -27,6 +27,10 @@ use std::fmt::Write as _;
 /// The format version this crate writes, `major.minor`. A reader refuses a
 /// major version it does not know; a newer minor only adds fields it may ignore.
 pub const FORMAT_VERSION: &str = "2.1";
+/// The version written instead of [`FORMAT_VERSION`] by a tree (and in the
+/// tap files) holding ranked taps (tensor parallel: `rank` and `shard` in
+/// the key). Trees without ranks still write 2.1, byte for byte as before.
+pub const FORMAT_VERSION_RANKED: &str = "2.2";
 /// The major version this crate writes, and the newest it reads.
 pub const FORMAT_MAJOR: u32 = 2;
 /// The oldest major version this crate reads (format 1: hashes in capture
@@ -259,6 +263,9 @@ pub fn path_of(key: &Key) -> String {
     );
     if let Some(slot) = key.slot {
         let _ = write!(p, ".s{slot}");
+    }
+    if let Some(rank) = key.rank {
+        let _ = write!(p, ".r{rank}");
     }
     p.push_str(".safetensors");
     p

@@ -314,19 +314,21 @@ pub(crate) fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<()> {
     let sealed = manifest::seal(&mut json);
     debug_assert!(sealed, "ManifestOut writes a manifest_blake3");
     // The index first: a manifest of format 2.1 is never without one.
-    let index = crate::index::build(&json, manifest).map_err(|reason| Error::BadManifest {
-        path: path.clone(),
-        reason,
-    })?;
-    let index_tmp = dir.join(format!("{}.tmp", crate::index::INDEX_FILE));
-    let index_path = dir.join(crate::index::INDEX_FILE);
-    let write_index = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&index_tmp)?;
-        f.write_all(&index)?;
-        f.sync_all()
-    };
-    write_index().map_err(|e| Error::io(&index_tmp, e))?;
-    std::fs::rename(&index_tmp, &index_path).map_err(|e| Error::io(&index_path, e))?;
+    if crate::index::has_index(&manifest.format_version) {
+        let index = crate::index::build(&json, manifest).map_err(|reason| Error::BadManifest {
+            path: path.clone(),
+            reason,
+        })?;
+        let index_tmp = dir.join(format!("{}.tmp", crate::index::INDEX_FILE));
+        let index_path = dir.join(crate::index::INDEX_FILE);
+        let write_index = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&index_tmp)?;
+            f.write_all(&index)?;
+            f.sync_all()
+        };
+        write_index().map_err(|e| Error::io(&index_tmp, e))?;
+        std::fs::rename(&index_tmp, &index_path).map_err(|e| Error::io(&index_path, e))?;
+    }
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(&json)?;

@@ -216,9 +216,15 @@ impl Capture {
                 });
             }
         }
+        let ranked = entries.iter().any(|e| e.key.rank.is_some());
         let mut manifest = Manifest {
             format: "taptree".into(),
-            format_version: FORMAT_VERSION.into(),
+            format_version: if ranked {
+                crate::manifest::FORMAT_VERSION_RANKED
+            } else {
+                FORMAT_VERSION
+            }
+            .into(),
             root: String::new(),
             manifest_blake3: None,
             run: std::mem::take(&mut self.run),

@@ -20,7 +20,12 @@ const MAX_HEADER: u64 = 1 << 20;
 /// to a multiple of 8 so the data is aligned for any dtype when mapped.
 pub fn encode_header(key: &Key, dtype: DType, shape: &[usize], data_len: usize) -> Vec<u8> {
     let mut meta = serde_json::Map::new();
-    meta.insert("taptree.format".into(), FORMAT_VERSION.into());
+    let version = if key.rank.is_some() || key.shard.is_some() {
+        crate::manifest::FORMAT_VERSION_RANKED
+    } else {
+        FORMAT_VERSION
+    };
+    meta.insert("taptree.format".into(), version.into());
     meta.insert("taptree.key".into(), key.to_string().into());
     meta.insert("stage".into(), key.stage.clone().into());
     if let Some(layer) = key.layer {
@@ -30,6 +35,12 @@ pub fn encode_header(key: &Key, dtype: DType, shape: &[usize], data_len: usize) 
     meta.insert("pos_end".into(), key.pos.end.to_string().into());
     if let Some(slot) = key.slot {
         meta.insert("slot".into(), slot.to_string().into());
+    }
+    if let Some(rank) = key.rank {
+        meta.insert("rank".into(), rank.to_string().into());
+    }
+    if let Some(shard) = key.shard {
+        meta.insert("shard".into(), shard.to_string().into());
     }
     let header = serde_json::json!({
         "__metadata__": meta,
@@ -90,6 +101,8 @@ struct RawMeta<'a> {
     pos_start: Option<&'a str>,
     pos_end: Option<&'a str>,
     slot: Option<&'a str>,
+    rank: Option<&'a str>,
+    shard: Option<&'a str>,
 }
 
 /// Parses the header of a whole tap file held in `bytes` (or mapped).
@@ -187,7 +200,14 @@ fn key_from_metadata(meta: &RawMeta) -> Result<Key, String> {
     )?;
     let end = num("pos_end", meta.pos_end.ok_or_else(|| missing("pos_end"))?)?;
     let slot = meta.slot.map(|v| num("slot", v)).transpose()?;
-    Ok(Key::new(stage, layer, start..end).with_slot(slot))
+    let rank = meta.rank.map(|v| num("rank", v)).transpose()?;
+    let shard = meta
+        .shard
+        .map(|v| v.parse::<crate::key::Shard>())
+        .transpose()?;
+    Ok(Key::new(stage, layer, start..end)
+        .with_slot(slot)
+        .with_rank(rank, shard))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 
 use crate::dtype::DType;
 use crate::error::Error;
-use crate::key::{Key, TapId};
+use crate::key::{Key, Shard, TapId};
 use crate::manifest::{self, Entry};
 use crate::select::Selection;
 use crate::tapfile;
@@ -154,6 +154,11 @@ impl Active {
                 format!("shape {shape:?}: axis 0 must be the {rows} positions of {pos:?}"),
             );
         }
+        if let Some(shard) = id.shard {
+            if let Err(reason) = check_shard(shard, shape) {
+                return self.misuse(&key(), reason);
+            }
+        }
         let elements = match tapfile::element_count(shape) {
             Ok(n) => n,
             Err(reason) => return self.misuse(&key(), reason),
@@ -192,6 +197,29 @@ impl Active {
             }
         }
     }
+}
+
+/// Whether `shard` can place a tensor of `shape` in a full one.
+pub(crate) fn check_shard(shard: Shard, shape: &[usize]) -> Result<(), String> {
+    let axis = shard.axis as usize;
+    if axis == 0 || axis >= shape.len() {
+        return Err(format!(
+            "shard {shard}: axis {axis} is not a non-position axis of shape {shape:?}"
+        ));
+    }
+    if shard.start >= shard.end || shard.end > shard.full {
+        return Err(format!(
+            "shard {shard}: range is empty or leaves the full extent"
+        ));
+    }
+    if (shard.end - shard.start) as usize != shape[axis] {
+        return Err(format!(
+            "shard {shard}: holds {} along axis {axis}, shape {shape:?} has {}",
+            shard.end - shard.start,
+            shape[axis]
+        ));
+    }
+    Ok(())
 }
 
 fn write_loop(dir: &Path, rx: &Mutex<Receiver<Job>>, budget: &Budget) -> Written {

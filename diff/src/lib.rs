@@ -41,6 +41,7 @@ pub mod stat;
 pub mod tolerance;
 pub mod tree;
 pub mod truth;
+pub mod unshard;
 pub mod walk;
 
 pub use metrics::Metrics;
@@ -88,6 +89,18 @@ pub enum Error {
         /// The stage whose layout is declared.
         stage: String,
         /// What the diff cannot reconcile.
+        reason: String,
+    },
+
+    /// A tensor-parallel tap's shards do not make one full tensor: one
+    /// missing, two overlapping, or declarations that disagree.
+    #[error("{}: {key}: {reason}", path.display())]
+    Shards {
+        /// The tree.
+        path: PathBuf,
+        /// The full tensor's key.
+        key: String,
+        /// What is wrong.
         reason: String,
     },
 

@@ -15,11 +15,38 @@ pub fn open(
     precision: Precision,
     switches: &Switches,
 ) -> Result<Box<dyn Forward>, ForwardError> {
+    if switches.tp_skip().is_some() {
+        return Err(ForwardError::Unsupported(format!(
+            "{}: a tensor-parallel fault needs --tp 2 or more",
+            crate::switches::TP_SKIP_VAR
+        )));
+    }
     match name {
         "cpu" => Ok(Box::new(CpuForward::new(weights, precision, switches)?)),
         "cuda" => open_cuda(weights, precision, switches),
         other => Err(ForwardError::Unsupported(format!(
             "{other}: unknown backend (expected cpu or cuda)"
+        ))),
+    }
+}
+
+/// Opens the `name` backend split over `tp` tensor-parallel ranks: `tp`
+/// 1 is [`open`] (the one-device forward, unchanged); more is the CPU's
+/// simulated tensor parallelism ([`crate::cpu::tp`]).
+pub fn open_tp(
+    name: &str,
+    weights: &ModelWeights,
+    precision: Precision,
+    switches: &Switches,
+    tp: usize,
+) -> Result<Box<dyn Forward>, ForwardError> {
+    match (name, tp) {
+        (_, 1) => open(name, weights, precision, switches),
+        ("cpu", _) => Ok(Box::new(crate::cpu::tp::TpForward::new(
+            weights, precision, switches, tp,
+        )?)),
+        (other, _) => Err(ForwardError::Unsupported(format!(
+            "--tp {tp}: tensor parallelism runs on the cpu backend only, not {other}"
         ))),
     }
 }

@@ -16,6 +16,11 @@
 //! llamacpp`, llama.cpp's flash attention instead of its plain attention (the
 //! same variable switches it in the llama.cpp adapter's captures).
 //!
+//! `TAPTREE_FAULT_TP_SKIP_ALLREDUCE=RANK@LAYER/STAGE` (`STAGE` `o_proj` or
+//! `ffn_down`) is a **fault-injection** switch for testing the diff, not a
+//! precision: under `--tp N` it leaves that rank's partial sum out of that
+//! layer's all-reduce (`1@5/o_proj`). Other forwards refuse it.
+//!
 //! The switches that are set are recorded in the manifest's `run.switches`,
 //! so `taptree bisect switches` can flip them.
 
@@ -93,6 +98,67 @@ pub enum SwitchError {
         /// The value given.
         value: String,
     },
+    /// A fault switch that does not parse.
+    #[error("TAPTREE_FAULT_TP_SKIP_ALLREDUCE: bad value {value:?}: expected RANK@LAYER/STAGE with STAGE o_proj or ffn_down, e.g. 1@5/o_proj")]
+    BadTpSkip {
+        /// The value given.
+        value: String,
+    },
+}
+
+/// The fault switch that drops one rank's partial sum from one all-reduce.
+pub const TP_SKIP_VAR: &str = "TAPTREE_FAULT_TP_SKIP_ALLREDUCE";
+
+/// A row-parallel stage whose partial sums an all-reduce adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reduce {
+    /// The attention output projection.
+    OProj,
+    /// The FFN down projection.
+    FfnDown,
+}
+
+/// A planted tensor-parallel fault: `rank`'s partial sum of `stage` in
+/// `layer` is left out of the all-reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TpSkip {
+    /// The rank whose contribution is dropped.
+    pub rank: usize,
+    /// The layer.
+    pub layer: usize,
+    /// The all-reduced stage.
+    pub stage: Reduce,
+}
+
+impl TpSkip {
+    /// Parses `RANK@LAYER/STAGE`.
+    pub fn parse(v: &str) -> Result<TpSkip, SwitchError> {
+        let bad = || SwitchError::BadTpSkip {
+            value: v.to_string(),
+        };
+        let (rank, rest) = v.trim().split_once('@').ok_or_else(bad)?;
+        let (layer, stage) = rest.split_once('/').ok_or_else(bad)?;
+        Ok(TpSkip {
+            rank: rank.parse().map_err(|_| bad())?,
+            layer: layer.parse().map_err(|_| bad())?,
+            stage: match stage {
+                "o_proj" => Reduce::OProj,
+                "ffn_down" => Reduce::FfnDown,
+                _ => return Err(bad()),
+            },
+        })
+    }
+}
+
+impl std::fmt::Display for TpSkip {
+    /// `1@5/o_proj`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let stage = match self.stage {
+            Reduce::OProj => "o_proj",
+            Reduce::FfnDown => "ffn_down",
+        };
+        write!(f, "{}@{}/{stage}", self.rank, self.layer)
+    }
 }
 
 /// The variable that selects llama.cpp's flash attention under
@@ -105,6 +171,7 @@ pub const FLASH_ATTN_VAR: &str = "TAPTREE_LLAMACPP_FLASH_ATTN";
 pub struct Switches {
     set: BTreeMap<Family, ActPrecision>,
     flash_attn: Option<bool>,
+    tp_skip: Option<TpSkip>,
 }
 
 impl Switches {
@@ -145,6 +212,10 @@ impl Switches {
                 });
                 continue;
             }
+            if k == TP_SKIP_VAR {
+                s.tp_skip = Some(TpSkip::parse(v)?);
+                continue;
+            }
             if !k.starts_with("TAPTREE_ACT_") {
                 continue;
             }
@@ -177,6 +248,17 @@ impl Switches {
     pub fn with_flash_attn(mut self, on: bool) -> Switches {
         self.flash_attn = Some(on);
         self
+    }
+
+    /// Plants a tensor-parallel fault (see [`TpSkip`]).
+    pub fn with_tp_skip(mut self, skip: TpSkip) -> Switches {
+        self.tp_skip = Some(skip);
+        self
+    }
+
+    /// The planted tensor-parallel fault, if any.
+    pub fn tp_skip(&self) -> Option<TpSkip> {
+        self.tp_skip
     }
 
     /// Whether llama.cpp's flash attention is asked for.
@@ -220,6 +302,9 @@ impl Switches {
                 FLASH_ATTN_VAR.to_string(),
                 if on { "1" } else { "0" }.into(),
             );
+        }
+        if let Some(skip) = self.tp_skip {
+            m.insert(TP_SKIP_VAR.to_string(), skip.to_string());
         }
         m
     }
@@ -278,6 +363,18 @@ mod tests {
             e.to_string(),
             "TAPTREE_LLAMACPP_FLASH_ATTN: bad value \"on\": expected 0 or 1"
         );
+    }
+
+    #[test]
+    fn the_tp_fault_is_a_recorded_switch() {
+        let s = Switches::from_vars([(TP_SKIP_VAR, "1@5/o_proj")]).unwrap();
+        let skip = s.tp_skip().unwrap();
+        assert_eq!((skip.rank, skip.layer, skip.stage), (1, 5, Reduce::OProj));
+        assert_eq!(s.to_map()[TP_SKIP_VAR], "1@5/o_proj");
+        for bad in ["1@5", "1/o_proj", "a@5/o_proj", "1@5/attn", ""] {
+            let e = Switches::from_vars([(TP_SKIP_VAR, bad)]).unwrap_err();
+            assert!(e.to_string().starts_with(TP_SKIP_VAR), "{e}");
+        }
     }
 
     #[test]

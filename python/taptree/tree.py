@@ -78,7 +78,14 @@ def key_text(key):
     out += "%s@%s" % (key["stage"], start if end == start + 1 else "%d..%d" % (start, end))
     if key.get("slot") is not None:
         out += " slot %d" % key["slot"]
+    if key.get("rank") is not None:
+        out += " rank %d" % key["rank"]
     return out
+
+
+def shard_text(shard):
+    """`1:0-320/576`: a tensor-parallel shard's axis, range and full extent."""
+    return "%d:%d-%d/%d" % (shard["axis"], shard["start"], shard["end"], shard["full"])
 
 
 def _hash_line(e):
@@ -96,6 +103,11 @@ def _hash_line(e):
             e["blake3"],
         ]
     )
+    # Format 2.2: a ranked tap's line carries its rank and shard.
+    if k.get("rank") is not None:
+        line += "\trank %d" % k["rank"]
+    if k.get("shard") is not None:
+        line += "\tshard " + shard_text(k["shard"])
     return line + "\n"
 
 

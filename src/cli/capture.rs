@@ -51,6 +51,10 @@ pub struct Args {
     /// `TAPTREE_ACT_*` variables override it per op family.
     #[arg(long, default_value = "f32")]
     pub precision: String,
+    /// Tensor-parallel ranks, simulated on the cpu backend (docs/TP.md):
+    /// 1 (the default) is the one-device forward, unchanged.
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
     /// Which taps to write, e.g. `stage=ffn_*;layer=20..30;pos=0`. Default: all.
     #[arg(long)]
     pub select: Option<String>,
@@ -113,7 +117,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let selection = selection(&args)?;
     let force = force(&args);
     let (model, seqs) = load_sequences(&args)?;
-    let mut fwd = backend::open(&args.backend, &model.weights, precision, &switches)?;
+    let mut fwd = backend::open_tp(&args.backend, &model.weights, precision, &switches, args.tp)?;
     let stop = stop_ids(&args, &model);
 
     let run_info = capture::RunInfo {
@@ -136,7 +140,17 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         .collect(),
         ..Default::default()
     };
-    let stages = stages::for_config(&model.weights.config);
+    let mut run_info = run_info;
+    let stages = match args.tp {
+        1 => stages::for_config(&model.weights.config),
+        _ => {
+            // Only a split run says so: a one-device manifest keeps its bytes.
+            run_info
+                .extra
+                .insert("tp".into(), serde_json::json!(args.tp));
+            kernels::cpu::tp::stages(&model.weights.config)
+        }
+    };
     check_selection(&selection, &stages)?;
     let mut cap = match out {
         Some(out) => Some(capture::Capture::start(capture::CaptureOptions {

@@ -182,27 +182,30 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         }
     }
     let mut notes = Vec::new();
+    // Tensor-parallel trees are compared unsharded (diff::unshard).
+    let tp = super::diff_tp::Views::new((&a, &b), truth.as_ref(), &mut notes)?;
+    let (a_tp, b_tp, t_tp) = tp.trees((&a, &b), truth.as_ref());
     // --align: the side with the extra leading tokens is shifted (a truth
     // goes with A).
     let shift = u32::try_from(args.align.unsigned_abs())
         .map_err(|_| anyhow::anyhow!("--align {}: too large", args.align))?;
-    let shifted_a = (args.align < 0).then(|| diff::align::Shifted::new(&a, shift));
-    let shifted_t = match (&truth, args.align < 0) {
+    let shifted_a = (args.align < 0).then(|| diff::align::Shifted::new(a_tp, shift));
+    let shifted_t = match (t_tp, args.align < 0) {
         (Some(t), true) => Some(diff::align::Shifted::new(t, shift)),
         _ => None,
     };
-    let shifted_b = (args.align > 0).then(|| diff::align::Shifted::new(&b, shift));
+    let shifted_b = (args.align > 0).then(|| diff::align::Shifted::new(b_tp, shift));
     if args.align != 0 {
         notes.push(format!(
             "aligned: position p of A is compared with position p{:+} of B",
             args.align
         ));
     }
-    let a_ref: &dyn diff::Tree = shifted_a.as_ref().map_or(&a, |s| s as _);
-    let b_ref: &dyn diff::Tree = shifted_b.as_ref().map_or(&b, |s| s as _);
-    let t_ref: Option<&dyn diff::Tree> = match (&shifted_t, &truth) {
+    let a_ref: &dyn diff::Tree = shifted_a.as_ref().map_or(a_tp, |s| s as _);
+    let b_ref: &dyn diff::Tree = shifted_b.as_ref().map_or(b_tp, |s| s as _);
+    let t_ref: Option<&dyn diff::Tree> = match (&shifted_t, t_tp) {
         (Some(s), _) => Some(s as _),
-        (None, Some(t)) => Some(t as _),
+        (None, Some(t)) => Some(t),
         _ => None,
     };
     if !args.all_positions {
@@ -236,6 +239,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         common_only: args.common_only,
     };
     let mut report = diff::diff(a_ref, b_ref, t_ref, &opts)?;
+    tp.explain(&report, (&a, &b), &mut notes)?;
     report.notes = notes;
     if args.controls {
         let c = controls::run(a_ref, b_ref, &opts, perturb_at.as_ref())?;
@@ -249,6 +253,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     std::mem::forget(report);
     std::mem::forget(reconciled);
     std::mem::forget((shifted_a, shifted_b, shifted_t));
+    std::mem::forget(tp);
     std::mem::forget((a, b, truth));
     Ok(code)
 }

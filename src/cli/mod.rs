@@ -3,6 +3,7 @@
 pub mod bisect;
 pub mod capture;
 pub mod diff;
+mod diff_tp;
 pub mod drift;
 pub mod engine;
 pub mod ls;

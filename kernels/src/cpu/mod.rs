@@ -23,6 +23,7 @@ pub mod residual;
 pub mod rope;
 pub mod rows;
 mod rows_avx;
+pub mod tp;
 pub mod weights;
 
 pub use forward::CpuForward;

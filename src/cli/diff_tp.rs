@@ -1,0 +1,106 @@
+//! `taptree diff` of tensor-parallel trees: each ranked tree is compared
+//! through its unsharded view (`diff::unshard`), and the first diverging
+//! row is explained by rank.
+
+use capture::TreeReader;
+use diff::unshard::{is_ranked, rank_count, rank_notes, Unsharded};
+use diff::Tree;
+
+/// The unsharded views of the ranked trees among A, B and the truth.
+pub struct Views<'t> {
+    a: Option<Unsharded<'t>>,
+    b: Option<Unsharded<'t>>,
+    truth: Option<Unsharded<'t>>,
+}
+
+impl<'t> Views<'t> {
+    /// Views of whichever trees carry ranks; says in `notes` what is left out.
+    pub fn new(
+        (a, b): (&'t TreeReader, &'t TreeReader),
+        truth: Option<&'t TreeReader>,
+        notes: &mut Vec<String>,
+    ) -> anyhow::Result<Views<'t>> {
+        let (ra, rb) = (is_ranked(a.manifest()), is_ranked(b.manifest()));
+        // Partial sums are compared rank by rank only when both sides have
+        // them over the same ranks (TP=2's rank 1 sums other columns than TP=4's).
+        let keep = ra && rb && rank_count(a.manifest()) == rank_count(b.manifest());
+        let view = |t: &'t TreeReader, ranked: bool| -> anyhow::Result<Option<Unsharded<'t>>> {
+            Ok(match ranked {
+                true => Some(Unsharded::new(t, keep)?),
+                false => None,
+            })
+        };
+        let views = Views {
+            a: view(a, ra)?,
+            b: view(b, rb)?,
+            truth: match truth {
+                Some(t) => view(t, is_ranked(t.manifest()))?,
+                None => None,
+            },
+        };
+        if ra || rb {
+            let tps: Vec<String> = [a, b]
+                .iter()
+                .map(|t| {
+                    t.manifest()
+                        .run
+                        .extra
+                        .get("tp")
+                        .map_or("1".into(), |v| v.to_string())
+                })
+                .collect();
+            notes.push(format!(
+                "tensor parallel: A tp {}, B tp {}; shards compared as the full tensors they tile",
+                tps[0], tps[1]
+            ));
+            if !keep {
+                let why = match ra && rb {
+                    true => "the trees do not split over the same ranks",
+                    false => "the other tree has no ranks",
+                };
+                notes.push(format!(
+                    "per-rank partial sums (*_partial) not compared: {why} \
+                     (the all-reduced sums are compared)"
+                ));
+            }
+        }
+        Ok(views)
+    }
+
+    /// A, B and the truth as the walk should see them.
+    pub fn trees<'s>(
+        &'s self,
+        (a, b): (&'s TreeReader, &'s TreeReader),
+        truth: Option<&'s TreeReader>,
+    ) -> (&'s dyn Tree, &'s dyn Tree, Option<&'s dyn Tree>) {
+        let pick = |v: &'s Option<Unsharded<'t>>, t: &'s TreeReader| -> &'s dyn Tree {
+            match v {
+                Some(v) => v,
+                None => t,
+            }
+        };
+        (
+            pick(&self.a, a),
+            pick(&self.b, b),
+            truth.map(|t| pick(&self.truth, t)),
+        )
+    }
+
+    /// Notes on the first diverging row from the ranks, when either tree has them.
+    pub fn explain(
+        &self,
+        report: &diff::Report,
+        (a, b): (&TreeReader, &TreeReader),
+        notes: &mut Vec<String>,
+    ) -> anyhow::Result<()> {
+        if self.a.is_none() && self.b.is_none() {
+            return Ok(());
+        }
+        let Some(row) = report.first_divergence.map(|i| &report.rows[i]) else {
+            return Ok(());
+        };
+        let (va, vb, _) = self.trees((a, b), None);
+        notes.extend(rank_notes((a, b), (va, vb), row.layer, &row.stage)?);
+        Ok(())
+    }
+}
