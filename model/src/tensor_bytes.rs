@@ -45,6 +45,24 @@ impl TensorBytes {
         }
     }
 
+    /// Bytes `range` of these (relative to their start), sharing the same
+    /// map or buffer: no copy.
+    ///
+    /// # Panics
+    /// When `range` is not within these bytes.
+    pub fn slice(&self, range: Range<usize>) -> TensorBytes {
+        assert!(
+            range.start <= range.end && range.end <= self.len(),
+            "{range:?} is outside {} bytes",
+            self.len()
+        );
+        let start = self.range.start;
+        TensorBytes {
+            owner: self.owner.clone(),
+            range: start + range.start..start + range.end,
+        }
+    }
+
     /// Whether these bytes are a slice of a file's map (not a copy).
     pub fn is_mapped(&self) -> bool {
         matches!(self.owner, Owner::Map(_))
@@ -128,6 +146,9 @@ mod tests {
         let s = TensorBytes::mapped(map, 1..4);
         assert!(s.is_mapped());
         assert_eq!(&s[..], &[11, 12, 13]);
+        let sub = s.slice(1..3);
+        assert!(sub.is_mapped());
+        assert_eq!(&sub[..], &[12, 13]);
         let mut w = s.clone();
         w[0] = 0;
         assert!(!w.is_mapped());
