@@ -15,7 +15,11 @@
 # - the armed capture's cost end to end, as a user meets it: `taptree
 #   capture` of a full tree against the same run keeping only the logits
 #   (--select stage=logits), ROUNDS rounds (default 5) interleaved, wall
-#   clock medians, and the ratio of the medians.
+#   clock medians, and the ratio of the medians; SYNC_THREADS="8 64" repeats
+#   it per TAPTREE_SYNC_THREADS value, FRESH=1 writes every capture to a new
+#   directory instead of replacing the last tree (no deletion in the timed
+#   region). TAPTREE_TIMING=1 in the environment makes each capture print
+#   its finish's phases (see the last capture's log).
 set -uo pipefail
 
 TAPTREE=${TAPTREE:-taptree}
@@ -46,23 +50,57 @@ timed() {
     awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f\n", b - a}'
 }
 
-echo "=== armed capture end to end: full tree vs logits only ($ROUNDS rounds, interleaved)"
-base=("$TAPTREE" capture --model "$MODEL" --backend cuda --chat "$PROMPT" --gen "$GEN" --force)
-echo "\$ ${base[*]} --out $WORK/logits --select stage=logits"
-echo "\$ ${base[*]} --out $WORK/full"
-: >"$WORK/logits.s"
-: >"$WORK/full.s"
-# One warm-up of each (the PTX cache, the page cache of the model).
-timed "${base[@]}" --out "$WORK/logits" --select stage=logits >/dev/null
-timed "${base[@]}" --out "$WORK/full" >/dev/null
-for _ in $(seq "$ROUNDS"); do
-    timed "${base[@]}" --out "$WORK/logits" --select stage=logits >>"$WORK/logits.s"
-    timed "${base[@]}" --out "$WORK/full" >>"$WORK/full.s"
+# One end-to-end comparison: ROUNDS rounds of the logits-only and the full
+# capture, interleaved, after one warm-up of each. By default each replaces
+# the last tree with --force, as a user re-running does: the filesystem's
+# work for the deleted tree (on ext4 mounted with discard, seconds) then
+# lands on the next capture. With FRESH=1 each capture writes a new
+# directory and nothing is deleted until every round is done: the capture's
+# own cost.
+e2e() {
+    local label=$1
+    echo "=== armed capture end to end, $label: full tree vs logits only ($ROUNDS rounds, interleaved)"
+    local base=("$TAPTREE" capture --model "$MODEL" --backend cuda --chat "$PROMPT" --gen "$GEN")
+    local force=(--force)
+    [[ ${FRESH:-0} == 1 ]] && force=()
+    local tag=""
+    [[ ${FRESH:-0} == 1 ]] && tag="-ROUND"
+    echo "\$ ${base[*]} ${force[*]} --out $WORK/logits$tag --select stage=logits"
+    echo "\$ ${base[*]} ${force[*]} --out $WORK/full$tag"
+    : >"$WORK/logits.s"
+    : >"$WORK/full.s"
+    local round
+    for round in $(seq 0 "$ROUNDS"); do
+        local l f sfx=""
+        [[ ${FRESH:-0} == 1 ]] && sfx="-$round"
+        l=$(timed "${base[@]}" "${force[@]}" --out "$WORK/logits$sfx" --select stage=logits)
+        f=$(timed "${base[@]}" "${force[@]}" --out "$WORK/full$sfx")
+        # Round 0 is the warm-up (the PTX cache, the page cache of the model).
+        if ((round > 0)); then
+            echo "$l" >>"$WORK/logits.s"
+            echo "$f" >>"$WORK/full.s"
+        fi
+    done
+    grep '^captured' "$WORK/last.log"
+    l=$(median <"$WORK/logits.s")
+    f=$(median <"$WORK/full.s")
+    echo "logits only: $(xargs <"$WORK/logits.s") s; median $l s"
+    echo "full tree:   $(xargs <"$WORK/full.s") s; median $f s"
+    echo "full / logits-only ($label): x$(awk -v a="$f" -v b="$l" 'BEGIN {printf "%.2f", a / b}')"
+    if [[ ${FRESH:-0} == 1 ]]; then
+        du -sh "$WORK/full-$ROUNDS" "$WORK/logits-$ROUNDS" 2>/dev/null
+        rm -rf "$WORK"/full-* "$WORK"/logits-*
+    fi
+}
+
+# SYNC_THREADS="8 64": one comparison per TAPTREE_SYNC_THREADS value (the
+# threads that fdatasync the tap files at the end); default: the built-in.
+for t in ${SYNC_THREADS:-default}; do
+    if [[ $t == default ]]; then
+        unset TAPTREE_SYNC_THREADS
+    else
+        export TAPTREE_SYNC_THREADS=$t
+    fi
+    e2e "sync threads $t${FRESH:+, fresh trees}"
 done
-grep '^captured' "$WORK/last.log"
-l=$(median <"$WORK/logits.s")
-f=$(median <"$WORK/full.s")
-echo "logits only: $(xargs <"$WORK/logits.s") s; median $l s"
-echo "full tree:   $(xargs <"$WORK/full.s") s; median $f s"
-echo "full / logits-only: x$(awk -v a="$f" -v b="$l" 'BEGIN {printf "%.2f", a / b}')"
-du -sh "$WORK/full" "$WORK/logits" 2>/dev/null
+[[ ${FRESH:-0} == 1 ]] || du -sh "$WORK/full" "$WORK/logits" 2>/dev/null

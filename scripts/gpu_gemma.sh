@@ -34,8 +34,9 @@ tests() {
     step "device"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
     step "differential kernel tests and forward tests"
-    run cuda_kernels --test-threads=1
-    run cuda_forward --test-threads=1
+    for t in cuda_kernels cuda_kernels_q8 cuda_kernels_gemma cuda_forward cuda_fused; do
+        run "$t" --test-threads=1
+    done
 }
 [[ ${TESTS:-0} == 1 ]] && tests
 

@@ -476,6 +476,68 @@ fn bisect_commits_rejects_reversed_endpoints_and_bad_revisions() {
     let _ = &t.tmp;
 }
 
+/// The bisect of commits 1..=32 with every step's capture command first
+/// logging its build directories and what it finds in the shared one, then
+/// leaving a file of its own there; `extra` is added to the arguments.
+fn build_dirs_of_steps(extra: &[&str]) -> (Vec<String>, Vec<String>) {
+    let t = setup(F32_CFG);
+    let dirs = t.tmp.path().join("dirs.log");
+    let seen = t.tmp.path().join("seen.log");
+    let cmd = format!(
+        "echo \"$CARGO_TARGET_DIR|$TAPTREE_BUILD_DIR\" >> '{}'; \
+         ls \"$CARGO_TARGET_DIR\" 2>/dev/null | tr '\\n' ' ' >> '{}'; echo >> '{}'; \
+         if [ -n \"$CARGO_TARGET_DIR\" ]; then mkdir -p \"$CARGO_TARGET_DIR\" && \
+         touch \"$CARGO_TARGET_DIR/built-$(git rev-parse --short HEAD)\"; fi; {}",
+        dirs.display(),
+        seen.display(),
+        seen.display(),
+        t.cmd
+    );
+    let args = [
+        commit_args(&t.ids[0], &t.ids[31], t.reference.to_str().unwrap(), &cmd),
+        extra.to_vec(),
+    ]
+    .concat();
+    let out = Command::new(TAPTREE)
+        .current_dir(&t.repo)
+        .args(&args)
+        .env_remove("TAPTREE_OUT")
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .expect("run taptree");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let lines = |p: &Path| -> Vec<String> {
+        std::fs::read_to_string(p)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    (lines(&dirs), lines(&seen))
+}
+
+#[test]
+fn bisect_commits_steps_share_one_build_directory_unless_told_not_to() {
+    let (dirs, seen) = build_dirs_of_steps(&[]);
+    assert!(dirs.len() >= 3, "{dirs:?}");
+    // One directory, named by both variables, for every step of the run.
+    let first = &dirs[0];
+    let (cargo, build) = first.split_once('|').unwrap();
+    assert!(!cargo.is_empty() && cargo == build, "{dirs:?}");
+    assert!(dirs.iter().all(|d| d == first), "{dirs:?}");
+    // Each step after the first finds what the earlier ones built there.
+    for (i, s) in seen.iter().enumerate() {
+        assert_eq!(s.matches("built-").count(), i, "step {i}: {seen:?}");
+    }
+    // Removed with the run's worktrees.
+    assert!(!Path::new(cargo).exists(), "{cargo} left behind");
+
+    let (dirs, seen) = build_dirs_of_steps(&["--no-shared-build"]);
+    assert!(dirs.len() >= 3, "{dirs:?}");
+    assert!(dirs.iter().all(|d| d == "|"), "{dirs:?}");
+    assert!(seen.iter().all(|s| s.trim().is_empty()), "{seen:?}");
+}
+
 /// `bisect commits` from `good` to `bad` against `reference`, each commit
 /// captured by `capture`.
 fn commit_args<'a>(

@@ -146,6 +146,7 @@ impl Capture {
     /// error (disk full, ...) or broken tap contract is returned here, and
     /// then no manifest is written: the tree stays incomplete.
     pub fn finish(mut self) -> Result<Summary> {
+        let mut timing = Timing::start();
         self.done = true;
         arm::disarm(&self.active);
         self.active.close();
@@ -173,6 +174,7 @@ impl Capture {
         if let Some((_, err)) = errors.into_iter().next() {
             return Err(err);
         }
+        timing.mark("writers joined");
         // Every tap file durable before the manifest that names it exists.
         crate::writer::make_durable(
             &self.active.dir,
@@ -234,12 +236,16 @@ impl Capture {
             entries,
         };
         (manifest.dirs, manifest.root) = manifest.hashes();
+        timing.mark("tap files durable");
         let root = manifest.root.clone();
         let dir = self.active.dir.clone();
         write_manifest(&dir, &manifest)?;
+        timing.mark("manifest written");
         if let Some(staging) = self.staging.take() {
             swap_into_place(&staging, &self.out)?;
+            timing.mark("old tree replaced");
         }
+        timing.report();
         self.lock.take();
         Ok(Summary {
             taps: manifest.entries.len(),
@@ -270,6 +276,52 @@ impl Drop for Capture {
         if !self.done {
             self.abandon();
         }
+    }
+}
+
+/// The phases of [`Capture::finish`], printed to stderr when
+/// `TAPTREE_TIMING=1` (with the writer threads' own time, summed over
+/// threads): where the end of a capture goes.
+struct Timing {
+    on: bool,
+    last: std::time::Instant,
+    phases: Vec<(&'static str, f64)>,
+}
+
+impl Timing {
+    fn start() -> Timing {
+        Timing {
+            on: std::env::var_os("TAPTREE_TIMING").is_some_and(|v| v == "1"),
+            last: std::time::Instant::now(),
+            phases: Vec::new(),
+        }
+    }
+
+    fn mark(&mut self, what: &'static str) {
+        let now = std::time::Instant::now();
+        self.phases.push((what, (now - self.last).as_secs_f64()));
+        self.last = now;
+    }
+
+    fn report(&self) {
+        if !self.on {
+            return;
+        }
+        let w = |i: usize| {
+            crate::writer::WRITER_NANOS[i].load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9
+        };
+        let phases: Vec<String> = self
+            .phases
+            .iter()
+            .map(|(what, s)| format!("{what} +{s:.3} s"))
+            .collect();
+        eprintln!(
+            "capture finish: {}; writer threads: hash {:.3} s, create+write {:.3} s, writeback start {:.3} s",
+            phases.join(", "),
+            w(0),
+            w(1),
+            w(2)
+        );
     }
 }
 

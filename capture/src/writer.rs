@@ -19,6 +19,16 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+/// Nanoseconds the writer threads spent hashing, creating and writing
+/// files, and starting their writeback, summed over threads: what
+/// `TAPTREE_TIMING=1` reports at the end of a capture.
+pub(crate) static WRITER_NANOS: [AtomicU64; 3] =
+    [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+
+fn add_nanos(i: usize, since: std::time::Instant) {
+    WRITER_NANOS[i].fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+}
+
 /// At most this many tap bytes wait in the queue; a tap beyond it blocks the
 /// forward until a writer catches up (memory stays bounded on long runs).
 pub const QUEUE_BYTES: u64 = 256 << 20;
@@ -255,13 +265,19 @@ fn write_one(dir: &Path, job: &Job, made_dirs: &mut HashSet<String>) -> Result<E
         made_dirs.insert(sub.to_string());
     }
     let path = dir.join(&rel);
+    let t = std::time::Instant::now();
     let hash = blake3::hash(&job.data).to_hex().to_string();
     let header = tapfile::encode_header(&job.key, job.dtype, &job.shape, job.data.len());
+    add_nanos(0, t);
+    let t = std::time::Instant::now();
     let mut file = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
     file.write_all(&header)
         .and_then(|_| file.write_all(&job.data))
         .map_err(|e| Error::io(&path, e))?;
+    add_nanos(1, t);
+    let t = std::time::Instant::now();
     start_writeback(&file);
+    add_nanos(2, t);
     Ok(Entry {
         key: job.key.clone(),
         path: rel,
@@ -289,6 +305,18 @@ fn start_writeback(file: &File) {
     let _ = file;
 }
 
+/// How many threads [`make_durable`] syncs from: `TAPTREE_SYNC_THREADS`
+/// when it is a positive number, else the cores, at most 8. A thread waiting
+/// in `fdatasync` costs no CPU; more of them let a journaling filesystem
+/// commit more files per journal flush.
+pub(crate) fn sync_threads() -> usize {
+    std::env::var("TAPTREE_SYNC_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get().min(8)))
+}
+
 /// Makes the tap files `files` (relative to `dir`) durable, with their
 /// names: each file `fdatasync`ed (its writeback, started when it was
 /// written, is mostly done by now; a few threads wait on the rest at once,
@@ -301,7 +329,7 @@ pub(crate) fn make_durable<'a>(
     files: impl Iterator<Item = &'a str>,
 ) -> Result<(), Error> {
     let paths: Vec<PathBuf> = files.map(|rel| dir.join(rel)).collect();
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));
+    let threads = sync_threads();
     let chunk = paths.len().div_ceil(threads).max(1);
     let first = std::thread::scope(|s| {
         let handles: Vec<_> = paths

@@ -8,6 +8,7 @@
 //! kernels --test cuda_perf -- --nocapture`.
 #![cfg(feature = "cuda")]
 
+use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use kernels::cuda::device::{driver_present, Device};
@@ -64,6 +65,34 @@ fn per_call_us(dev: &Device, f: &mut dyn FnMut()) -> f64 {
     }
     dev.stream().synchronize().unwrap();
     secs(t0.elapsed()) * 1e4
+}
+
+/// Mean time of one call of `f` in microseconds when 100 calls are replayed
+/// as one CUDA graph (no launch overhead on the host: the kernels' own time
+/// plus the graph's gap between nodes), the median of 5 replays.
+fn per_call_graph_us(dev: &Device, f: &mut dyn FnMut()) -> f64 {
+    f();
+    let s = dev.stream();
+    s.synchronize().unwrap();
+    let mode = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    s.begin_capture(mode).unwrap();
+    for _ in 0..100 {
+        f();
+    }
+    let g = s
+        .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+        .unwrap()
+        .expect("a graph");
+    g.launch().unwrap();
+    s.synchronize().unwrap();
+    let mut t = Vec::new();
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        g.launch().unwrap();
+        s.synchronize().unwrap();
+        t.push(secs(t0.elapsed()) * 1e4);
+    }
+    median(t)
 }
 
 /// Each kernel at the real model's shapes, decode (1 row) and prefill (128
@@ -258,28 +287,48 @@ fn gpu_figures() {
     );
 
     // Decode, disarmed: one token at a time after a 128-token prefill,
-    // launch by launch and as a CUDA graph per step.
+    // launch by launch and as a CUDA graph per step, unfused and fused.
+    // Every configuration's logits, step by step, must be the first one's
+    // bits (checked on the first round, by a hash of each step's logits).
     let steps = 64;
-    for graphs in [false, true] {
+    let mut reference: Option<Vec<blake3::Hash>> = None;
+    for (graphs, fused) in [(false, false), (true, false), (false, true), (true, true)] {
         fwd.set_graphs(graphs);
+        fwd.set_fused(fused);
         let mut decode = Vec::new();
-        for _ in 0..5 {
+        for round in 0..5 {
             fwd.reset();
             fwd.forward(None, &prompt, 0).unwrap();
+            let mut hashes = Vec::new();
             let t0 = Instant::now();
             for s in 0..steps {
-                fwd.forward(None, &[(s * 31 % vocab as usize) as u32], prompt.len() + s)
+                let l = fwd
+                    .forward(None, &[(s * 31 % vocab as usize) as u32], prompt.len() + s)
                     .unwrap();
+                if round == 0 {
+                    let bytes: Vec<u8> = l.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    hashes.push(blake3::hash(&bytes));
+                }
             }
             decode.push(steps as f64 / secs(t0.elapsed()));
+            if round == 0 {
+                match &reference {
+                    None => reference = Some(hashes),
+                    Some(r) => assert!(
+                        *r == hashes,
+                        "graphs {graphs} fused {fused}: decode logits differ from launch by launch, unfused"
+                    ),
+                }
+            }
         }
         println!(
-            "decode at 128..192, disarmed, m=1, {}: {:.0} tokens/s (median of 5)",
+            "decode at 128..192, disarmed, m=1, {}, {}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
             if graphs {
                 "CUDA graph"
             } else {
                 "launch by launch"
             },
+            if fused { "fused" } else { "unfused" },
             median(decode)
         );
     }
@@ -357,4 +406,340 @@ fn gpu_figures() {
         pageable
     );
     assert!(bytes > 0 && summary.taps > 0);
+}
+
+/// A named launch of [`layer_figures`], timed alone and in its layer.
+type Launch<'a> = (&'static str, Box<dyn FnMut() + 'a>);
+
+/// One decode layer at SmolLM2-135M's shapes (Q4_1 weights, 9 query heads
+/// over 3 KV heads of 64, 228 keys in the cache): each launch alone and the
+/// whole layer, unfused (twelve launches) and fused (five), each timed as
+/// 100 replays in one CUDA graph: the GPU's own time per launch.
+#[test]
+fn layer_figures() {
+    if !driver_present() {
+        eprintln!("skipped: no CUDA driver on this host");
+        return;
+    }
+    let dev = Device::open(0).unwrap();
+    dev.warm_up().unwrap();
+    let (d, qw, kvw, ff, hd, nh, nkv) = (576, 576, 192, 1536, 64, 9, 3);
+    let q41 = model::GgmlType::Q4_1;
+    let m =
+        |name: &str, r, c| DeviceMatrix::upload(&dev, &smollm2_shaped(name, q41, r, c)).unwrap();
+    let (wq, wk, wv, wo) = (m("q", qw, d), m("k", kvw, d), m("v", kvw, d), m("o", d, qw));
+    let (wg, wu, wd) = (m("gate", ff, d), m("up", ff, d), m("down", d, ff));
+    let dev = &*dev;
+    // Each buffer in a RefCell: the closures below take turns writing them.
+    let buf = |n: usize| {
+        let v: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 5000.0)
+            .collect();
+        RefCell::new(ops::upload(dev, &v).unwrap())
+    };
+    let (x, x2, h, norm) = (buf(d), buf(d), buf(d), buf(d));
+    let (q, k, v, att, o) = (buf(qw), buf(kvw), buf(kvw), buf(qw), buf(d));
+    let (g, u, sg, dn) = (buf(ff), buf(ff), buf(ff), buf(d));
+    let cap = 256;
+    let (kc, vc) = (buf(cap * kvw), buf(cap * kvw));
+    let keys = 228;
+    let pos = ops::upload(dev, &[(keys - 1) as u32]).unwrap();
+    let shape = AttentionShape {
+        rows: 1,
+        pos0: keys - 1,
+        n_head: nh,
+        n_kv: nkv,
+        head_dim: hd,
+    };
+    let mut line = String::from("one decode layer, graph-replayed (us per launch):");
+    let mut unfused: Vec<Launch> = Vec::new();
+    unfused.push((
+        "rms_norm",
+        Box::new(|| {
+            ops::rms_norm(
+                dev,
+                &x.borrow().as_view(),
+                &norm.borrow().as_view(),
+                &mut h.borrow_mut().as_view_mut(),
+                1,
+                1e-5,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "qkv",
+        Box::new(|| {
+            ops::matmul_f32_many(
+                dev,
+                &[&wq, &wk, &wv],
+                &h.borrow().as_view(),
+                &mut [
+                    q.borrow_mut().as_view_mut(),
+                    k.borrow_mut().as_view_mut(),
+                    v.borrow_mut().as_view_mut(),
+                ],
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "rope_qk",
+        Box::new(|| {
+            ops::rope_qk(
+                dev,
+                &mut q.borrow_mut().as_view_mut(),
+                &mut k.borrow_mut().as_view_mut(),
+                &pos.as_view(),
+                nh,
+                nkv,
+                hd,
+                1e5,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "kv_write",
+        Box::new(|| {
+            ops::kv_write(
+                dev,
+                &k.borrow().as_view(),
+                &v.borrow().as_view(),
+                &mut kc.borrow_mut().as_view_mut(),
+                &mut vc.borrow_mut().as_view_mut(),
+                &pos.as_view(),
+                kvw,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "attention",
+        Box::new(|| {
+            ops::attention_at(
+                dev,
+                &q.borrow().as_view(),
+                &kc.borrow().as_view(),
+                &vc.borrow().as_view(),
+                &mut att.borrow_mut().as_view_mut(),
+                &pos.as_view(),
+                shape,
+                None,
+                cap,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "o_proj",
+        Box::new(|| {
+            ops::matmul_f32(
+                dev,
+                &wo,
+                &att.borrow().as_view(),
+                &mut o.borrow_mut().as_view_mut(),
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "add",
+        Box::new(|| {
+            ops::add(
+                dev,
+                &x.borrow().as_view(),
+                &o.borrow().as_view(),
+                &mut x2.borrow_mut().as_view_mut(),
+                d,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "rms_norm",
+        Box::new(|| {
+            ops::rms_norm(
+                dev,
+                &x2.borrow().as_view(),
+                &norm.borrow().as_view(),
+                &mut h.borrow_mut().as_view_mut(),
+                1,
+                1e-5,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "gate_up",
+        Box::new(|| {
+            ops::matmul_f32_many(
+                dev,
+                &[&wg, &wu],
+                &h.borrow().as_view(),
+                &mut [g.borrow_mut().as_view_mut(), u.borrow_mut().as_view_mut()],
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "swiglu",
+        Box::new(|| {
+            ops::swiglu(
+                dev,
+                &g.borrow().as_view(),
+                &u.borrow().as_view(),
+                &mut sg.borrow_mut().as_view_mut(),
+                ff,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "ffn_down",
+        Box::new(|| {
+            ops::matmul_f32(
+                dev,
+                &wd,
+                &sg.borrow().as_view(),
+                &mut dn.borrow_mut().as_view_mut(),
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "add",
+        Box::new(|| {
+            ops::add(
+                dev,
+                &x2.borrow().as_view(),
+                &dn.borrow().as_view(),
+                &mut h.borrow_mut().as_view_mut(),
+                d,
+            )
+            .unwrap()
+        }),
+    ));
+    let mut total = 0.0;
+    for (name, f) in unfused.iter_mut() {
+        let t = per_call_graph_us(dev, f.as_mut());
+        total += t;
+        line += &format!(" {name} {t:.1};");
+    }
+    let whole = per_call_graph_us(dev, &mut || {
+        for (_, f) in unfused.iter_mut() {
+            f();
+        }
+    });
+    println!("{line} sum {total:.1}; the layer's 12 launches in one graph {whole:.1} us");
+    drop(unfused);
+    let norm = norm.borrow();
+    let nw = norm.as_view();
+    let mut fused: Vec<Launch> = Vec::new();
+    fused.push((
+        "qkv_rope",
+        Box::new(|| {
+            ops::qkv_rope(
+                dev,
+                [&wq, &wk, &wv],
+                &x.borrow().as_view(),
+                Some(ops::Norm {
+                    weight: &nw,
+                    eps: 1e-5,
+                }),
+                ops::QkvOut {
+                    q: &mut q.borrow_mut().as_view_mut(),
+                    k_cache: &mut kc.borrow_mut().as_view_mut(),
+                    v_cache: &mut vc.borrow_mut().as_view_mut(),
+                },
+                &pos.as_view(),
+                hd,
+                1e5,
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    fused.push((
+        "attention",
+        Box::new(|| {
+            ops::attention_at(
+                dev,
+                &q.borrow().as_view(),
+                &kc.borrow().as_view(),
+                &vc.borrow().as_view(),
+                &mut att.borrow_mut().as_view_mut(),
+                &pos.as_view(),
+                shape,
+                None,
+                cap,
+            )
+            .unwrap()
+        }),
+    ));
+    fused.push((
+        "o_proj+add",
+        Box::new(|| {
+            ops::matmul_fused(
+                dev,
+                &wo,
+                &att.borrow().as_view(),
+                None,
+                Some(&x.borrow().as_view()),
+                &mut x2.borrow_mut().as_view_mut(),
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    fused.push((
+        "norm+gate_up+swiglu",
+        Box::new(|| {
+            ops::gate_up_swiglu(
+                dev,
+                &wg,
+                &wu,
+                &x2.borrow().as_view(),
+                Some(ops::Norm {
+                    weight: &nw,
+                    eps: 1e-5,
+                }),
+                &mut sg.borrow_mut().as_view_mut(),
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    fused.push((
+        "ffn_down+add",
+        Box::new(|| {
+            ops::matmul_fused(
+                dev,
+                &wd,
+                &sg.borrow().as_view(),
+                None,
+                Some(&x2.borrow().as_view()),
+                &mut dn.borrow_mut().as_view_mut(),
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    let mut line = String::from("fused:");
+    let mut total = 0.0;
+    for (name, f) in fused.iter_mut() {
+        let t = per_call_graph_us(dev, f.as_mut());
+        total += t;
+        line += &format!(" {name} {t:.1};");
+    }
+    let whole = per_call_graph_us(dev, &mut || {
+        for (_, f) in fused.iter_mut() {
+            f();
+        }
+    });
+    println!("{line} sum {total:.1}; the layer's 5 launches in one graph {whole:.1} us");
 }

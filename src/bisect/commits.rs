@@ -22,6 +22,25 @@ pub struct Request {
     /// Capture both endpoints before searching, instead of only when the
     /// answer rests on them.
     pub check_endpoints: bool,
+    /// Give every step one build directory (`CARGO_TARGET_DIR` and
+    /// `TAPTREE_BUILD_DIR`), so that a step costs an incremental build
+    /// rather than a cold one.
+    pub shared_build: bool,
+}
+
+/// The environment every step's capture command gets: with a shared build,
+/// `TAPTREE_BUILD_DIR` set to `dir`, and `CARGO_TARGET_DIR` too unless the
+/// user's environment already names one (theirs is shared already).
+fn step_env(shared_build: bool, dir: &std::path::Path) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    if shared_build {
+        let dir = dir.to_string_lossy().into_owned();
+        if std::env::var_os("CARGO_TARGET_DIR").is_none() {
+            env.insert("CARGO_TARGET_DIR".to_string(), dir.clone());
+        }
+        env.insert("TAPTREE_BUILD_DIR".to_string(), dir);
+    }
+    env
 }
 
 /// Why a bisect stopped without an answer.
@@ -148,15 +167,19 @@ pub fn bisect(req: &Request, mut on_step: impl FnMut(&Step)) -> Result<CommitsRe
         .tempdir()
         .map_err(|source| BisectError::Tempdir { path: tmp, source })?;
     let mut steps: Vec<Step> = Vec::new();
+    // One build directory for the whole run, removed with the worktrees.
+    let env = step_env(req.shared_build, &worktrees.path().join("build"));
 
     let outcome = search::first_bad(
         commits.len(),
         req.check_endpoints,
         |i| -> Result<Probe, BisectError> {
             let commit = &commits[i];
-            let wt_path = worktrees.path().join(commit.short());
+            // One path for every checkout (each removed before the next):
+            // build tools that key their outputs by source path reuse them.
+            let wt_path = worktrees.path().join("checkout");
             let repo = &req.repo;
-            let got = runner.get(&commit.id, &describe(commit), &BTreeMap::new(), || {
+            let got = runner.get(&commit.id, &describe(commit), &env, || {
                 Ok(Workdir::Worktree(repo.add_worktree(&commit.id, &wt_path)?))
             })?;
             let step = match got {

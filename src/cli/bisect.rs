@@ -83,6 +83,12 @@ pub struct CommitsArgs {
     /// also catches a red --good whose later commits turn green again.
     #[arg(long)]
     pub check_endpoints: bool,
+    /// Build every step in a fresh directory. By default all steps of a run
+    /// share one (CARGO_TARGET_DIR, unless already set, and
+    /// TAPTREE_BUILD_DIR, under the run's temporary directory), so a step
+    /// after the first costs an incremental build.
+    #[arg(long)]
+    pub no_shared_build: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -136,6 +142,7 @@ fn run_commits(args: CommitsArgs) -> anyhow::Result<u8> {
         command: args.judging.capture.clone(),
         cache: args.cache.map(|c| cwd.join(c)),
         check_endpoints: args.check_endpoints,
+        shared_build: !args.no_shared_build,
     };
     let mut n = 0;
     let report = commits::bisect(&req, |step| {

@@ -4,6 +4,11 @@
 
 use super::merge::Segment;
 use super::read::SegState;
+
+/// (T-vs-A, T-vs-B) at one position of a compared segment, read on demand;
+/// `Err` says why a tap could not be read.
+pub(crate) type TruthAt<'t> =
+    dyn Fn(&Segment, u32) -> Result<Option<(Acc, Acc)>, String> + Sync + 't;
 use crate::metrics::{Acc, Metrics};
 use crate::report::{Closer, EqualRun, Position, Row, Status, TruthVerdict};
 use crate::tolerance::Tolerance;
@@ -16,7 +21,7 @@ pub(crate) fn build_row(
     states: &[SegState],
     ma: &Manifest,
     tol: &Tolerance,
-    has_truth: bool,
+    truth_at: Option<&TruthAt>,
 ) -> Row {
     // Reports name A's own slot even when slots were paired.
     let slot_of = |seg: &Segment| ma.entries[seg.a.entry()].key.slot;
@@ -59,13 +64,22 @@ pub(crate) fn build_row(
     }
     let Gathered {
         positions,
-        truths,
+        origins,
         total,
         mismatch,
         unreadable,
     } = gather(segments, states, &slot_of, tol);
     row.unreadable = unreadable;
     let worst = worst(&positions);
+    // With a truth every row says which side is closer to it at its worst
+    // position, green rows too: the only position whose truth is read.
+    let truth = match (truth_at, origins[worst]) {
+        (Some(at), Some((seg, j))) => at(&segments[seg], j).unwrap_or_else(|why| {
+            row.unreadable.get_or_insert(why);
+            None
+        }),
+        _ => None,
+    };
     row.status = status(&positions, mismatch.is_some(), row.unreadable.is_some());
     if let Some(m) = mismatch {
         row.reasons.push(m);
@@ -87,10 +101,9 @@ pub(crate) fn build_row(
             side(p.metrics.degenerate_b)
         ));
     }
-    // With a truth every row says which side is closer to it, green ones too.
-    if has_truth {
+    if truth_at.is_some() {
         let w = &positions[worst];
-        row.truth = Some(match &truths[worst] {
+        row.truth = Some(match &truth {
             Some((ta, tb)) => verdict(w.pos, w.slot, &ta.metrics(), &tb.metrics()),
             None => TruthVerdict {
                 pos: w.pos,
@@ -110,22 +123,22 @@ pub(crate) fn build_row(
 }
 
 /// The positions of a row that were read (or fail as equal), in order, each
-/// with its truth accumulators; their merged total; the row's mismatch and
-/// why a tap could not be read, if so.
-struct Gathered<'s> {
+/// with where it was compared (segment, offset); their merged total; the
+/// row's mismatch and why a tap could not be read, if so.
+struct Gathered {
     positions: Vec<Position>,
-    truths: Vec<Option<&'s (Acc, Acc)>>,
+    origins: Vec<Option<(usize, u32)>>,
     total: Acc,
     mismatch: Option<String>,
     unreadable: Option<String>,
 }
 
-fn gather<'s>(
+fn gather(
     segments: &[Segment],
-    states: &'s [SegState],
+    states: &[SegState],
     slot_of: &dyn Fn(&Segment) -> Option<u32>,
     tol: &Tolerance,
-) -> Gathered<'s> {
+) -> Gathered {
     let count: usize = segments
         .iter()
         .zip(states)
@@ -135,9 +148,9 @@ fn gather<'s>(
     let mut positions = Vec::with_capacity(count);
     let mut total = Acc::default();
     let mut mismatch = None;
-    let mut truths = Vec::with_capacity(count);
+    let mut origins = Vec::with_capacity(count);
     let mut unreadable = None;
-    for (seg, state) in segments.iter().zip(states) {
+    for (si, (seg, state)) in segments.iter().zip(states).enumerate() {
         let slot = slot_of(seg);
         match state {
             // Positions equal by hash are counted, not listed (they are in
@@ -158,7 +171,7 @@ fn gather<'s>(
                         pass,
                         metrics: m.clone(),
                     });
-                    truths.push(None);
+                    origins.push(None);
                 }
             }
             SegState::Compared {
@@ -168,7 +181,7 @@ fn gather<'s>(
                 if why.is_some() {
                     mismatch = why.clone();
                 }
-                for (j, (acc, truth)) in (0..seg.len).zip(results) {
+                for (j, acc) in (0..seg.len).zip(results) {
                     total.merge(acc);
                     let m = acc.metrics();
                     let pass = why.is_none() && tol.passes(&m);
@@ -178,7 +191,7 @@ fn gather<'s>(
                         pass,
                         metrics: m,
                     });
-                    truths.push(truth.as_deref());
+                    origins.push(Some((si, j)));
                 }
             }
             // Nothing is known of these positions: listed, never passing.
@@ -191,14 +204,14 @@ fn gather<'s>(
                         pass: false,
                         metrics: Acc::default().metrics(),
                     });
-                    truths.push(None);
+                    origins.push(None);
                 }
             }
         }
     }
     Gathered {
         positions,
-        truths,
+        origins,
         total,
         mismatch,
         unreadable,

@@ -132,7 +132,7 @@ pub fn walk(
         None => None,
     };
     let matched = &merged.matched;
-    let (states, read) = read::read((a, b), truth.as_ref(), matched, picking, opts);
+    let (states, read) = read::read((a, b), matched, picking, opts);
     walked.counts = Counts {
         positions: matched.iter().map(|s| u64::from(s.len)).sum(),
         positions_inputs_differ: merged.inputs_differ,
@@ -155,6 +155,11 @@ pub fn walk(
     }
     // Rows are built on every core: a row that is not all equal by hash
     // derives and stores the metrics of each of its positions.
+    let truth_at = |seg: &merge::Segment, j: u32| match &truth {
+        Some(t) => read::truth_pair((a, b), t, seg, j).map_err(|e| e.to_string()),
+        None => Ok(None),
+    };
+    let truth_at: Option<&judge::TruthAt> = truth.as_ref().map(|_| &truth_at as _);
     let rows: Vec<Row> = by_row
         .into_par_iter()
         .map(|(id, members)| {
@@ -164,7 +169,7 @@ pub fn walk(
                 &states[members],
                 ma,
                 &opts.tolerance,
-                truth.is_some(),
+                truth_at,
             )
         })
         .collect();

@@ -1,6 +1,8 @@
 //! Step 3, read: each matched segment judged from the manifests first
 //! (equal by hash, not comparable, or to be read), then the ones to be read
-//! read in parallel and compared position by position, with the truth.
+//! read in parallel and compared position by position. The truth is read
+//! later, and only where a row's report uses it ([`truth_pair`]: its worst
+//! position).
 //! A tap that cannot be read makes its segment [`SegState::Unreadable`]:
 //! reported and counted, not the end of the diff.
 
@@ -22,12 +24,12 @@ pub(crate) enum SegState {
         mismatch: Option<String>,
         results: Vec<Computed>,
     },
-    /// A tap of A, B or the truth could not be read: why.
+    /// A tap of A or B could not be read: why.
     Unreadable(String),
 }
 
-/// A position's A-vs-B accumulator and, with a truth, (T-vs-A, T-vs-B).
-pub(crate) type Computed = (Acc, Option<Box<(Acc, Acc)>>);
+/// A position's A-vs-B accumulator.
+pub(crate) type Computed = Acc;
 
 /// What the read step did, for the report's counts.
 #[derive(Default)]
@@ -75,7 +77,6 @@ fn mismatch(a: &Entry, b: &Entry) -> Option<String> {
 /// segment of `matched`.
 pub(crate) fn read(
     (a, b): (&dyn Tree, &dyn Tree),
-    truth: Option<&Truth>,
     matched: &[Segment],
     picking: bool,
     opts: &Options,
@@ -107,7 +108,7 @@ pub(crate) fn read(
             } else {
                 states.push(Some(SegState::Compared {
                     mismatch: Some(why),
-                    results: (0..seg.len).map(|_| (Acc::default(), None)).collect(),
+                    results: (0..seg.len).map(|_| Acc::default()).collect(),
                 }));
             }
         } else if equal_by_hash(ea, eb) {
@@ -134,7 +135,7 @@ pub(crate) fn read(
         .par_iter()
         .map(|&(i, _)| {
             let seg = &matched[i];
-            let out = compare_segment((a, b), truth, seg);
+            let out = compare_segment((a, b), seg);
             if let Some(p) = opts.progress {
                 let (ea, eb) = (&ma.entries[seg.a.entry()], &mb.entries[seg.b.entry()]);
                 p.advance(ea.bytes + eb.bytes);
@@ -170,49 +171,64 @@ pub(crate) fn read(
     (states, counts)
 }
 
-/// Reads one segment's taps and compares them position by position (and
-/// each with the truth, where the truth was fed the same tokens).
+/// Reads one segment's taps and compares them position by position.
 fn compare_segment(
     (a, b): (&dyn Tree, &dyn Tree),
-    truth: Option<&Truth>,
     seg: &Segment,
 ) -> Result<Vec<Computed>, capture::Error> {
     let (ma, mb): (&Manifest, &Manifest) = (a.manifest(), b.manifest());
     let (ea, eb) = (&ma.entries[seg.a.entry()], &mb.entries[seg.b.entry()]);
     let (ta, tb) = (a.read(seg.a.entry())?, b.read(seg.b.entry())?);
-    let mut out = Vec::with_capacity(seg.len as usize);
-    let mut truth_cache: HashMap<usize, Tensor> = HashMap::new();
-    for j in 0..seg.len {
-        let k = seg.key(j);
-        let (ra, rb) = (
-            row_bytes(&ta, ea, (seg.a.row + j) as usize),
-            row_bytes(&tb, eb, (seg.b.row + j) as usize),
-        );
-        let acc = compare(ra, ea.dtype, rb, eb.dtype);
-        let mut t_pair = None;
-        if let Some(t) = truth.filter(|t| t.split.get(&k.2).is_none_or(|&at| k.3 < at)) {
-            let lt = t
-                .index
-                .get(&k)
-                .or_else(|| t.index.get(&(k.0, k.1, None, k.3)));
-            if let Some(lt) = lt {
-                let et = &t.tree.manifest().entries[lt.entry()];
-                if row_elems(et) == row_elems(ea) {
-                    if let std::collections::hash_map::Entry::Vacant(v) =
-                        truth_cache.entry(lt.entry())
-                    {
-                        v.insert(t.tree.read(lt.entry())?);
-                    }
-                    let tt = &truth_cache[&lt.entry()];
-                    let rt = row_bytes(tt, et, lt.row());
-                    t_pair = Some(Box::new((
-                        compare(rt, et.dtype, ra, ea.dtype),
-                        compare(rt, et.dtype, rb, eb.dtype),
-                    )));
-                }
-            }
-        }
-        out.push((acc, t_pair));
+    Ok((0..seg.len)
+        .map(|j| {
+            compare(
+                row_bytes(&ta, ea, (seg.a.row + j) as usize),
+                ea.dtype,
+                row_bytes(&tb, eb, (seg.b.row + j) as usize),
+                eb.dtype,
+            )
+        })
+        .collect())
+}
+
+/// (T-vs-A, T-vs-B) at position `j` of a compared segment: `None` where the
+/// truth has no such tap, was fed other tokens than A by then, or its rows
+/// (or A's and B's) do not hold as many elements. Reads the three taps.
+pub(crate) fn truth_pair(
+    (a, b): (&dyn Tree, &dyn Tree),
+    t: &Truth,
+    seg: &Segment,
+    j: u32,
+) -> Result<Option<(Acc, Acc)>, capture::Error> {
+    let k = seg.key(j);
+    if t.split.get(&k.2).is_some_and(|&at| k.3 >= at) {
+        return Ok(None);
     }
-    Ok(out)
+    let Some(lt) = t
+        .index
+        .get(&k)
+        .or_else(|| t.index.get(&(k.0, k.1, None, k.3)))
+    else {
+        return Ok(None);
+    };
+    let (ea, eb) = (
+        &a.manifest().entries[seg.a.entry()],
+        &b.manifest().entries[seg.b.entry()],
+    );
+    let et = &t.tree.manifest().entries[lt.entry()];
+    if row_elems(ea) != row_elems(eb) || row_elems(et) != row_elems(ea) {
+        return Ok(None);
+    }
+    let (ta, tb, tt) = (
+        a.read(seg.a.entry())?,
+        b.read(seg.b.entry())?,
+        t.tree.read(lt.entry())?,
+    );
+    let ra = row_bytes(&ta, ea, (seg.a.row + j) as usize);
+    let rb = row_bytes(&tb, eb, (seg.b.row + j) as usize);
+    let rt = row_bytes(&tt, et, lt.row());
+    Ok(Some((
+        compare(rt, et.dtype, ra, ea.dtype),
+        compare(rt, et.dtype, rb, eb.dtype),
+    )))
 }

@@ -14,6 +14,24 @@
 // the softmax denominator over keys, the output over keys), so the kernel
 // differs from the CPU only where exp does.
 
+// One key's dot product with the query over a head of HD (a compile-time
+// width) dimensions, four per load: with the trip count known, every load
+// of the key is issued before the first product (a runtime width makes
+// each wait for the one before). The sum runs over d in order, as below.
+template <int HD>
+__device__ __forceinline__ float key_dot(const float* qh, const float* kj) {
+    float s = 0.0f;
+#pragma unroll
+    for (int d = 0; d < HD; d += 4) {
+        f32x4 a = *(const f32x4*)(qh + d), b = *(const f32x4*)(kj + d);
+        s = mul_add_unfused(s, a.x, b.x);
+        s = mul_add_unfused(s, a.y, b.y);
+        s = mul_add_unfused(s, a.z, b.z);
+        s = mul_add_unfused(s, a.w, b.w);
+    }
+    return s;
+}
+
 extern "C" __global__ void attention(const float* q, const float* k, const float* v,
                                      float* out, const u32* pos, int n_head, int n_kv,
                                      int head_dim, float scale, int window) {
@@ -37,7 +55,11 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
     for (int j = threadIdx.x; j < n_keys; j += blockDim.x) {
         const float* kj = k + (size_t)(first + j) * kv_stride + kvh * head_dim;
         float s = 0.0f;
-        if (vec) {
+        if (vec && head_dim == 64) {
+            s = key_dot<64>(qh, kj);
+        } else if (vec && head_dim == 128) {
+            s = key_dot<128>(qh, kj);
+        } else if (vec) {
 #pragma unroll 16
             for (int d = 0; d < head_dim; d += 4) {
                 f32x4 a = *(const f32x4*)(qh + d), b = *(const f32x4*)(kj + d);
@@ -71,7 +93,8 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
     float* oh = out + (size_t)r * n_head * head_dim + h * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float acc = 0.0f;
-#pragma unroll 8
+        // Unrolled by 32: 32 keys' values in flight at once.
+#pragma unroll 32
         for (int j = 0; j < n_keys; ++j)
             acc = mul_add_unfused(acc, __fmul_rn(scores[j], inv), v[(size_t)(first + j) * kv_stride + kvh * head_dim + d]);
         oh[d] = acc;

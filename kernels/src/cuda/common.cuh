@@ -245,3 +245,106 @@ __device__ float block_max(float v, float* scratch) {
     for (int w = 1; w < nwarps; ++w) t = fmaxf(t, scratch[w]);
     return t;
 }
+
+// Copies `bytes` from global memory to shared memory with every thread of
+// the block, each thread issuing STAGE_INFLIGHT loads before its first
+// store: a loop that stores each load before issuing the next waits out one
+// memory latency per step. 16-byte moves where both ends and the length
+// allow, else 4-byte, else bytes. Only moves data: no sum depends on it.
+#define STAGE_INFLIGHT 8
+template <typename T>
+__device__ __forceinline__ void stage_words(T* dst, const T* src, size_t n) {
+    for (size_t k0 = threadIdx.x; k0 < n; k0 += (size_t)STAGE_INFLIGHT * blockDim.x) {
+        T r[STAGE_INFLIGHT];
+#pragma unroll
+        for (int u = 0; u < STAGE_INFLIGHT; ++u) {
+            size_t k = k0 + (size_t)u * blockDim.x;
+            if (k < n) r[u] = src[k];
+        }
+#pragma unroll
+        for (int u = 0; u < STAGE_INFLIGHT; ++u) {
+            size_t k = k0 + (size_t)u * blockDim.x;
+            if (k < n) dst[k] = r[u];
+        }
+    }
+}
+
+__device__ __forceinline__ void stage_bytes(u8* dst, const u8* src, size_t bytes) {
+    size_t align = (size_t)src | (size_t)dst | bytes;
+    if ((align & 15) == 0) {
+        stage_words<u32x4>((u32x4*)dst, (const u32x4*)src, bytes / 16);
+    } else if ((align & 3) == 0) {
+        stage_words<u32>((u32*)dst, (const u32*)src, bytes / 4);
+    } else {
+        stage_words<u8>(dst, src, bytes);
+    }
+}
+
+// RMSNorm's pieces, shared by the `rms_norm` kernel and the fused matmuls
+// that normalize their input themselves, so both compute the same bits.
+// NORM_THREADS is the norm kernel's block size: its sum of squares is the
+// one of a block of that many threads (thread t summing elements t, t +
+// NORM_THREADS, ... in f64, then the lanes of each warp, then the warps in
+// order), whatever block computes it.
+#define NORM_THREADS 256
+
+// Thread `t`'s (of NORM_THREADS) partial sum of squares of `x[0..n)`.
+__device__ __forceinline__ double norm_partial(const float* x, int n, int t) {
+    double ss = 0.0;
+    for (int i = t; i < n; i += NORM_THREADS) ss += (double)x[i] * (double)x[i];
+    return ss;
+}
+
+__device__ __forceinline__ double warp_sum_f64(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// 1 / sqrt(mean of squares + eps) from the sum of squares `ss` of `n` values.
+__device__ __forceinline__ float norm_scale(double ss, int n, float eps) {
+    float mean = (float)(ss / (double)n);
+    // 1/sqrt rather than rsqrtf: rsqrtf is approximate (2 ulp).
+    return 1.0f / sqrtf(__fadd_rn(mean, eps));
+}
+
+__device__ __forceinline__ float norm_apply(float x, float scale, float w) {
+    return __fmul_rn(__fmul_rn(x, scale), w);
+}
+
+// The sum of squares of `x[0..n)` exactly as a NORM_THREADS-thread
+// `rms_norm` block computes it, by a block of any multiple of 32 threads
+// that divides NORM_THREADS (each thread stands for NORM_THREADS /
+// blockDim.x of the norm's threads). `scratch` holds NORM_THREADS / 32
+// doubles; every thread gets the sum.
+__device__ double norm_sum_squares(const float* x, int n, double* scratch) {
+    int lane = threadIdx.x & 31;
+    __syncthreads();
+    for (int t = threadIdx.x; t < NORM_THREADS; t += blockDim.x) {
+        double v = warp_sum_f64(norm_partial(x, n, t));
+        if (lane == 0) scratch[t >> 5] = v;
+    }
+    __syncthreads();
+    double total = 0.0;
+    for (int w = 0; w < NORM_THREADS / 32; ++w) total += scratch[w];
+    return total;
+}
+
+// RoPE of one pair (a, b), element i of the head's half, at position
+// `pos`: the angle, its cosine and sine in f64 (an f32 angle at position
+// 8000 has already lost three digits), the rotation in f32 without fma, as
+// the CPU. Shared by `rope_qk` and the fused q/k/v projection.
+__device__ __forceinline__ void rope_rotate(float* a, float* b, u32 pos, int i, int head_dim,
+                                            float base) {
+    double inv_freq = pow((double)base, -2.0 * (double)i / (double)head_dim);
+    double theta = (double)pos * inv_freq;
+    float c = (float)cos(theta), s = (float)sin(theta);
+    float x0 = *a, x1 = *b;
+    *a = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    *b = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+// SwiGLU of one element, (gate / (1 + exp(-gate))) * up, as the CPU op
+// writes it. Shared by `swiglu` and the fused gate/up projection.
+__device__ __forceinline__ float swiglu_one(float g, float u) {
+    return __fmul_rn(g / __fadd_rn(1.0f, exp_f32(-g)), u);
+}

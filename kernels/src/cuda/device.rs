@@ -17,6 +17,7 @@ use cudarc::nvrtc::Ptx;
 use super::CudaError;
 
 const COMMON: &str = include_str!("common.cuh");
+const MATMUL_CORE: &str = include_str!("matmul_core.cuh");
 
 /// A kernel source family: one `.cu` file, one module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,11 +37,13 @@ pub enum Family {
     Ffn,
     /// `elementwise.cu`: residual adds and scaling.
     Elementwise,
+    /// `fused.cu`: the fused matmuls of an unarmed single-sequence forward.
+    Fused,
 }
 
 impl Family {
     /// Every family, each compiled as one module.
-    pub const ALL: [Family; 7] = [
+    pub const ALL: [Family; 8] = [
         Family::Embedding,
         Family::Norm,
         Family::Matmul,
@@ -48,6 +51,7 @@ impl Family {
         Family::Attention,
         Family::Ffn,
         Family::Elementwise,
+        Family::Fused,
     ];
 
     /// The family's source file name (under `kernels/src/cuda/`).
@@ -60,6 +64,7 @@ impl Family {
             Family::Attention => "attention.cu",
             Family::Ffn => "ffn.cu",
             Family::Elementwise => "elementwise.cu",
+            Family::Fused => "fused.cu",
         }
     }
 
@@ -72,6 +77,17 @@ impl Family {
             Family::Attention => include_str!("attention.cu"),
             Family::Ffn => include_str!("ffn.cu"),
             Family::Elementwise => include_str!("elementwise.cu"),
+            Family::Fused => include_str!("fused.cu"),
+        }
+    }
+
+    /// What the file is compiled after, besides `common.cuh`: the matmul
+    /// core (`matmul_core.cuh`) for the families whose outputs must be the
+    /// matmul's bits.
+    fn prelude(self) -> &'static str {
+        match self {
+            Family::Matmul | Family::Fused => MATMUL_CORE,
+            _ => "",
         }
     }
 }
@@ -206,7 +222,8 @@ impl Device {
 
     fn ptx(&self, family: Family) -> Result<String, CudaError> {
         let source = format!(
-            "{COMMON}\n#line 1 \"{}\"\n{}",
+            "{COMMON}\n{}\n#line 1 \"{}\"\n{}",
+            family.prelude(),
             family.file(),
             family.source()
         );

@@ -26,6 +26,7 @@ use crate::switches::{ActPrecision, Family, Switches};
 use model::{LlamaConfig, ModelWeights, QTensor};
 
 mod encode;
+mod fused;
 
 /// A captured decode step and what it was captured against.
 struct DecodeGraph {
@@ -143,12 +144,16 @@ pub struct CudaForward {
     ring: TapRing,
     /// Whether a single sequence's untapped decode step runs as a CUDA graph.
     graphs: bool,
+    /// Whether an untapped forward of one sequence runs fused (`fused.rs`).
+    fused: bool,
     /// The last decode step's graph, and what it was captured against.
     graph: Option<DecodeGraph>,
     /// Bumped whenever a buffer a graph names is (re)allocated or dropped.
     generation: u64,
     /// Decode steps run as a graph replay so far.
     replays: u64,
+    /// Runs made fused so far (graph replays of a fused step included).
+    fused_runs: u64,
 }
 
 fn norm_weight(dev: &Device, t: &QTensor) -> Result<CudaSlice<f32>, CudaError> {
@@ -262,9 +267,14 @@ impl CudaForward {
                 std::env::var("TAPTREE_CUDA_GRAPHS").as_deref(),
                 Ok("0" | "off")
             ),
+            fused: !matches!(
+                std::env::var("TAPTREE_CUDA_FUSED").as_deref(),
+                Ok("0" | "off")
+            ),
             graph: None,
             generation: 0,
             replays: 0,
+            fused_runs: 0,
         })
     }
 
@@ -281,9 +291,23 @@ impl CudaForward {
         self.graph = None;
     }
 
+    /// Runs an untapped forward of one sequence fused, five launches a
+    /// layer (the default; `TAPTREE_CUDA_FUSED=0` starts with it off), or
+    /// launch by launch as an armed one. Either way the results are the
+    /// same bits.
+    pub fn set_fused(&mut self, on: bool) {
+        self.fused = on;
+        self.graph = None;
+    }
+
     /// How many decode steps ran as a graph replay so far.
     pub fn graph_replays(&self) -> u64 {
         self.replays
+    }
+
+    /// How many runs (a prefill, a decode step) ran fused so far.
+    pub fn fused_runs(&self) -> u64 {
+        self.fused_runs
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<(), ForwardError> {
@@ -408,6 +432,9 @@ impl CudaForward {
             .map_err(up)?;
         s.memcpy_htod(&positions, &mut sc.pos.slice_mut(..rows))
             .map_err(up)?;
+        if self.fusable(groups, rows) {
+            self.fused_runs += 1;
+        }
         let graphable = self.graphs && groups.len() == 1 && rows == 1 && !capture::is_armed();
         if graphable {
             self.replay_decode(groups)?;

@@ -10,79 +10,6 @@
 // result never depends on how many rows share the launch either: a batched
 // decode equals its slots run alone, and two runs are identical.
 
-#define ROWS_PER_PASS 8
-#define WARPS 4
-#define OUTS_PER_WARP 4
-
-// The four weights lane j (of eight) takes from 32-element block b:
-// elements j, j+8, j+16, j+24, in that (increasing) order.
-template <int TYPE>
-__device__ __forceinline__ void block_weights(const u8* wr, int b, int j, float w[4]) {
-    if (TYPE == T_Q4_1) {
-        const u8* blk = wr + (size_t)b * 20;
-        float d = f16_to_f32(load_u16(blk)), m = f16_to_f32(load_u16(blk + 2));
-        int lo = blk[4 + j], hi = blk[4 + j + 8];
-        w[0] = __fadd_rn(__fmul_rn((float)(lo & 0x0F), d), m);
-        w[1] = __fadd_rn(__fmul_rn((float)(hi & 0x0F), d), m);
-        w[2] = __fadd_rn(__fmul_rn((float)(lo >> 4), d), m);
-        w[3] = __fadd_rn(__fmul_rn((float)(hi >> 4), d), m);
-    } else if (TYPE == T_Q8_0) {
-        const u8* blk = wr + (size_t)b * 34;
-        float d = f16_to_f32(load_u16(blk));
-        const i8* q = (const i8*)(blk + 2);
-        for (int t = 0; t < 4; ++t) w[t] = (float)q[j + 8 * t] * d;
-    } else if (TYPE == T_Q4_0) {
-        const u8* blk = wr + (size_t)b * 18;
-        float d = f16_to_f32(load_u16(blk));
-        int lo = blk[2 + j], hi = blk[2 + j + 8];
-        w[0] = (float)((lo & 0x0F) - 8) * d;
-        w[1] = (float)((hi & 0x0F) - 8) * d;
-        w[2] = (float)((lo >> 4) - 8) * d;
-        w[3] = (float)((hi >> 4) - 8) * d;
-    } else {
-        for (int t = 0; t < 4; ++t) w[t] = dequant_elem(wr, TYPE, b * QK + j + 8 * t);
-    }
-}
-
-// One pass over up to ROWS_PER_PASS rows; acc[k] is row r0 + k's partial sum
-// of lane j. The row loop is unrolled with a guard so `acc` stays in
-// registers (a runtime-indexed array would live in local memory).
-template <int TYPE>
-__device__ __forceinline__ void partial_sums(const u8* wr, const float* x, int r0, int nr,
-                                             int in, int j, float acc[ROWS_PER_PASS]) {
-    if (block_size(TYPE) == QK) {
-        int nb = in / QK;
-        // Unrolled so that several blocks' loads are in flight at once: at
-        // one row a warp has little else to hide their latency with.
-#pragma unroll 6
-        for (int b = 0; b < nb; ++b) {
-            float w[4];
-            block_weights<TYPE>(wr, b, j, w);
-#pragma unroll
-            for (int k = 0; k < ROWS_PER_PASS; ++k) {
-                if (k < nr) {
-                    const float* xr = x + (size_t)(r0 + k) * in + b * QK + j;
-#pragma unroll
-                    for (int t = 0; t < 4; ++t) acc[k] = mul_add_unfused(acc[k], xr[8 * t], w[t]);
-                }
-            }
-        }
-    } else {
-        for (int i = j; i < in; i += 8) {
-            float wv = dequant_elem(wr, TYPE, i);
-#pragma unroll
-            for (int k = 0; k < ROWS_PER_PASS; ++k)
-                if (k < nr) acc[k] = mul_add_unfused(acc[k], x[(size_t)(r0 + k) * in + i], wv);
-        }
-    }
-}
-
-// The bytes of shared memory before the staged activations: the block's
-// weight rows, rounded up to 16.
-__device__ __forceinline__ size_t staged_x_offset(size_t row_bytes) {
-    return ((size_t)WARPS * OUTS_PER_WARP * row_bytes + 15) & ~(size_t)15;
-}
-
 // With `staged`, the block first copies its weight rows (contiguous in W)
 // and its rows of x into shared memory, every thread loading at once: one
 // round trip to memory instead of one per unrolled step of every lane's
@@ -108,25 +35,9 @@ __device__ void matmul_f32_body(const u8* w, const float* x, float* y, int rows,
         int n_out = min(WARPS * OUTS_PER_WARP, out - o0);
         size_t bytes = (size_t)n_out * row_bytes;
         const u8* src = w + (size_t)o0 * row_bytes;
-        // Unrolled, so that each thread has several loads in flight: a
-        // rolled copy loop waits out one memory latency per iteration.
-        if ((((size_t)src | bytes) & 15) == 0) {
-            const u32x4* s4 = (const u32x4*)src;
-            u32x4* d4 = (u32x4*)smem;
-#pragma unroll 8
-            for (size_t k = threadIdx.x; k < bytes / 16; k += blockDim.x) d4[k] = s4[k];
-        } else if ((((size_t)src | bytes) & 3) == 0) {
-#pragma unroll 8
-            for (size_t k = threadIdx.x; k < bytes / 4; k += blockDim.x)
-                ((u32*)smem)[k] = ((const u32*)src)[k];
-        } else {
-#pragma unroll 8
-            for (size_t k = threadIdx.x; k < bytes; k += blockDim.x) smem[k] = src[k];
-        }
+        stage_bytes(smem, src, bytes);
         float* xs = (float*)(smem + staged_x_offset(row_bytes));
-        const float* xg = x + (size_t)r0 * in;
-#pragma unroll 8
-        for (int k = threadIdx.x; k < nr * in; k += blockDim.x) xs[k] = xg[k];
+        stage_bytes((u8*)xs, (const u8*)(x + (size_t)r0 * in), (size_t)nr * in * 4);
         __syncthreads();
         wr = smem + (size_t)(live ? o - o0 : 0) * row_bytes;
         xp = xs;
@@ -135,13 +46,10 @@ __device__ void matmul_f32_body(const u8* w, const float* x, float* y, int rows,
     float acc[ROWS_PER_PASS];
 #pragma unroll
     for (int k = 0; k < ROWS_PER_PASS; ++k) acc[k] = 0.0f;
-    if (live) partial_sums<TYPE>(wr, xp, xr0, nr, in, j, acc);
+    if (live) partial_sums_rows<TYPE>(wr, xp, xr0, nr, in, j, acc);
 #pragma unroll
     for (int k = 0; k < ROWS_PER_PASS; ++k) {
-        float a = acc[k];
-        a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 4));  // a0+a4, a1+a5, ...
-        a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 1));  // (a0+a4)+(a1+a5), ...
-        a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 2));  // the two halves
+        float a = combine_lanes(acc[k]);
         if (live && j == 0 && k < nr) y[(size_t)(r0 + k) * out + o] = a;
     }
 }
@@ -388,10 +296,7 @@ __device__ void matmul_q8_ordered_body(const u8* w, const i8* q, const float* d,
         }
 #pragma unroll
         for (int k = 0; k < ROWS_PER_PASS; ++k) {
-            float a = part[k];
-            a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 4));
-            a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 1));
-            a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 2));
+            float a = combine_lanes(part[k]);
             if (k < nr) acc[k] = mul_add_unfused(acc[k], d[(size_t)(r0 + k) * nb + b], a);
         }
     }

@@ -12,15 +12,17 @@ use model::quant::GgmlType;
 use model::QTensor;
 
 mod attend;
+mod fused;
 pub use attend::*;
+pub use fused::*;
 
 /// Warps per block of the matmul kernels (`WARPS` in matmul.cu).
 const MATMUL_WARPS: u32 = 4;
 /// Output rows per block of `matmul_f32`: four per warp (eight lanes each).
-const MATMUL_F32_OUTS: usize = 4 * MATMUL_WARPS as usize;
+pub(crate) const MATMUL_F32_OUTS: usize = 4 * MATMUL_WARPS as usize;
 /// The most shared memory a `matmul_f32` block stages its operands in; past
 /// it (wide float weights) the kernel reads them from global memory.
-const MATMUL_MAX_STAGED: usize = 96 * 1024;
+pub(crate) const MATMUL_MAX_STAGED: usize = 96 * 1024;
 
 /// The weight types the kernels decode (`dequant_elem` in common.cuh).
 pub fn supported(t: GgmlType) -> bool {
@@ -122,7 +124,7 @@ impl QuantizedActs {
     }
 }
 
-fn check(what: &str, have: usize, need: usize) -> Result<(), CudaError> {
+pub(crate) fn check(what: &str, have: usize, need: usize) -> Result<(), CudaError> {
     if have < need {
         return Err(CudaError::Shape(format!(
             "{what}: buffer holds {have} elements, the launch needs {need}"
@@ -148,7 +150,7 @@ fn matmul_grid(blocks: usize, rows: usize) -> LaunchConfig {
     }
 }
 
-fn launch_err(kernel: &str) -> impl Fn(cudarc::driver::DriverError) -> CudaError + '_ {
+pub(crate) fn launch_err(kernel: &str) -> impl Fn(cudarc::driver::DriverError) -> CudaError + '_ {
     move |e| CudaError::driver(&format!("launch {kernel}"), e)
 }
 
@@ -242,7 +244,7 @@ fn staging(w: &DeviceMatrix, rows: usize) -> (bool, usize) {
 
 /// Lets `f` take `shared` bytes of dynamic shared memory (past 48 KiB a
 /// kernel must opt in).
-fn raise_shared(
+pub(crate) fn raise_shared(
     f: &cudarc::driver::CudaFunction,
     shared: usize,
     what: &str,
@@ -329,14 +331,7 @@ pub fn quantize_q8(
     out: &mut QuantizedActs,
     elems: usize,
 ) -> Result<(), CudaError> {
-    if elems % 32 != 0 {
-        return Err(CudaError::Shape(format!(
-            "quantize_q8: {elems} elements is not a whole number of 32-element blocks"
-        )));
-    }
-    check("quantize_q8 x", x.len(), elems)?;
-    check("quantize_q8 q", out.q.len(), elems)?;
-    let nblocks = elems / 32;
+    let nblocks = check_quantize("quantize_q8", x, out, elems, 32)?;
     let f = dev.function(Family::Matmul, "quantize_q8")?;
     let nb = nblocks as i32;
     let mut b = dev.stream().launch_builder(&f);
@@ -350,6 +345,26 @@ pub fn quantize_q8(
     // (checked above and at allocation); one warp per block, 8 warps per CTA.
     unsafe { b.launch(grid(nblocks.div_ceil(8), 256, 0)) }.map_err(launch_err("quantize_q8"))?;
     Ok(())
+}
+
+/// The checks of a quantizer's launch (`elems` a whole number of `block`s,
+/// `x` and the quants holding them, one scale per block); the block count.
+pub(crate) fn check_quantize(
+    name: &str,
+    x: &CudaView<f32>,
+    out: &QuantizedActs,
+    elems: usize,
+    block: usize,
+) -> Result<usize, CudaError> {
+    if elems % block != 0 {
+        return Err(CudaError::Shape(format!(
+            "{name}: {elems} elements is not a whole number of {block}-element blocks"
+        )));
+    }
+    check(&format!("{name} x"), x.len(), elems)?;
+    check(&format!("{name} q"), out.q.len(), elems)?;
+    check(&format!("{name} scales"), out.scales.len(), elems / block)?;
+    Ok(elems / block)
 }
 
 /// `y = x W^T` with `x` quantized by [`quantize_q8`] (DP4A for Q8_0, Q4_0,

@@ -8,7 +8,7 @@
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
 use super::device::{Device, Family};
-use super::ops::{DeviceMatrix, QuantizedActs};
+use super::ops::{check, check_quantize, DeviceMatrix, QuantizedActs};
 use super::CudaError;
 use model::quant::GgmlType;
 
@@ -49,15 +49,6 @@ impl Q8Dot {
     }
 }
 
-fn check(what: &str, have: usize, need: usize) -> Result<(), CudaError> {
-    if have < need {
-        return Err(CudaError::Shape(format!(
-            "{what}: buffer holds {have} elements, the launch needs {need}"
-        )));
-    }
-    Ok(())
-}
-
 /// Quantizes `x` (`elems` floats, a multiple of 256) to Q8_K into `out`:
 /// quants in `out.q`, one f32 scale per 256 in `out.scales` (sums and `s`
 /// are left as they were: the ordered dot does not read them).
@@ -67,15 +58,7 @@ pub fn quantize_q8_k(
     out: &mut QuantizedActs,
     elems: usize,
 ) -> Result<(), CudaError> {
-    if elems % 256 != 0 {
-        return Err(CudaError::Shape(format!(
-            "quantize_q8_k: {elems} elements is not a whole number of 256-element blocks"
-        )));
-    }
-    check("quantize_q8_k x", x.len(), elems)?;
-    check("quantize_q8_k q", out.q.len(), elems)?;
-    let nblocks = elems / 256;
-    check("quantize_q8_k d", out.scales.len(), nblocks)?;
+    let nblocks = check_quantize("quantize_q8_k", x, out, elems, 256)?;
     let f = dev.function(Family::Matmul, "quantize_q8_k")?;
     let nb = nblocks as i32;
     let mut b = dev.stream().launch_builder(&f);

@@ -14,11 +14,11 @@ use crate::cuda::q8::{self, Q8Dot};
 use crate::cuda::taps::TapRing;
 use crate::cuda::CudaError;
 use crate::stages as st;
-use model::{FfnActivation, LlamaConfig};
+use model::{FfnActivation, LayerAttention, LlamaConfig};
 
 impl CudaForward {
     /// Launches the whole forward over `groups` (`rows` rows), tapping each
-    /// stage. With `graphed`, attention sizes its scores for the cache's
+    /// stage; fused (`fused.rs`) where nothing is tapped and the run allows. With `graphed`, attention sizes its scores for the cache's
     /// whole capacity (a graph replays at later positions).
     pub(super) fn encode(
         &mut self,
@@ -26,6 +26,9 @@ impl CudaForward {
         rows: usize,
         graphed: bool,
     ) -> Result<(), CudaError> {
+        if self.fusable(groups, rows) {
+            return self.encode_fused(groups, rows, graphed);
+        }
         let dev = self.dev.clone();
         let c = self.config.clone();
         let d = c.n_embd;
@@ -40,17 +43,7 @@ impl CudaForward {
             ring: &mut self.ring,
         };
 
-        ops::embedding(
-            &dev,
-            &w.token_embd,
-            &sc.tok.slice(..rows),
-            &mut sc.x.slice_mut(..rows * d),
-        )?;
-        if c.family.embed_scale {
-            // Rounded to f32 first, as the CPU forward does.
-            let scale = (d as f64).sqrt() as f32;
-            ops::scale(&dev, &mut sc.x.slice_mut(..rows * d), scale, rows * d)?;
-        }
+        embed(&dev, &c, &w.token_embd, sc, rows)?;
         taps.tap(st::EMBEDDING, None, &sc.x, d)?;
 
         for (l, lw) in w.layers.iter().enumerate() {
@@ -59,6 +52,7 @@ impl CudaForward {
                 c: &c,
                 acts: self.acts,
                 l,
+                la: c.family.attention(l, c.rope_base),
                 lw,
                 rows,
                 graphed,
@@ -90,12 +84,38 @@ impl CudaForward {
     }
 }
 
+/// The run's token rows embedded into `sc.x` (scaled where the family
+/// scales them): the first launches of both passes.
+pub(super) fn embed(
+    dev: &Device,
+    c: &LlamaConfig,
+    table: &DeviceMatrix,
+    sc: &mut Scratch,
+    rows: usize,
+) -> Result<(), CudaError> {
+    let d = c.n_embd;
+    ops::embedding(
+        dev,
+        table,
+        &sc.tok.slice(..rows),
+        &mut sc.x.slice_mut(..rows * d),
+    )?;
+    if c.family.embed_scale {
+        // Rounded to f32 first, as the CPU forward does.
+        let scale = (d as f64).sqrt() as f32;
+        ops::scale(dev, &mut sc.x.slice_mut(..rows * d), scale, rows * d)?;
+    }
+    Ok(())
+}
+
 /// One layer of one pass: what its launches need besides the buffers.
 struct Layer<'a> {
     dev: &'a Device,
     c: &'a LlamaConfig,
     acts: Acts,
     l: usize,
+    /// The layer's RoPE base and window.
+    la: LayerAttention,
     lw: &'a LayerOnDevice,
     rows: usize,
     graphed: bool,
@@ -154,7 +174,6 @@ impl Layer<'_> {
             std::mem::swap(&mut sc.k, &mut sc.k2);
             taps.tap(st::K_NORM, li, &sc.k, kvw)?;
         }
-        let la = c.family.attention(self.l, c.rope_base);
         ops::rope_qk_styled(
             dev,
             c.family.rope,
@@ -164,7 +183,7 @@ impl Layer<'_> {
             c.n_head,
             c.n_head_kv,
             c.head_dim,
-            la.rope_base,
+            self.la.rope_base,
         )?;
         taps.tap(st::Q_ROPE, li, &sc.q, qw)?;
         taps.tap(st::K_ROPE, li, &sc.k, kvw)
@@ -180,7 +199,6 @@ impl Layer<'_> {
     ) -> Result<(), CudaError> {
         let (dev, c, l) = (self.dev, self.c, self.l);
         let (qw, kvw) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
-        let la = c.family.attention(l, c.rope_base);
         let pos_dev = sc.pos.slice(..self.rows);
         for g in groups {
             let cache = caches.get_mut(&g.slot).expect("cache ensured above");
@@ -215,7 +233,7 @@ impl Layer<'_> {
                     n_kv: c.n_head_kv,
                     head_dim: c.head_dim,
                 },
-                la.window,
+                self.la.window,
                 max_keys,
             )?;
         }

@@ -7,7 +7,8 @@ use crate::cuda::device::{Device, Family};
 use crate::cuda::CudaError;
 use model::RopeStyle;
 
-/// RoPE in place on `x` (`[pos.len(), n_heads * head_dim]`), row r at `pos[r]`.
+/// RoPE in place on `x` (`[pos.len(), n_heads * head_dim]`), row r at `pos[r]`:
+/// [`rope_qk`] with no k.
 pub fn rope(
     dev: &Device,
     x: &mut CudaViewMut<f32>,
@@ -16,15 +17,17 @@ pub fn rope(
     head_dim: usize,
     base: f32,
 ) -> Result<(), CudaError> {
-    let rows = pos.len();
-    check("rope x", x.len(), rows * n_heads * head_dim)?;
-    let f = dev.function(Family::Rope, "rope")?;
-    let (h, d) = (n_heads as i32, head_dim as i32);
-    let mut b = dev.stream().launch_builder(&f);
-    b.arg(x).arg(pos).arg(&h).arg(&d).arg(&base);
-    // SAFETY: x holds rows * n_heads * head_dim floats (checked above).
-    unsafe { b.launch(grid(rows, 128, 0)) }.map_err(launch_err("rope"))?;
-    Ok(())
+    launch_rope(
+        dev,
+        RopeStyle::Interleaved,
+        x,
+        None,
+        pos,
+        n_heads,
+        0,
+        head_dim,
+        base,
+    )
 }
 
 /// RoPE of q (`[pos.len(), n_q * head_dim]`) and k (`[pos.len(), n_k *
@@ -68,22 +71,42 @@ pub fn rope_qk_styled(
     head_dim: usize,
     base: f32,
 ) -> Result<(), CudaError> {
+    launch_rope(dev, style, q, Some(k), pos, n_q, n_k, head_dim, base)
+}
+
+/// The one `rope_qk` launch behind [`rope`] and [`rope_qk_styled`]; without
+/// `k` the kernel is given q's buffer there and no k heads.
+#[allow(clippy::too_many_arguments)]
+fn launch_rope(
+    dev: &Device,
+    style: RopeStyle,
+    q: &mut CudaViewMut<f32>,
+    k: Option<&mut CudaViewMut<f32>>,
+    pos: &CudaView<u32>,
+    n_q: usize,
+    n_k: usize,
+    head_dim: usize,
+    base: f32,
+) -> Result<(), CudaError> {
     let rows = pos.len();
     check("rope q", q.len(), rows * n_q * head_dim)?;
-    check("rope k", k.len(), rows * n_k * head_dim)?;
+    if let Some(k) = &k {
+        check("rope k", k.len(), rows * n_k * head_dim)?;
+    }
     let f = dev.function(Family::Rope, "rope_qk")?;
     let halves = (style == RopeStyle::Halves) as i32;
     let (nq, nk, d) = (n_q as i32, n_k as i32, head_dim as i32);
+    // Without k, a pointer the kernel never dereferences (n_k = 0).
+    let null = 0u64;
     let mut b = dev.stream().launch_builder(&f);
-    b.arg(q)
-        .arg(k)
-        .arg(pos)
-        .arg(&nq)
-        .arg(&nk)
-        .arg(&d)
-        .arg(&base)
-        .arg(&halves);
-    // SAFETY: q and k hold rows * heads * head_dim floats (checked above).
+    b.arg(q);
+    match k {
+        Some(k) => b.arg(k),
+        None => b.arg(&null),
+    };
+    b.arg(pos).arg(&nq).arg(&nk).arg(&d).arg(&base).arg(&halves);
+    // SAFETY: q and k hold rows * heads * head_dim floats (checked above);
+    // with no k, n_k = 0 gives its heads no threads.
     unsafe { b.launch(grid(rows, 128, 0)) }.map_err(launch_err("rope_qk"))?;
     Ok(())
 }

@@ -1,0 +1,247 @@
+//! The manifest's binary index (`manifest.idx`, format 2.1): the entries in
+//! fixed-size records, and a small sealed head that binds the index to the
+//! exact bytes of `manifest.json`.
+//!
+//! Why: a tree of 37,674 taps has a 12 MB manifest. Checking it whole
+//! (blake3) and parsing it costs tens of milliseconds, which trusted
+//! `verify A B` and `diff` paid on every call. With the index, trusted
+//! `verify A B` checks a 288-byte head, the sizes of both files, the
+//! manifest's bytes outside its entry list, and a fast checksum (XXH3-128)
+//! of every byte of both files; opening a tree hashes
+//! the manifest (to refuse any damage) but parses only those few KB and
+//! decodes the entries from the records. docs/FORMAT.md ("The index") is the
+//! normative description; docs/TRUST.md says what each path checks.
+
+mod head;
+mod records;
+
+use head::hex;
+pub use head::{xxh3, IndexHead};
+pub use records::{build, decode};
+
+use crate::error::{Error, Result};
+use crate::manifest::{self, Manifest, MANIFEST_FILE};
+use crate::open::*;
+use std::io::Read;
+use std::path::Path;
+
+/// The index's file name at the root of a tree, beside `manifest.json`.
+pub const INDEX_FILE: &str = "manifest.idx";
+/// The fixed size of the index's head.
+pub const HEAD_LEN: usize = 288;
+/// The first bytes of every index.
+pub const MAGIC: &[u8; 16] = b"taptree index\n\0\0";
+/// The fixed size of one entry's record.
+pub const RECORD_LEN: usize = 104;
+/// Where the head's own blake3 starts: it covers the bytes before it.
+const SEAL_AT: usize = HEAD_LEN - 32;
+/// A writer's own path (`path_of(key)`), in a record's path field.
+const NONE: u32 = u32::MAX;
+/// Record flags: the entry has a `header_blake3`, a layer, a slot.
+const HAS_HEADER_HASH: u16 = 1;
+const HAS_LAYER: u16 = 2;
+const HAS_SLOT: u16 = 4;
+
+/// Whether a manifest of this version has an index beside it. A ranked
+/// tree (format 2.2, tensor parallel) has none: its records hold no rank
+/// or shard, so its entries are read from the JSON.
+pub fn has_index(version: &str) -> bool {
+    manifest::parse_version(version).is_some_and(|v| v >= (2, 1))
+        && version != manifest::FORMAT_VERSION_RANKED
+}
+
+fn bad_index(tree: &Path, reason: impl Into<String>) -> Error {
+    Error::BadManifest {
+        path: tree.join(INDEX_FILE),
+        reason: reason.into(),
+    }
+}
+
+/// Opens the index of the tree at `tree`: a regular file inside the tree.
+fn open_index(tree: &Path) -> Result<std::fs::File> {
+    let path = tree.join(INDEX_FILE);
+    crate::manifest_file::check_manifest_link(tree, &path)?;
+    open_regular(&path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            bad_index(
+                tree,
+                "missing: a format 2.1 manifest must have its index beside it",
+            )
+        } else {
+            Error::io(&path, e)
+        }
+    })
+}
+
+/// Trusted `verify A B`'s check of a format 2.1 tree, given the first
+/// bytes of its manifest and the head fields found there: the index's head
+/// is sealed, both files have the sizes it records, the manifest's bytes
+/// outside its entries are the ones it hashed, and every byte of both files
+/// has the XXH3-128 checksum it records. Returns the index head.
+pub(crate) fn check_trusted(tree: &Path, version: &str, root: &str) -> Result<IndexHead> {
+    let index_path = tree.join(INDEX_FILE);
+    let mut file = open_index(tree)?;
+    let mut buf = [0u8; HEAD_LEN];
+    let n = read_up_to(&mut file, &mut buf).map_err(|e| Error::io(&index_path, e))?;
+    let head = IndexHead::parse(&buf[..n]).map_err(|r| bad_index(tree, r))?;
+    let len = file
+        .metadata()
+        .map_err(|e| Error::io(&index_path, e))?
+        .len();
+    if Some(len) != head.body_len.checked_add(HEAD_LEN as u64) {
+        return Err(bad_index(
+            tree,
+            format!(
+                "{len} bytes, its head says {}: the index was truncated, appended to, edited or damaged",
+                head.body_len.saturating_add(HEAD_LEN as u64)
+            ),
+        ));
+    }
+    check_version_and_root(tree, &head, version, root)?;
+    let json_path = tree.join(MANIFEST_FILE);
+    let json = open_regular(&json_path).map_err(|e| Error::io(&json_path, e))?;
+    let json_len = json.metadata().map_err(|e| Error::io(&json_path, e))?.len();
+    let bad = |reason: String| Error::BadManifest {
+        path: json_path.clone(),
+        reason,
+    };
+    // The files are mapped only once their sizes are the ones recorded.
+    let span = head.entries_span(json_len).map_err(bad)?;
+    let index = map_or_read(&file, len).map_err(|e| Error::io(&index_path, e))?;
+    let json = map_or_read(&json, json_len).map_err(|e| Error::io(&json_path, e))?;
+    // The two checksums side by side: the manifest's is three quarters of
+    // the work.
+    let (body_ok, json_ok) = std::thread::scope(|s| {
+        let body = s.spawn(|| index.get(HEAD_LEN..).map(xxh3) == Some(head.body_xxh3));
+        let json_ok = head.check_whole_json(&json);
+        (body.join().unwrap_or(false), json_ok)
+    });
+    if !body_ok {
+        return Err(bad_index(
+            tree,
+            "its records do not have the checksum its head records: the index was edited or damaged",
+        ));
+    }
+    json_ok.map_err(bad)?;
+    head.check_json(&json, &json[span.end.min(json.len())..], json_len)
+        .map_err(bad)?;
+    Ok(head)
+}
+
+/// A regular file's `len` bytes, mapped (a copy of many megabytes costs
+/// more than the checksum over them), or read where mapping fails.
+fn map_or_read(
+    file: &std::fs::File,
+    len: u64,
+) -> std::io::Result<crate::manifest_file::ManifestBytes> {
+    use crate::manifest_file::ManifestBytes;
+    // SAFETY: read-only; a tree's manifest and index are renamed into
+    // place whole and never written again.
+    // Populated: the kernel maps every page at once rather than one fault
+    // at a time as the checksum walks them.
+    if let Ok(map) = unsafe { memmap2::MmapOptions::new().populate().map(file) } {
+        return Ok(ManifestBytes::Mapped(map));
+    }
+    let mut bytes = Vec::new();
+    let f = file;
+    f.take(len).read_to_end(&mut bytes)?;
+    Ok(ManifestBytes::Read(bytes))
+}
+
+fn check_version_and_root(tree: &Path, head: &IndexHead, version: &str, root: &str) -> Result<()> {
+    if manifest::parse_version(version) != Some((head.major, head.minor)) {
+        return Err(bad_index(
+            tree,
+            format!(
+                "format {}.{}, its manifest says {version}",
+                head.major, head.minor
+            ),
+        ));
+    }
+    if hex(&head.root) != root {
+        return Err(bad_index(
+            tree,
+            format!("root {}, its manifest says {root}", hex(&head.root)),
+        ));
+    }
+    Ok(())
+}
+
+fn read_up_to(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// The manifest of a format 2.1 tree whose manifest's bytes are `json`:
+/// the index is read whole and checked against its seal, `json` against
+/// the index's head (its size, its XXH3-128, its bytes outside the entries
+/// and the `manifest_blake3` they hold), the manifest's fields
+/// before its entries are parsed from `json`, and the entries are decoded
+/// from the index.
+pub(crate) fn open_manifest(tree: &Path, json: &[u8]) -> Result<Manifest> {
+    let json_path = tree.join(MANIFEST_FILE);
+    let bad_json = |reason: String| Error::BadManifest {
+        path: json_path.clone(),
+        reason,
+    };
+    let mut file = open_index(tree)?;
+    let mut index = Vec::new();
+    // An index holds less than a third of its manifest's bytes.
+    read_all(&mut file, &mut index, json.len() / 3 + HEAD_LEN)
+        .map_err(|e| Error::io(tree.join(INDEX_FILE), e))
+        .map(|n| index.truncate(n))?;
+    let head = IndexHead::parse(&index).map_err(|r| bad_index(tree, r))?;
+    let span = head.entries_span(json.len() as u64).map_err(bad_json)?;
+    head.check_whole_json(json).map_err(bad_json)?;
+    head.check_json(json, &json[span.end..], json.len() as u64)
+        .map_err(bad_json)?;
+    let mut text = json[..span.start].to_vec();
+    text.extend_from_slice(b"[]");
+    text.extend_from_slice(&json[span.end..]);
+    let mut m: Manifest = serde_json::from_slice(&text)
+        .map_err(|e| bad_json(format!("its fields before the entries: {e}")))?;
+    check_version_and_root(tree, &head, &m.format_version, &m.root)?;
+    m.entries = decode(&index, &head).map_err(|r| bad_index(tree, r))?;
+    Ok(m)
+}
+
+/// Writes `manifest.idx` for the tree at `tree` from its `manifest.json`
+/// as it is now (parsed whole; nothing checked against its root): for tools
+/// and tests that edit a manifest and seal it again.
+pub fn rewrite(tree: &Path) -> Result<()> {
+    let json_path = tree.join(MANIFEST_FILE);
+    let json = std::fs::read(&json_path).map_err(|e| Error::io(&json_path, e))?;
+    let m: Manifest = serde_json::from_slice(&json).map_err(|e| Error::BadManifest {
+        path: json_path.clone(),
+        reason: e.to_string(),
+    })?;
+    let index = build(&json, &m).map_err(|reason| Error::BadManifest {
+        path: json_path,
+        reason,
+    })?;
+    let path = tree.join(INDEX_FILE);
+    std::fs::write(&path, index).map_err(|e| Error::io(&path, e))
+}
+
+/// Redoes an index's body hash and head seal after an edit of its bytes
+/// (for tests and the fuzz harness, so that what is tested is the edit).
+/// An index shorter than its head is left alone.
+pub fn reseal(index: &mut [u8]) {
+    if index.len() < HEAD_LEN {
+        return;
+    }
+    let body = *blake3::hash(&index[HEAD_LEN..]).as_bytes();
+    index[176..208].copy_from_slice(&body);
+    let body = xxh3(&index[HEAD_LEN..]);
+    index[232..248].copy_from_slice(&body);
+    let seal = *blake3::hash(&index[..SEAL_AT]).as_bytes();
+    index[SEAL_AT..HEAD_LEN].copy_from_slice(&seal);
+}

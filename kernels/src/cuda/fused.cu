@@ -1,0 +1,173 @@
+// The fused launches of an unarmed single-sequence forward (decode's CUDA
+// graph among them): a matmul that normalizes its own input and finishes
+// with the op that follows it, so a layer is five launches instead of
+// twelve. Every output is computed by the same chain of operations as the
+// unfused kernels (`partial_sums` and `combine_lanes` from matmul_core.cuh,
+// `norm_*`, `rope_rotate` and `swiglu_one` from common.cuh), so a fused
+// forward gives the unfused one's bits. Its intermediate tensors (the
+// norm's output, q/k/v before RoPE, gate and up) never reach global
+// memory: an armed forward, whose taps need them, runs unfused.
+//
+// One block of WARPS warps computes FUSED_OUTS outputs (OUTS_PER_WARP per
+// warp, eight lanes each) for up to ROWS_PER_PASS rows (one grid row per
+// pass), with its weight rows and its input rows in shared memory.
+//
+// mode FUSED_PLAIN: y0 = x W0^T, or resid + x W0^T (the residual add).
+// mode FUSED_SWIGLU: y0 = swiglu(x W0^T, x W1^T) (gate, up): each block
+//   takes the same FUSED_OUTS / 2 rows of both.
+// mode FUSED_QKV_ROPE: q = x W0^T into y0, k = x W1^T and v = x W2^T into
+//   the caches y1, y2 at row pos[r] (width n1, n2); q and k rotated by
+//   RoPE (interleaved pairs) first. Blocks [0, b0) take W0, then W1, W2.
+// With norm_w, x is first RMS-normalized (weight norm_w, epsilon eps).
+
+#define FUSED_PLAIN 0
+#define FUSED_SWIGLU 1
+#define FUSED_QKV_ROPE 2
+#define FUSED_OUTS (WARPS * OUTS_PER_WARP)
+
+__device__ __forceinline__ size_t row_bytes_of(int type, int in) {
+    return (size_t)(in / block_size(type)) * type_size(type);
+}
+
+// One slot's output for the block's rows into res[k][slot]: lane j's
+// partial sums, the lanes combined. Every lane of the warp calls it (the
+// shuffles), a dead slot with `live` false.
+template <int TYPE>
+__device__ __forceinline__ void slot_outputs(const u8* wr, const float* xs, int nr, int in,
+                                             int j, bool live, int slot,
+                                             float res[ROWS_PER_PASS][FUSED_OUTS]) {
+    float acc[ROWS_PER_PASS];
+#pragma unroll
+    for (int k = 0; k < ROWS_PER_PASS; ++k) acc[k] = 0.0f;
+    if (live) partial_sums_rows<TYPE>(wr, xs, 0, nr, in, j, acc);
+#pragma unroll
+    for (int k = 0; k < ROWS_PER_PASS; ++k) {
+        float a = combine_lanes(acc[k]);
+        if (j == 0 && k < nr) res[k][slot] = a;
+    }
+}
+
+__device__ void slot_outputs_any(int type, const u8* wr, const float* xs, int nr, int in, int j,
+                                 bool live, int slot, float res[ROWS_PER_PASS][FUSED_OUTS]) {
+    switch (type) {
+        case T_F32: slot_outputs<T_F32>(wr, xs, nr, in, j, live, slot, res); break;
+        case T_F16: slot_outputs<T_F16>(wr, xs, nr, in, j, live, slot, res); break;
+        case T_BF16: slot_outputs<T_BF16>(wr, xs, nr, in, j, live, slot, res); break;
+        case T_Q4_0: slot_outputs<T_Q4_0>(wr, xs, nr, in, j, live, slot, res); break;
+        case T_Q4_1: slot_outputs<T_Q4_1>(wr, xs, nr, in, j, live, slot, res); break;
+        case T_Q5_0: slot_outputs<T_Q5_0>(wr, xs, nr, in, j, live, slot, res); break;
+        case T_Q8_0: slot_outputs<T_Q8_0>(wr, xs, nr, in, j, live, slot, res); break;
+        case T_Q2_K: slot_outputs<T_Q2_K>(wr, xs, nr, in, j, live, slot, res); break;
+        case T_Q3_K: slot_outputs<T_Q3_K>(wr, xs, nr, in, j, live, slot, res); break;
+        case T_Q4_K: slot_outputs<T_Q4_K>(wr, xs, nr, in, j, live, slot, res); break;
+        case T_Q5_K: slot_outputs<T_Q5_K>(wr, xs, nr, in, j, live, slot, res); break;
+        case T_Q6_K: slot_outputs<T_Q6_K>(wr, xs, nr, in, j, live, slot, res); break;
+    }
+}
+
+// Rows r0 .. r0 + nr of x into xs (shared), RMS-normalized with norm_w
+// when it is given, exactly as the rms_norm kernel writes them. Ends with
+// the block synchronized.
+__device__ void stage_input(float* xs, const float* x, int r0, int nr, int in,
+                            const float* norm_w, float eps, double* scratch) {
+    stage_bytes((u8*)xs, (const u8*)(x + (size_t)r0 * in), (size_t)nr * in * 4);
+    if (norm_w) {
+        for (int k = 0; k < nr; ++k) {
+            float* xr = xs + (size_t)k * in;
+            // Synchronizes first (the staged rows visible) and after its
+            // last read of xr: the row may then be rewritten in place.
+            float scale = norm_scale(norm_sum_squares(xr, in, scratch), in, eps);
+            for (int i = threadIdx.x; i < in; i += blockDim.x)
+                xr[i] = norm_apply(xr[i], scale, norm_w[i]);
+        }
+    }
+    __syncthreads();
+}
+
+extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, const u8* w2,
+                                        int t0, int t1, int t2, int n0, int n1, int n2,
+                                        const float* x, const float* norm_w, float eps,
+                                        const float* resid, float* y0, float* y1, float* y2,
+                                        const u32* pos, int head_dim, float rope_base, int rows,
+                                        int in, int staged) {
+    extern __shared__ __align__(16) u8 smem[];
+    __shared__ double scratch[NORM_THREADS / 32];
+    __shared__ float res[ROWS_PER_PASS][FUSED_OUTS];
+    int lane = threadIdx.x & 31, j = lane & 7;
+    int slot = (threadIdx.x >> 5) * OUTS_PER_WARP + (lane >> 3);
+    int r0 = blockIdx.y * ROWS_PER_PASS;
+    int nr = min(ROWS_PER_PASS, rows - r0);
+
+    // The block's weight rows: `cnt` rows from row `first` of matrix A
+    // (type ta), for slots [0, per); in FUSED_SWIGLU as many of matrix B
+    // (type tb) for slots [per, 2 per).
+    const u8 *wa = w0, *wb = w1;
+    int ta = t0, tb = t1, per = FUSED_OUTS, region = 0, n = n0;
+    if (mode == FUSED_SWIGLU) {
+        per = FUSED_OUTS / 2;
+    } else if (mode == FUSED_QKV_ROPE) {
+        int b0 = (n0 + per - 1) / per, b1 = (n1 + per - 1) / per;
+        int bx = blockIdx.x;
+        if (bx >= b0 + b1) {
+            region = 2, wa = w2, ta = t2, n = n2;
+        } else if (bx >= b0) {
+            region = 1, wa = w1, ta = t1, n = n1;
+        }
+    }
+    int bx = blockIdx.x;
+    if (region == 1) bx -= (n0 + per - 1) / per;
+    if (region == 2) bx -= (n0 + per - 1) / per + (n1 + per - 1) / per;
+    int first = bx * per;
+    int cnt = min(per, n - first);
+    size_t rba = row_bytes_of(ta, in);
+    size_t rbb = mode == FUSED_SWIGLU ? row_bytes_of(tb, in) : 0;
+    bool in_b = slot >= per;
+    int s = in_b ? slot - per : slot;
+    bool live = s < cnt;
+    int type = in_b ? tb : ta;
+    size_t rb = in_b ? rbb : rba;
+    const u8* wr = (in_b ? wb : wa) + (size_t)(first + (live ? s : 0)) * rb;
+    size_t bytes_a = (size_t)cnt * rba;
+    size_t wbytes = bytes_a + (mode == FUSED_SWIGLU ? (size_t)cnt * rbb : 0);
+    float* xs = (float*)(smem + (staged ? ((wbytes + 15) & ~(size_t)15) : 0));
+    if (staged) {
+        stage_bytes(smem, wa + (size_t)first * rba, bytes_a);
+        if (mode == FUSED_SWIGLU) stage_bytes(smem + bytes_a, wb + (size_t)first * rbb, (size_t)cnt * rbb);
+        wr = smem + (in_b ? bytes_a : 0) + (size_t)(live ? s : 0) * rb;
+    }
+    stage_input(xs, x, r0, nr, in, norm_w, eps, scratch);
+
+    slot_outputs_any(type, wr, xs, nr, in, j, live, slot, res);
+    __syncthreads();
+
+    if (mode == FUSED_PLAIN) {
+        for (int t = threadIdx.x; t < nr * per; t += blockDim.x) {
+            int k = t / per, o = t % per;
+            if (o >= cnt) continue;
+            size_t at = (size_t)(r0 + k) * n0 + first + o;
+            float a = res[k][o];
+            // As the add kernel: one rounded add.
+            y0[at] = resid ? resid[at] + a : a;
+        }
+    } else if (mode == FUSED_SWIGLU) {
+        for (int t = threadIdx.x; t < nr * per; t += blockDim.x) {
+            int k = t / per, o = t % per;
+            if (o >= cnt) continue;
+            y0[(size_t)(r0 + k) * n0 + first + o] = swiglu_one(res[k][o], res[k][o + per]);
+        }
+    } else {
+        int pairs = per / 2;
+        for (int t = threadIdx.x; t < nr * pairs; t += blockDim.x) {
+            int k = t / pairs, o = 2 * (t % pairs);
+            if (o >= cnt) continue;
+            u32 p = pos[r0 + k];
+            float a = res[k][o], b = res[k][o + 1];
+            int col = first + o;
+            if (region < 2) rope_rotate(&a, &b, p, (col % head_dim) / 2, head_dim, rope_base);
+            float* dst = region == 0 ? y0 + (size_t)(r0 + k) * n0
+                                     : (region == 1 ? y1 : y2) + (size_t)p * n;
+            dst[col] = a;
+            dst[col + 1] = b;
+        }
+    }
+}

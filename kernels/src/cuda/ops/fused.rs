@@ -1,0 +1,266 @@
+//! The fused matmuls of fused.cu: an unarmed single-sequence forward's layer
+//! in five launches. Each output is bitwise what the unfused launches give
+//! (`cuda_kernels_fused.rs` holds each against them).
+
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+
+use super::{check, launch_err, raise_shared, DeviceMatrix, MATMUL_F32_OUTS, MATMUL_MAX_STAGED};
+use crate::cuda::device::{Device, Family};
+use crate::cuda::CudaError;
+
+const PLAIN: i32 = 0;
+const SWIGLU: i32 = 1;
+const QKV_ROPE: i32 = 2;
+
+/// An RMSNorm a fused matmul applies to its input first: its weight
+/// (`[cols]`) and epsilon.
+#[derive(Clone, Copy)]
+pub struct Norm<'a> {
+    /// The norm's weight, one per input column.
+    pub weight: &'a CudaView<'a, f32>,
+    /// The norm's epsilon.
+    pub eps: f32,
+}
+
+/// Whether a fused matmul over `cols` inputs can stage `rows` rows of its
+/// input in shared memory (it always does; past this the forward runs
+/// unfused).
+pub fn fused_fits(cols: usize, rows: usize) -> bool {
+    x_bytes(cols, rows) <= MATMUL_MAX_STAGED
+}
+
+fn x_bytes(cols: usize, rows: usize) -> usize {
+    rows.min(8) * cols * 4
+}
+
+/// `y = norm(x) W^T` (or `x W^T` without a norm), plus `resid` where given
+/// (the residual add): `x` `[rows, W.cols]`, `y` and `resid` `[rows, W.rows]`.
+pub fn matmul_fused(
+    dev: &Device,
+    w: &DeviceMatrix,
+    x: &CudaView<f32>,
+    norm: Option<Norm>,
+    resid: Option<&CudaView<f32>>,
+    y: &mut CudaViewMut<f32>,
+    rows: usize,
+) -> Result<(), CudaError> {
+    check(
+        &format!("matmul_fused {} y", w.name),
+        y.len(),
+        rows * w.rows,
+    )?;
+    if let Some(r) = resid {
+        check(
+            &format!("matmul_fused {} resid", w.name),
+            r.len(),
+            rows * w.rows,
+        )?;
+    }
+    let weight_bytes = MATMUL_F32_OUTS * w.ggml_type.row_bytes(w.cols);
+    let f = Fused {
+        mode: PLAIN,
+        ws: [w, w, w],
+        n: [w.rows, 0, 0],
+        weight_bytes,
+        rows,
+    };
+    f.launch(dev, x, norm, resid, [Some(y), None, None], None, 0, 0.0)
+}
+
+/// `s = swiglu(norm(x) Wg^T, norm(x) Wu^T)`: the FFN's gate, up and gated
+/// product in one launch, `s` `[rows, Wg.rows]`.
+pub fn gate_up_swiglu(
+    dev: &Device,
+    gate: &DeviceMatrix,
+    up: &DeviceMatrix,
+    x: &CudaView<f32>,
+    norm: Option<Norm>,
+    s: &mut CudaViewMut<f32>,
+    rows: usize,
+) -> Result<(), CudaError> {
+    if gate.rows != up.rows {
+        return Err(CudaError::Shape(format!(
+            "gate_up_swiglu: {} has {} rows, {} has {}",
+            gate.name, gate.rows, up.name, up.rows
+        )));
+    }
+    check("gate_up_swiglu s", s.len(), rows * gate.rows)?;
+    let half = MATMUL_F32_OUTS / 2;
+    let weight_bytes =
+        half * (gate.ggml_type.row_bytes(gate.cols) + up.ggml_type.row_bytes(up.cols));
+    let f = Fused {
+        mode: SWIGLU,
+        ws: [gate, up, up],
+        n: [gate.rows, up.rows, 0],
+        weight_bytes,
+        rows,
+    };
+    f.launch(dev, x, norm, None, [Some(s), None, None], None, 0, 0.0)
+}
+
+/// Where [`qkv_rope`] puts its outputs: q `[rows, Wq.rows]`, and this
+/// layer's key and value caches (`[capacity, Wk.rows]`), written at the
+/// rows' positions.
+pub struct QkvOut<'a, 'b> {
+    /// The rotated queries.
+    pub q: &'a mut CudaViewMut<'b, f32>,
+    /// The layer's key cache.
+    pub k_cache: &'a mut CudaViewMut<'b, f32>,
+    /// The layer's value cache.
+    pub v_cache: &'a mut CudaViewMut<'b, f32>,
+}
+
+/// q, k and v of `norm(x)` in one launch, q and k rotated by RoPE
+/// (interleaved pairs, row r at `pos[r]`), k and v written into the caches
+/// at `pos[r]`: attn_norm, the projections, RoPE and the cache write of one
+/// layer. The caller keeps every position below the caches' capacity.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_rope(
+    dev: &Device,
+    ws: [&DeviceMatrix; 3],
+    x: &CudaView<f32>,
+    norm: Option<Norm>,
+    out: QkvOut,
+    pos: &CudaView<u32>,
+    head_dim: usize,
+    base: f32,
+    rows: usize,
+) -> Result<(), CudaError> {
+    let [wq, wk, wv] = ws;
+    if head_dim % 2 != 0 || wq.rows % head_dim != 0 || wk.rows % head_dim != 0 {
+        return Err(CudaError::Shape(format!(
+            "qkv_rope: {} and {} rows are not whole heads of an even head_dim {head_dim}",
+            wq.name, wk.name
+        )));
+    }
+    check("qkv_rope q", out.q.len(), rows * wq.rows)?;
+    check("qkv_rope k cache", out.k_cache.len(), wk.rows)?;
+    check("qkv_rope v cache", out.v_cache.len(), wv.rows)?;
+    check("qkv_rope pos", pos.len(), rows)?;
+    let weight_bytes = [wq, wk, wv]
+        .iter()
+        .map(|w| MATMUL_F32_OUTS * w.ggml_type.row_bytes(w.cols))
+        .max()
+        .unwrap_or(0);
+    let f = Fused {
+        mode: QKV_ROPE,
+        ws,
+        n: [wq.rows, wk.rows, wv.rows],
+        weight_bytes,
+        rows,
+    };
+    let ys = [Some(out.q), Some(out.k_cache), Some(out.v_cache)];
+    f.launch(dev, x, norm, None, ys, Some(pos), head_dim, base)
+}
+
+/// One `matmul_fused` launch: its mode, matrices (unused ones repeat the
+/// last), their output rows (0 for none) and a block's weight bytes.
+struct Fused<'m> {
+    mode: i32,
+    ws: [&'m DeviceMatrix; 3],
+    n: [usize; 3],
+    weight_bytes: usize,
+    rows: usize,
+}
+
+impl Fused<'_> {
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        dev: &Device,
+        x: &CudaView<f32>,
+        norm: Option<Norm>,
+        resid: Option<&CudaView<f32>>,
+        ys: [Option<&mut CudaViewMut<f32>>; 3],
+        pos: Option<&CudaView<u32>>,
+        head_dim: usize,
+        base: f32,
+    ) -> Result<(), CudaError> {
+        let (ws, rows) = (self.ws, self.rows);
+        let cols = ws[0].cols;
+        for w in ws {
+            if w.cols != cols {
+                return Err(CudaError::Shape(format!(
+                    "matmul_fused: {} has {} columns, {} has {cols}",
+                    w.name, w.cols, ws[0].name
+                )));
+            }
+        }
+        check("matmul_fused x", x.len(), rows * cols)?;
+        if let Some(n) = &norm {
+            check("matmul_fused norm weight", n.weight.len(), cols)?;
+        }
+        if !fused_fits(cols, rows) {
+            return Err(CudaError::Shape(format!(
+                "matmul_fused: {} rows of {cols} inputs do not fit shared memory",
+                rows.min(8)
+            )));
+        }
+        let staged_bytes = self.weight_bytes.div_ceil(16) * 16 + x_bytes(cols, rows);
+        let staged = staged_bytes <= MATMUL_MAX_STAGED;
+        let shared = if staged {
+            staged_bytes
+        } else {
+            x_bytes(cols, rows)
+        };
+        let f = dev.function(Family::Fused, "matmul_fused")?;
+        raise_shared(&f, shared, "matmul_fused")?;
+        let null = 0u64;
+        let ty = |i: usize| ws[i].ggml_type.id() as i32;
+        let (t0, t1, t2) = (ty(0), ty(1), ty(2));
+        let [n0, n1, n2] = self.n.map(|n| n as i32);
+        let (eps, hd, r, c, st) = (
+            norm.map_or(0.0, |n| n.eps),
+            head_dim as i32,
+            rows as i32,
+            cols as i32,
+            staged as i32,
+        );
+        let mut b = dev.stream().launch_builder(&f);
+        b.arg(&self.mode);
+        b.arg(&ws[0].data).arg(&ws[1].data).arg(&ws[2].data);
+        b.arg(&t0).arg(&t1).arg(&t2).arg(&n0).arg(&n1).arg(&n2);
+        b.arg(x);
+        match &norm {
+            Some(n) => b.arg(n.weight),
+            None => b.arg(&null),
+        };
+        b.arg(&eps);
+        match resid {
+            Some(r) => b.arg(r),
+            None => b.arg(&null),
+        };
+        for y in ys {
+            match y {
+                Some(y) => b.arg(y),
+                None => b.arg(&null),
+            };
+        }
+        match pos {
+            Some(p) => b.arg(p),
+            None => b.arg(&null),
+        };
+        b.arg(&hd).arg(&base).arg(&r).arg(&c).arg(&st);
+        let per_block = match self.mode {
+            SWIGLU => MATMUL_F32_OUTS / 2,
+            _ => MATMUL_F32_OUTS,
+        };
+        let blocks: usize = self.n.iter().map(|n| n.div_ceil(per_block)).sum();
+        let blocks = match self.mode {
+            SWIGLU => self.n[0].div_ceil(per_block),
+            _ => blocks,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, rows.div_ceil(8) as u32, 1),
+            block_dim: (MATMUL_F32_OUTS as u32 / 4 * 32, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        // SAFETY: every W holds rows x cols of its type (checked at upload);
+        // x, the norm weight, resid and the outputs hold what the shapes
+        // read and write (checked above and by the public launchers; the
+        // caches' positions are the caller's, as for kv_write); pointers
+        // passed as null are never read in the launch's mode.
+        unsafe { b.launch(cfg) }.map_err(launch_err("matmul_fused"))?;
+        Ok(())
+    }
+}

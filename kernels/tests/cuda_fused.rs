@@ -1,0 +1,364 @@
+//! The fused CUDA forward (five launches a layer, `cuda/forward/fused.rs`)
+//! against the unfused one, bitwise: prefill over several row passes,
+//! decode steps through the CUDA graph across a cache regrowth, weights in
+//! 32-element blocks, K-quants and floats, and a tail block of outputs. The
+//! controls: a perturbed weight must move the logits (the comparison can
+//! fail), and the forms fusion does not cover (armed, q8, Gemma 3, several
+//! slots) must not run fused. Skips, saying so, without a GPU.
+#![cfg(feature = "cuda")]
+
+mod cuda_kernels_support;
+mod cuda_models;
+
+use cuda_kernels_support as ks;
+use cuda_models::*;
+use kernels::cuda::ops::{self, DeviceMatrix};
+use kernels::cuda::CudaForward;
+use kernels::switches::Switches;
+use kernels::{Forward, Precision};
+use model::{GgmlType, ModelWeights};
+
+fn open(dev: &std::sync::Arc<kernels::cuda::Device>, w: &ModelWeights, fused: bool) -> CudaForward {
+    let mut f = CudaForward::new(dev.clone(), w, Precision::F32, &Switches::none()).unwrap();
+    f.set_fused(fused);
+    f
+}
+
+/// The llama skeleton over several weight layouts: the tiny model (Q4_1
+/// projections, a Q8_0 tied embedding, 97 logits: a tail block of one), the
+/// tiny Gemma's weights (Q4_K o_proj, Q6_K ffn_down, head_dim 64, one KV
+/// head), and float weights with an untied F16 output.
+fn models() -> Vec<(&'static str, ModelWeights)> {
+    let mut gemma_weights = tiny_gemma();
+    gemma_weights.config.family = model::ModelFamily::llama();
+    for lw in &mut gemma_weights.layers {
+        lw.extra_norms = Default::default();
+    }
+    let mut floats = tiny_model();
+    let mut r = Rng(11);
+    for (l, lw) in floats.layers.iter_mut().enumerate() {
+        lw.wq = tensor(
+            &mut r,
+            &format!("blk.{l}.attn_q"),
+            GgmlType::F32,
+            &[64, 64],
+            0.3,
+            0.0,
+        );
+        lw.w_up = tensor(
+            &mut r,
+            &format!("blk.{l}.ffn_up"),
+            GgmlType::F16,
+            &[96, 64],
+            0.3,
+            0.0,
+        );
+        lw.w_down = tensor(
+            &mut r,
+            &format!("blk.{l}.ffn_down"),
+            GgmlType::Q8_0,
+            &[64, 96],
+            0.3,
+            0.0,
+        );
+    }
+    floats.output = Some(tensor(&mut r, "output", GgmlType::F16, &[97, 64], 0.5, 0.0));
+    let mut out = vec![
+        ("q4_1", tiny_model()),
+        ("k-quants", gemma_weights),
+        ("floats", floats),
+    ];
+    for (_, w) in &mut out {
+        // Room past the cache's first capacity (64 positions).
+        w.config.context_length = 256;
+    }
+    out
+}
+
+#[test]
+fn fused_forward_equals_unfused() {
+    if !have_gpu() {
+        return;
+    }
+    let _g = serial();
+    let dev = kernels::cuda::Device::open(0).unwrap();
+    // 20 tokens: three row passes of eight, the last partial.
+    let long: Vec<u32> = (0..20u32).map(|i| (i * 37 + 5) % 97).collect();
+    for (name, w) in models() {
+        let (mut plain, mut fused) = (open(&dev, &w, false), open(&dev, &w, true));
+        for prompt in [&PROMPT[..], &long[..]] {
+            plain.reset();
+            fused.reset();
+            assert_eq!(
+                plain.forward(None, prompt, 0).unwrap(),
+                fused.forward(None, prompt, 0).unwrap(),
+                "{name}: prefill of {} tokens",
+                prompt.len()
+            );
+        }
+        // 70 steps through the graph, past the cache's regrowth at 64.
+        let mut last = Vec::new();
+        for i in 0..70 {
+            let t = [(i / 2 * 13 % 90) as u32];
+            let pos = long.len() + i;
+            let a = plain.forward(None, &t, pos).unwrap();
+            let b = fused.forward(None, &t, pos).unwrap();
+            assert_eq!(a, b, "{name}: decode step {i} (position {pos})");
+            assert_ne!(b, last, "{name}: step {i} repeated the previous step");
+            last = b;
+        }
+        assert_eq!(plain.fused_runs(), 0, "{name}: fusion off ran fused");
+        assert_eq!(fused.fused_runs(), 72, "{name}: not every run was fused");
+        assert!(fused.graph_replays() >= 69, "{name}: decode not replayed");
+    }
+}
+
+#[test]
+fn control_a_perturbed_weight_moves_the_fused_logits() {
+    if !have_gpu() {
+        return;
+    }
+    let _g = serial();
+    let dev = kernels::cuda::Device::open(0).unwrap();
+    let w = tiny_model();
+    let mut moved = w.clone();
+    // One byte of one block of layer 1's ffn_down: the comparison above
+    // would have seen it.
+    moved.layers[1].w_down.data[7] ^= 0x11;
+    let a = open(&dev, &w, true).forward(None, &PROMPT, 0).unwrap();
+    let b = open(&dev, &moved, true).forward(None, &PROMPT, 0).unwrap();
+    assert_ne!(a, b, "a changed weight left the fused logits unchanged");
+}
+
+#[test]
+fn fusion_stays_off_where_it_does_not_hold() {
+    if !have_gpu() {
+        return;
+    }
+    let _g = serial();
+    let dev = kernels::cuda::Device::open(0).unwrap();
+    // q8 activations and Gemma 3's layers run unfused.
+    let q8 = |w: &ModelWeights| {
+        let mut f = CudaForward::new(dev.clone(), w, Precision::Q8, &Switches::none()).unwrap();
+        f.forward(None, &PROMPT, 0).unwrap();
+        f.fused_runs()
+    };
+    assert_eq!(q8(&tiny_model()), 0, "q8 ran fused");
+    let mut gemma = open(&dev, &tiny_gemma(), true);
+    gemma.forward(None, &PROMPT, 0).unwrap();
+    assert_eq!(gemma.fused_runs(), 0, "gemma ran fused");
+    // Several slots at once run unfused; one slot alone fused.
+    let w = tiny_model();
+    let mut f = open(&dev, &w, true);
+    f.forward(Some(0), &PROMPT, 0).unwrap();
+    f.forward(Some(1), &PROMPT[..3], 0).unwrap();
+    assert_eq!(f.fused_runs(), 2);
+    f.decode_batch(&[4, 5], &[PROMPT.len(), 3]).unwrap();
+    assert_eq!(f.fused_runs(), 2, "a batch of two slots ran fused");
+    // Armed: the taps need every stage, so the forward runs unfused.
+    let dir = tempfile::tempdir().unwrap();
+    let cap = capture::Capture::start(capture::CaptureOptions {
+        out: dir.path().join("t"),
+        selection: capture::Selection::all(),
+        force: false,
+        stages: kernels::stages::for_config(&w.config),
+        run: capture::RunInfo::default(),
+    })
+    .unwrap();
+    let mut armed = open(&dev, &w, true);
+    let a = armed.forward(None, &PROMPT, 0).unwrap();
+    cap.finish().unwrap();
+    assert_eq!(armed.fused_runs(), 0, "an armed forward ran fused");
+    let b = open(&dev, &w, true).forward(None, &PROMPT, 0).unwrap();
+    assert_eq!(a, b, "armed (unfused) and disarmed (fused) logits differ");
+}
+
+/// Each fused launch against the unfused launches it replaces, bitwise:
+/// one row and nine (two row passes), weights in 32-blocks, K-quants and
+/// f16, an output count with a tail block, positions near the end of a long
+/// cache (RoPE's angle in f64). The control: the same comparison between
+/// the fused output and the unfused one without its residual must fail.
+#[test]
+fn fused_launches_equal_the_unfused_ones() {
+    let Some(dev) = ks::gpu() else {
+        return;
+    };
+    let dev = &*dev;
+    let mut rng = ks::Rng(5);
+    let up = |v: &[f32]| ops::upload(dev, v).unwrap();
+    let rand = |rng: &mut ks::Rng, n: usize| -> Vec<f32> { (0..n).map(|_| rng.f32()).collect() };
+    let get = |b: &cudarc::driver::CudaSlice<f32>| ops::download(dev, &b.as_view()).unwrap();
+    for (ty, cols) in [
+        (GgmlType::Q4_1, 576),
+        (GgmlType::Q8_0, 96),
+        (GgmlType::Q4_K, 512),
+        (GgmlType::F16, 72),
+    ] {
+        let (out, ff, hd) = (cols + 16 * 3 + 2, 2 * cols + 6, 16);
+        let w = |rng: &mut ks::Rng, r: usize| {
+            DeviceMatrix::upload(dev, &ks::weight(rng, ty, r, cols, 0.5)).unwrap()
+        };
+        let (wo, wg, wu) = (w(&mut rng, out), w(&mut rng, ff), w(&mut rng, ff));
+        let (wq, wk, wv) = (
+            w(&mut rng, 4 * hd),
+            w(&mut rng, 2 * hd),
+            w(&mut rng, 2 * hd),
+        );
+        for rows in [1usize, 9] {
+            let what = format!("{ty} cols {cols} rows {rows}");
+            let x = up(&rand(&mut rng, rows * cols));
+            let nw = up(&rand(&mut rng, cols)
+                .iter()
+                .map(|v| 1.0 + 0.2 * v)
+                .collect::<Vec<_>>());
+            let resid = up(&rand(&mut rng, rows * out));
+            let norm = Some(ops::Norm {
+                weight: &nw.as_view(),
+                eps: 1e-5,
+            });
+            // norm + matmul + residual add.
+            let mut h = up(&vec![0.0; rows * cols]);
+            let mut y = up(&vec![0.0; rows * out]);
+            let mut a = up(&vec![0.0; rows * out]);
+            let mut b = up(&vec![0.0; rows * out]);
+            ops::rms_norm(
+                dev,
+                &x.as_view(),
+                &nw.as_view(),
+                &mut h.as_view_mut(),
+                rows,
+                1e-5,
+            )
+            .unwrap();
+            ops::matmul_f32(dev, &wo, &h.as_view(), &mut y.as_view_mut(), rows).unwrap();
+            ops::add(
+                dev,
+                &resid.as_view(),
+                &y.as_view(),
+                &mut a.as_view_mut(),
+                rows * out,
+            )
+            .unwrap();
+            ops::matmul_fused(
+                dev,
+                &wo,
+                &x.as_view(),
+                norm,
+                Some(&resid.as_view()),
+                &mut b.as_view_mut(),
+                rows,
+            )
+            .unwrap();
+            ks::assert_bitwise(&format!("{what}: norm + matmul + add"), &get(&b), &get(&a));
+            assert!(
+                get(&b) != get(&y),
+                "{what}: control: the add changed nothing"
+            );
+            // Without norm and residual: the plain matmul.
+            ops::matmul_fused(
+                dev,
+                &wo,
+                &h.as_view(),
+                None,
+                None,
+                &mut b.as_view_mut(),
+                rows,
+            )
+            .unwrap();
+            ks::assert_bitwise(&format!("{what}: matmul"), &get(&b), &get(&y));
+            // norm + gate/up + SwiGLU.
+            let (mut g, mut u) = (up(&vec![0.0; rows * ff]), up(&vec![0.0; rows * ff]));
+            let (mut s1, mut s2) = (up(&vec![0.0; rows * ff]), up(&vec![0.0; rows * ff]));
+            ops::matmul_f32_many(
+                dev,
+                &[&wg, &wu],
+                &h.as_view(),
+                &mut [g.as_view_mut(), u.as_view_mut()],
+                rows,
+            )
+            .unwrap();
+            ops::swiglu(
+                dev,
+                &g.as_view(),
+                &u.as_view(),
+                &mut s1.as_view_mut(),
+                rows * ff,
+            )
+            .unwrap();
+            ops::gate_up_swiglu(
+                dev,
+                &wg,
+                &wu,
+                &x.as_view(),
+                norm,
+                &mut s2.as_view_mut(),
+                rows,
+            )
+            .unwrap();
+            ks::assert_bitwise(
+                &format!("{what}: norm + gate/up + swiglu"),
+                &get(&s2),
+                &get(&s1),
+            );
+            // norm + q/k/v + RoPE + the cache write, near position 8190.
+            let cap = 8192;
+            let pos: Vec<u32> = (0..rows as u32).map(|r| 8191 - rows as u32 + r).collect();
+            let pos = ops::upload(dev, &pos).unwrap();
+            let (nq, nk) = (wq.rows, wk.rows);
+            let mut q = up(&vec![0.0; rows * nq]);
+            let mut k = up(&vec![0.0; rows * nk]);
+            let mut v = up(&vec![0.0; rows * nk]);
+            let (mut kc1, mut vc1) = (up(&vec![0.0; cap * nk]), up(&vec![0.0; cap * nk]));
+            let (mut kc2, mut vc2) = (up(&vec![0.0; cap * nk]), up(&vec![0.0; cap * nk]));
+            let mut q2 = up(&vec![0.0; rows * nq]);
+            ops::matmul_f32_many(
+                dev,
+                &[&wq, &wk, &wv],
+                &h.as_view(),
+                &mut [q.as_view_mut(), k.as_view_mut(), v.as_view_mut()],
+                rows,
+            )
+            .unwrap();
+            ops::rope_qk(
+                dev,
+                &mut q.as_view_mut(),
+                &mut k.as_view_mut(),
+                &pos.as_view(),
+                nq / hd,
+                nk / hd,
+                hd,
+                1e4,
+            )
+            .unwrap();
+            ops::kv_write(
+                dev,
+                &k.as_view(),
+                &v.as_view(),
+                &mut kc1.as_view_mut(),
+                &mut vc1.as_view_mut(),
+                &pos.as_view(),
+                nk,
+            )
+            .unwrap();
+            ops::qkv_rope(
+                dev,
+                [&wq, &wk, &wv],
+                &x.as_view(),
+                norm,
+                ops::QkvOut {
+                    q: &mut q2.as_view_mut(),
+                    k_cache: &mut kc2.as_view_mut(),
+                    v_cache: &mut vc2.as_view_mut(),
+                },
+                &pos.as_view(),
+                hd,
+                1e4,
+                rows,
+            )
+            .unwrap();
+            ks::assert_bitwise(&format!("{what}: q roped"), &get(&q2), &get(&q));
+            ks::assert_bitwise(&format!("{what}: k cache"), &get(&kc2), &get(&kc1));
+            ks::assert_bitwise(&format!("{what}: v cache"), &get(&vc2), &get(&vc1));
+        }
+    }
+}
