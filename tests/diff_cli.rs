@@ -55,6 +55,28 @@ fn diverged_trees_exit_1_naming_the_first_op_and_position() {
 }
 
 #[test]
+fn only_red_never_calls_hidden_rows_within_tolerance_bitwise_equal() {
+    let (_d, a, b) = dirs();
+    plain(&a);
+    tree(
+        &b,
+        |x| x,
+        |stage, layer, pos, v| {
+            if layer == Some(1) && pos == 2 && stage == "ffn_down" {
+                v[7] += 1e-3;
+            }
+        },
+    );
+    let o = taptree(&[&"diff", &a, &b, &"--only-red", &"--color", &"never"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    // One row differs inside tolerance: the folded line must say so rather
+    // than count it among the bitwise-equal rows.
+    assert!(out.contains("bitwise equal, 1 within tolerance"), "{out}");
+    assert!(!out.contains(" rows bitwise equal\n"), "{out}");
+}
+
+#[test]
 fn a_three_percent_magnitude_error_exits_1_with_the_default_tolerance() {
     let (_d, a, b) = dirs();
     plain(&a);

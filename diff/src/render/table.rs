@@ -152,22 +152,31 @@ fn render_rows(out: &mut String, report: &DiffReport, opts: &TableOptions, p: &P
         ranked.extend(order.iter().filter(|i| !report.growth_ranking.contains(i)));
         order = ranked;
     }
-    let mut folded = 0usize;
-    let flush = |out: &mut String, folded: &mut usize| {
-        if *folded > 0 {
-            let _ = writeln!(
-                out,
-                "{}",
-                p.dim(&format!("  ... {folded} rows bitwise equal"))
-            );
-            *folded = 0;
-        }
+    // Rows folded into one line: (bitwise equal, within tolerance). Only
+    // `--only-red` folds the second kind; the line says which it folded.
+    let mut folded = (0usize, 0usize);
+    let flush = |out: &mut String, folded: &mut (usize, usize)| {
+        let line = match *folded {
+            (0, 0) => return,
+            (equal, 0) => format!("  ... {equal} rows bitwise equal"),
+            (0, ok) => format!("  ... {ok} rows within tolerance, not shown"),
+            (equal, ok) => format!(
+                "  ... {} rows not shown: {equal} bitwise equal, {ok} within tolerance",
+                equal + ok
+            ),
+        };
+        let _ = writeln!(out, "{}", p.dim(&line));
+        *folded = (0, 0);
     };
     for &i in &order {
         let row = &report.rows[i];
         let quiet = row.status == Status::Equal || (opts.only_red && !row.status.is_red());
         if quiet && opts.sort == Sort::Forward {
-            folded += 1;
+            if row.status == Status::Equal {
+                folded.0 += 1;
+            } else {
+                folded.1 += 1;
+            }
             continue;
         }
         if quiet {
