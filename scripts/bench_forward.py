@@ -23,6 +23,11 @@ prefill, taptree decode (f32, then q8), llama.cpp decode.
   prompt in the same round; llama.cpp: GEN calls of `Llama.eval([token])`
   after the prompt, argmax of the last logits between them.
 
+With SCALING set (say "2 4 8 16"), it times instead taptree's prefill of the
+chat prompt (f32 and q8) at each thread count T, pinned to CPUs 0..T-1 with
+T rayon threads, ROUNDS times each, and prints the median tokens/s and the
+ratio to the first count (llama.cpp is not run).
+
 A round is quiet when the one-minute load average at its start is below
 THREADS + 1 (the bench's own forwards keep about THREADS busy); the medians are taken over the quiet rounds (over all rounds,
 said so, when none was quiet).
@@ -44,9 +49,10 @@ PLAIN = (
 )
 
 
-def taptree(args, out):
-    """Runs `taptree capture`, returns (forward seconds, manifest)."""
-    cmd = [os.environ["TAPTREE"], "capture", "--model", MODEL, "--out", out, "--force",
+def taptree(args, out, cpus=None):
+    """Runs `taptree capture` (under `taskset -c CPUS` when given), returns
+    (forward seconds, manifest)."""
+    cmd = (["taskset", "-c", cpus] if cpus else []) + [os.environ["TAPTREE"], "capture", "--model", MODEL, "--out", out, "--force",
            "--select", "stage=logits"] + args
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
@@ -59,9 +65,35 @@ def taptree(args, out):
     return float(m.group(1)), manifest
 
 
+def scaling(counts, rounds):
+    """Prefill tokens/s of taptree at each thread count, pinned."""
+    tmp = tempfile.mkdtemp(prefix="bench_forward.")
+    out = os.path.join(tmp, "tree")
+    _, man = taptree(["--chat", CHAT], out)
+    n = len(man["run"]["prompt_tokens"])
+    print(f"taptree {os.environ['TAPTREE']}; prefill of {n} tokens; medians of {rounds}")
+    print("| threads | f32 tok/s | f32 vs first | q8 tok/s | q8 vs first |")
+    print("|---|---|---|---|---|")
+    first = {}
+    for t in counts:
+        os.environ["RAYON_NUM_THREADS"] = str(t)
+        cells = []
+        for p in ("f32", "q8"):
+            secs = [taptree(["--chat", CHAT, "--precision", p], out, f"0-{t - 1}")[0]
+                    for _ in range(rounds)]
+            rate = n / statistics.median(secs)
+            first.setdefault(p, rate)
+            cells += [f"{rate:.1f}", f"{rate / first[p]:.2f}x"]
+        print(f"| {t} | " + " | ".join(cells) + " |", flush=True)
+    subprocess.run(["rm", "-rf", tmp])
+
+
 def main():
     global MODEL
     MODEL = os.environ.get("MODEL", "smollm2")
+    if os.environ.get("SCALING"):
+        counts = [int(t) for t in os.environ["SCALING"].split()]
+        return scaling(counts, int(os.environ.get("ROUNDS", "5")))
     threads = int(os.environ.get("THREADS", "2"))
     rounds = int(os.environ.get("ROUNDS", "5"))
     gen = int(os.environ.get("GEN", "64"))

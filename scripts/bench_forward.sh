@@ -6,6 +6,9 @@
 #   scripts/bench_forward.sh                      # builds target/release/taptree
 #   TAPTREE=path/to/taptree scripts/bench_forward.sh   # a prebuilt binary, no cargo
 #
+#   SCALING="2 4 8 16" scripts/bench_forward.sh   # taptree's prefill at each
+#                                                 # thread count (no llama.cpp)
+#
 # Settings: THREADS (2), CPUS (the CPU list both run on, default 0..THREADS-1),
 # ROUNDS (5), GEN (64 decode steps), MODEL (smollm2). Needs llama-cpp-python
 # and numpy.
@@ -19,4 +22,7 @@ fi
 THREADS=${THREADS:-2}
 CPUS=${CPUS:-0-$((THREADS - 1))}
 export TAPTREE THREADS RAYON_NUM_THREADS=$THREADS
+if [ -n "${SCALING:-}" ]; then
+  exec python3 scripts/bench_forward.py
+fi
 exec taskset -c "$CPUS" python3 scripts/bench_forward.py

@@ -12,8 +12,8 @@ pub const COULD_NOT_COMPARE: u8 = 2;
 
 /// The exit code of a diff's outcome: 0 agreement, 1 diverged, 2 anything
 /// that is not a verdict (inconclusive, a failed control, an unreadable tap).
-pub fn of_outcome(outcome: diff::Outcome) -> u8 {
-    use diff::Outcome::*;
+pub fn of_outcome(outcome: diff::DiffOutcome) -> u8 {
+    use diff::DiffOutcome::*;
     match outcome {
         Identical | WithinTolerance => OK,
         Diverged => DIVERGED,
@@ -24,17 +24,17 @@ pub fn of_outcome(outcome: diff::Outcome) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use diff::Outcome;
+    use diff::DiffOutcome;
 
     #[test]
     fn only_agreement_is_0_and_only_divergence_is_1() {
-        assert_eq!(of_outcome(Outcome::Identical), OK);
-        assert_eq!(of_outcome(Outcome::WithinTolerance), OK);
-        assert_eq!(of_outcome(Outcome::Diverged), DIVERGED);
+        assert_eq!(of_outcome(DiffOutcome::Identical), OK);
+        assert_eq!(of_outcome(DiffOutcome::WithinTolerance), OK);
+        assert_eq!(of_outcome(DiffOutcome::Diverged), DIVERGED);
         for not_a_verdict in [
-            Outcome::Inconclusive,
-            Outcome::ControlFailed,
-            Outcome::Unreadable,
+            DiffOutcome::Inconclusive,
+            DiffOutcome::ControlFailed,
+            DiffOutcome::Unreadable,
         ] {
             assert_eq!(of_outcome(not_a_verdict), COULD_NOT_COMPARE);
         }

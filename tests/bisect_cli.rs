@@ -97,7 +97,7 @@ fn helper_command(log: &Path) -> String {
     let exe = std::env::current_exe().unwrap();
     format!(
         "echo run >> '{}'; \
-         TAPTREE_TEST_HELPER=1 '{}' capture_helper --exact --quiet --test-threads=1 >/dev/null",
+         TAPTREE_TEST_HELPER=1 '{}' bisect_cli::capture_helper --exact --quiet --test-threads=1 >/dev/null",
         log.display(),
         exe.display()
     )

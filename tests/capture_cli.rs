@@ -7,36 +7,11 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-fn taptree() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_taptree"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("TAPTREE_ACT_") || k == "TAPTREE_OUT" || k == "TAPTREE_SELECT" {
-            c.env_remove(k);
-        }
-    }
-    c
-}
-
-fn run(args: &[&str]) -> Output {
-    taptree().args(args).output().expect("taptree runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use crate::harness::clean::{fixture, run, taptree, text};
 
 fn ok(o: Output) -> String {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     text(&o)
-}
-
-/// A fixture model written into `dir`, by name.
-fn fixture(dir: &Path, name: &str) -> String {
-    fixtures::write(name, dir).unwrap().display().to_string()
 }
 
 fn manifest(tree: &Path) -> Value {

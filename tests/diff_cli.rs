@@ -1,8 +1,7 @@
 //! `taptree diff` and `taptree stat` end to end: exit codes 0/1/2, the named
 //! first divergence, JSON and HTML output, controls, truth, bad input.
 
-mod diff_support;
-use diff_support::*;
+use crate::diff_support::*;
 
 #[test]
 fn identical_trees_exit_0_bitwise_identical() {

@@ -1,8 +1,7 @@
 //! `taptree diff --json`'s metrics against an independent numpy computation
 //! of the same trees (tests/diff_support's trees, scripts/numpy_diff.py).
 
-mod diff_support;
-use diff_support::*;
+use crate::diff_support::*;
 
 /// Whether `python3` can import numpy and safetensors. Under CI a missing
 /// package is a failure; elsewhere the test is skipped, saying why.

@@ -3,22 +3,9 @@
 //! Tests that run the engine skip (saying why) without torch and
 //! transformers, except under CI (`CI=true`), where that is a failure.
 
+use crate::harness::{taptree, text};
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn taptree(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_taptree"))
-        .args(args.iter().map(|a| a.as_ref()))
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
+use std::process::Command;
 
 fn hf_ready(test: &str) -> bool {
     let ok = Command::new("python3")

@@ -6,10 +6,8 @@
 use capture::{Capture, CaptureOptions, RunInfo, Selection, TapElem};
 use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::Mutex;
 
-/// One capture may be armed per process.
-static CAPTURE: Mutex<()> = Mutex::new(());
+use crate::harness::{text, CAPTURE};
 
 const HEAD_DIM: usize = 8;
 const HEADS: usize = 2;
@@ -135,13 +133,6 @@ fn taptree(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
         .args(["--color", "never"])
         .output()
         .unwrap()
-}
-
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
 }
 
 #[test]

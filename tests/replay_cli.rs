@@ -6,43 +6,12 @@
 //! llamacpp`).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::Mutex;
+use std::process::Command;
 
 use serde_json::Value;
 
-/// In-process captures arm one global tap sink: one at a time.
-static CAPTURE: Mutex<()> = Mutex::new(());
-
-fn taptree() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_taptree"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("TAPTREE_ACT_") || k == "TAPTREE_OUT" || k == "TAPTREE_SELECT" {
-            c.env_remove(k);
-        }
-    }
-    c
-}
-
-fn run(args: &[&str]) -> Output {
-    taptree().args(args).output().expect("taptree runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().expect("exited")
-}
-
-fn fixture(dir: &Path, name: &str) -> String {
-    fixtures::write(name, dir).unwrap().display().to_string()
-}
+use crate::harness::clean::{code, fixture, run, taptree, text};
+use crate::harness::CAPTURE;
 
 const TOKENS: &str = "0,75,108,35,104";
 

@@ -5,16 +5,10 @@
 //! one. Skips, saying why, where chromium is not installed; under CI
 //! (`CI=true`) a missing chromium is a failure.
 
+use crate::harness::taptree;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
-
-fn taptree(args: &[&dyn AsRef<std::ffi::OsStr>]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_taptree"))
-        .args(args.iter().map(|a| a.as_ref()))
-        .output()
-        .unwrap()
-}
 
 fn chromium() -> bool {
     let found = Command::new("chromium")

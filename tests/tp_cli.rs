@@ -9,13 +9,12 @@ use std::process::{Command, Output};
 use capture::{Capture, CaptureOptions, RunInfo, Selection, Shard, StageSpec, TapId};
 use serde_json::Value;
 
+use crate::harness::one_capture_at_a_time;
+
 /// Environment variables set for a run.
 type Env = [(&'static str, &'static str)];
 /// A shard of `sharded_tree`: rank, first column, one past the last.
 type Placed = (u32, u32, u32);
-
-/// One capture is armed per process: the tests that write trees here take turns.
-static ARMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn taptree() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_taptree"));
@@ -259,7 +258,7 @@ fn splits_that_cannot_be_made_are_exit_2() {
 /// columns of `0, 1, .. 11`; a one-device tree of the same tensor when
 /// `shards` is empty.
 fn sharded_tree(out: &Path, shards: &[Placed]) {
-    let _one_at_a_time = ARMED.lock().unwrap_or_else(|p| p.into_inner());
+    let _one_at_a_time = one_capture_at_a_time();
     let cap = Capture::start(CaptureOptions {
         out: out.to_path_buf(),
         selection: Selection::all(),
@@ -331,7 +330,7 @@ fn a_divergent_shard_names_its_rank() {
     sharded_tree(&good, &[(0, 0, 3), (1, 3, 6)]);
     // The same layout with rank 1's columns changed: a tree of other values.
     let bad = d.path().join("bad");
-    let _one_at_a_time = ARMED.lock().unwrap_or_else(|p| p.into_inner());
+    let _one_at_a_time = one_capture_at_a_time();
     let cap = Capture::start(CaptureOptions {
         out: bad.clone(),
         selection: Selection::all(),

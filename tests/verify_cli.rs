@@ -5,8 +5,7 @@
 //! (missing trees, damaged files, unsafe paths, symlinks) is in
 //! `verify_damage_cli.rs`.
 
-mod verify_support;
-use verify_support::*;
+use crate::verify_support::*;
 
 #[test]
 fn ls_lists_in_forward_order() {
@@ -230,7 +229,7 @@ fn a_killed_capture_reads_as_incomplete_never_identical() {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "child_captures_until_killed",
+            "verify_cli::child_captures_until_killed",
             "--nocapture",
             "--test-threads=1",
         ])

@@ -2,8 +2,7 @@
 //! files, a damaged manifest under trusted verify, unsafe manifest paths and
 //! an escaping symlink, each exiting 2 and naming the file and the problem.
 
-mod verify_support;
-use verify_support::*;
+use crate::verify_support::*;
 
 #[test]
 fn missing_tree_and_empty_directory() {

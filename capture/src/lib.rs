@@ -68,5 +68,5 @@ pub use manifest::{Entry, Manifest, RunInfo, FORMAT_VERSION};
 pub use manifest_file::ManifestHead;
 pub use reader::{TensorView, TreeReader, Verified};
 pub use select::Selection;
-pub use session::{Capture, CaptureOptions, Summary};
+pub use session::{force_is_set, Capture, CaptureOptions, Summary};
 pub use stage::{Scope, StageSpec};

@@ -118,10 +118,7 @@ impl Capture {
             Ok(s) => Selection::parse(&s)?,
             Err(_) => Selection::all(),
         };
-        let force = matches!(
-            std::env::var("TAPTREE_FORCE").as_deref(),
-            Ok("1") | Ok("true") | Ok("yes")
-        );
+        let force = std::env::var("TAPTREE_FORCE").is_ok_and(|v| force_is_set(&v));
         Capture::start(CaptureOptions {
             out,
             selection,
@@ -378,6 +375,12 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     let y = yoe + era * 400 + i64::from(m <= 2);
     (y, m, d)
+}
+
+/// Whether a `TAPTREE_FORCE` value asks to replace an existing tree: `1`,
+/// `true` or `yes`; anything else (empty too) does not.
+pub fn force_is_set(value: &str) -> bool {
+    matches!(value, "1" | "true" | "yes")
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! when they are within tolerance but not equal, *inherited* when one is red. Inputs that were not tapped are looked through: their own inputs
 //! stand in for them.
 
-use crate::graph::{RowId, StageGraph};
+use crate::graph::{StageGraph, StageNode};
 use crate::report::{Cause, Growth, Row, Status};
 use std::collections::{HashMap, HashSet};
 
@@ -21,7 +21,7 @@ pub fn first_inexact(rows: &[Row]) -> Option<usize> {
 }
 
 /// The rows (indices) a row reads, looking through untapped stages.
-fn resolve(index: &HashMap<RowId, usize>, graph: &StageGraph, row: RowId) -> Vec<usize> {
+fn resolve(index: &HashMap<StageNode, usize>, graph: &StageGraph, row: StageNode) -> Vec<usize> {
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     let mut todo = graph.inputs(row.0, &row.1);
@@ -41,7 +41,7 @@ fn resolve(index: &HashMap<RowId, usize>, graph: &StageGraph, row: RowId) -> Vec
 
 /// Sets `cause` on every red row.
 pub fn classify(rows: &mut [Row], graph: &StageGraph) {
-    let index: HashMap<RowId, usize> = rows
+    let index: HashMap<StageNode, usize> = rows
         .iter()
         .enumerate()
         .map(|(i, r)| ((r.layer, r.stage.clone()), i))
@@ -72,7 +72,7 @@ pub fn classify(rows: &mut [Row], graph: &StageGraph) {
 
 /// Fills each row's [`Growth`].
 pub fn growth(rows: &mut [Row], graph: &StageGraph) {
-    let index: HashMap<RowId, usize> = rows
+    let index: HashMap<StageNode, usize> = rows
         .iter()
         .enumerate()
         .map(|(i, r)| ((r.layer, r.stage.clone()), i))

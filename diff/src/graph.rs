@@ -6,8 +6,9 @@
 use capture::{Scope, StageSpec};
 use std::collections::BTreeSet;
 
-/// Identifies one row of the report: a stage at a layer (none for globals).
-pub type RowId = (Option<u32>, String);
+/// A node of the stage graph: a stage at a layer (none for globals); the
+/// owned key the graph indexes by, where `capture::RowId` is the typed id.
+pub type StageNode = (Option<u32>, String);
 
 /// Where a row falls in the forward: globals before the layers, the layers,
 /// globals after them.
@@ -90,7 +91,7 @@ impl StageGraph {
     }
 
     /// The rows a row reads, per the vocabulary. Unknown stages have none.
-    pub fn inputs(&self, layer: Option<u32>, stage: &str) -> Vec<RowId> {
+    pub fn inputs(&self, layer: Option<u32>, stage: &str) -> Vec<StageNode> {
         let Some(spec) = self.index(stage).map(|i| &self.stages[i]) else {
             return Vec::new();
         };

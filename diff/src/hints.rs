@@ -6,7 +6,7 @@
 //! order, agrees. Such a red row is flagged "layout?": declaring the stage's
 //! layout in the manifest lets the diff reconcile it.
 
-use crate::graph::{RowId, StageGraph};
+use crate::graph::{StageGraph, StageNode};
 use crate::report::Row;
 use std::collections::HashMap;
 
@@ -23,7 +23,7 @@ fn near_zero(r: &Row) -> bool {
 /// Sets `hint` on every near-zero red row whose readers, through at most a
 /// few near-zero red rows, include a green one.
 pub fn layout(rows: &mut [Row], graph: &StageGraph) {
-    let index: HashMap<RowId, usize> = rows
+    let index: HashMap<StageNode, usize> = rows
         .iter()
         .enumerate()
         .map(|(i, r)| ((r.layer, r.stage.clone()), i))

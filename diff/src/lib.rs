@@ -2,7 +2,7 @@
 //! agreeing and which side is wrong.
 //!
 //! [`diff`] walks two trees ([`Tree`], usually [`capture::TreeReader`]) and
-//! returns a [`Report`]: one [`report::Row`] per (layer, stage) in forward
+//! returns a [`DiffReport`]: one [`report::Row`] per (layer, stage) in forward
 //! order, with per-position [`Metrics`], a verdict under a [`Tolerance`], the
 //! first diverging op, origin vs inherited, error growth and, with a truth
 //! tree, which side is inaccurate. [`controls`] check the comparator itself;
@@ -45,7 +45,7 @@ pub mod unshard;
 pub mod walk;
 
 pub use metrics::Metrics;
-pub use report::{Outcome, Report};
+pub use report::{DiffOutcome, DiffReport};
 pub use tolerance::Tolerance;
 pub use tree::Tree;
 pub use walk::{diff, walk, Options, Progress};

@@ -6,14 +6,15 @@
 //! in docs/GUIDE.md); `schema` is bumped on any incompatible change.
 
 use crate::metrics::{Degeneracy, Metrics};
+use crate::tolerance::{Metric, Op};
 use serde::{Deserialize, Serialize};
 
-/// Version of the JSON schema of [`Report`].
+/// Version of the JSON schema of [`DiffReport`].
 pub const SCHEMA: u32 = 1;
 
 /// Everything a diff found.
 #[derive(Debug, Clone)]
-pub struct Report {
+pub struct DiffReport {
     /// Version of this structure ([`SCHEMA`]).
     pub schema: u32,
     /// The reference tree.
@@ -25,7 +26,7 @@ pub struct Report {
     /// The tolerance, as written (`cos>=0.999 & nmse<=1e-4`).
     pub tolerance: String,
     /// What the diff concluded.
-    pub outcome: Outcome,
+    pub outcome: DiffOutcome,
     /// One row per (layer, stage), in forward order (empty when identical).
     pub rows: Vec<Row>,
     /// Index into `rows` of the first diverging op.
@@ -58,7 +59,7 @@ pub struct Report {
 /// What the diff concluded; maps to the exit code 0, 1 or 2.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub enum DiffOutcome {
     /// Equal roots: every tensor bitwise identical (nothing was read).
     Identical,
     /// Every compared position within tolerance.
@@ -172,8 +173,66 @@ pub enum Cause {
     },
 }
 
+/// Why a row is not green, as values; [`crate::render::reason`] words it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reason {
+    /// A and B rows have different shapes (each without its position axis).
+    ShapeMismatch {
+        /// A's row shape.
+        a: Vec<usize>,
+        /// B's row shape.
+        b: Vec<usize>,
+    },
+    /// The dtypes differ, and are not both float.
+    DtypeMismatch {
+        /// A's dtype.
+        a: capture::DType,
+        /// B's dtype.
+        b: capture::DType,
+    },
+    /// At the worst position, elements nonfinite on one side only.
+    NonfiniteMismatch {
+        /// How many.
+        elements: u64,
+    },
+    /// The tolerance is `bitwise` and elements differ.
+    NotBitwise {
+        /// Elements not bitwise equal.
+        differ: u64,
+        /// Elements compared.
+        of: u64,
+    },
+    /// A comparison of the tolerance whose metric is undefined (dtypes differ).
+    Undefined {
+        /// The metric.
+        metric: Metric,
+    },
+    /// A comparison of the tolerance that fails at the worst position.
+    Fails {
+        /// The metric.
+        metric: Metric,
+        /// Its value there.
+        value: f64,
+        /// The comparison.
+        op: Op,
+        /// The bound it fails.
+        bound: f64,
+    },
+    /// Within tolerance, but a side is degenerate at this position.
+    Degenerate {
+        /// The position.
+        pos: u32,
+        /// Its slot.
+        slot: Option<u32>,
+        /// How A is degenerate there, if it is.
+        a: Option<Degeneracy>,
+        /// How B is degenerate there, if it is.
+        b: Option<Degeneracy>,
+    },
+}
+
 /// One (layer, stage) of the forward.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Row {
     /// The layer, or none for a stage outside the layers.
     pub layer: Option<u32>,
@@ -181,9 +240,13 @@ pub struct Row {
     pub stage: String,
     /// The verdict.
     pub status: Status,
-    /// The failing comparisons at the worst position, or the mismatch.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub reasons: Vec<String>,
+    /// The failing comparisons at the worst position, or the mismatch (the
+    /// JSON renderer words them: [`crate::render::reason`]).
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "crate::render::json::worded_reasons"
+    )]
+    pub reasons: Vec<Reason>,
     /// For a red row, whether it originated the divergence or inherited it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cause: Option<Cause>,
@@ -279,10 +342,15 @@ pub struct Position {
 impl Position {
     /// `@3` or `@3 slot 1`.
     pub fn label(&self) -> String {
-        match self.slot {
-            Some(s) => format!("@{} slot {s}", self.pos),
-            None => format!("@{}", self.pos),
-        }
+        at_label(self.pos, self.slot)
+    }
+}
+
+/// `@3`, or `@3 slot 1`: a position as the renderers name it.
+pub fn at_label(pos: u32, slot: Option<u32>) -> String {
+    match slot {
+        Some(s) => format!("@{pos} slot {s}"),
+        None => format!("@{pos}"),
     }
 }
 

@@ -21,6 +21,7 @@
 //! 8-bit activation quantization of well-behaved rows (NMSE about 1e-5) passes.
 
 use crate::metrics::Metrics;
+use crate::report::Reason;
 use std::fmt;
 
 /// The tolerance used when none is given.
@@ -74,7 +75,8 @@ impl Metric {
         ("argmax", Metric::Argmax),
     ];
 
-    fn name(self) -> &'static str {
+    /// The metric's name in a tolerance (`cos`, `nmse`, ...).
+    pub fn name(self) -> &'static str {
         Metric::ALL.iter().find(|(_, m)| *m == self).unwrap().0
     }
 
@@ -122,7 +124,8 @@ pub enum Op {
 }
 
 impl Op {
-    fn text(self) -> &'static str {
+    /// The operator as written (`<=`, `>=`, ...).
+    pub fn text(self) -> &'static str {
         match self {
             Op::Le => "<=",
             Op::Ge => ">=",
@@ -208,13 +211,12 @@ impl Tolerance {
     }
 
     /// The comparisons that fail on `m` (`nmse=3.1e-3 > 1e-4`), for the report.
-    pub fn failing(&self, m: &Metrics) -> Vec<String> {
+    pub fn failing(&self, m: &Metrics) -> Vec<Reason> {
         let mut out = Vec::new();
         if m.nonfinite_mismatch > 0 {
-            out.push(format!(
-                "nonfinite mismatch in {} elements",
-                m.nonfinite_mismatch
-            ));
+            out.push(Reason::NonfiniteMismatch {
+                elements: m.nonfinite_mismatch,
+            });
         }
         collect_failing(&self.expr, m, &mut out);
         out
@@ -239,25 +241,23 @@ fn eval(e: &Expr, m: &Metrics) -> bool {
     }
 }
 
-fn collect_failing(e: &Expr, m: &Metrics, out: &mut Vec<String>) {
+fn collect_failing(e: &Expr, m: &Metrics, out: &mut Vec<Reason>) {
     if eval(e, m) {
         return;
     }
     match e {
-        Expr::Bitwise => out.push(format!(
-            "bitwise: {} of {} elements differ",
-            m.n - m.bitwise_equal,
-            m.n
-        )),
+        Expr::Bitwise => out.push(Reason::NotBitwise {
+            differ: m.n - m.bitwise_equal,
+            of: m.n,
+        }),
         Expr::Cmp(metric, op, t) => match metric.value(m) {
-            None => out.push(format!("{} undefined (dtypes differ)", metric.name())),
-            Some(v) => out.push(format!(
-                "{}={} not {}{}",
-                metric.name(),
-                short(v),
-                op.text(),
-                t
-            )),
+            None => out.push(Reason::Undefined { metric: *metric }),
+            Some(v) => out.push(Reason::Fails {
+                metric: *metric,
+                value: v,
+                op: *op,
+                bound: *t,
+            }),
         },
         Expr::And(xs) | Expr::Or(xs) => xs.iter().for_each(|x| collect_failing(x, m, out)),
     }

@@ -7,7 +7,7 @@
 //! `extra.float32_islands` naming them: Hugging Face's "float64" runs
 //! RMSNorm, its RoPE tables and its attention softmax in float32).
 
-use crate::report::{Closer, Report};
+use crate::report::{Closer, DiffReport};
 use capture::{DType, Manifest};
 
 /// Why a tree's manifest does not show every op in f64, if it does not.
@@ -51,7 +51,7 @@ pub fn not_all_f64(m: &Manifest) -> Option<String> {
 }
 
 /// Counts the rows by which side the truth finds closer.
-pub fn count(report: &mut Report) {
+pub fn count(report: &mut DiffReport) {
     let (mut a, mut b, mut neither) = (0, 0, 0);
     for r in &report.rows {
         match r.truth.as_ref().map(|t| t.closer) {

@@ -5,7 +5,7 @@
 mod support;
 
 use capture::Manifest;
-use diff::report::{Outcome, Status};
+use diff::report::{DiffOutcome, Status};
 use diff::tree::{Tensor, Tree};
 use diff::Options;
 use std::path::Path;
@@ -81,7 +81,7 @@ fn an_unreadable_tap_is_a_counted_row_and_the_diff_goes_on() {
         rows - 1
     );
     // Never agreement, never a verdict.
-    assert_eq!(r.outcome, Outcome::Unreadable);
+    assert_eq!(r.outcome, DiffOutcome::Unreadable);
     let summary = diff::render::summary(&r);
     assert!(summary.starts_with("could not read 1 of"), "{summary}");
     assert!(summary.contains("L1/ffn_up"), "{summary}");
@@ -94,7 +94,7 @@ fn an_unreadable_tap_is_a_counted_row_and_the_diff_goes_on() {
 
     // The same trees unharmed: every row passes, and the outcome says so.
     let r = diff::diff(&a, &b, None, &Options::default()).unwrap();
-    assert_eq!(r.outcome, Outcome::WithinTolerance);
+    assert_eq!(r.outcome, DiffOutcome::WithinTolerance);
     assert_eq!(r.counts.rows_unreadable, 0);
     assert!(!diff::render::json::render(&r).contains("rows_unreadable"));
 }
@@ -114,6 +114,6 @@ fn an_unreadable_tap_equal_by_hash_is_never_read_and_never_reported() {
     );
     let bad = entry_of(&b, "L0/ffn_up@2");
     let r = diff::diff(&a, &Damaged { inner: &b, bad }, None, &Options::default()).unwrap();
-    assert_eq!(r.outcome, Outcome::Diverged);
+    assert_eq!(r.outcome, DiffOutcome::Diverged);
     assert_eq!(r.counts.rows_unreadable, 0);
 }

@@ -27,7 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             name: i.name.clone(),
             ggml_type: i.ggml_type,
             shape: i.shape(),
-            data: gguf.tensor_data(i).to_vec(),
+            data: gguf.tensor_data(i).to_vec().into(),
         })
         .collect();
     let params: usize = tensors.iter().map(QTensor::numel).sum();

@@ -23,14 +23,14 @@ impl Rng {
 
 fn f32_tensor(name: &str, shape: &[usize], rng: &mut Rng, scale: f32, offset: f32) -> QTensor {
     let n: usize = shape.iter().product();
-    let data = (0..n)
+    let data: Vec<u8> = (0..n)
         .flat_map(|_| (offset + scale * rng.next()).to_le_bytes())
         .collect();
     QTensor {
         name: name.into(),
         ggml_type: GgmlType::F32,
         shape: shape.to_vec(),
-        data,
+        data: data.into(),
     }
 }
 

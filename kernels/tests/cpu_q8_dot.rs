@@ -80,7 +80,7 @@ fn check(ty: GgmlType) {
         name: format!("w.{ty}"),
         ggml_type: ty,
         shape: vec![rows, cols],
-        data: bytes,
+        data: bytes.into(),
     };
     let w = Matrix {
         rows,
@@ -221,7 +221,7 @@ fn check_k(ty: GgmlType) {
         name: format!("w.{ty}"),
         ggml_type: ty,
         shape: vec![rows, cols],
-        data: k_quant_row_bytes(ty, rows, cols, 3),
+        data: k_quant_row_bytes(ty, rows, cols, 3).into(),
     };
     let w = Matrix {
         rows,

@@ -37,6 +37,12 @@ fn pair(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (QMatrix, Matrix) 
     let wf = seq(rows * cols, seed, 0.2);
     let bytes = match ty {
         GgmlType::Q8_0 => quantize_q8_0(&wf).unwrap(),
+        // Q4_0 blocks made of Q4_1's scale and nibbles (its minimum dropped).
+        GgmlType::Q4_0 => quantize_q4_1(&wf)
+            .unwrap()
+            .chunks_exact(20)
+            .flat_map(|b| b[..2].iter().chain(&b[4..]).copied())
+            .collect(),
         _ => quantize_q4_1(&wf).unwrap(),
     };
     let mut data = vec![0f32; rows * cols];
@@ -45,7 +51,7 @@ fn pair(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (QMatrix, Matrix) 
         rows,
         cols,
         ty,
-        bytes,
+        bytes: bytes.into(),
     };
     let m = Matrix {
         rows,
@@ -58,7 +64,7 @@ fn pair(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (QMatrix, Matrix) 
 
 #[test]
 fn quantized_weights_give_the_dequantized_bits() {
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+    for ty in [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0] {
         // 37 rows: two 16-row chunks and a chunk of 5 (a group of 4 and 1).
         let (rows, cols) = (37, 96);
         let (q, m) = pair(ty, rows, cols, 3);

@@ -111,7 +111,7 @@ fn smollm2_shaped(name: &str, ty: model::GgmlType, rows: usize, cols: usize) -> 
         name: name.into(),
         ggml_type: ty,
         shape: vec![rows, cols],
-        data,
+        data: data.into(),
     }
 }
 

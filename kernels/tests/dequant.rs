@@ -33,7 +33,7 @@ fn rust_hashes(gguf: &GgufFile) -> Vec<(String, String, String)> {
                 name: info.name.clone(),
                 ggml_type: info.ggml_type,
                 shape: info.shape(),
-                data: gguf.tensor_data(info).to_vec(),
+                data: gguf.tensor_data(info).to_vec().into(),
             };
             (info.name.clone(), info.ggml_type.to_string(), hash(&t))
         })
@@ -145,7 +145,7 @@ fn synthetic_blocks_of_every_type_match_gguf_python() {
         name: info.name.clone(),
         ggml_type: info.ggml_type,
         shape: info.shape(),
-        data,
+        data: data.into(),
     };
     flipped.iter_mut().find(|r| r.0 == "Q4_K.2").unwrap().2 = hash(&t);
     assert_eq!(

@@ -26,9 +26,11 @@ pub mod gemma3;
 pub mod gguf;
 pub mod load;
 pub mod quant;
+pub mod tensor_bytes;
 pub mod tokenizer;
 pub mod weights;
 
 pub use family::{FfnActivation, LayerAttention, ModelFamily, RopeStyle};
 pub use quant::GgmlType;
+pub use tensor_bytes::TensorBytes;
 pub use weights::{ExtraNorms, LayerWeights, LlamaConfig, ModelWeights, QTensor};

@@ -11,6 +11,7 @@
 
 use crate::family::ModelFamily;
 use crate::quant::{dequantize_rows, GgmlType, QuantError};
+use crate::TensorBytes;
 
 /// A weight tensor, stored in its file's format.
 #[derive(Debug, Clone)]
@@ -21,8 +22,9 @@ pub struct QTensor {
     pub ggml_type: GgmlType,
     /// Outermost first: `[rows, cols]` for a matrix, `[len]` for a vector.
     pub shape: Vec<usize>,
-    /// Raw bytes in `ggml_type`'s block layout, rows contiguous.
-    pub data: Vec<u8>,
+    /// Raw bytes in `ggml_type`'s block layout, rows contiguous: a slice of
+    /// the GGUF file's map when loaded from one (shared, never copied).
+    pub data: TensorBytes,
 }
 
 impl QTensor {

@@ -9,7 +9,7 @@
 //! CPU forward's own ops ([`ops`]: `kernels::cpu`'s norm, matmul, RoPE,
 //! attention, gating and residual add, called one at a time) in the
 //! arithmetic [`Arith`] names — f64 for the truth, or an engine's own
-//! arithmetic for conformance — and returns a [`Report`]: one [`Row`] per
+//! arithmetic for conformance — and returns a [`ReplayReport`]: one [`Row`] per
 //! (layer, stage) with its worst position, the diff's [`diff::Metrics`] and
 //! the local error, judged against a tolerance. The renderers in [`render`]
 //! only format.
@@ -44,7 +44,7 @@ pub mod report;
 pub mod taps;
 
 pub use ops::Arith;
-pub use report::{replay, Options, Outcome, PosError, Report, Row};
+pub use report::{replay, Options, PosError, ReplayOutcome, ReplayReport, Row};
 
 use kernels::cpu::weights::DenseWeights;
 use model::LlamaConfig;

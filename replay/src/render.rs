@@ -1,7 +1,7 @@
-//! Renderers of a [`Report`]: a table for people, JSON for machines. They
+//! Renderers of a [`ReplayReport`]: a table for people, JSON for machines. They
 //! only format what the report holds.
 
-use crate::report::{Outcome, Report, Row};
+use crate::report::{ReplayOutcome, ReplayReport, Row};
 use std::fmt::Write;
 
 /// A number in at most four significant digits, `0` for an exact zero.
@@ -27,7 +27,7 @@ fn at(r: &Row) -> String {
 /// The table: a header naming the tree, the model and the arithmetic; one
 /// line per (layer, stage) in forward order; the op with the largest local
 /// error; the verdict.
-pub fn table(r: &Report) -> String {
+pub fn table(r: &ReplayReport) -> String {
     let mut o = String::new();
     let short = |h: &str| h.chars().take(12).collect::<String>();
     let _ = writeln!(
@@ -93,7 +93,7 @@ pub fn table(r: &Report) -> String {
         r.taps, positions, r.seconds_replay, r.seconds_read
     );
     let _ = match (r.outcome, r.first_above) {
-        (Outcome::Above, Some(i)) => writeln!(
+        (ReplayOutcome::Above, Some(i)) => writeln!(
             o,
             "above tolerance: {} of {} ops, the first in forward order {} ({})",
             r.rows_above,
@@ -112,6 +112,6 @@ pub fn table(r: &Report) -> String {
 }
 
 /// The report as JSON (schema `taptree-replay/1`, documented in docs/GUIDE.md).
-pub fn json(r: &Report) -> String {
+pub fn json(r: &ReplayReport) -> String {
     serde_json::to_string_pretty(r).expect("a report serializes")
 }

@@ -1,5 +1,5 @@
 //! [`replay`]: every selected tap of a tree recomputed, compared position
-//! by position with what the tree holds, and gathered into a [`Report`].
+//! by position with what the tree holds, and gathered into a [`ReplayReport`].
 
 use crate::ops::{Arith, Ops};
 use crate::taps::{self, Taps};
@@ -91,26 +91,26 @@ impl Row {
 /// Whether every op's local error is within tolerance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub enum ReplayOutcome {
     /// Every row's local error is within tolerance.
     Within,
     /// At least one row is above tolerance.
     Above,
 }
 
-impl Outcome {
+impl ReplayOutcome {
     /// 0 within tolerance, 1 some op above it.
     pub fn exit_code(self) -> u8 {
         match self {
-            Outcome::Within => 0,
-            Outcome::Above => 1,
+            ReplayOutcome::Within => 0,
+            ReplayOutcome::Above => 1,
         }
     }
 }
 
 /// The replay of one tree.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub struct ReplayReport {
     /// `"taptree-replay/1"`.
     pub schema: &'static str,
     /// The tree's directory.
@@ -145,8 +145,8 @@ pub struct Report {
     pub seconds_read: f64,
     /// Wall-clock seconds spent recomputing and comparing.
     pub seconds_replay: f64,
-    /// [`Outcome::Above`] when any row is.
-    pub outcome: Outcome,
+    /// [`ReplayOutcome::Above`] when any row is.
+    pub outcome: ReplayOutcome,
 }
 
 fn f64_bytes(x: &[f64]) -> Vec<u8> {
@@ -162,22 +162,82 @@ struct Building {
     positions: Vec<PosError>,
 }
 
+impl Building {
+    /// Compares the recomputed `want` with the tree's `got` (`width` values
+    /// per position, positions `pos`) at each selected position.
+    fn add(
+        &mut self,
+        sel: &Selection,
+        slot: Option<u32>,
+        pos: std::ops::Range<u32>,
+        width: usize,
+        (want, got): (&[f64], &[f64]),
+    ) {
+        for p in sel.selected_runs(pos.clone()).flatten() {
+            let at = (p - pos.start) as usize * width..(p - pos.start + 1) as usize * width;
+            let acc = compare(
+                &f64_bytes(&want[at.clone()]),
+                capture::DType::F64,
+                &f64_bytes(&got[at]),
+                capture::DType::F64,
+            );
+            let mut metrics = acc.metrics();
+            // Both sides were widened to f64: an f64 ULP distance says nothing.
+            metrics.max_ulp = None;
+            let err = badness(&metrics);
+            self.positions.push(PosError {
+                pos: p,
+                slot,
+                rel_rms: err,
+            });
+            if self.worst.as_ref().is_none_or(|w| err > w.0) {
+                self.worst = Some((err, p, slot, metrics));
+            }
+            self.whole.merge(&acc);
+        }
+    }
+
+    /// The finished row, judged against `tolerance`; none when no position
+    /// was compared.
+    fn finish(self, tolerance: f64) -> Option<Row> {
+        let (_, worst_pos, worst_slot, worst) = self.worst?;
+        let mut whole = self.whole.metrics();
+        whole.max_ulp = None;
+        let local_error = whole.rel_rms;
+        Some(Row {
+            above: local_error.is_nan() || local_error > tolerance || whole.nonfinite_mismatch > 0,
+            stage: self.stage,
+            layer: self.layer,
+            positions: whole.rows,
+            local_error,
+            worst_pos,
+            worst_slot,
+            worst,
+            whole,
+            position_errors: self.positions,
+        })
+    }
+}
+
+/// What the tree's record says of `model`: an error when the hashes differ.
+fn check_model(tree: &dyn Tree, model: &Model) -> Result<&'static str, Error> {
+    match (&tree.manifest().run.model_blake3, model.blake3) {
+        (Some(rec), Some(given)) if rec != given => Err(Error::ModelMismatch {
+            tree: tree.path().to_path_buf(),
+            recorded: rec.clone(),
+            model: model.name.to_string(),
+            given: given.to_string(),
+        }),
+        (Some(_), Some(_)) => Ok("matches the tree's record"),
+        _ => Ok("the tree records no model hash"),
+    }
+}
+
 /// Replays every selected tap of `tree` against `model`.
-pub fn replay(tree: &dyn Tree, model: &Model, opts: &Options) -> Result<Report, Error> {
+pub fn replay(tree: &dyn Tree, model: &Model, opts: &Options) -> Result<ReplayReport, Error> {
     let m = tree.manifest();
     let run = &m.run;
-    let model_check = match (&run.model_blake3, model.blake3) {
-        (Some(rec), Some(given)) if rec != given => {
-            return Err(Error::ModelMismatch {
-                tree: tree.path().to_path_buf(),
-                recorded: rec.clone(),
-                model: model.name.to_string(),
-                given: given.to_string(),
-            })
-        }
-        (Some(_), Some(_)) => "matches the tree's record",
-        _ => "the tree records no model hash",
-    };
+    let model_check = check_model(tree, model)?;
     let ops = Ops::new(
         model.config,
         model.weights,
@@ -223,52 +283,11 @@ pub fn replay(tree: &dyn Tree, model: &Model, opts: &Options) -> Result<Report, 
             });
             rows.len() - 1
         });
-        let row = &mut rows[r];
-        for p in sel.selected_runs(pos.clone()).flatten() {
-            let at = (p - pos.start) as usize * width..(p - pos.start + 1) as usize * width;
-            let acc = compare(
-                &f64_bytes(&want[at.clone()]),
-                capture::DType::F64,
-                &f64_bytes(&got[at]),
-                capture::DType::F64,
-            );
-            let mut metrics = acc.metrics();
-            // Both sides were widened to f64: an f64 ULP distance says nothing.
-            metrics.max_ulp = None;
-            let err = badness(&metrics);
-            row.positions.push(PosError {
-                pos: p,
-                slot: k.slot,
-                rel_rms: err,
-            });
-            if row.worst.as_ref().is_none_or(|w| err > w.0) {
-                row.worst = Some((err, p, k.slot, metrics));
-            }
-            row.whole.merge(&acc);
-        }
+        rows[r].add(sel, k.slot, pos, width, (&want, &got));
     }
     let rows: Vec<Row> = rows
         .into_iter()
-        .filter_map(|b| {
-            let (_, worst_pos, worst_slot, worst) = b.worst?;
-            let mut whole = b.whole.metrics();
-            whole.max_ulp = None;
-            let local_error = whole.rel_rms;
-            Some(Row {
-                above: local_error.is_nan()
-                    || local_error > opts.tolerance
-                    || whole.nonfinite_mismatch > 0,
-                stage: b.stage,
-                layer: b.layer,
-                positions: whole.rows,
-                local_error,
-                worst_pos,
-                worst_slot,
-                worst,
-                whole,
-                position_errors: b.positions,
-            })
-        })
+        .filter_map(|b| b.finish(opts.tolerance))
         .collect();
     let largest = (0..rows.len()).max_by(|&a, &b| {
         badness(&rows[a].whole)
@@ -277,7 +296,7 @@ pub fn replay(tree: &dyn Tree, model: &Model, opts: &Options) -> Result<Report, 
     });
     let first_above = rows.iter().position(|r| r.above);
     let rows_above = rows.iter().filter(|r| r.above).count();
-    Ok(Report {
+    Ok(ReplayReport {
         schema: "taptree-replay/1",
         tree: tree.path().display().to_string(),
         root: m.root.clone(),
@@ -295,9 +314,9 @@ pub fn replay(tree: &dyn Tree, model: &Model, opts: &Options) -> Result<Report, 
         seconds_read,
         seconds_replay: t1.elapsed().as_secs_f64(),
         outcome: if rows_above > 0 {
-            Outcome::Above
+            ReplayOutcome::Above
         } else {
-            Outcome::Within
+            ReplayOutcome::Within
         },
         rows,
     })

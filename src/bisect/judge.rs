@@ -93,11 +93,11 @@ impl Judge {
     }
 }
 
-fn verdict(tree: &Path, report: &diff::Report) -> Result<Verdict, JudgeError> {
-    use diff::Outcome;
+fn verdict(tree: &Path, report: &diff::DiffReport) -> Result<Verdict, JudgeError> {
+    use diff::DiffOutcome;
     let red = match report.outcome {
-        Outcome::Identical | Outcome::WithinTolerance => false,
-        Outcome::Diverged => true,
+        DiffOutcome::Identical | DiffOutcome::WithinTolerance => false,
+        DiffOutcome::Diverged => true,
         other => {
             return Err(JudgeError::NoVerdict {
                 tree: tree.to_path_buf(),
@@ -118,11 +118,11 @@ fn verdict(tree: &Path, report: &diff::Report) -> Result<Verdict, JudgeError> {
                 _ => "origin".into(),
             },
             cos: worst.metrics.cos,
-            reasons: row.reasons.clone(),
+            reasons: row.reasons.iter().map(diff::render::reason).collect(),
             row: i,
         }
     });
-    let logits_min_cos = if report.outcome == Outcome::Identical {
+    let logits_min_cos = if report.outcome == DiffOutcome::Identical {
         Some(1.0)
     } else {
         report

@@ -123,7 +123,7 @@ pub enum ArmVerdict {
 
 /// One arm and its verdict.
 #[derive(Debug, Clone, Serialize)]
-pub struct Arm {
+pub struct SwitchArm {
     pub kind: ArmKind,
     /// The switches on (`NAME=ON`); the others are at their off value.
     pub on: Vec<String>,
@@ -138,7 +138,7 @@ pub struct Arm {
     pub first_change: Option<String>,
 }
 
-impl Arm {
+impl SwitchArm {
     /// `all off`, `all on`, or the switches on.
     pub fn label(&self) -> String {
         match self.kind {
@@ -184,7 +184,7 @@ pub struct SwitchesReport {
     pub reference: PathBuf,
     pub tolerance: String,
     /// In the order run: all off, singles, all on, then delta debugging's.
-    pub arms: Vec<Arm>,
+    pub arms: Vec<SwitchArm>,
     pub answer: Answer,
     pub captures_run: usize,
     pub cache_hits: usize,
@@ -194,7 +194,7 @@ pub struct SwitchesReport {
 /// number of arms known so far, for a progress bar).
 pub fn bisect(
     req: &Request,
-    mut on_arm: impl FnMut(&Arm, usize),
+    mut on_arm: impl FnMut(&SwitchArm, usize),
 ) -> Result<SwitchesReport, SwitchesError> {
     let temp;
     let cache_dir = match &req.cache {
@@ -262,7 +262,7 @@ pub fn bisect(
     }))
 }
 
-fn culprit(arm: &Arm) -> Culprit {
+fn culprit(arm: &SwitchArm) -> Culprit {
     Culprit {
         switches: arm.on.clone(),
         first_op: arm.first_op.clone(),
@@ -275,8 +275,8 @@ struct Arms<'a> {
     req: &'a Request,
     runner: Runner,
     /// Arms already run in this bisect, by the set of switches on.
-    seen: HashMap<Vec<usize>, Arm>,
-    arms: Vec<Arm>,
+    seen: HashMap<Vec<usize>, SwitchArm>,
+    arms: Vec<SwitchArm>,
 }
 
 impl Arms<'_> {
@@ -285,9 +285,9 @@ impl Arms<'_> {
         &mut self,
         on: &[usize],
         kind: ArmKind,
-        on_arm: &mut impl FnMut(&Arm, usize),
+        on_arm: &mut impl FnMut(&SwitchArm, usize),
         planned: usize,
-    ) -> Result<Arm, SwitchesError> {
+    ) -> Result<SwitchArm, SwitchesError> {
         if let Some(arm) = self.seen.get(on) {
             return Ok(arm.clone());
         }
@@ -318,7 +318,7 @@ impl Arms<'_> {
             .runner
             .get(&key, &what, &env, || Ok(Workdir::Dir(cwd)))?;
         let arm = match got {
-            Got::Skip { cached } => Arm {
+            Got::Skip { cached } => SwitchArm {
                 kind,
                 on: on_names,
                 verdict: ArmVerdict::Skip,
@@ -329,7 +329,7 @@ impl Arms<'_> {
             },
             Got::Tree { path, cached } => {
                 let v = self.req.judge.judge(&path)?;
-                Arm {
+                SwitchArm {
                     kind,
                     on: on_names,
                     verdict: if v.red {

@@ -48,14 +48,15 @@ pub struct Judging {
     #[arg(long, value_name = "CMD")]
     pub capture: String,
     /// Tolerance expression of `taptree diff` (default: diff's default);
-    /// spelt as in `taptree diff`, `--tol` for short.
+    /// spelt as in `taptree diff`: `-t`, `--tolerance` or `--tol`.
     #[arg(
-        long = "tolerance",
+        short,
+        long,
         visible_alias = "tol",
         value_name = "EXPR",
         conflicts_with = "bitwise"
     )]
-    pub tol: Option<String>,
+    pub tolerance: Option<String>,
     /// Green only when bitwise identical to the reference.
     #[arg(long)]
     pub bitwise: bool,
@@ -75,6 +76,8 @@ pub struct CommitsArgs {
     #[command(flatten)]
     pub judging: Judging,
     /// Where trees are cached [default: <git common dir>/taptree/trees].
+    // The text is clap's help, where the brackets read as a placeholder.
+    #[allow(rustdoc::invalid_html_tags)]
     #[arg(long, value_name = "DIR")]
     pub cache: Option<PathBuf>,
     /// Capture --good and --bad before searching. By default an endpoint is
@@ -114,7 +117,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
 fn judge(j: &Judging) -> anyhow::Result<Judge> {
     let tolerance = if j.bitwise {
         diff::Tolerance::bitwise()
-    } else if let Some(expr) = &j.tol {
+    } else if let Some(expr) = &j.tolerance {
         diff::Tolerance::parse(expr).map_err(|e| anyhow::anyhow!("--tol {expr:?}: {e}"))?
     } else {
         diff::Tolerance::default()

@@ -56,14 +56,20 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
     /// Which taps to write, e.g. `stage=ffn_*;layer=20..30;pos=0`. Default: all.
-    #[arg(long)]
+    #[arg(long, env = "TAPTREE_SELECT")]
     pub select: Option<String>,
-    /// The tree to write. Default: `$TAPTREE_OUT`; with neither, the run
-    /// only prints its answer.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// Replace an existing tree at `--out`.
-    #[arg(long)]
+    /// The tree to write; with none (or an empty value), the run only
+    /// prints its answer. A bisect's capture command writes where the
+    /// bisect says, through the variable.
+    #[arg(long, env = "TAPTREE_OUT", value_parser = clap::builder::ValueParser::os_string())]
+    pub out: Option<std::ffi::OsString>,
+    /// Replace an existing tree at `--out` (the variable: `1`, `true` or `yes`).
+    #[arg(
+        long,
+        env = "TAPTREE_FORCE",
+        action = clap::ArgAction::SetTrue,
+        value_parser = force_value
+    )]
     pub force: bool,
     /// Whose forward runs: `builtin` (taptree's own), `hf` (Hugging Face
     /// transformers) or `llama.cpp`. A foreign engine gets the prompt as
@@ -115,32 +121,11 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let switches = Switches::from_env()?;
     let out = out_dir(&args);
     let selection = selection(&args)?;
-    let force = force(&args);
     let (model, seqs) = load_sequences(&args)?;
     let mut fwd = backend::open_tp(&args.backend, &model.weights, precision, &switches, args.tp)?;
     let stop = stop_ids(&args, &model);
 
-    let run_info = capture::RunInfo {
-        model: model.source.path.display().to_string(),
-        model_blake3: Some(model.source.blake3.clone()),
-        backend: args.backend.clone(),
-        precision: precision.name().into(),
-        switches: switches.to_map(),
-        prompt_tokens: seqs[0].tokens.clone(),
-        git_rev: git_rev(),
-        extra: [
-            ("model_spec".to_string(), serde_json::json!(args.model)),
-            ("gen".to_string(), serde_json::json!(args.gen)),
-            (
-                "slots".to_string(),
-                serde_json::json!(seqs.iter().map(|s| &s.tokens).collect::<Vec<_>>()),
-            ),
-        ]
-        .into_iter()
-        .collect(),
-        ..Default::default()
-    };
-    let mut run_info = run_info;
+    let mut run_info = run_info(&args, &model, precision, &switches, &seqs);
     let stages = match args.tp {
         1 => stages::for_config(&model.weights.config),
         _ => {
@@ -156,7 +141,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         Some(out) => Some(capture::Capture::start(capture::CaptureOptions {
             out,
             selection,
-            force,
+            force: args.force,
             stages,
             run: run_info,
         })?),
@@ -199,6 +184,25 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         .zip(&gens)
         .map(|(s, g)| s.tokens.len() + g.tokens.len().saturating_sub(1))
         .sum();
+    let speed = Speed {
+        started,
+        forward_s,
+        positions,
+    };
+    print_written(cap, &speed)?;
+    Ok(exit::OK)
+}
+
+/// How long a run took, and over how many positions.
+struct Speed {
+    started: Instant,
+    forward_s: f64,
+    positions: usize,
+}
+
+/// Finishes the tree (if one is written) and says what was written.
+fn print_written(cap: Option<capture::Capture>, speed: &Speed) -> anyhow::Result<()> {
+    let per_s = speed.positions as f64 / speed.forward_s.max(1e-9);
     match cap {
         Some(c) => {
             let summary = c.finish()?;
@@ -207,19 +211,49 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                 summary.taps,
                 summary.bytes,
                 summary.root,
-                started.elapsed().as_secs_f64(),
-                forward_s,
-                positions as f64 / forward_s.max(1e-9),
+                speed.started.elapsed().as_secs_f64(),
+                speed.forward_s,
+                per_s,
                 summary.path.display()
             );
         }
         None => println!(
             "no tree written (no --out, no TAPTREE_OUT); forward {:.2} s, {:.1} positions/s",
-            forward_s,
-            positions as f64 / forward_s.max(1e-9)
+            speed.forward_s, per_s
         ),
     }
-    Ok(exit::OK)
+    Ok(())
+}
+
+/// The run's record in the manifest: model, backend, precision, switches,
+/// the command line's sequences.
+fn run_info(
+    args: &Args,
+    model: &LoadedModel,
+    precision: Precision,
+    switches: &Switches,
+    seqs: &[Sequence],
+) -> capture::RunInfo {
+    capture::RunInfo {
+        model: model.source.path.display().to_string(),
+        model_blake3: Some(model.source.blake3.clone()),
+        backend: args.backend.clone(),
+        precision: precision.name().into(),
+        switches: switches.to_map(),
+        prompt_tokens: seqs[0].tokens.clone(),
+        git_rev: git_rev(),
+        extra: [
+            ("model_spec".to_string(), serde_json::json!(args.model)),
+            ("gen".to_string(), serde_json::json!(args.gen)),
+            (
+                "slots".to_string(),
+                serde_json::json!(seqs.iter().map(|s| &s.tokens).collect::<Vec<_>>()),
+            ),
+        ]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    }
 }
 
 /// Each position's token as text (prompt, then generated), one list per
@@ -296,7 +330,6 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
         )
     })?;
     let selection = selection(&args)?;
-    let force = force(&args);
     let (model, seqs) = load_sequences(&args)?;
     check_selection(&selection, &stages::for_config(&model.weights.config))?;
     if seqs.len() > 1 {
@@ -335,7 +368,7 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
         gen: args.gen,
         stop: &stop,
         select: select.as_deref(),
-        force,
+        force: args.force,
         precision: &args.precision,
         threads: args.threads,
         run,
@@ -359,29 +392,28 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
     Ok(exit::OK)
 }
 
-/// `--out`, else `$TAPTREE_OUT`: a bisect's capture command writes where the
-/// bisect says.
+/// `--out` (or `$TAPTREE_OUT`), none when empty.
 fn out_dir(args: &Args) -> Option<PathBuf> {
-    args.out.clone().or_else(|| {
-        std::env::var_os("TAPTREE_OUT")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    })
+    args.out
+        .clone()
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
 }
 
-/// `--select`, else `$TAPTREE_SELECT`, parsed before any work; a misspelt
+/// `--force`'s value from `TAPTREE_FORCE` (the flag alone gives `true`).
+fn force_value(v: &str) -> Result<bool, std::convert::Infallible> {
+    Ok(capture::force_is_set(v))
+}
+
+/// `--select` (or `$TAPTREE_SELECT`), parsed before any work; a misspelt
 /// stage would capture nothing, so one that no model family taps is refused
 /// here, before the model loads ([`check_selection`] then holds it to the
 /// model's own vocabulary).
 fn selection(args: &Args) -> anyhow::Result<capture::Selection> {
     let selection = match &args.select {
-        Some(s) => capture::Selection::parse(s).with_context(|| format!("--select {s:?}"))?,
-        None => match std::env::var("TAPTREE_SELECT") {
-            Ok(s) => {
-                capture::Selection::parse(&s).with_context(|| format!("TAPTREE_SELECT {s:?}"))?
-            }
-            Err(_) => capture::Selection::all(),
-        },
+        Some(s) => capture::Selection::parse(s)
+            .with_context(|| format!("--select (or TAPTREE_SELECT) {s:?}"))?,
+        None => capture::Selection::all(),
     };
     check_selection(&selection, &stages::every_family())?;
     Ok(selection)
@@ -411,15 +443,6 @@ fn stop_ids(args: &Args, model: &LoadedModel) -> Vec<u32> {
         Some(t) if !args.ignore_eos => t.end_ids(),
         _ => Vec::new(),
     }
-}
-
-/// `--force`, or `TAPTREE_FORCE=1|true|yes`.
-fn force(args: &Args) -> bool {
-    args.force
-        || matches!(
-            std::env::var("TAPTREE_FORCE").as_deref(),
-            Ok("1") | Ok("true") | Ok("yes")
-        )
 }
 
 /// The model and the command line's sequences, checked against its

@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(
         short,
         long,
-        alias = "tol",
+        visible_alias = "tol",
         value_name = "EXPR",
         default_value = diff::tolerance::DEFAULT
     )]
@@ -92,7 +92,7 @@ pub struct Args {
     pub all_metrics: bool,
     /// Row order: forward, or growth (largest error jump first).
     #[arg(long, value_enum, default_value = "forward")]
-    pub sort: SortArg,
+    pub sort: Sort,
     /// Only the red rows.
     #[arg(long)]
     pub only_red: bool,
@@ -102,12 +102,6 @@ pub struct Args {
     /// Color: auto (only on a terminal), always, never.
     #[arg(long, value_enum, default_value = "auto")]
     pub color: ColorArg,
-}
-
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum SortArg {
-    Forward,
-    Growth,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -276,7 +270,7 @@ fn progress_bar() -> Option<Bar> {
 /// table on stdout; every unreadable tap is named on stderr as well.
 fn present(
     args: &Args,
-    report: &diff::Report,
+    report: &diff::DiffReport,
     a: &dyn diff::Tree,
     b: &dyn diff::Tree,
 ) -> anyhow::Result<()> {
@@ -299,10 +293,7 @@ fn present(
         let table = TableOptions {
             color,
             all_metrics: args.all_metrics,
-            sort: match args.sort {
-                SortArg::Forward => Sort::Forward,
-                SortArg::Growth => Sort::Growth,
-            },
+            sort: args.sort,
             only_red: args.only_red,
             growth_top: args.growth_top,
         };

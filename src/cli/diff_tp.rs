@@ -89,7 +89,7 @@ impl<'t> Views<'t> {
     /// Notes on the first diverging row from the ranks, when either tree has them.
     pub fn explain(
         &self,
-        report: &diff::Report,
+        report: &diff::DiffReport,
         (a, b): (&TreeReader, &TreeReader),
         notes: &mut Vec<String>,
     ) -> anyhow::Result<()> {

@@ -39,7 +39,13 @@ pub struct Args {
     pub precision: String,
     /// The largest local error (relative RMS over the op's positions)
     /// within tolerance.
-    #[arg(short, long, value_name = "X", default_value_t = replay::report::DEFAULT_TOLERANCE)]
+    #[arg(
+        short,
+        long,
+        visible_alias = "tol",
+        value_name = "X",
+        default_value_t = replay::report::DEFAULT_TOLERANCE
+    )]
     pub tolerance: f64,
     /// Only these taps and positions (`stage=ffn_*;layer=20..30;pos=0`);
     /// their inputs are read from the whole tree.
@@ -101,7 +107,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         print!("{}", replay::render::table(&report));
     }
     Ok(match report.outcome {
-        replay::Outcome::Within => exit::OK,
-        replay::Outcome::Above => exit::DIVERGED,
+        replay::ReplayOutcome::Within => exit::OK,
+        replay::ReplayOutcome::Above => exit::DIVERGED,
     })
 }

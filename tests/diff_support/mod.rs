@@ -9,8 +9,7 @@ pub const LAYERS: u32 = 2;
 pub const POSITIONS: u32 = 3;
 pub const WIDTH: usize = 300;
 
-/// One capture may be armed per process.
-pub static CAPTURE: Mutex<()> = Mutex::new(());
+pub use crate::harness::{taptree, text, CAPTURE};
 
 pub fn value(stage: &str, layer: Option<u32>, pos: u32, i: usize) -> f32 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
@@ -71,20 +70,6 @@ pub fn tree<T: capture::TapElem>(
 
 pub fn plain(out: &Path) {
     tree(out, |x| x, |_, _, _, _| {});
-}
-
-pub fn taptree(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_taptree"))
-        .args(args.iter().map(|a| a.as_ref()))
-        .output()
-        .unwrap()
-}
-
-pub fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
 }
 
 pub fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {

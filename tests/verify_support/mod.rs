@@ -7,27 +7,7 @@ pub use std::process::{Command, Output};
 pub use std::sync::Mutex;
 pub use std::time::{Duration, Instant};
 
-pub fn taptree(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_taptree"))
-        .args(args.iter().map(|a| a.as_ref()))
-        .output()
-        .expect("running taptree")
-}
-
-pub fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
-
-/// One capture may be armed per process, and the tests run on threads of one
-/// process: every test that captures holds this.
-pub static SERIAL: Mutex<()> = Mutex::new(());
-
-pub fn one_capture_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub use crate::harness::{one_capture_at_a_time, taptree, text};
 
 /// A small tree: 3 layers × 2 stages over 4 positions, plus logits.
 /// `bump` changes one element of layer 2's `ffn_down`.

@@ -16,7 +16,7 @@ pub mod doubles;
 
 use crate::graph::StageGraph;
 use crate::metrics::compare;
-use crate::report::{Control, Flagged, Report, Status};
+use crate::report::{Control, DiffReport, Flagged, Status};
 use crate::tree::Tree;
 use crate::walk::{self, Action, Change, Options, Visit};
 use crate::Error;
@@ -62,7 +62,7 @@ pub fn run(
 }
 
 /// Adds controls to a report and concludes it again.
-pub fn attach(report: &mut Report, controls: Vec<Control>) {
+pub fn attach(report: &mut DiffReport, controls: Vec<Control>) {
     report.controls = controls;
     walk::outcome::conclude(report);
 }

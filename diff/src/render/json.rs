@@ -6,7 +6,7 @@
 //! still counts them.
 
 use crate::inputs::InputSplit;
-use crate::report::{Control, Counts, Outcome, Position, Report, Row, TreeInfo};
+use crate::report::{Control, Counts, DiffOutcome, DiffReport, Position, Row, TreeInfo};
 use crate::stat::StatReport;
 use serde::Serialize;
 
@@ -19,7 +19,7 @@ struct Json<'r> {
     #[serde(skip_serializing_if = "Option::is_none")]
     truth: Option<&'r TreeInfo>,
     tolerance: &'r str,
-    outcome: Outcome,
+    outcome: DiffOutcome,
     summary: String,
     rows: Vec<Row>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -38,8 +38,16 @@ struct Json<'r> {
     notes: &'r [String],
 }
 
+/// `Row::reasons` in words (the schema's list of strings).
+pub(crate) fn worded_reasons<S: serde::Serializer>(
+    r: &[crate::report::Reason],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_seq(r.iter().map(super::reason))
+}
+
 /// The report as JSON text.
-pub fn render(report: &Report) -> String {
+pub fn render(report: &DiffReport) -> String {
     let mut out = Vec::new();
     write(report, &mut out).expect("writing to memory does not fail");
     String::from_utf8(out).expect("JSON is UTF-8")
@@ -47,7 +55,7 @@ pub fn render(report: &Report) -> String {
 
 /// [`render`] written to `w` as it is serialized (a large report is never
 /// held whole as text).
-pub fn write(report: &Report, mut w: impl std::io::Write) -> std::io::Result<()> {
+pub fn write(report: &DiffReport, mut w: impl std::io::Write) -> std::io::Result<()> {
     // Cloned row by row, and only the positions that are kept: a full clone
     // of a large report is most of the time of a mostly-equal diff.
     let rows = report

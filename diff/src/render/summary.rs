@@ -1,12 +1,12 @@
 //! The one-line summary of a report, for any outcome: what the table ends
 //! with, the HTML opens with and the JSON carries as `summary`.
 
-use crate::report::{Outcome, Report, Status};
+use crate::report::{DiffOutcome, DiffReport, Status};
 use crate::tolerance::short;
 
 /// `diverged: first diverging op L3/ffn_down@2 (cos 0.66, 4 of 120 rows red)`,
 /// `bitwise identical: ...`, and so on: one line saying why.
-pub fn summary(report: &Report) -> String {
+pub fn summary(report: &DiffReport) -> String {
     let c = &report.counts;
     let mut missing = match (report.only_in_a.len(), report.only_in_b.len()) {
         (0, 0) => String::new(),
@@ -31,13 +31,13 @@ pub fn summary(report: &Report) -> String {
         _ => String::new(),
     };
     match report.outcome {
-        Outcome::Identical => format!(
+        DiffOutcome::Identical => format!(
             "bitwise identical: {} tensors, {} bytes, root {}",
             report.a.taps,
             report.a.bytes,
             super::short_hash(&report.a.root)
         ),
-        Outcome::Unreadable => {
+        DiffOutcome::Unreadable => {
             let first = report.rows.iter().find(|r| r.status == Status::Unreadable);
             format!(
                 "could not read {} of {} rows (first {}: {}): a damaged tree is never agreement",
@@ -47,7 +47,7 @@ pub fn summary(report: &Report) -> String {
                 first.and_then(|r| r.unreadable.as_deref()).unwrap_or("-"),
             )
         }
-        Outcome::ControlFailed => {
+        DiffOutcome::ControlFailed => {
             let failed: Vec<&str> = report
                 .controls
                 .iter()
@@ -59,7 +59,7 @@ pub fn summary(report: &Report) -> String {
                 failed.join(", ")
             )
         }
-        Outcome::Diverged => match report.first_divergence {
+        DiffOutcome::Diverged => match report.first_divergence {
             Some(i) => {
                 let r = &report.rows[i];
                 let w = r.worst();
@@ -82,21 +82,21 @@ pub fn summary(report: &Report) -> String {
                 "incomplete: the trees do not hold the same taps{missing}; what both hold agrees (--common-only compares only that){inexact}"
             ),
         },
-        Outcome::Inconclusive if c.positions == 0 => {
+        DiffOutcome::Inconclusive if c.positions == 0 => {
             format!("no tap in common: nothing was compared{missing}")
         }
-        Outcome::Inconclusive => format!(
+        DiffOutcome::Inconclusive => format!(
             "inconclusive: {} rows agree only as degenerate tensors (all zero, all nonfinite or constant){missing}",
             c.rows_degenerate
         ),
-        Outcome::WithinTolerance if report.rows.iter().all(|r| r.status == Status::Equal) => {
+        DiffOutcome::WithinTolerance if report.rows.iter().all(|r| r.status == Status::Equal) => {
             format!(
                 "bitwise equal by content: {} positions in {} rows{missing}",
                 c.positions,
                 report.rows.len()
             )
         }
-        Outcome::WithinTolerance => format!(
+        DiffOutcome::WithinTolerance => format!(
             "within tolerance ({}): {} positions in {} rows{inexact}{missing}",
             report.tolerance,
             c.positions,

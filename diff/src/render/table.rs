@@ -2,13 +2,14 @@
 //! bitwise-equal rows folded into one line, then the first diverging op, the
 //! largest error growth, the truth verdict, the controls and the summary.
 
-use crate::report::{Cause, Closer, Outcome, Report, Row, Status};
+use crate::report::{Cause, Closer, DiffOutcome, DiffReport, Row, Status};
 use crate::stat::StatReport;
 use crate::tolerance::short;
 use std::fmt::Write as _;
 
 /// Row order of the table.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Sort {
     /// Forward order (the order of the forward pass).
     #[default]
@@ -98,7 +99,7 @@ fn tree_line(label: &str, t: &crate::report::TreeInfo) -> String {
 
 /// The diff as the terminal table (see the module doc); ANSI colors only when
 /// `opts.color`.
-pub fn render(report: &Report, opts: &TableOptions) -> String {
+pub fn render(report: &DiffReport, opts: &TableOptions) -> String {
     let p = Paint { on: opts.color };
     let mut out = String::new();
     let _ = writeln!(out, "{}", tree_line("A", &report.a));
@@ -109,7 +110,7 @@ pub fn render(report: &Report, opts: &TableOptions) -> String {
     for n in &report.notes {
         let _ = writeln!(out, "{}", p.dim(n));
     }
-    if report.outcome == Outcome::Identical {
+    if report.outcome == DiffOutcome::Identical {
         let _ = writeln!(out, "{}", p.green(&super::summary(report)));
         render_controls(&mut out, report, &p);
         return out;
@@ -128,7 +129,7 @@ pub fn render(report: &Report, opts: &TableOptions) -> String {
 }
 
 /// The column header, then one line per row (equal runs folded).
-fn render_rows(out: &mut String, report: &Report, opts: &TableOptions, p: &Paint) {
+fn render_rows(out: &mut String, report: &DiffReport, opts: &TableOptions, p: &Paint) {
     let mut header = format!(
         "{:<28} {:<10} {:>18} {:>10} {:>10}",
         "op", "verdict", "min cos @pos", "max abs", "growth"
@@ -180,7 +181,7 @@ fn render_rows(out: &mut String, report: &Report, opts: &TableOptions, p: &Paint
 }
 
 /// The first diverging op, the first inexact one, error growth and truth.
-fn render_findings(out: &mut String, report: &Report, opts: &TableOptions, p: &Paint) {
+fn render_findings(out: &mut String, report: &DiffReport, opts: &TableOptions, p: &Paint) {
     if let Some(i) = report.first_divergence {
         let row = &report.rows[i];
         let w = row.worst();
@@ -197,7 +198,7 @@ fn render_findings(out: &mut String, report: &Report, opts: &TableOptions, p: &P
             p.bold(&row.name()),
             first.label(),
             cause_word(row),
-            row.reasons.join("; ")
+            super::reasons(&row.reasons)
         );
         if let Some(t) = &row.truth {
             let _ = writeln!(out, "{}", truth_sentence(row, t));
@@ -282,7 +283,7 @@ fn render_findings(out: &mut String, report: &Report, opts: &TableOptions, p: &P
 }
 
 /// Inputs that part, one-sided positions, counts, controls and the summary.
-fn render_footer(out: &mut String, report: &Report, p: &Paint) {
+fn render_footer(out: &mut String, report: &DiffReport, p: &Paint) {
     if let Some(split) = &report.inputs_split {
         let slot = split
             .slot
@@ -339,8 +340,8 @@ fn render_footer(out: &mut String, report: &Report, p: &Paint) {
     render_controls(out, report, p);
     let summary = super::summary(report);
     let summary = match report.outcome {
-        Outcome::Diverged => p.red(&summary),
-        Outcome::WithinTolerance | Outcome::Identical => p.green(&summary),
+        DiffOutcome::Diverged => p.red(&summary),
+        DiffOutcome::WithinTolerance | DiffOutcome::Identical => p.green(&summary),
         _ => p.yellow(&summary),
     };
     let _ = writeln!(out, "{summary}");
@@ -361,7 +362,7 @@ fn truth_sentence(row: &Row, t: &crate::report::TruthVerdict) -> String {
     }
 }
 
-fn render_controls(out: &mut String, report: &Report, p: &Paint) {
+fn render_controls(out: &mut String, report: &DiffReport, p: &Paint) {
     for c in &report.controls {
         let mark = if c.passed {
             p.green("passed")
@@ -378,7 +379,7 @@ fn render_controls(out: &mut String, report: &Report, p: &Paint) {
     }
 }
 
-fn format_row(report: &Report, i: usize, opts: &TableOptions, p: &Paint) -> String {
+fn format_row(report: &DiffReport, i: usize, opts: &TableOptions, p: &Paint) -> String {
     let row = &report.rows[i];
     let w = row.worst();
     let m = &w.metrics;
@@ -442,7 +443,7 @@ fn format_row(report: &Report, i: usize, opts: &TableOptions, p: &Paint) -> Stri
     }
     if row.status == Status::Mismatch || row.status == Status::Degenerate {
         s.push_str("  ");
-        s.push_str(&row.reasons.join("; "));
+        s.push_str(&super::reasons(&row.reasons));
     }
     if let Some(why) = &row.unreadable {
         s.push_str("  could not read: ");

@@ -10,7 +10,7 @@ use super::read::SegState;
 pub(crate) type TruthAt<'t> =
     dyn Fn(&Segment, u32) -> Result<Option<(Acc, Acc)>, String> + Sync + 't;
 use crate::metrics::{Acc, Metrics};
-use crate::report::{Closer, EqualRun, Position, Row, Status, TruthVerdict};
+use crate::report::{Closer, EqualRun, Position, Reason, Row, Status, TruthVerdict};
 use crate::tolerance::Tolerance;
 use capture::Manifest;
 
@@ -92,14 +92,12 @@ pub(crate) fn build_row(
             .iter()
             .find(|p| p.metrics.degenerate_a.is_some() || p.metrics.degenerate_b.is_some())
             .unwrap();
-        let side =
-            |d: Option<crate::metrics::Degeneracy>| d.map_or("ok".to_string(), |d| d.to_string());
-        row.reasons.push(format!(
-            "degenerate at {}: A {}, B {}",
-            p.label(),
-            side(p.metrics.degenerate_a),
-            side(p.metrics.degenerate_b)
-        ));
+        row.reasons.push(Reason::Degenerate {
+            pos: p.pos,
+            slot: p.slot,
+            a: p.metrics.degenerate_a,
+            b: p.metrics.degenerate_b,
+        });
     }
     if truth_at.is_some() {
         let w = &positions[worst];
@@ -129,7 +127,7 @@ struct Gathered {
     positions: Vec<Position>,
     origins: Vec<Option<(usize, u32)>>,
     total: Acc,
-    mismatch: Option<String>,
+    mismatch: Option<Reason>,
     unreadable: Option<String>,
 }
 

@@ -2,7 +2,7 @@
 //! the two indexes into runs of positions both hold, `read` what the
 //! hashes cannot settle, `judge` each (layer, stage) into a row; then the
 //! rows in forward order, with causes and growth, go to a [`Visit`]
-//! delegate. [`diff`] records them into a [`Report`].
+//! delegate. [`diff`] records them into a [`DiffReport`].
 
 mod index;
 mod judge;
@@ -12,7 +12,7 @@ mod read;
 pub mod visit;
 
 use crate::graph::StageGraph;
-use crate::report::{Counts, Report, Row};
+use crate::report::{Counts, DiffReport, Row};
 use crate::tolerance::Tolerance;
 use crate::tree::Tree;
 use crate::{divergence, Error};
@@ -63,7 +63,7 @@ pub fn diff(
     b: &dyn Tree,
     truth: Option<&dyn Tree>,
     opts: &Options,
-) -> Result<Report, Error> {
+) -> Result<DiffReport, Error> {
     let mut recorder = Recorder::default();
     let walked = walk(a, b, truth, opts, &mut recorder)?;
     Ok(recorder.report(walked, (a, b, truth), opts))

@@ -10,6 +10,7 @@ use super::index::{Loc, PosKey};
 use super::merge::Segment;
 use super::Options;
 use crate::metrics::{compare, Acc};
+use crate::report::Reason;
 use crate::tree::{Tensor, Tree};
 use capture::{Entry, Manifest};
 use rayon::prelude::*;
@@ -21,7 +22,7 @@ pub(crate) enum SegState {
     Skipped(u64),
     /// Read, or not comparable (`mismatch`): one result per position.
     Compared {
-        mismatch: Option<String>,
+        mismatch: Option<Reason>,
         results: Vec<Computed>,
     },
     /// A tap of A or B could not be read: why.
@@ -58,16 +59,22 @@ fn row_bytes<'t>(t: &'t Tensor, e: &Entry, row: usize) -> &'t [u8] {
 }
 
 /// Why two taps cannot be compared element for element, if they cannot.
-fn mismatch(a: &Entry, b: &Entry) -> Option<String> {
+fn mismatch(a: &Entry, b: &Entry) -> Option<Reason> {
     let (sa, sb) = (
         a.shape.get(1..).unwrap_or(&[]),
         b.shape.get(1..).unwrap_or(&[]),
     );
     if sa != sb {
-        Some(format!("shape mismatch: row shape {sa:?} vs {sb:?}"))
+        Some(Reason::ShapeMismatch {
+            a: sa.to_vec(),
+            b: sb.to_vec(),
+        })
     } else if a.dtype != b.dtype && !(a.dtype.is_float() && b.dtype.is_float()) {
         // Float dtypes compare in f64 (an f64 tree against an f32 one).
-        Some(format!("dtype mismatch: {} vs {}", a.dtype, b.dtype))
+        Some(Reason::DtypeMismatch {
+            a: a.dtype,
+            b: b.dtype,
+        })
     } else {
         None
     }
@@ -94,7 +101,7 @@ pub(crate) fn read(
     // Each segment judged from the manifests: equal by hash, not
     // comparable, or to be read (`to_read`: segment, why not comparable).
     let mut states: Vec<Option<SegState>> = Vec::with_capacity(matched.len());
-    let mut to_read: Vec<(usize, Option<String>)> = Vec::new();
+    let mut to_read: Vec<(usize, Option<Reason>)> = Vec::new();
     let mut skipped_taps = vec![false; ma.entries.len()];
     let mut compared_taps = vec![false; ma.entries.len()];
     for (i, seg) in matched.iter().enumerate() {

@@ -1,10 +1,10 @@
 //! What a walk emits, and the delegate that hears it (gitoxide's tree-diff
 //! `Visit` / `Action` / `Recorder`): the positions one tree holds alone, then
-//! every judged row in forward order. [`Recorder`] builds the [`Report`];
+//! every judged row in forward order. [`Recorder`] builds the [`DiffReport`];
 //! the controls are delegates of their own ([`crate::controls`]).
 
 use crate::divergence;
-use crate::report::{Counts, Outcome, Report, Row, Status, TreeInfo, SCHEMA};
+use crate::report::{Counts, DiffOutcome, DiffReport, Row, Status, TreeInfo, SCHEMA};
 use crate::tree::Tree;
 use capture::TapId;
 
@@ -61,7 +61,7 @@ pub struct Walked {
 }
 
 /// The delegate that keeps everything: [`Recorder::report`] makes the
-/// [`Report`].
+/// [`DiffReport`].
 #[derive(Default)]
 pub struct Recorder {
     rows: Vec<Row>,
@@ -87,7 +87,7 @@ impl Recorder {
         walked: Walked,
         (a, b, truth): (&dyn Tree, &dyn Tree, Option<&dyn Tree>),
         opts: &super::Options,
-    ) -> Report {
+    ) -> DiffReport {
         let rows = self.rows;
         let mut counts = walked.counts;
         counts.rows_red = rows.iter().filter(|r| r.status.is_red()).count() as u64;
@@ -99,13 +99,13 @@ impl Recorder {
             .iter()
             .filter(|r| r.status == Status::Unreadable)
             .count() as u64;
-        let mut report = Report {
+        let mut report = DiffReport {
             schema: SCHEMA,
             a: info(a),
             b: info(b),
             truth: truth.map(info),
             tolerance: opts.tolerance.to_string(),
-            outcome: Outcome::Identical,
+            outcome: DiffOutcome::Identical,
             first_divergence: divergence::first_divergence(&rows),
             first_inexact: divergence::first_inexact(&rows),
             growth_ranking: divergence::ranking(&rows),
@@ -120,7 +120,7 @@ impl Recorder {
         };
         if !walked.identical {
             crate::truth::count(&mut report);
-            report.outcome = Outcome::WithinTolerance;
+            report.outcome = DiffOutcome::WithinTolerance;
             super::outcome::conclude(&mut report);
         }
         report

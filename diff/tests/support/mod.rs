@@ -283,3 +283,33 @@ pub fn forward_index(layers: u32, layer: Option<u32>, stage: &str) -> usize {
         _ => usize::MAX,
     }
 }
+
+/// The diff's default options.
+pub fn opts() -> diff::Options<'static> {
+    diff::Options::default()
+}
+
+/// Whether `t` is the tap of `stage` at `layer`.
+pub fn is(t: &Tap, layer: Option<u32>, stage: &str) -> bool {
+    t.key.layer == layer && t.key.stage == stage
+}
+
+/// A change at `at` that every later op carries (scaled), like a real bug.
+pub fn propagated(layer: u32, stage: &str, factor: f64) -> MemTree {
+    let start = forward_index(3, Some(layer), stage);
+    MemTree::new(
+        "b",
+        taps(&Shape::default(), |t| {
+            let i = forward_index(3, t.key.layer, &t.key.stage);
+            if i >= start {
+                let k = t.values.len();
+                for (j, v) in t.values.iter_mut().enumerate() {
+                    // Orthogonal-ish noise growing downstream.
+                    *v += factor
+                        * (1.0 + (i - start) as f64 * 0.1)
+                        * value("noise", None, 0, None, j % k);
+                }
+            }
+        }),
+    )
+}

@@ -18,21 +18,37 @@ pub fn geglu<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
     let k = T::from_f64((2.0 / std::f64::consts::PI).sqrt());
     let c = T::from_f64(0.044715);
     let half = T::from_f64(0.5);
-    gate.iter()
-        .zip(up)
-        .map(|(g, u)| {
-            let g = *g;
-            (half * g * (T::ONE + (k * (g + c * g * g * g)).tanh())) * *u
-        })
-        .collect()
+    elementwise(gate, up, |g, u| {
+        (half * g * (T::ONE + (k * (g + c * g * g * g)).tanh())) * u
+    })
+}
+
+/// `f(g, u)` for each pair, in parallel over blocks of elements when there
+/// are many (a prefill): every element is its own expression, so the split
+/// changes no bit.
+fn elementwise<T: Real>(gate: &[T], up: &[T], f: impl Fn(T, T) -> T + Sync) -> Vec<T> {
+    use rayon::prelude::*;
+    const BLOCK: usize = 4096;
+    let mut y = vec![T::ZERO; gate.len()];
+    let body = |((o, g), u): ((&mut [T], &[T]), &[T])| {
+        for ((o, g), u) in o.iter_mut().zip(g).zip(u) {
+            *o = f(*g, *u);
+        }
+    };
+    if gate.len() > BLOCK {
+        y.par_chunks_mut(BLOCK)
+            .zip(gate.par_chunks(BLOCK))
+            .zip(up.par_chunks(BLOCK))
+            .for_each(body);
+    } else {
+        body(((&mut y[..], gate), up));
+    }
+    y
 }
 
 /// `silu(g) * u = g / (1 + exp(-g)) * u`, elementwise.
 pub fn swiglu<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
-    gate.iter()
-        .zip(up)
-        .map(|(g, u)| (*g / (T::ONE + (-*g).exp())) * *u)
-        .collect()
+    elementwise(gate, up, |g, u| (g / (T::ONE + (-g).exp())) * u)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! before quantized matmuls) or f64.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 use super::attention::{attention_windowed, Heads};
@@ -14,7 +15,7 @@ use super::matmul::{Act, Quantized};
 use super::norm::rms_norm;
 use super::residual::add_residual;
 use super::rope::{rope_with, RopeTable};
-use super::weights::DenseWeights;
+use super::weights::{DenseLayer, DenseWeights};
 use super::{tap, Real};
 use crate::forward::{Forward, ForwardError, Precision};
 use crate::stages as st;
@@ -208,6 +209,30 @@ impl CpuForward {
     }
 }
 
+/// What the ops of one forward call share: the model, the activation
+/// handling, and where the rows are.
+struct Step<'a> {
+    cfg: &'a LlamaConfig,
+    acts: Acts,
+    ops: Ops,
+    slot: Option<u32>,
+    /// Position of the first row.
+    start: usize,
+    /// Positions of the rows, `start..start + n`.
+    pos: Range<u32>,
+}
+
+impl Step<'_> {
+    fn n(&self) -> usize {
+        self.pos.len()
+    }
+
+    /// Taps `data` (`[n, width]`) as `stage` of layer `layer`.
+    fn tap<T: Real>(&self, stage: &str, layer: Option<u32>, width: usize, data: &[T]) {
+        tap(stage, layer, self.pos.clone(), self.slot, width, data);
+    }
+}
+
 impl<T: Real> Engine<T> {
     /// One forward of `tokens` at `start..start + n`; returns the last row's
     /// logits. Taps every stage of `stages::for_config(cfg)` in its order:
@@ -222,130 +247,154 @@ impl<T: Real> Engine<T> {
         tokens: &[u32],
         start: usize,
     ) -> Vec<f32> {
-        let n = tokens.len();
-        let d = cfg.n_embd;
-        let q_width = cfg.n_head * cfg.head_dim;
-        let kv_width = cfg.n_head_kv * cfg.head_dim;
-        let heads = Heads {
-            n_head: cfg.n_head,
-            n_head_kv: cfg.n_head_kv,
-            head_dim: cfg.head_dim,
+        let (n, d) = (tokens.len(), cfg.n_embd);
+        let s = Step {
+            cfg,
+            acts,
+            ops: self.ops,
+            slot,
+            start,
+            pos: start as u32..(start + n) as u32,
         };
-        let pos = start as u32..(start + n) as u32;
         let cache = self
             .caches
             .entry(slot)
             .or_insert_with(|| KvCache::new(cfg.n_layer));
-        cache.truncate(start, kv_width);
+        cache.truncate(start, cfg.n_head_kv * cfg.head_dim);
 
-        let fam = &cfg.family;
         // One table per RoPE base (Gemma 3's local and global layers differ).
         let mut rope_tables: Vec<RopeTable<T>> = Vec::new();
         let mut x: Vec<T> = embed(&w.token_embd, tokens);
-        if fam.embed_scale {
+        if cfg.family.embed_scale {
             scale_embedding(&mut x, d);
         }
-        tap(st::EMBEDDING, None, pos.clone(), slot, d, &x);
+        s.tap(st::EMBEDDING, None, d, &x);
 
         for (l, lw) in w.layers.iter().enumerate() {
             let li = Some(l as u32);
-            let la = fam.attention(l, cfg.rope_base);
-            let h = rms_norm(&x, &lw.attn_norm, cfg.rms_eps);
-            tap(st::ATTN_NORM, li, pos.clone(), slot, d, &h);
-            let hq = Quantized::for_weights(&h, n, acts.attn, &[&lw.wq, &lw.wk, &lw.wv]);
-            let mut q = lw.wq.apply_shared(&h, n, acts.attn, Some(&hq));
-            tap(st::Q_PROJ, li, pos.clone(), slot, q_width, &q);
-            let mut k = lw.wk.apply_shared(&h, n, acts.attn, Some(&hq));
-            tap(st::K_PROJ, li, pos.clone(), slot, kv_width, &k);
-            let v = lw.wv.apply_shared(&h, n, acts.attn, Some(&hq));
-            drop(hq);
-            tap(st::V_PROJ, li, pos.clone(), slot, kv_width, &v);
-            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                // One norm per head: `rms_norm` takes rows of the weight's width.
-                q = rms_norm(&q, qn, cfg.rms_eps);
-                tap(st::Q_NORM, li, pos.clone(), slot, q_width, &q);
-                k = rms_norm(&k, kn, cfg.rms_eps);
-                tap(st::K_NORM, li, pos.clone(), slot, kv_width, &k);
-            }
-            let ops = self.ops;
-            if ops == Ops::Reference && !rope_tables.iter().any(|t| t.fits(start, la.rope_base)) {
-                rope_tables.push(RopeTable::new(start, n, cfg.head_dim, la.rope_base));
-            }
-            let table = rope_tables.iter().find(|t| t.fits(start, la.rope_base));
-            let rope = |x: &mut [T], width: usize| match (ops, table) {
-                (Ops::Reference, Some(table)) => rope_with(fam.rope, x, width, table),
-                _ => llamacpp_gemma::rope_styled(
-                    fam.rope,
-                    x,
-                    width,
-                    start,
-                    cfg.head_dim,
-                    la.rope_base,
-                ),
-            };
-            rope(&mut q, q_width);
-            tap(st::Q_ROPE, li, pos.clone(), slot, q_width, &q);
-            rope(&mut k, kv_width);
-            tap(st::K_ROPE, li, pos.clone(), slot, kv_width, &k);
-
-            let a = if let Ops::LlamaCpp { flash_attn } = self.ops {
-                cache.k[l].extend(k.iter().map(|x| llamacpp::f16_round(*x)));
-                cache.v[l].extend(v.iter().map(|x| llamacpp::f16_round(*x)));
-                let attend = if flash_attn {
-                    llamacpp::flash_attention_in
-                } else {
-                    llamacpp::attention_in
-                };
-                let graph = llamacpp_gemma::graph_of(cfg, l).expect("checked at open");
-                attend(&q, n, start, &cache.k[l], &cache.v[l], heads, graph)
-            } else {
-                cache.k[l].extend_from_slice(&k);
-                cache.v[l].extend_from_slice(&v);
-                attention_windowed(&q, n, start, &cache.k[l], &cache.v[l], heads, la.window)
-            };
-            tap(st::ATTN, li, pos.clone(), slot, q_width, &a);
-            let mut o = lw.wo.apply(&a, n, acts.attn);
-            tap(st::O_PROJ, li, pos.clone(), slot, d, &o);
-            if let Some(pn) = &lw.post_attn_norm {
-                o = rms_norm(&o, pn, cfg.rms_eps);
-                tap(st::POST_ATTN_NORM, li, pos.clone(), slot, d, &o);
-            }
+            let o = attention_block(&s, l, lw, &x, cache, &mut rope_tables);
             add_residual(&mut x, &o);
-            tap(st::POST_ATTN_RESIDUAL, li, pos.clone(), slot, d, &x);
-
-            let h = rms_norm(&x, &lw.ffn_norm, cfg.rms_eps);
-            tap(st::FFN_NORM, li, pos.clone(), slot, d, &h);
-            let hq = Quantized::for_weights(&h, n, acts.ffn_up, &[&lw.w_gate, &lw.w_up]);
-            let g = lw.w_gate.apply_shared(&h, n, acts.ffn_up, Some(&hq));
-            tap(st::FFN_GATE, li, pos.clone(), slot, cfg.n_ff, &g);
-            let u = lw.w_up.apply_shared(&h, n, acts.ffn_up, Some(&hq));
-            drop(hq);
-            tap(st::FFN_UP, li, pos.clone(), slot, cfg.n_ff, &u);
-            let s = match self.ops {
-                Ops::LlamaCpp { .. } => llamacpp_gemma::gated(fam.ffn, &g, &u),
-                Ops::Reference => gated(fam.ffn, &g, &u),
-            };
-            tap(gated_stage(fam), li, pos.clone(), slot, cfg.n_ff, &s);
-            let mut dn = lw.w_down.apply(&s, n, acts.ffn_down);
-            tap(st::FFN_DOWN, li, pos.clone(), slot, d, &dn);
-            if let Some(pn) = &lw.post_ffn_norm {
-                dn = rms_norm(&dn, pn, cfg.rms_eps);
-                tap(st::POST_FFN_NORM, li, pos.clone(), slot, d, &dn);
-            }
+            s.tap(st::POST_ATTN_RESIDUAL, li, d, &x);
+            let dn = ffn_block(&s, l, lw, &x);
             add_residual(&mut x, &dn);
-            tap(st::POST_FFN_RESIDUAL, li, pos.clone(), slot, d, &x);
+            s.tap(st::POST_FFN_RESIDUAL, li, d, &x);
         }
         cache.len = start + n;
 
         let h = rms_norm(&x, &w.output_norm, cfg.rms_eps);
-        tap(st::FINAL_NORM, None, pos.clone(), slot, d, &h);
+        s.tap(st::FINAL_NORM, None, d, &h);
         let logits = w.logits(&h, n, acts.logits);
-        tap(st::LOGITS, None, pos, slot, cfg.vocab_size, &logits);
+        s.tap(st::LOGITS, None, cfg.vocab_size, &logits);
         logits[(n - 1) * cfg.vocab_size..]
             .iter()
             .map(|v| v.to_f32())
             .collect()
     }
+}
+
+/// Layer `l`'s attention half, from its norm to `o_proj` (and the family's
+/// post-attention norm): what the residual adds. Appends the rows' keys and
+/// values to `cache`.
+fn attention_block<T: Real>(
+    s: &Step,
+    l: usize,
+    lw: &DenseLayer,
+    x: &[T],
+    cache: &mut KvCache<T>,
+    rope_tables: &mut Vec<RopeTable<T>>,
+) -> Vec<T> {
+    let (cfg, n, li, act) = (s.cfg, s.n(), Some(l as u32), s.acts.attn);
+    let fam = &cfg.family;
+    let q_width = cfg.n_head * cfg.head_dim;
+    let kv_width = cfg.n_head_kv * cfg.head_dim;
+    let heads = Heads {
+        n_head: cfg.n_head,
+        n_head_kv: cfg.n_head_kv,
+        head_dim: cfg.head_dim,
+    };
+    let la = fam.attention(l, cfg.rope_base);
+    let h = rms_norm(x, &lw.attn_norm, cfg.rms_eps);
+    s.tap(st::ATTN_NORM, li, cfg.n_embd, &h);
+    let hq = Quantized::for_weights(&h, n, act, &[&lw.wq, &lw.wk, &lw.wv]);
+    let mut q = lw.wq.apply_shared(&h, n, act, Some(&hq));
+    s.tap(st::Q_PROJ, li, q_width, &q);
+    let mut k = lw.wk.apply_shared(&h, n, act, Some(&hq));
+    s.tap(st::K_PROJ, li, kv_width, &k);
+    let v = lw.wv.apply_shared(&h, n, act, Some(&hq));
+    drop(hq);
+    s.tap(st::V_PROJ, li, kv_width, &v);
+    if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+        // One norm per head: `rms_norm` takes rows of the weight's width.
+        q = rms_norm(&q, qn, cfg.rms_eps);
+        s.tap(st::Q_NORM, li, q_width, &q);
+        k = rms_norm(&k, kn, cfg.rms_eps);
+        s.tap(st::K_NORM, li, kv_width, &k);
+    }
+    let (ops, start) = (s.ops, s.start);
+    if ops == Ops::Reference && !rope_tables.iter().any(|t| t.fits(start, la.rope_base)) {
+        rope_tables.push(RopeTable::new(start, n, cfg.head_dim, la.rope_base));
+    }
+    let table = rope_tables.iter().find(|t| t.fits(start, la.rope_base));
+    let rope = |x: &mut [T], width: usize| match (ops, table) {
+        (Ops::Reference, Some(table)) => rope_with(fam.rope, x, width, table),
+        _ => llamacpp_gemma::rope_styled(fam.rope, x, width, start, cfg.head_dim, la.rope_base),
+    };
+    rope(&mut q, q_width);
+    s.tap(st::Q_ROPE, li, q_width, &q);
+    rope(&mut k, kv_width);
+    s.tap(st::K_ROPE, li, kv_width, &k);
+
+    let a = if let Ops::LlamaCpp { flash_attn } = ops {
+        cache.k[l].extend(k.iter().map(|x| llamacpp::f16_round(*x)));
+        cache.v[l].extend(v.iter().map(|x| llamacpp::f16_round(*x)));
+        let attend = if flash_attn {
+            llamacpp::flash_attention_in
+        } else {
+            llamacpp::attention_in
+        };
+        let graph = llamacpp_gemma::graph_of(cfg, l).expect("checked at open");
+        attend(&q, n, start, &cache.k[l], &cache.v[l], heads, graph)
+    } else {
+        cache.k[l].extend_from_slice(&k);
+        cache.v[l].extend_from_slice(&v);
+        attention_windowed(&q, n, start, &cache.k[l], &cache.v[l], heads, la.window)
+    };
+    s.tap(st::ATTN, li, q_width, &a);
+    let mut o = lw.wo.apply(&a, n, act);
+    s.tap(st::O_PROJ, li, cfg.n_embd, &o);
+    if let Some(pn) = &lw.post_attn_norm {
+        o = rms_norm(&o, pn, cfg.rms_eps);
+        s.tap(st::POST_ATTN_NORM, li, cfg.n_embd, &o);
+    }
+    o
+}
+
+/// Layer `l`'s feed-forward half, from its norm to `ffn_down` (and the
+/// family's post-FFN norm): what the residual adds.
+fn ffn_block<T: Real>(s: &Step, l: usize, lw: &DenseLayer, x: &[T]) -> Vec<T> {
+    let (cfg, n, li, d) = (s.cfg, s.n(), Some(l as u32), s.cfg.n_embd);
+    let fam = &cfg.family;
+    let h = rms_norm(x, &lw.ffn_norm, cfg.rms_eps);
+    s.tap(st::FFN_NORM, li, d, &h);
+    let up = s.acts.ffn_up;
+    let hq = Quantized::for_weights(&h, n, up, &[&lw.w_gate, &lw.w_up]);
+    let g = lw.w_gate.apply_shared(&h, n, up, Some(&hq));
+    s.tap(st::FFN_GATE, li, cfg.n_ff, &g);
+    let u = lw.w_up.apply_shared(&h, n, up, Some(&hq));
+    drop(hq);
+    s.tap(st::FFN_UP, li, cfg.n_ff, &u);
+    let gu = match s.ops {
+        Ops::LlamaCpp { .. } => llamacpp_gemma::gated(fam.ffn, &g, &u),
+        Ops::Reference => gated(fam.ffn, &g, &u),
+    };
+    s.tap(gated_stage(fam), li, cfg.n_ff, &gu);
+    let mut dn = lw.w_down.apply(&gu, n, s.acts.ffn_down);
+    s.tap(st::FFN_DOWN, li, d, &dn);
+    if let Some(pn) = &lw.post_ffn_norm {
+        dn = rms_norm(&dn, pn, cfg.rms_eps);
+        s.tap(st::POST_FFN_NORM, li, d, &dn);
+    }
+    dn
 }
 
 /// The stage of the gated FFN product: `ffn_swiglu` or `ffn_geglu`.

@@ -123,6 +123,32 @@ macro_rules! impl_real {
 impl_real!(f32);
 impl_real!(f64);
 
+/// Runs `f(input row, output row)` over the rows of `x` and `y` (both
+/// `width` wide): on rayon's threads when there are enough elements for it
+/// to pay (a prefill), else in this thread (a decode step). Each row is one
+/// call, so the result is the same either way.
+pub(crate) fn par_rows<T: Real, U: Send, F>(y: &mut [U], x: &[T], width: usize, f: F)
+where
+    F: Fn(&[T], &mut [U]) + Sync,
+{
+    use rayon::prelude::*;
+    const PAR_MIN: usize = 4096;
+    if width == 0 {
+        return;
+    }
+    let rows = x.len() / width;
+    let out_width = y.len() / rows.max(1);
+    if rows > 1 && x.len() >= PAR_MIN {
+        y.par_chunks_mut(out_width)
+            .zip(x.par_chunks(width))
+            .for_each(|(o, r)| f(r, o));
+    } else {
+        y.chunks_mut(out_width.max(1))
+            .zip(x.chunks(width))
+            .for_each(|(o, r)| f(r, o));
+    }
+}
+
 /// Taps `data` (`[rows, width]`, rows = positions) when capture is armed.
 ///
 /// The disarmed cost is one relaxed load and a branch: every caller passes a

@@ -6,19 +6,19 @@ use super::Real;
 ///
 /// The sum of squares accumulates in f64 whatever `T` is, as ggml's
 /// `rms_norm` does (`ggml_float`); the scale and products are in `T`.
+/// Rows are independent: a prefill's rows run in parallel (see
+/// [`super::par_rows`]), each in the same order as alone.
 pub fn rms_norm<T: Real>(x: &[T], w: &[f32], eps: f32) -> Vec<T> {
     let width = w.len();
-    let mut y = Vec::with_capacity(x.len());
-    for row in x.chunks_exact(width) {
+    let mut y = vec![T::ZERO; x.len()];
+    super::par_rows(&mut y, x, width, |row, out| {
         let sum: f64 = row.iter().map(|v| v.to_f64() * v.to_f64()).sum();
         let mean = T::from_f64(sum / width as f64);
         let scale = T::ONE / (mean + T::from_f32(eps)).sqrt();
-        y.extend(
-            row.iter()
-                .zip(w)
-                .map(|(v, g)| (*v * scale) * T::from_f32(*g)),
-        );
-    }
+        for ((o, v), g) in out.iter_mut().zip(row).zip(w) {
+            *o = (*v * scale) * T::from_f32(*g);
+        }
+    });
     y
 }
 

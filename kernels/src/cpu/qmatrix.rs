@@ -10,6 +10,7 @@
 
 use super::matmul::Matrix;
 use model::quant::{self, GgmlType};
+use model::TensorBytes;
 
 /// A `[rows, cols]` weight in a block-quantized GGUF format, rows contiguous.
 #[derive(Debug, Clone)]
@@ -20,8 +21,10 @@ pub struct QMatrix {
     pub cols: usize,
     /// The block format of `bytes`.
     pub ty: GgmlType,
-    /// Rows of GGUF blocks, as the file holds them.
-    pub bytes: Vec<u8>,
+    /// Rows of GGUF blocks, as the file holds them: shared with the loaded
+    /// model (a slice of the GGUF file's map when it came from one), so
+    /// holding them copies nothing.
+    pub bytes: TensorBytes,
 }
 
 impl QMatrix {
@@ -49,6 +52,11 @@ pub trait WeightRows: Sync {
     /// Row `r` as f32: borrowed when held as f32, else dequantized into
     /// `buf` (`cols` long).
     fn row_in<'a>(&'a self, r: usize, buf: &'a mut [f32]) -> &'a [f32];
+    /// Row `r`'s raw blocks and their format, when held quantized (for the
+    /// loops that dequantize in registers); `None` when held as f32.
+    fn blocks(&self, _r: usize) -> Option<(GgmlType, &[u8])> {
+        None
+    }
 }
 
 impl WeightRows for Matrix {
@@ -81,6 +89,10 @@ impl WeightRows for QMatrix {
     fn row_in<'a>(&'a self, r: usize, buf: &'a mut [f32]) -> &'a [f32] {
         self.dequantize_row(r, buf);
         buf
+    }
+    #[inline(always)]
+    fn blocks(&self, r: usize) -> Option<(GgmlType, &[u8])> {
+        Some((self.ty, self.row_bytes(r)))
     }
 }
 
@@ -119,6 +131,13 @@ impl WeightRows for Weight {
             Weight::Quant(q) => q.row_in(r, buf),
         }
     }
+    #[inline(always)]
+    fn blocks(&self, r: usize) -> Option<(GgmlType, &[u8])> {
+        match self {
+            Weight::Dense(_) => None,
+            Weight::Quant(q) => q.blocks(r),
+        }
+    }
 }
 
 impl Weight {
@@ -143,7 +162,7 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 pub fn dequantize_blocks(ty: GgmlType, data: &[u8], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        let simd = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
+        let simd = super::rows_avx::fused_type(ty);
         if simd
             && data.len() == ty.row_bytes(out.len())
             && std::arch::is_x86_feature_detected!("avx2")
@@ -227,7 +246,7 @@ mod tests {
                 rows,
                 cols,
                 ty,
-                bytes,
+                bytes: bytes.into(),
             };
             let mut got = vec![0f32; cols];
             for r in 0..rows {

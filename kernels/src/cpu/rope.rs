@@ -69,25 +69,35 @@ impl<T: Real> RopeTable<T> {
 /// Rotates `x` (`[n, width]`, rows from the table's start) with `table`,
 /// pairing dimensions as `style` says.
 pub fn rope_with<T: Real>(style: RopeStyle, x: &mut [T], width: usize, table: &RopeTable<T>) {
-    let half = table.half;
-    for (r, row) in x.chunks_exact_mut(width).enumerate() {
-        let cs = table.row(r);
-        for head in row.chunks_exact_mut(2 * half) {
-            match style {
-                RopeStyle::Interleaved => {
-                    for (i, (c, s)) in cs.iter().enumerate() {
-                        let (x0, x1) = (head[2 * i], head[2 * i + 1]);
-                        head[2 * i] = x0 * *c - x1 * *s;
-                        head[2 * i + 1] = x0 * *s + x1 * *c;
-                    }
+    use rayon::prelude::*;
+    let rotate = |(r, row): (usize, &mut [T])| rotate_row(style, row, table.row(r));
+    // Rows are independent: a prefill's run on rayon's threads.
+    if x.len() > 4096 {
+        x.par_chunks_mut(width).enumerate().for_each(rotate);
+    } else {
+        x.chunks_mut(width).enumerate().for_each(rotate);
+    }
+}
+
+/// Rotates every head of one row by the row's cosines and sines.
+#[inline]
+fn rotate_row<T: Real>(style: RopeStyle, row: &mut [T], cs: &[(T, T)]) {
+    let half = cs.len();
+    for head in row.chunks_exact_mut(2 * half) {
+        match style {
+            RopeStyle::Interleaved => {
+                for (i, (c, s)) in cs.iter().enumerate() {
+                    let (x0, x1) = (head[2 * i], head[2 * i + 1]);
+                    head[2 * i] = x0 * *c - x1 * *s;
+                    head[2 * i + 1] = x0 * *s + x1 * *c;
                 }
-                RopeStyle::Halves => {
-                    let (lo, hi) = head.split_at_mut(half);
-                    for ((a, b), (c, s)) in lo.iter_mut().zip(hi.iter_mut()).zip(cs) {
-                        let (x0, x1) = (*a, *b);
-                        *a = x0 * *c - x1 * *s;
-                        *b = x1 * *c + x0 * *s;
-                    }
+            }
+            RopeStyle::Halves => {
+                let (lo, hi) = head.split_at_mut(half);
+                for ((a, b), (c, s)) in lo.iter_mut().zip(hi.iter_mut()).zip(cs) {
+                    let (x0, x1) = (*a, *b);
+                    *a = x0 * *c - x1 * *s;
+                    *b = x1 * *c + x0 * *s;
                 }
             }
         }

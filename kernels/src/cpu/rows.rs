@@ -16,6 +16,7 @@
 use super::matmul::{dot4, QuantRow};
 use super::qmatrix::WeightRows;
 use super::Real;
+use model::quant::GgmlType;
 
 /// One matmul's inputs.
 pub(crate) struct Job<'a, T, W> {
@@ -76,6 +77,10 @@ fn chunk_body<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [
     let mut buf = vec![0f32; 4 * cols];
     let mut i = 0;
     while i < k {
+        if n < 4 && k - i >= 4 && fused_group(job, first + i, &mut out[i * n..(i + 4) * n]) {
+            i += 4;
+            continue;
+        }
         let g = (k - i).min(4);
         let mut parts = buf.chunks_exact_mut(cols);
         let mut wr: [&[f32]; 4] = [&[]; 4];
@@ -94,6 +99,51 @@ fn chunk_body<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [
             None => float_group(job, g, wr, out_g),
         }
         i += g;
+    }
+}
+
+/// Decode (fewer than four activation rows): four weight rows from output
+/// feature `o0` against each activation row, read from their blocks and
+/// dequantized in registers where the element type and format have such a
+/// loop ([`Dots::dot_w4_blocks_fast`]); the same bits as dequantizing the
+/// rows first. Returns false, having written nothing, where they have not.
+#[inline(always)]
+fn fused_group<T: Real, W: WeightRows>(job: &Job<T, W>, o0: usize, out: &mut [T]) -> bool {
+    let (n, cols) = (job.n, job.w.cols());
+    let Some((ty, _)) = job.w.blocks(o0) else {
+        return false;
+    };
+    let w = [0, 1, 2, 3].map(|j| job.w.blocks(o0 + j).map_or(&[][..], |b| b.1));
+    let mut ys = [[T::ZERO; 4]; 3];
+    for (r, y) in ys.iter_mut().enumerate().take(n) {
+        let got = match job.q {
+            None => T::dot_w4_blocks_fast(&job.x[r * cols..(r + 1) * cols], ty, w),
+            Some(q) if job.w.block() == 32 => T::q8_w4_blocks_fast(&q[r].q, &q[r].d, ty, w),
+            Some(_) => None,
+        };
+        match got {
+            Some(v) => *y = v,
+            None => return false,
+        }
+    }
+    for (r, y) in ys.iter_mut().enumerate().take(n) {
+        for (j, yj) in y.iter_mut().enumerate() {
+            if let Some(q) = job.q {
+                add_min_term(job.mins, o0 + j, cols / job.w.block(), &q[r], yj);
+            }
+            out[j * n + r] = *yj;
+        }
+    }
+    true
+}
+
+/// Adds Q4_1's min term for output feature `o` (see [`super::matmul`]).
+#[inline(always)]
+fn add_min_term<T: Real>(mins: Option<&[f32]>, o: usize, nb: usize, qr: &QuantRow<T>, acc: &mut T) {
+    if let Some(mins) = mins {
+        for (mb, e) in mins[o * nb..][..nb].iter().zip(&qr.s_err) {
+            *acc += T::from_f32(*mb) * *e;
+        }
     }
 }
 
@@ -121,6 +171,19 @@ pub trait Dots: Sized + Copy {
     }
     /// One q8 row dotted with four weight rows in blocks of `b`, or `None`.
     fn q8_w4_fast(_q: &[Self], _d: &[Self], _w: [&[f32]; 4], _b: usize) -> Option<[Self; 4]> {
+        None
+    }
+    /// [`dot_w4`] on four rows of blocks of `ty`, dequantized in registers.
+    fn dot_w4_blocks_fast(_a: &[Self], _ty: GgmlType, _w: [&[u8]; 4]) -> Option<[Self; 4]> {
+        None
+    }
+    /// The 32-block q8 dot of one row against four rows of blocks of `ty`.
+    fn q8_w4_blocks_fast(
+        _q: &[Self],
+        _d: &[Self],
+        _ty: GgmlType,
+        _w: [&[u8]; 4],
+    ) -> Option<[Self; 4]> {
         None
     }
 }
@@ -165,6 +228,30 @@ impl Dots for f32 {
         // SAFETY: as above.
         ok.then(|| unsafe { super::rows_avx::q8_w4(q, d, w, b) })
     }
+    #[inline(always)]
+    fn dot_w4_blocks_fast(a: &[f32], ty: GgmlType, w: [&[u8]; 4]) -> Option<[f32; 4]> {
+        let ok = fused(ty, a.len(), w);
+        // SAFETY: AVX2 and F16C checked by `fused`, with the lengths.
+        ok.then(|| unsafe { super::rows_avx::dot_w4_blocks(ty, a, w) })
+    }
+    #[inline(always)]
+    fn q8_w4_blocks_fast(q: &[f32], d: &[f32], ty: GgmlType, w: [&[u8]; 4]) -> Option<[f32; 4]> {
+        let ok = fused(ty, q.len(), w) && d.len() >= q.len() / 32;
+        // SAFETY: as above, and a scale per block.
+        ok.then(|| unsafe { super::rows_avx::q8_w4_blocks(ty, q, d, w) })
+    }
+}
+
+/// Whether the fused block loops of [`super::rows_avx`] take `len` weights
+/// of `ty` in each of `w` on this CPU.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn fused(ty: GgmlType, len: usize, w: [&[u8]; 4]) -> bool {
+    super::rows_avx::fused_type(ty)
+        && len % 32 == 0
+        && w.iter().all(|r| r.len() == ty.row_bytes(len))
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("f16c")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -215,13 +302,7 @@ fn q8_group<T: Real, W: WeightRows>(
 ) {
     let (n, block) = (job.n, job.w.block());
     let nb = wr[0].len() / block;
-    let min_term = |o: usize, qr: &QuantRow<T>, acc: &mut T| {
-        if let Some(mins) = job.mins {
-            for (mb, e) in mins[o * nb..][..nb].iter().zip(&qr.s_err) {
-                *acc += T::from_f32(*mb) * *e;
-            }
-        }
-    };
+    let min_term = |o: usize, qr: &QuantRow<T>, acc: &mut T| add_min_term(job.mins, o, nb, qr, acc);
     if n < 4 && g == 4 {
         for (r, qr) in q.iter().enumerate() {
             let mut acc = T::q8_w4_fast(&qr.q, &qr.d, wr, block).unwrap_or_else(|| {

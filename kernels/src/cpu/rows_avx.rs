@@ -129,12 +129,96 @@ pub unsafe fn q8_w4(q: &[f32], d: &[f32], w: [&[f32]; 4], block: usize) -> [f32;
     out
 }
 
-/// Dequantizes whole Q4_0, Q4_1 or Q8_0 blocks as
-/// [`super::qmatrix::dequantize_blocks`] does (the integer to f32
-/// conversion is exact; then one `mul` and, for Q4_1, one `add`), eight
-/// weights at a time. Other formats are left to the caller.
+/// The 32 weights of one Q4_0, Q4_1 or Q8_0 block (`ty`'s id, a constant so
+/// the match folds away) as four vectors, in the expressions of
+/// [`super::qmatrix::dequantize_blocks`]: the integer to f32 conversion is
+/// exact; then one `mul` and, for Q4_1, one `add`. The f16 scales convert
+/// with F16C (exact, as `half`'s conversion).
 ///
-/// The f16 scales convert with F16C (exact, as `half`'s conversion).
+/// # Safety
+/// The CPU must support AVX2 and F16C; `b` points at one whole block.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn block_weights<const TY: u32>(b: *const u8) -> [__m256; 4] {
+    let mask = _mm_set1_epi8(0x0F);
+    // The block's f16 scale (and, for Q4_1, its minimum) in lanes 0 (and 1).
+    let h = _mm_cvtph_ps(_mm_cvtsi32_si128((b as *const i32).read_unaligned()));
+    let d = _mm256_broadcastss_ps(h);
+    // Four groups of eight bytes: the low halves of `lo` and `hi`, then the high.
+    let (lo, hi) = if TY == Q8_0 {
+        (
+            _mm_loadu_si128(b.add(2) as *const __m128i),
+            _mm_loadu_si128(b.add(18) as *const __m128i),
+        )
+    } else {
+        let v = _mm_loadu_si128(b.add(if TY == Q4_1 { 4 } else { 2 }) as *const __m128i);
+        (
+            _mm_and_si128(v, mask),
+            _mm_and_si128(_mm_srli_epi16(v, 4), mask),
+        )
+    };
+    let quads = [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)];
+    let mut w = [_mm256_setzero_ps(); 4];
+    for (wk, q) in w.iter_mut().zip(quads) {
+        *wk = if TY == Q4_1 {
+            let m = _mm256_broadcastss_ps(_mm_permute_ps(h, 0b01_01_01_01));
+            let f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
+            _mm256_add_ps(_mm256_mul_ps(f, d), m)
+        } else if TY == Q4_0 {
+            let i = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), _mm256_set1_epi32(8));
+            _mm256_mul_ps(_mm256_cvtepi32_ps(i), d)
+        } else {
+            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d)
+        };
+    }
+    w
+}
+
+/// Four vectors of eight from `p`.
+///
+/// # Safety
+/// The CPU must support AVX; 32 floats readable at `p`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx")]
+unsafe fn load32(p: *const f32) -> [__m256; 4] {
+    [
+        _mm256_loadu_ps(p),
+        _mm256_loadu_ps(p.add(8)),
+        _mm256_loadu_ps(p.add(16)),
+        _mm256_loadu_ps(p.add(24)),
+    ]
+}
+
+#[cfg(target_arch = "x86_64")]
+const Q4_0: u32 = 2;
+#[cfg(target_arch = "x86_64")]
+const Q4_1: u32 = 3;
+#[cfg(target_arch = "x86_64")]
+const Q8_0: u32 = 8;
+
+/// Whether [`dequantize`] and the fused dots take `ty`.
+pub fn fused_type(ty: model::quant::GgmlType) -> bool {
+    use model::quant::GgmlType;
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+}
+
+/// Calls `$f::<TY>($args)` for `$ty`'s constant (Q4_0, Q4_1 or Q8_0).
+macro_rules! by_type {
+    ($ty:expr, $f:ident($($arg:expr),*)) => {
+        match $ty {
+            model::quant::GgmlType::Q4_1 => $f::<Q4_1>($($arg),*),
+            model::quant::GgmlType::Q4_0 => $f::<Q4_0>($($arg),*),
+            model::quant::GgmlType::Q8_0 => $f::<Q8_0>($($arg),*),
+            t => unreachable!("{t} has no fused kernel; the caller checks `fused_type`"),
+        }
+    };
+}
+
+/// Dequantizes whole Q4_0, Q4_1 or Q8_0 blocks as
+/// [`super::qmatrix::dequantize_blocks`] does, eight weights at a time
+/// ([`block_weights`]). Other formats are left to the caller.
 ///
 /// # Safety
 /// The CPU must support AVX2 and F16C; `data` whole blocks of `ty` and `out`
@@ -142,52 +226,84 @@ pub unsafe fn q8_w4(q: &[f32], d: &[f32], w: [&[f32]; 4], block: usize) -> [f32;
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn dequantize(ty: model::quant::GgmlType, data: &[u8], out: &mut [f32]) {
-    use model::quant::GgmlType;
-    let mask = _mm_set1_epi8(0x0F);
-    // Four groups of eight bytes: the low halves of `a` and `b`, then the high.
-    let quads = |a: __m128i, b: __m128i| [a, _mm_srli_si128(a, 8), b, _mm_srli_si128(b, 8)];
-    let ts = ty.type_size();
+    by_type!(ty, dequantize_ty(ty.type_size(), data, out))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn dequantize_ty<const TY: u32>(ts: usize, data: &[u8], out: &mut [f32]) {
     for (b, y) in data.chunks_exact(ts).zip(out.chunks_exact_mut(32)) {
-        // The block's f16 scale (and, for Q4_1, its minimum) in lanes 0 (and 1).
-        let h = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
-            b[0], b[1], b[2], b[3],
-        ])));
-        let d = _mm256_broadcastss_ps(h);
-        let y = y.as_mut_ptr();
-        match ty {
-            GgmlType::Q4_1 => {
-                let m = _mm256_broadcastss_ps(_mm_permute_ps(h, 0b01_01_01_01));
-                let v = _mm_loadu_si128(b.as_ptr().add(4) as *const __m128i);
-                let (lo, hi) = (
-                    _mm_and_si128(v, mask),
-                    _mm_and_si128(_mm_srli_epi16(v, 4), mask),
-                );
-                for (k, q) in quads(lo, hi).into_iter().enumerate() {
-                    let f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
-                    _mm256_storeu_ps(y.add(8 * k), _mm256_add_ps(_mm256_mul_ps(f, d), m));
-                }
-            }
-            GgmlType::Q4_0 => {
-                let v = _mm_loadu_si128(b.as_ptr().add(2) as *const __m128i);
-                let (lo, hi) = (
-                    _mm_and_si128(v, mask),
-                    _mm_and_si128(_mm_srli_epi16(v, 4), mask),
-                );
-                let eight = _mm256_set1_epi32(8);
-                for (k, q) in quads(lo, hi).into_iter().enumerate() {
-                    let i = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), eight);
-                    _mm256_storeu_ps(y.add(8 * k), _mm256_mul_ps(_mm256_cvtepi32_ps(i), d));
-                }
-            }
-            GgmlType::Q8_0 => {
-                let v0 = _mm_loadu_si128(b.as_ptr().add(2) as *const __m128i);
-                let v1 = _mm_loadu_si128(b.as_ptr().add(18) as *const __m128i);
-                for (k, q) in quads(v0, v1).into_iter().enumerate() {
-                    let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-                    _mm256_storeu_ps(y.add(8 * k), _mm256_mul_ps(f, d));
-                }
-            }
-            _ => unreachable!("the caller sends Q4_0, Q4_1 and Q8_0 only"),
+        let w = block_weights::<TY>(b.as_ptr());
+        for (k, wk) in w.into_iter().enumerate() {
+            _mm256_storeu_ps(y.as_mut_ptr().add(8 * k), wk);
         }
     }
+}
+
+/// [`dot_w4`] with the four weight rows read from their Q4_0, Q4_1 or Q8_0
+/// blocks and dequantized in registers ([`block_weights`]), never stored:
+/// the same products and sums in the same order (each row's chunks of eight
+/// in ascending order), so the same bits as dequantizing first.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `a.len()` a multiple of 32 and each
+/// `w[j]` that many weights of whole blocks of `ty`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn dot_w4_blocks(ty: model::quant::GgmlType, a: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
+    by_type!(ty, dot_w4_ty(ty.type_size(), a, w))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn dot_w4_ty<const TY: u32>(ts: usize, a: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for blk in 0..a.len() / 32 {
+        let av = load32(a.as_ptr().add(32 * blk));
+        for (acc_j, w_j) in acc.iter_mut().zip(w) {
+            let wv = block_weights::<TY>(w_j.as_ptr().add(ts * blk));
+            for (x, y) in av.iter().zip(wv) {
+                *acc_j = _mm256_add_ps(*acc_j, _mm256_mul_ps(*x, y));
+            }
+        }
+    }
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), reduce4(acc));
+    out
+}
+
+/// [`q8_w4`] (32-blocks) with the four weight rows dequantized in registers
+/// from their Q4_0, Q4_1 or Q8_0 blocks: the same bits.
+///
+/// # Safety
+/// As [`dot_w4_blocks`], with `q` for `a` and `d` holding `q.len() / 32` scales.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn q8_w4_blocks(
+    ty: model::quant::GgmlType,
+    q: &[f32],
+    d: &[f32],
+    w: [&[u8]; 4],
+) -> [f32; 4] {
+    by_type!(ty, q8_w4_ty(ty.type_size(), q, d, w))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q8_w4_ty<const TY: u32>(ts: usize, q: &[f32], d: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
+    let mut total = _mm_setzero_ps();
+    for (blk, &db) in d.iter().enumerate().take(q.len() / 32) {
+        let qv = load32(q.as_ptr().add(32 * blk));
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (acc_j, w_j) in acc.iter_mut().zip(w) {
+            let wv = block_weights::<TY>(w_j.as_ptr().add(ts * blk));
+            for (x, y) in qv.iter().zip(wv) {
+                *acc_j = _mm256_add_ps(*acc_j, _mm256_mul_ps(*x, y));
+            }
+        }
+        total = _mm_add_ps(total, _mm_mul_ps(_mm_set1_ps(db), reduce4(acc)));
+    }
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), total);
+    out
 }

@@ -79,7 +79,7 @@ impl DeviceMatrix {
         }
         let data = dev
             .stream()
-            .clone_htod(&t.data)
+            .clone_htod(&t.data[..])
             .map_err(|e| CudaError::driver(&format!("upload {}", t.name), e))?;
         Ok(DeviceMatrix {
             name: t.name.clone(),

@@ -132,7 +132,7 @@ pub fn weight(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, scale: f32)
         name: format!("w_{ty}_{rows}x{cols}"),
         ggml_type: ty,
         shape: vec![rows, cols],
-        data,
+        data: data.into(),
     }
 }
 

@@ -56,7 +56,7 @@ pub fn tensor(
         name: name.into(),
         ggml_type: ty,
         shape: shape.to_vec(),
-        data,
+        data: data.into(),
     }
 }
 
@@ -178,7 +178,7 @@ pub fn k_quant(r: &mut Rng, name: &str, ty: GgmlType, rows: usize, cols: usize) 
         name: name.into(),
         ggml_type: ty,
         shape: vec![rows, cols],
-        data,
+        data: data.into(),
     }
 }
 
@@ -249,6 +249,6 @@ pub fn q5_0(r: &mut Rng, name: &str, rows: usize, cols: usize) -> QTensor {
         name: name.into(),
         ggml_type: GgmlType::Q5_0,
         shape: vec![rows, cols],
-        data,
+        data: data.into(),
     }
 }

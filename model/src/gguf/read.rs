@@ -1,6 +1,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 
@@ -38,7 +39,7 @@ impl TensorInfo {
 #[derive(Debug)]
 pub struct GgufFile {
     path: PathBuf,
-    map: Mmap,
+    map: Arc<Mmap>,
     version: u32,
     alignment: u64,
     data_start: u64,
@@ -68,7 +69,8 @@ impl GgufFile {
             });
         }
         // SAFETY: the map is read-only; like every mmap-based model loader we
-        // rely on the file not being truncated underneath us while it is open.
+        // rely on the file not being truncated underneath us while it is mapped
+        // (the map lives as long as any tensor sliced from it, `tensor_bytes`).
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         let parsed = Parser {
             path: &path,
@@ -78,7 +80,7 @@ impl GgufFile {
         .parse()?;
         Ok(GgufFile {
             path,
-            map,
+            map: Arc::new(map),
             version: parsed.version,
             alignment: parsed.alignment,
             data_start: parsed.data_start,
@@ -132,6 +134,12 @@ impl GgufFile {
     /// The raw bytes of a tensor (bounds were checked at open).
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
         &self.map[info.range.clone()]
+    }
+
+    /// A tensor's bytes as a shared slice of the map (no copy): they stay
+    /// valid after this `GgufFile` is dropped.
+    pub fn tensor_bytes(&self, info: &TensorInfo) -> crate::TensorBytes {
+        crate::TensorBytes::mapped(Arc::clone(&self.map), info.range.clone())
     }
 
     /// The whole file.

@@ -151,7 +151,8 @@ pub fn config_from_gguf(gguf: &GgufFile) -> Result<LlamaConfig, LoadError> {
     })
 }
 
-/// Reads every weight of a llama-architecture GGUF (copied out of the map),
+/// Reads every weight of a llama-architecture GGUF (slices of the file's
+/// map, shared, not copied),
 /// checking each shape against the hyperparameters.
 pub fn weights_from_gguf(gguf: &GgufFile) -> Result<ModelWeights, LoadError> {
     let config = config_from_gguf(gguf)?;
@@ -162,7 +163,7 @@ pub fn weights_from_gguf(gguf: &GgufFile) -> Result<ModelWeights, LoadError> {
             name: name.into(),
             ggml_type: info.ggml_type,
             shape: info.shape(),
-            data: gguf.tensor_data(info).to_vec(),
+            data: gguf.tensor_bytes(info),
         })
     })
 }

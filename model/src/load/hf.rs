@@ -293,7 +293,7 @@ pub fn load_hf(dir: &Path) -> Result<LoadedModel, LoadError> {
                 name: gguf.clone(),
                 ggml_type,
                 shape,
-                data,
+                data: data.into(),
             };
             if tensors.insert(gguf, t).is_some() {
                 return Err(HfError::DuplicateTensor {

@@ -107,131 +107,140 @@ fn dequantize_unchecked(ty: GgmlType, data: &[u8], out: &mut [f32]) {
     }
 }
 
-/// The K-quants (256-element super-blocks), as ggml's `dequantize_row_q*_K`.
+/// The K-quants (256-element super-blocks), as ggml's `dequantize_row_q*_K`:
+/// one function per format, each dequantizing one super-block.
 fn dequantize_k<'a>(ty: GgmlType, blocks: impl Iterator<Item = (&'a [u8], &'a mut [f32])>) {
-    match ty {
-        GgmlType::Q4_K => {
-            for (b, y) in blocks {
-                let d = f16_at(b, 0);
-                let dmin = f16_at(b, 2);
-                let scales = &b[4..16];
-                let qs = &b[16..144];
-                for (chunk, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
-                    let (sc0, m0) = scale_min_k4(2 * chunk, scales);
-                    let (sc1, m1) = scale_min_k4(2 * chunk + 1, scales);
-                    let (d0, dm0) = (d * sc0 as f32, dmin * m0 as f32);
-                    let (d1, dm1) = (d * sc1 as f32, dmin * m1 as f32);
-                    for l in 0..32 {
-                        y[l] = d0 * (q[l] & 0x0F) as f32 - dm0;
-                        y[l + 32] = d1 * (q[l] >> 4) as f32 - dm1;
-                    }
-                }
-            }
-        }
-        GgmlType::Q2_K => {
-            for (b, y) in blocks {
-                let scales = &b[0..16];
-                let d = f16_at(b, 80);
-                let dmin = f16_at(b, 82);
-                // Two halves of 128: each reads 32 bytes of `qs` four times,
-                // two bits at a time, in sub-blocks of 16 with their own
-                // 4-bit scale and min.
-                for (half, (q, y)) in b[16..80]
-                    .chunks_exact(32)
-                    .zip(y.chunks_exact_mut(128))
-                    .enumerate()
-                {
-                    for j in 0..4 {
-                        let shift = 2 * j;
-                        for (k, (q16, y16)) in q
-                            .chunks_exact(16)
-                            .zip(y[32 * j..32 * j + 32].chunks_exact_mut(16))
-                            .enumerate()
-                        {
-                            let sc = scales[8 * half + 2 * j + k];
-                            let (dl, ml) = (d * (sc & 0x0F) as f32, dmin * (sc >> 4) as f32);
-                            for (yl, ql) in y16.iter_mut().zip(q16) {
-                                *yl = dl * ((ql >> shift) & 3) as f32 - ml;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        GgmlType::Q3_K => {
-            for (b, y) in blocks {
-                let hmask = &b[0..32];
-                let d = f16_at(b, 108);
-                let scales = q3_k_scales(&b[96..108]);
-                for (half, (q, y)) in b[32..96]
-                    .chunks_exact(32)
-                    .zip(y.chunks_exact_mut(128))
-                    .enumerate()
-                {
-                    for j in 0..4 {
-                        let shift = 2 * j;
-                        // The high bit of each value lives in `hmask`, one
-                        // bit plane per 32 values; a clear bit subtracts 4.
-                        let m = 1u8 << (4 * half + j);
-                        for k in 0..2 {
-                            let dl = d * (scales[8 * half + 2 * j + k] as i32 - 32) as f32;
-                            for l in 16 * k..16 * k + 16 {
-                                let low = ((q[l] >> shift) & 3) as i32;
-                                let high = if hmask[l] & m != 0 { 0 } else { 4 };
-                                y[32 * j + l] = dl * (low - high) as f32;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        GgmlType::Q5_K => {
-            for (b, y) in blocks {
-                let d = f16_at(b, 0);
-                let dmin = f16_at(b, 2);
-                let scales = &b[4..16];
-                let qh = &b[16..48];
-                let qs = &b[48..176];
-                for (chunk, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
-                    let (sc0, m0) = scale_min_k4(2 * chunk, scales);
-                    let (sc1, m1) = scale_min_k4(2 * chunk + 1, scales);
-                    let (d0, dm0) = (d * sc0 as f32, dmin * m0 as f32);
-                    let (d1, dm1) = (d * sc1 as f32, dmin * m1 as f32);
-                    let (u0, u1) = (1u8 << (2 * chunk), 2u8 << (2 * chunk));
-                    for l in 0..32 {
-                        let h0 = if qh[l] & u0 != 0 { 16 } else { 0 };
-                        let h1 = if qh[l] & u1 != 0 { 16 } else { 0 };
-                        y[l] = d0 * ((q[l] & 0x0F) + h0) as f32 - dm0;
-                        y[l + 32] = d1 * ((q[l] >> 4) + h1) as f32 - dm1;
-                    }
-                }
-            }
-        }
-        GgmlType::Q6_K => {
-            for (b, y) in blocks {
-                let ql = &b[0..128];
-                let qh = &b[128..192];
-                let sc = &b[192..208];
-                let d = f16_at(b, 208);
-                for half in 0..2 {
-                    let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
-                    let sc = &sc[8 * half..];
-                    let y = &mut y[128 * half..];
-                    for l in 0..32 {
-                        let is = l / 16;
-                        let q1 = ((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) as i32 - 32;
-                        let q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
-                        let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-                        let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
-                        y[l] = d * sc[is] as i8 as f32 * q1 as f32;
-                        y[l + 32] = d * sc[is + 2] as i8 as f32 * q2 as f32;
-                        y[l + 64] = d * sc[is + 4] as i8 as f32 * q3 as f32;
-                        y[l + 96] = d * sc[is + 6] as i8 as f32 * q4 as f32;
-                    }
-                }
-            }
-        }
+    let block: fn(&[u8], &mut [f32]) = match ty {
+        GgmlType::Q2_K => q2_k_block,
+        GgmlType::Q3_K => q3_k_block,
+        GgmlType::Q4_K => q4_k_block,
+        GgmlType::Q5_K => q5_k_block,
+        GgmlType::Q6_K => q6_k_block,
         _ => unreachable!("{ty} is not a K-quant"),
+    };
+    for (b, y) in blocks {
+        block(b, y);
+    }
+}
+
+/// One Q4_K super-block `b` into its 256 weights `y`.
+fn q4_k_block(b: &[u8], y: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let dmin = f16_at(b, 2);
+    let scales = &b[4..16];
+    let qs = &b[16..144];
+    for (chunk, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
+        let (sc0, m0) = scale_min_k4(2 * chunk, scales);
+        let (sc1, m1) = scale_min_k4(2 * chunk + 1, scales);
+        let (d0, dm0) = (d * sc0 as f32, dmin * m0 as f32);
+        let (d1, dm1) = (d * sc1 as f32, dmin * m1 as f32);
+        for l in 0..32 {
+            y[l] = d0 * (q[l] & 0x0F) as f32 - dm0;
+            y[l + 32] = d1 * (q[l] >> 4) as f32 - dm1;
+        }
+    }
+}
+
+/// One Q2_K super-block `b` into its 256 weights `y`.
+fn q2_k_block(b: &[u8], y: &mut [f32]) {
+    let scales = &b[0..16];
+    let d = f16_at(b, 80);
+    let dmin = f16_at(b, 82);
+    // Two halves of 128: each reads 32 bytes of `qs` four times,
+    // two bits at a time, in sub-blocks of 16 with their own
+    // 4-bit scale and min.
+    for (half, (q, y)) in b[16..80]
+        .chunks_exact(32)
+        .zip(y.chunks_exact_mut(128))
+        .enumerate()
+    {
+        for j in 0..4 {
+            let shift = 2 * j;
+            for (k, (q16, y16)) in q
+                .chunks_exact(16)
+                .zip(y[32 * j..32 * j + 32].chunks_exact_mut(16))
+                .enumerate()
+            {
+                let sc = scales[8 * half + 2 * j + k];
+                let (dl, ml) = (d * (sc & 0x0F) as f32, dmin * (sc >> 4) as f32);
+                for (yl, ql) in y16.iter_mut().zip(q16) {
+                    *yl = dl * ((ql >> shift) & 3) as f32 - ml;
+                }
+            }
+        }
+    }
+}
+
+/// One Q3_K super-block `b` into its 256 weights `y`.
+fn q3_k_block(b: &[u8], y: &mut [f32]) {
+    let hmask = &b[0..32];
+    let d = f16_at(b, 108);
+    let scales = q3_k_scales(&b[96..108]);
+    for (half, (q, y)) in b[32..96]
+        .chunks_exact(32)
+        .zip(y.chunks_exact_mut(128))
+        .enumerate()
+    {
+        for j in 0..4 {
+            let shift = 2 * j;
+            // The high bit of each value lives in `hmask`, one
+            // bit plane per 32 values; a clear bit subtracts 4.
+            let m = 1u8 << (4 * half + j);
+            for k in 0..2 {
+                let dl = d * (scales[8 * half + 2 * j + k] as i32 - 32) as f32;
+                for l in 16 * k..16 * k + 16 {
+                    let low = ((q[l] >> shift) & 3) as i32;
+                    let high = if hmask[l] & m != 0 { 0 } else { 4 };
+                    y[32 * j + l] = dl * (low - high) as f32;
+                }
+            }
+        }
+    }
+}
+
+/// One Q5_K super-block `b` into its 256 weights `y`.
+fn q5_k_block(b: &[u8], y: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let dmin = f16_at(b, 2);
+    let scales = &b[4..16];
+    let qh = &b[16..48];
+    let qs = &b[48..176];
+    for (chunk, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
+        let (sc0, m0) = scale_min_k4(2 * chunk, scales);
+        let (sc1, m1) = scale_min_k4(2 * chunk + 1, scales);
+        let (d0, dm0) = (d * sc0 as f32, dmin * m0 as f32);
+        let (d1, dm1) = (d * sc1 as f32, dmin * m1 as f32);
+        let (u0, u1) = (1u8 << (2 * chunk), 2u8 << (2 * chunk));
+        for l in 0..32 {
+            let h0 = if qh[l] & u0 != 0 { 16 } else { 0 };
+            let h1 = if qh[l] & u1 != 0 { 16 } else { 0 };
+            y[l] = d0 * ((q[l] & 0x0F) + h0) as f32 - dm0;
+            y[l + 32] = d1 * ((q[l] >> 4) + h1) as f32 - dm1;
+        }
+    }
+}
+
+/// One Q6_K super-block `b` into its 256 weights `y`.
+fn q6_k_block(b: &[u8], y: &mut [f32]) {
+    let ql = &b[0..128];
+    let qh = &b[128..192];
+    let sc = &b[192..208];
+    let d = f16_at(b, 208);
+    for half in 0..2 {
+        let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
+        let sc = &sc[8 * half..];
+        let y = &mut y[128 * half..];
+        for l in 0..32 {
+            let is = l / 16;
+            let q1 = ((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) as i32 - 32;
+            let q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+            y[l] = d * sc[is] as i8 as f32 * q1 as f32;
+            y[l + 32] = d * sc[is + 2] as i8 as f32 * q2 as f32;
+            y[l + 64] = d * sc[is + 4] as i8 as f32 * q3 as f32;
+            y[l + 96] = d * sc[is + 6] as i8 as f32 * q4 as f32;
+        }
     }
 }
 

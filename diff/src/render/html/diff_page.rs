@@ -1,11 +1,11 @@
-//! `taptree diff`'s page: a [`Report`] laid out on a [`Page`], with what the
+//! `taptree diff`'s page: a [`DiffReport`] laid out on a [`Page`], with what the
 //! report does not hold read from the trees by [`DiffContext::read`]: the
 //! stage graph (a row's inputs), the tokens, and `stat` of both sides at
 //! each differing row's worst position.
 
 use super::page::{num, Detail, Marker, MarkerKind, Page, PageRow, PosValue, Series, Verdict};
 use crate::graph::StageGraph;
-use crate::report::{Cause, Outcome, Report, Row, Status};
+use crate::report::{Cause, DiffOutcome, DiffReport, Row, Status};
 use crate::stat::{self, PosStat};
 use crate::tolerance::short;
 use crate::tree::Tree;
@@ -32,7 +32,7 @@ pub struct DiffContext {
 impl DiffContext {
     /// Reads the stage graph and the tokens from A's (and B's) manifest and
     /// computes `stat` of both trees at every row that is not bitwise equal.
-    pub fn read(report: &Report, a: &dyn Tree, b: &dyn Tree) -> Result<DiffContext, Error> {
+    pub fn read(report: &DiffReport, a: &dyn Tree, b: &dyn Tree) -> Result<DiffContext, Error> {
         let (ma, mb) = (a.manifest(), b.manifest());
         let mut vocabulary = ma.stages.clone();
         for s in &mb.stages {
@@ -250,7 +250,7 @@ fn page_row(r: &Row, i: usize, ctx: &DiffContext) -> PageRow {
     ];
     let mut details = Vec::new();
     if !r.reasons.is_empty() || r.cause.is_some() || r.hint.is_some() || r.unreadable.is_some() {
-        let mut lines: Vec<String> = r.reasons.clone();
+        let mut lines: Vec<String> = r.reasons.iter().map(crate::render::reason).collect();
         lines.extend(r.cause.as_ref().map(|_| cause(&r.cause)));
         lines.extend(r.hint.clone());
         lines.extend(
@@ -305,7 +305,7 @@ fn page_row(r: &Row, i: usize, ctx: &DiffContext) -> PageRow {
 }
 
 /// The page of a diff.
-pub fn page(report: &Report, ctx: &DiffContext) -> Page {
+pub fn page(report: &DiffReport, ctx: &DiffContext) -> Page {
     let mut facts = Vec::new();
     for (label, t) in [
         ("A", Some(&report.a)),
@@ -335,7 +335,7 @@ pub fn page(report: &Report, ctx: &DiffContext) -> Page {
             "first diverging op: {}{} — {}",
             r.name(),
             r.worst().label(),
-            r.reasons.join("; ")
+            crate::render::reasons(&r.reasons)
         ));
     }
     for c in &report.controls {
@@ -376,7 +376,7 @@ pub fn page(report: &Report, ctx: &DiffContext) -> Page {
         headline: crate::render::summary(report),
         red: !matches!(
             report.outcome,
-            Outcome::Identical | Outcome::WithinTolerance
+            DiffOutcome::Identical | DiffOutcome::WithinTolerance
         ),
         facts,
         notes,
@@ -402,7 +402,7 @@ pub fn page(report: &Report, ctx: &DiffContext) -> Page {
     }
 }
 
-fn markers(report: &Report, ctx: &DiffContext) -> Vec<Marker> {
+fn markers(report: &DiffReport, ctx: &DiffContext) -> Vec<Marker> {
     let mut out = Vec::new();
     if let Some(i) = report.first_divergence {
         out.push(Marker {
@@ -447,7 +447,7 @@ impl DiffContext {
     /// (`replay`'s rows); rows it does not name keep none.
     pub fn with_local_errors(
         mut self,
-        report: &Report,
+        report: &DiffReport,
         errors: impl IntoIterator<Item = (Option<u32>, String, f64)>,
     ) -> DiffContext {
         let index: HashMap<(Option<u32>, &str), usize> = report

@@ -21,14 +21,14 @@ pub mod page;
 pub use diff_page::DiffContext;
 pub use page::{Detail, Marker, MarkerKind, Page, PageRow, PosValue, Series, Verdict};
 
-use crate::report::Report;
+use crate::report::DiffReport;
 
 /// A diff's page from its report alone (no inputs, tokens or statistics).
-pub fn render(report: &Report) -> String {
+pub fn render(report: &DiffReport) -> String {
     render_diff(report, &DiffContext::default())
 }
 
 /// A diff's page with what `ctx` read from the trees.
-pub fn render_diff(report: &Report, ctx: &DiffContext) -> String {
+pub fn render_diff(report: &DiffReport, ctx: &DiffContext) -> String {
     diff_page::page(report, ctx).render()
 }

@@ -4,7 +4,7 @@
 //! per-position values, inputs and details when a cell is clicked.
 //!
 //! A report builds a [`Page`] and calls [`Page::render`]: `taptree diff`
-//! builds one from its [`crate::Report`] ([`super::diff_page`]), `drift` from
+//! builds one from its [`crate::DiffReport`] ([`super::diff_page`]), `drift` from
 //! its prompts, `replay` from its local errors. Everything the summary says
 //! (chart, marks, red rows) is HTML and SVG written here, readable without
 //! JavaScript; the per-position data is one compact JSON block that the

@@ -62,7 +62,7 @@ pub fn rows(l: &Linear, r: Range<usize>) -> Linear {
                 rows: r.len(),
                 cols: q.cols,
                 ty: q.ty,
-                bytes: q.bytes[r.start * rb..r.end * rb].to_vec(),
+                bytes: q.bytes.slice(r.start * rb..r.end * rb),
             })
         }
     };
@@ -103,7 +103,7 @@ pub fn cols(l: &Linear, c: Range<usize>, keep_bias: bool) -> Linear {
             debug_assert!(c.start % bs == 0 && c.end % bs == 0, "plan aligns blocks");
             let rb = q.ty.row_bytes(q.cols);
             let span = c.start / bs * ts..c.end / bs * ts;
-            let bytes = q
+            let bytes: Vec<u8> = q
                 .bytes
                 .chunks_exact(rb)
                 .flat_map(|row| row[span.clone()].iter().copied())
@@ -112,7 +112,7 @@ pub fn cols(l: &Linear, c: Range<usize>, keep_bias: bool) -> Linear {
                 rows: q.rows,
                 cols: c.len(),
                 ty: q.ty,
-                bytes,
+                bytes: bytes.into(),
             });
             (w, q.cols)
         }
