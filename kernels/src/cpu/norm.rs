@@ -7,7 +7,7 @@ use super::Real;
 /// The sum of squares accumulates in f64 whatever `T` is, as ggml's
 /// `rms_norm` does (`ggml_float`); the scale and products are in `T`.
 /// Rows are independent: a prefill's rows run in parallel (see
-/// [`super::par_rows`]), each in the same order as alone.
+/// `par_rows`), each in the same order as alone.
 pub fn rms_norm<T: Real>(x: &[T], w: &[f32], eps: f32) -> Vec<T> {
     let width = w.len();
     let mut y = vec![T::ZERO; x.len()];
