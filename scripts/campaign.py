@@ -11,11 +11,11 @@ binary) and the tiny fixture models (written to target/fixtures by
 Three parts, each a number of tries:
 
 - corruption: a copy of a tree (alternately the format 2.0 golden tree and
-  a format 2.1 tree captured here, with its index) with one random flip,
+  a format 2.3 tree captured here, with its index) with one random flip,
   truncation or append in one tap file, the manifest or the index.
   `taptree verify TREE` (which rehashes) must refuse every one; trusted
   `taptree verify GOLDEN TREE` must refuse every damaged manifest or index,
-  wherever the damage lies (of a 2.1 tree, the index head's checksums cover
+  wherever the damage lies (of a 2.1 or 2.3 tree, the index head's checksums cover
   every byte of both files); it reads no tap file (docs/FORMAT.md), so a
   pass over a damaged tap file is counted apart.
 - kill: `taptree capture` and `capture --force` killed (SIGKILL) at a random
@@ -143,7 +143,7 @@ def mutate(rng, path):
 
 
 def fresh_golden(work):
-    """A format 2.1 tree of the tiny-q fixture, captured by this build."""
+    """A tree of the format this build writes (2.3) of the tiny-q fixture, captured by this build."""
     out = os.path.join(work, "golden21")
     code, err = run(["capture", "--model", os.path.join(FIXTURES, "tiny-q.gguf"), "--tokens", "0,75,108,35,104", "--out", out])
     if code != 0:

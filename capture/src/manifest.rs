@@ -26,10 +26,11 @@ use std::fmt::Write as _;
 
 /// The format version this crate writes, `major.minor`. A reader refuses a
 /// major version it does not know; a newer minor only adds fields it may ignore.
-pub const FORMAT_VERSION: &str = "2.1";
+pub const FORMAT_VERSION: &str = "2.3";
 /// The version written instead of [`FORMAT_VERSION`] by a tree (and in the
 /// tap files) holding ranked taps (tensor parallel: `rank` and `shard` in
-/// the key). Trees without ranks still write 2.1, byte for byte as before.
+/// the key). Trees without ranks write 2.3 (2.1 until its index checksums
+/// became chunked).
 pub const FORMAT_VERSION_RANKED: &str = "2.2";
 /// The major version this crate writes, and the newest it reads.
 pub const FORMAT_MAJOR: u32 = 2;
@@ -559,7 +560,7 @@ mod tests {
     #[test]
     fn versions() {
         assert_eq!(parse_version("1.0"), Some((1, 0)));
-        assert_eq!(parse_version(FORMAT_VERSION), Some((FORMAT_MAJOR, 1)));
+        assert_eq!(parse_version(FORMAT_VERSION), Some((FORMAT_MAJOR, 3)));
         assert_eq!(parse_version("12.34"), Some((12, 34)));
         assert_eq!(parse_version("1"), None);
         assert_eq!(parse_version("x.y"), None);

@@ -54,7 +54,7 @@ fn a_capture_writes_an_index_that_opens_to_the_manifest_the_json_holds() {
     let t = tree(dir.path());
     assert!(t.join(INDEX_FILE).is_file());
     let json = json_manifest(&t);
-    assert_eq!(json.format_version, "2.1");
+    assert_eq!(json.format_version, capture::FORMAT_VERSION);
     let opened = TreeReader::open(&t).unwrap();
     assert_eq!(opened.manifest(), &json);
     assert_eq!(opened.entries().len(), 4 * 5);
@@ -247,7 +247,7 @@ fn a_missing_index_is_refused_and_a_format_2_0_tree_needs_none() {
     let json = std::fs::read_to_string(t.join("manifest.json")).unwrap();
     let mut old = json
         .replacen(
-            "\"format_version\":\"2.1\"",
+            "\"format_version\":\"2.3\"",
             "\"format_version\":\"2.0\"",
             1,
         )

@@ -1,5 +1,5 @@
 //! Format 2.2: taps with a rank and a shard round-trip through the writer,
-//! the reader and the Python reader; a tree without ranks stays 2.1 with its
+//! the reader and the Python reader; a tree without ranks stays 2.3 with its
 //! index; a shard that does not fit its tap fails the capture.
 
 #![cfg(not(feature = "compile-out"))]
@@ -45,7 +45,7 @@ fn ranked_taps_round_trip_and_only_their_tree_says_2_2() {
     cap.finish().unwrap();
 
     let p = TreeReader::open(&plain).unwrap();
-    assert_eq!(p.manifest().format_version, "2.1");
+    assert_eq!(p.manifest().format_version, capture::FORMAT_VERSION);
     assert!(plain.join("manifest.idx").exists());
     let r = TreeReader::open(&ranked).unwrap();
     assert_eq!(r.manifest().format_version, "2.2");

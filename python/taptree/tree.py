@@ -35,7 +35,7 @@ import xxhash
 
 from .select import Selection
 
-FORMAT_VERSION = "2.1"
+FORMAT_VERSION = "2.3"
 FORMAT_MAJOR = 2
 FORMAT_MAJOR_OLDEST = 1
 UNSEALED = "0" * 64
@@ -180,6 +180,20 @@ _DTYPE_CODE = {"F32": 0, "F16": 1, "BF16": 2, "F64": 3, "I8": 4, "I32": 5}
 _NONE = 0xFFFFFFFF
 
 
+CHUNK = 1 << 20
+
+
+def _checksum(major, minor, b):
+    """The index's checksum of `b` (docs/FORMAT.md, "The index"): from
+    format 2.3, XXH3-128 of the concatenated XXH3-128 digests of its 1 MiB
+    chunks; in 2.1, XXH3-128 of its bytes."""
+    if (major, minor) < (2, 3):
+        return xxhash.xxh3_128_digest(b)
+    return xxhash.xxh3_128_digest(
+        b"".join(xxhash.xxh3_128_digest(b[i : i + CHUNK]) for i in range(0, len(b), CHUNK))
+    )
+
+
 def build_index(raw, manifest):
     """The bytes of `manifest.idx` for a sealed manifest's exact bytes `raw`
     and the manifest they hold (docs/FORMAT.md, "The index"): a 288-byte
@@ -248,7 +262,7 @@ def build_index(raw, manifest):
         blake3.blake3(body).digest(),
         entries_end,
     )
-    head += xxhash.xxh3_128_digest(raw) + xxhash.xxh3_128_digest(body)
+    head += _checksum(major, minor, raw) + _checksum(major, minor, body)
     head += bytes(256 - len(head))  # reserved
     return head + blake3.blake3(head).digest() + body
 
@@ -420,7 +434,7 @@ class TreeWriter:
         manifest["dirs"], manifest["root"] = tree_hashes(self.entries, manifest)
         root = manifest["root"]
         raw = sealed(json.dumps(manifest, separators=(",", ":")).encode() + b"\n")
-        # The index first: a format 2.1 manifest is never without one.
+        # The index first: a format 2.3 manifest is never without one.
         for name, data in ((INDEX, build_index(raw, manifest)), (MANIFEST, raw)):
             tmp = os.path.join(self.dir, name + ".tmp")
             with open(tmp, "wb") as f:

@@ -37,10 +37,11 @@ pub struct IndexHead {
     pub prefix_blake3: [u8; 32],
     /// blake3 of the body (everything after the head).
     pub body_blake3: [u8; 32],
-    /// XXH3-128 (canonical, big-endian) of the whole `manifest.json`, and
-    /// of the whole body: trusted `verify A B`'s damage check of every byte.
+    /// The checksum of the whole `manifest.json` ([`checksum`]: XXH3-128 of
+    /// its 1 MiB chunks' digests from format 2.3, of its bytes in 2.1):
+    /// trusted `verify A B`'s damage check of every byte.
     pub json_xxh3: [u8; 16],
-    /// XXH3-128 (canonical) of the whole body.
+    /// The checksum of the whole body, by the same rule.
     pub body_xxh3: [u8; 16],
 }
 
@@ -49,6 +50,32 @@ pub struct IndexHead {
 /// the SSE2 one a default build is limited to), with the same digest.
 pub fn xxh3(b: &[u8]) -> [u8; 16] {
     twox_hash::XxHash3_128::oneshot(b).to_be_bytes()
+}
+
+/// The size of the chunks a format 2.3 checksum is made of.
+pub const CHUNK: usize = 1 << 20;
+
+/// The format 2.3 checksum of `b`: XXH3-128 (canonical) of the
+/// concatenated XXH3-128 digests of its [`CHUNK`]-byte chunks (the last
+/// one shorter; none for empty `b`), so that several cores can share it.
+pub fn xxh3_chunked(b: &[u8]) -> [u8; 16] {
+    let digests: Vec<[u8; 16]> = b.chunks(CHUNK).map(xxh3).collect();
+    xxh3(digests.as_flattened())
+}
+
+/// Whether a tree of format `major.minor` checksums its manifest and
+/// index body by chunks ([`xxh3_chunked`], 2.3 on) or whole ([`xxh3`], 2.1).
+pub fn chunked_rule(major: u32, minor: u32) -> bool {
+    (major, minor) >= (2, 3)
+}
+
+/// The checksum of `b` under the rule of format `major.minor`.
+pub fn checksum(major: u32, minor: u32, b: &[u8]) -> [u8; 16] {
+    if chunked_rule(major, minor) {
+        xxh3_chunked(b)
+    } else {
+        xxh3(b)
+    }
 }
 
 pub(super) fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -178,7 +205,7 @@ impl IndexHead {
                 self.json_len
             ));
         }
-        if xxh3(json) != self.json_xxh3 {
+        if checksum(self.major, self.minor, json) != self.json_xxh3 {
             return Err(
                 "its bytes do not have the checksum its index records: the manifest was edited or damaged"
                     .into(),

@@ -14,9 +14,10 @@
 
 mod head;
 mod records;
+mod sum;
 
 use head::hex;
-pub use head::{xxh3, IndexHead};
+pub use head::{checksum, chunked_rule, xxh3, xxh3_chunked, IndexHead, CHUNK};
 pub use records::{build, decode};
 
 use crate::error::{Error, Result};
@@ -105,10 +106,68 @@ pub(crate) fn check_trusted(tree: &Path, version: &str, root: &str) -> Result<In
         path: json_path.clone(),
         reason,
     };
-    // The files are mapped only once their sizes are the ones recorded.
     let span = head.entries_span(json_len).map_err(bad)?;
-    let index = map_or_read(&file, len).map_err(|e| Error::io(&index_path, e))?;
-    let json = map_or_read(&json, json_len).map_err(|e| Error::io(&json_path, e))?;
+    if chunked_rule(head.major, head.minor) {
+        check_chunked(tree, &head, [&file, &json], json_len, span)?;
+    } else {
+        check_whole(tree, &head, [&file, &json], [len, json_len], span)?;
+    }
+    Ok(head)
+}
+
+/// A format 2.3 tree's checksums, over chunks several threads share, then
+/// its manifest's bytes outside the entries.
+fn check_chunked(
+    tree: &Path,
+    head: &IndexHead,
+    [index, json]: [&std::fs::File; 2],
+    json_len: u64,
+    span: std::ops::Range<usize>,
+) -> Result<()> {
+    let json_path = tree.join(MANIFEST_FILE);
+    let bad = |reason: &str| Error::BadManifest {
+        path: json_path.clone(),
+        reason: reason.into(),
+    };
+    let index = map_plain(index).map_err(|e| Error::io(tree.join(INDEX_FILE), e))?;
+    let json = map_plain(json).map_err(|e| Error::io(&json_path, e))?;
+    if index.len() as u64 != HEAD_LEN as u64 + head.body_len || json.len() as u64 != json_len {
+        return Err(bad("changed size while it was read"));
+    }
+    let sums = sum::checksums_of(&[&index[HEAD_LEN..], &json[..]]);
+    if sums[0] != head.body_xxh3 {
+        return Err(bad_index(
+            tree,
+            "its records do not have the checksum its head records: the index was edited or damaged",
+        ));
+    }
+    if sums[1] != head.json_xxh3 {
+        return Err(bad(
+            "its bytes do not have the checksum its index records: the manifest was edited or damaged",
+        ));
+    }
+    head.check_json(&json, &json[span.end..], json_len)
+        .map_err(|r| bad(&r))
+}
+
+/// A format 2.1 tree's checksums: each file's XXH3-128 whole, the two side
+/// by side.
+fn check_whole(
+    tree: &Path,
+    head: &IndexHead,
+    [file, json]: [&std::fs::File; 2],
+    [len, json_len]: [u64; 2],
+    span: std::ops::Range<usize>,
+) -> Result<()> {
+    let index_path = tree.join(INDEX_FILE);
+    let json_path = tree.join(MANIFEST_FILE);
+    let bad = |reason: String| Error::BadManifest {
+        path: json_path.clone(),
+        reason,
+    };
+    // The files are mapped only once their sizes are the ones recorded.
+    let index = map_or_read(file, len).map_err(|e| Error::io(&index_path, e))?;
+    let json = map_or_read(json, json_len).map_err(|e| Error::io(&json_path, e))?;
     // The two checksums side by side: the manifest's is three quarters of
     // the work.
     let (body_ok, json_ok) = std::thread::scope(|s| {
@@ -124,8 +183,7 @@ pub(crate) fn check_trusted(tree: &Path, version: &str, root: &str) -> Result<In
     }
     json_ok.map_err(bad)?;
     head.check_json(&json, &json[span.end.min(json.len())..], json_len)
-        .map_err(bad)?;
-    Ok(head)
+        .map_err(bad)
 }
 
 /// A regular file's `len` bytes, mapped (a copy of many megabytes costs
@@ -146,6 +204,14 @@ fn map_or_read(
     let f = file;
     f.take(len).read_to_end(&mut bytes)?;
     Ok(ManifestBytes::Read(bytes))
+}
+
+/// A regular file mapped, not populated: the threads that checksum it
+/// fault its pages in side by side.
+fn map_plain(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
+    // SAFETY: read-only; a tree's manifest and index are renamed into
+    // place whole and never written again.
+    unsafe { memmap2::Mmap::map(file) }
 }
 
 fn check_version_and_root(tree: &Path, head: &IndexHead, version: &str, root: &str) -> Result<()> {
@@ -240,7 +306,9 @@ pub fn reseal(index: &mut [u8]) {
     }
     let body = *blake3::hash(&index[HEAD_LEN..]).as_bytes();
     index[176..208].copy_from_slice(&body);
-    let body = xxh3(&index[HEAD_LEN..]);
+    let major = head::u32_at(index, 16);
+    let minor = head::u32_at(index, 20);
+    let body = checksum(major, minor, &index[HEAD_LEN..]);
     index[232..248].copy_from_slice(&body);
     let seal = *blake3::hash(&index[..SEAL_AT]).as_bytes();
     index[SEAL_AT..HEAD_LEN].copy_from_slice(&seal);

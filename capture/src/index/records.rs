@@ -2,7 +2,7 @@
 //! dimensions, then the strings the records name; written from a manifest
 //! and decoded back into its entries.
 
-use super::head::{hash_at, hex, hex32, u32_at, u64_at, xxh3};
+use super::head::{checksum, hash_at, hex, hex32, u32_at, u64_at};
 use super::{IndexHead, HAS_HEADER_HASH, HAS_LAYER, HAS_SLOT, HEAD_LEN, NONE, RECORD_LEN};
 use crate::dtype::DType;
 use crate::key::Key;
@@ -103,8 +103,8 @@ pub fn build(json: &[u8], m: &Manifest) -> std::result::Result<Vec<u8>, String> 
             .finalize()
             .as_bytes(),
         body_blake3: *blake3::hash(&body).as_bytes(),
-        json_xxh3: xxh3(json),
-        body_xxh3: xxh3(&body),
+        json_xxh3: checksum(major_minor.0, major_minor.1, json),
+        body_xxh3: checksum(major_minor.0, major_minor.1, &body),
     };
     let mut out = head.write().to_vec();
     out.extend_from_slice(&body);
@@ -160,7 +160,7 @@ pub fn decode(index: &[u8], head: &IndexHead) -> std::result::Result<Vec<Entry>,
     // XXH3-128 alone: the head that records it is sealed with blake3, and
     // the body's blake3 (kept in the head for other readers) would check
     // the same bytes again at a fifth of the speed.
-    if xxh3(body) != head.body_xxh3 {
+    if checksum(head.major, head.minor, body) != head.body_xxh3 {
         return Err("its records do not hash to what its head says: the index was damaged".into());
     }
     let records_len = head
