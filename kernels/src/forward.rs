@@ -116,6 +116,29 @@ pub trait Forward {
     fn reset(&mut self);
 }
 
+/// A decode step of several sequences run one slot at a time, in slot
+/// order: sequence `i` (slot `i`) takes `tokens[i]` at `positions[i]`. For
+/// forwards without a batched kernel; each slot computes what it would alone.
+pub(crate) fn decode_slot_by_slot<F: Forward + ?Sized>(
+    f: &mut F,
+    tokens: &[u32],
+    positions: &[usize],
+) -> Result<Vec<Vec<f32>>, ForwardError> {
+    if tokens.len() != positions.len() {
+        return Err(ForwardError::Unsupported(format!(
+            "decode batch of {} tokens for {} positions",
+            tokens.len(),
+            positions.len()
+        )));
+    }
+    tokens
+        .iter()
+        .zip(positions)
+        .enumerate()
+        .map(|(i, (&t, &p))| f.forward(Some(i as u32), &[t], p))
+        .collect()
+}
+
 /// Checks that the heads of `c` are ones a forward can run: query heads that
 /// group over the KV heads, and an even head size for the rotary embedding.
 /// The same refusal on every backend.

@@ -440,22 +440,11 @@ impl Forward for CpuForward {
         tokens: &[u32],
         positions: &[usize],
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        if tokens.len() != positions.len() {
-            return Err(ForwardError::Unsupported(format!(
-                "decode batch of {} tokens for {} positions",
-                tokens.len(),
-                positions.len()
-            )));
-        }
+        // Every slot is checked before any runs, so a bad one changes no cache.
         for (i, (&t, &p)) in tokens.iter().zip(positions).enumerate() {
             self.check(Some(i as u32), &[t], p)?;
         }
-        tokens
-            .iter()
-            .zip(positions)
-            .enumerate()
-            .map(|(i, (&t, &p))| self.forward(Some(i as u32), &[t], p))
-            .collect()
+        crate::forward::decode_slot_by_slot(self, tokens, positions)
     }
 
     fn reset(&mut self) {

@@ -223,19 +223,7 @@ impl Forward for TpForward {
         tokens: &[u32],
         positions: &[usize],
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        if tokens.len() != positions.len() {
-            return Err(ForwardError::Unsupported(format!(
-                "decode batch of {} tokens for {} positions",
-                tokens.len(),
-                positions.len()
-            )));
-        }
-        tokens
-            .iter()
-            .zip(positions)
-            .enumerate()
-            .map(|(i, (&t, &p))| self.forward(Some(i as u32), &[t], p))
-            .collect()
+        crate::forward::decode_slot_by_slot(self, tokens, positions)
     }
 
     fn reset(&mut self) {
