@@ -9,8 +9,10 @@ mod diff_support;
 mod harness;
 mod verify_support;
 
-// `taptree bisect`: commits and switches.
+// `taptree bisect commits` (and the helper capture both bisect tests use).
 mod bisect_cli;
+// `taptree bisect switches`.
+mod bisect_switches_cli;
 // `taptree capture` on the fixture models and SmolLM2.
 mod capture_cli;
 // `taptree diff` on synthetic trees: verdicts, exit codes, bad input.
