@@ -1,0 +1,346 @@
+//! `layer_figures`: one decode layer of the CUDA forward at SmolLM2's
+//! shapes, each launch alone and the layer unfused and fused, timed inside
+//! CUDA graphs (part of the `cuda_perf` binary).
+
+use std::cell::RefCell;
+
+use kernels::cuda::device::{driver_present, Device};
+use kernels::cuda::ops::{self, AttentionShape, DeviceMatrix};
+
+use super::{per_call_graph_us, smollm2_shaped};
+
+/// A named launch of [`layer_figures`], timed alone and in its layer.
+type Launch<'a> = (&'static str, Box<dyn FnMut() + 'a>);
+
+/// One decode layer at SmolLM2-135M's shapes (Q4_1 weights, 9 query heads
+/// over 3 KV heads of 64, 228 keys in the cache): each launch alone and the
+/// whole layer, unfused (twelve launches) and fused (five), each timed as
+/// 100 replays in one CUDA graph: the GPU's own time per launch.
+#[test]
+fn layer_figures() {
+    if !driver_present() {
+        eprintln!("skipped: no CUDA driver on this host");
+        return;
+    }
+    let dev = Device::open(0).unwrap();
+    dev.warm_up().unwrap();
+    let (d, qw, kvw, ff, hd, nh, nkv) = (576, 576, 192, 1536, 64, 9, 3);
+    let q41 = model::GgmlType::Q4_1;
+    let m =
+        |name: &str, r, c| DeviceMatrix::upload(&dev, &smollm2_shaped(name, q41, r, c)).unwrap();
+    let (wq, wk, wv, wo) = (m("q", qw, d), m("k", kvw, d), m("v", kvw, d), m("o", d, qw));
+    let (wg, wu, wd) = (m("gate", ff, d), m("up", ff, d), m("down", d, ff));
+    let dev = &*dev;
+    // Each buffer in a RefCell: the closures below take turns writing them.
+    let buf = |n: usize| {
+        let v: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 5000.0)
+            .collect();
+        RefCell::new(ops::upload(dev, &v).unwrap())
+    };
+    let (x, x2, h, norm) = (buf(d), buf(d), buf(d), buf(d));
+    let (q, k, v, att, o) = (buf(qw), buf(kvw), buf(kvw), buf(qw), buf(d));
+    let (g, u, sg, dn) = (buf(ff), buf(ff), buf(ff), buf(d));
+    let cap = 256;
+    let (kc, vc) = (buf(cap * kvw), buf(cap * kvw));
+    let keys = 228;
+    let pos = ops::upload(dev, &[(keys - 1) as u32]).unwrap();
+    let shape = AttentionShape {
+        rows: 1,
+        pos0: keys - 1,
+        n_head: nh,
+        n_kv: nkv,
+        head_dim: hd,
+    };
+    let mut line = String::from("one decode layer, graph-replayed (us per launch):");
+    let mut unfused: Vec<Launch> = Vec::new();
+    unfused.push((
+        "rms_norm",
+        Box::new(|| {
+            ops::rms_norm(
+                dev,
+                &x.borrow().as_view(),
+                &norm.borrow().as_view(),
+                &mut h.borrow_mut().as_view_mut(),
+                1,
+                1e-5,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "qkv",
+        Box::new(|| {
+            ops::matmul_f32_many(
+                dev,
+                &[&wq, &wk, &wv],
+                &h.borrow().as_view(),
+                &mut [
+                    q.borrow_mut().as_view_mut(),
+                    k.borrow_mut().as_view_mut(),
+                    v.borrow_mut().as_view_mut(),
+                ],
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "rope_qk",
+        Box::new(|| {
+            ops::rope_qk(
+                dev,
+                &mut q.borrow_mut().as_view_mut(),
+                &mut k.borrow_mut().as_view_mut(),
+                &pos.as_view(),
+                nh,
+                nkv,
+                hd,
+                1e5,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "kv_write",
+        Box::new(|| {
+            ops::kv_write(
+                dev,
+                &k.borrow().as_view(),
+                &v.borrow().as_view(),
+                &mut kc.borrow_mut().as_view_mut(),
+                &mut vc.borrow_mut().as_view_mut(),
+                &pos.as_view(),
+                kvw,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "attention",
+        Box::new(|| {
+            ops::attention_at(
+                dev,
+                &q.borrow().as_view(),
+                &kc.borrow().as_view(),
+                &vc.borrow().as_view(),
+                &mut att.borrow_mut().as_view_mut(),
+                &pos.as_view(),
+                shape,
+                None,
+                cap,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "o_proj",
+        Box::new(|| {
+            ops::matmul_f32(
+                dev,
+                &wo,
+                &att.borrow().as_view(),
+                &mut o.borrow_mut().as_view_mut(),
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "add",
+        Box::new(|| {
+            ops::add(
+                dev,
+                &x.borrow().as_view(),
+                &o.borrow().as_view(),
+                &mut x2.borrow_mut().as_view_mut(),
+                d,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "rms_norm",
+        Box::new(|| {
+            ops::rms_norm(
+                dev,
+                &x2.borrow().as_view(),
+                &norm.borrow().as_view(),
+                &mut h.borrow_mut().as_view_mut(),
+                1,
+                1e-5,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "gate_up",
+        Box::new(|| {
+            ops::matmul_f32_many(
+                dev,
+                &[&wg, &wu],
+                &h.borrow().as_view(),
+                &mut [g.borrow_mut().as_view_mut(), u.borrow_mut().as_view_mut()],
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "swiglu",
+        Box::new(|| {
+            ops::swiglu(
+                dev,
+                &g.borrow().as_view(),
+                &u.borrow().as_view(),
+                &mut sg.borrow_mut().as_view_mut(),
+                ff,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "ffn_down",
+        Box::new(|| {
+            ops::matmul_f32(
+                dev,
+                &wd,
+                &sg.borrow().as_view(),
+                &mut dn.borrow_mut().as_view_mut(),
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    unfused.push((
+        "add",
+        Box::new(|| {
+            ops::add(
+                dev,
+                &x2.borrow().as_view(),
+                &dn.borrow().as_view(),
+                &mut h.borrow_mut().as_view_mut(),
+                d,
+            )
+            .unwrap()
+        }),
+    ));
+    let mut total = 0.0;
+    for (name, f) in unfused.iter_mut() {
+        let t = per_call_graph_us(dev, f.as_mut());
+        total += t;
+        line += &format!(" {name} {t:.1};");
+    }
+    let whole = per_call_graph_us(dev, &mut || {
+        for (_, f) in unfused.iter_mut() {
+            f();
+        }
+    });
+    println!("{line} sum {total:.1}; the layer's 12 launches in one graph {whole:.1} us");
+    drop(unfused);
+    let norm = norm.borrow();
+    let nw = norm.as_view();
+    let mut fused: Vec<Launch> = Vec::new();
+    fused.push((
+        "qkv_rope",
+        Box::new(|| {
+            ops::qkv_rope(
+                dev,
+                [&wq, &wk, &wv],
+                &x.borrow().as_view(),
+                Some(ops::Norm {
+                    weight: &nw,
+                    eps: 1e-5,
+                }),
+                ops::QkvOut {
+                    q: &mut q.borrow_mut().as_view_mut(),
+                    k_cache: &mut kc.borrow_mut().as_view_mut(),
+                    v_cache: &mut vc.borrow_mut().as_view_mut(),
+                },
+                &pos.as_view(),
+                hd,
+                1e5,
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    fused.push((
+        "attention",
+        Box::new(|| {
+            ops::attention_at(
+                dev,
+                &q.borrow().as_view(),
+                &kc.borrow().as_view(),
+                &vc.borrow().as_view(),
+                &mut att.borrow_mut().as_view_mut(),
+                &pos.as_view(),
+                shape,
+                None,
+                cap,
+            )
+            .unwrap()
+        }),
+    ));
+    fused.push((
+        "o_proj+add",
+        Box::new(|| {
+            ops::matmul_fused(
+                dev,
+                &wo,
+                &att.borrow().as_view(),
+                None,
+                Some(&x.borrow().as_view()),
+                &mut x2.borrow_mut().as_view_mut(),
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    fused.push((
+        "norm+gate_up+swiglu",
+        Box::new(|| {
+            ops::gate_up_swiglu(
+                dev,
+                &wg,
+                &wu,
+                &x2.borrow().as_view(),
+                Some(ops::Norm {
+                    weight: &nw,
+                    eps: 1e-5,
+                }),
+                &mut sg.borrow_mut().as_view_mut(),
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    fused.push((
+        "ffn_down+add",
+        Box::new(|| {
+            ops::matmul_fused(
+                dev,
+                &wd,
+                &sg.borrow().as_view(),
+                None,
+                Some(&x2.borrow().as_view()),
+                &mut dn.borrow_mut().as_view_mut(),
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    let mut line = String::from("fused:");
+    let mut total = 0.0;
+    for (name, f) in fused.iter_mut() {
+        let t = per_call_graph_us(dev, f.as_mut());
+        total += t;
+        line += &format!(" {name} {t:.1};");
+    }
+    let whole = per_call_graph_us(dev, &mut || {
+        for (_, f) in fused.iter_mut() {
+            f();
+        }
+    });
+    println!("{line} sum {total:.1}; the layer's 5 launches in one graph {whole:.1} us");
+}
