@@ -17,7 +17,8 @@
 //! spare's manifest and index before writing anything into it, so a
 //! capture killed part way leaves a staging directory that recovery
 //! deletes. The cost is disk: one replaced tree per path stays on disk.
-//! `TAPTREE_SPARE=0` deletes replaced trees instead. A spare whose tree is
+//! `TAPTREE_SPARE=0` deletes replaced trees instead (and a spare left from
+//! before, at the next replacement). A spare whose tree is
 //! gone (the user deleted the path) is deleted by the next capture to it.
 
 use crate::error::{Error, Result};
@@ -62,21 +63,22 @@ pub(crate) fn take(out: &Path, staging: &Path) -> Result<bool> {
     for item in listing.flatten() {
         let name = item.file_name().to_string_lossy().into_owned();
         if name.starts_with(MANIFEST_FILE) || name.starts_with(INDEX_FILE) {
-            std::fs::remove_file(item.path()).map_err(|e| Error::io(&item.path(), e))?;
+            std::fs::remove_file(item.path()).map_err(|e| Error::io(item.path(), e))?;
         }
     }
     Ok(true)
 }
 
 /// After the swap: the replaced tree (`old`, renamed aside) becomes `out`'s
-/// spare, or is deleted when spares are off.
+/// spare; when spares are off, it is deleted, and so is a spare left from
+/// before.
 pub(crate) fn keep(old: &Path, out: &Path) -> Result<()> {
-    if !enabled() {
-        return remove_tree(old).map_err(|e| Error::io(old, e));
-    }
     let spare = path(out);
     if is_spare(&spare) {
         remove_tree(&spare).map_err(|e| Error::io(&spare, e))?;
+    }
+    if !enabled() {
+        return remove_tree(old).map_err(|e| Error::io(old, e));
     }
     std::fs::rename(old, &spare).map_err(|e| Error::io(old, e))
 }
@@ -102,7 +104,7 @@ pub(crate) fn remove_stale(staging: &Path, kept: &HashSet<&str>) -> Result<()> {
             if kept.contains(rel.as_str()) {
                 left += 1;
             } else {
-                std::fs::remove_file(f.path()).map_err(|e| Error::io(&f.path(), e))?;
+                std::fs::remove_file(f.path()).map_err(|e| Error::io(f.path(), e))?;
             }
         }
         if left == 0 {

@@ -156,6 +156,9 @@ fn with_spares_off_a_replaced_tree_is_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("t");
     capture_tree(&out, "", 0.0);
+    // A spare from a replacement with spares on goes too.
+    replace_tree(&out, 2.0);
+    assert_eq!(listing(dir.path()), [".t.taptree-spare", "t"]);
     let summary = {
         let _guard = serial();
         // Read only by captures, which all hold `serial()`.
