@@ -315,7 +315,8 @@ impl Fused<'_> {
         // SAFETY: every W holds rows x cols of its type (checked at upload);
         // x, the norm weight, resid and the outputs hold what the shapes
         // read and write (checked above and by the public launchers; the
-        // caches' positions are the caller's, as for kv_write); pointers
+        // caches' positions are the caller's, as for kv_write; a RoPE table
+        // holds rows x head_dim floats, checked by qkv_rope_tabled); pointers
         // passed as null are never read in the launch's mode.
         unsafe { b.launch(cfg) }.map_err(launch_err("matmul_fused"))?;
         Ok(())
