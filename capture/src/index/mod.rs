@@ -133,7 +133,7 @@ fn check_chunked(
     let index =
         map_or_read(index, index_len, false).map_err(|e| Error::io(tree.join(INDEX_FILE), e))?;
     let json = map_or_read(json, json_len, false).map_err(|e| Error::io(&json_path, e))?;
-    if index.len() as u64 != HEAD_LEN as u64 + head.body_len || json.len() as u64 != json_len {
+    if index.len() as u64 != index_len || json.len() as u64 != json_len {
         return Err(bad("changed size while it was read"));
     }
     let sums = sum::checksums_of(&[&index[HEAD_LEN..], &json[..]]);
