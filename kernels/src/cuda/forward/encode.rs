@@ -380,7 +380,7 @@ fn matmul(
 
 /// `ys[i] = x W_i^T` for matrices sharing their input: in f32 one launch for
 /// all of them; in q8 the input quantized once, then one integer matmul each.
-fn matmuls(
+pub(crate) fn matmuls(
     dev: &Device,
     ws: &[&DeviceMatrix],
     x: &CudaSlice<f32>,
