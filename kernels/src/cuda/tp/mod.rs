@@ -35,8 +35,10 @@
 //! TP=1.
 
 mod attend;
+mod buffers;
 pub mod reduce;
 mod step;
+mod taps;
 pub mod weights;
 
 use std::collections::BTreeMap;

@@ -4,22 +4,22 @@
 //! all-reduce of ffn_down, the residual; then rank 0's final norm and
 //! logits. The taps go through [`At`].
 
-use std::ops::Range;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaViewMut};
 
+pub(super) use super::buffers::{RankCache, Scratch};
+pub(super) use super::taps::At;
 use super::weights::{RankLayer, RankWeights};
 use super::{Acts, CudaTpForward};
 use crate::cpu::tp::plan::RankPlan;
 use crate::cpu::tp::{FFN_DOWN_PARTIAL, O_PROJ_PARTIAL};
 use crate::cuda::device::Device;
 use crate::cuda::forward::encode::matmuls;
-use crate::cuda::ops::{self, QuantizedActs};
+use crate::cuda::ops;
 use crate::cuda::CudaError;
 use crate::stages as st;
 use crate::switches::Reduce;
-use capture::{Shard, TapId};
 use model::{FfnActivation, LlamaConfig};
 
 /// One rank: its device, its share, its buffers.
@@ -28,167 +28,6 @@ pub(super) struct Rank {
     pub plan: RankPlan,
     pub w: RankWeights,
     pub scratch: Option<Scratch>,
-}
-
-/// One rank's keys and values of one slot: `[n_layer, kv_held, capacity,
-/// head_dim]` each, a KV head's positions contiguous.
-pub(super) struct RankCache {
-    pub capacity: usize,
-    pub k: CudaSlice<f32>,
-    pub v: CudaSlice<f32>,
-}
-
-/// One rank's activations for up to `rows` rows; widths are the rank's.
-pub(super) struct Scratch {
-    rows: usize,
-    pub x: CudaSlice<f32>,
-    pub x2: CudaSlice<f32>,
-    pub h: CudaSlice<f32>,
-    pub q: CudaSlice<f32>,
-    pub q2: CudaSlice<f32>,
-    pub k: CudaSlice<f32>,
-    pub k2: CudaSlice<f32>,
-    pub v: CudaSlice<f32>,
-    pub att: CudaSlice<f32>,
-    /// o_proj's partial sum, then (after the all-reduce) the sum.
-    pub o: CudaSlice<f32>,
-    pub g: CudaSlice<f32>,
-    pub u: CudaSlice<f32>,
-    pub s: CudaSlice<f32>,
-    /// ffn_down's partial sum, then the sum.
-    pub dn: CudaSlice<f32>,
-    pub logits: CudaSlice<f32>,
-    pub qa: QuantizedActs,
-    pub pos: CudaSlice<u32>,
-    pub tok: CudaSlice<u32>,
-    /// Attention's gathers: a group's queries and outputs, one KV head's
-    /// keys and values.
-    pub qg: CudaSlice<f32>,
-    pub ag: CudaSlice<f32>,
-    pub kj: CudaSlice<f32>,
-    pub vj: CudaSlice<f32>,
-}
-
-impl Scratch {
-    fn alloc(
-        dev: &Device,
-        c: &LlamaConfig,
-        p: &RankPlan,
-        rows: usize,
-        rank: usize,
-    ) -> Result<Scratch, CudaError> {
-        let s = dev.stream();
-        let a = |n: usize| {
-            s.alloc_zeros::<f32>(rows * n.max(1))
-                .map_err(|e| CudaError::driver("alloc activations", e))
-        };
-        let u = || {
-            s.alloc_zeros::<u32>(rows)
-                .map_err(|e| CudaError::driver("alloc tokens", e))
-        };
-        let (d, hd) = (c.n_embd, c.head_dim);
-        let (qw, kvw, ff) = (p.heads.len() * hd, p.kv_held.len() * hd, p.ffn.len());
-        let widest = d.max(qw).max(ff);
-        Ok(Scratch {
-            rows,
-            x: a(d)?,
-            x2: a(d)?,
-            h: a(d)?,
-            q: a(qw)?,
-            q2: a(qw)?,
-            k: a(kvw)?,
-            k2: a(kvw)?,
-            v: a(kvw)?,
-            att: a(qw)?,
-            o: a(d)?,
-            g: a(ff)?,
-            u: a(ff)?,
-            s: a(ff)?,
-            dn: a(d)?,
-            logits: a(if rank == 0 { c.vocab_size } else { 1 })?,
-            qa: QuantizedActs::alloc(dev, rows * widest.div_ceil(32) * 32)?,
-            pos: u()?,
-            tok: u()?,
-            qg: a(qw)?,
-            ag: a(qw)?,
-            kj: a(hd)?,
-            vj: a(hd)?,
-        })
-    }
-}
-
-/// Where a run's taps are: its positions and slot.
-pub(super) struct At {
-    pub pos: Range<u32>,
-    pub slot: Option<u32>,
-    pub rows: usize,
-}
-
-impl At {
-    fn wants(&self, stage: &str, layer: Option<u32>) -> bool {
-        capture::wants(stage, layer, self.pos.clone(), self.slot)
-    }
-
-    /// Taps a replicated stage: `buf` (`[rows, width]`) of rank 0.
-    pub fn full(
-        &self,
-        dev: &Device,
-        stage: &str,
-        layer: Option<u32>,
-        buf: &CudaSlice<f32>,
-        width: usize,
-    ) -> Result<(), CudaError> {
-        if !self.wants(stage, layer) {
-            return Ok(());
-        }
-        let host = ops::download(dev, &buf.slice(..self.rows * width))?;
-        capture::tap(
-            stage,
-            layer,
-            self.pos.clone(),
-            self.slot,
-            &[self.rows, width],
-            &host,
-        );
-        Ok(())
-    }
-
-    /// Taps columns `cols` of rank `rank`'s `buf` (`[rows, width]`), placed
-    /// at `place` of a full tensor `full` wide (none: a partial sum).
-    #[allow(clippy::too_many_arguments)]
-    pub fn ranked(
-        &self,
-        dev: &Device,
-        stage: &str,
-        layer: usize,
-        rank: usize,
-        buf: &CudaSlice<f32>,
-        width: usize,
-        cols: Range<usize>,
-        place: Option<(Range<usize>, usize)>,
-    ) -> Result<(), CudaError> {
-        let li = Some(layer as u32);
-        if cols.is_empty() || !self.wants(stage, li) {
-            return Ok(());
-        }
-        let host = ops::download(dev, &buf.slice(..self.rows * width))?;
-        let data: Vec<f32> = if cols.len() == width {
-            host
-        } else {
-            host.chunks_exact(width)
-                .flat_map(|r| r[cols.clone()].iter().copied())
-                .collect()
-        };
-        let shard = place.map(|(c, full)| Shard {
-            axis: 1,
-            start: c.start as u32,
-            end: c.end as u32,
-            full: full as u32,
-        });
-        let id = TapId::new(stage, li, self.pos.clone(), self.slot);
-        capture::tap_ranked(id, rank as u32, shard, &[self.rows, cols.len()], &data);
-        Ok(())
-    }
 }
 
 /// What one rank's layer half reads besides its buffers.
