@@ -356,7 +356,7 @@ impl Layer<'_> {
 }
 
 /// The gated product of the FFN: `ops::swiglu` or `ops::geglu`.
-type GateOp = fn(
+pub(crate) type GateOp = fn(
     &Device,
     &CudaView<f32>,
     &CudaView<f32>,

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaViewMut};
+use cudarc::driver::CudaSlice;
 
 pub(super) use super::buffers::{RankCache, Scratch};
 pub(super) use super::taps::At;
@@ -15,7 +15,7 @@ use super::{Acts, CudaTpForward};
 use crate::cpu::tp::plan::RankPlan;
 use crate::cpu::tp::{FFN_DOWN_PARTIAL, O_PROJ_PARTIAL};
 use crate::cuda::device::Device;
-use crate::cuda::forward::encode::matmuls;
+use crate::cuda::forward::encode::{matmuls, GateOp};
 use crate::cuda::ops;
 use crate::cuda::CudaError;
 use crate::stages as st;
@@ -307,15 +307,6 @@ impl Half<'_> {
     }
 }
 
-/// The gated product of the FFN: `ops::swiglu` or `ops::geglu`.
-type GateOp = fn(
-    &Device,
-    &cudarc::driver::CudaView<f32>,
-    &cudarc::driver::CudaView<f32>,
-    &mut CudaViewMut<f32>,
-    usize,
-) -> Result<(), CudaError>;
-
 impl CudaTpForward {
     fn ensure(&mut self, slot: Option<u32>, rows: usize, start: usize) -> Result<(), CudaError> {
         let c = &self.config;
@@ -392,46 +383,32 @@ impl CudaTpForward {
             d,
         )?;
         let devs: Vec<Arc<Device>> = self.ranks.iter().map(|r| r.dev.clone()).collect();
+        let (acts, group) = (self.acts, self.plan.group);
         for l in 0..c.n_layer {
             let la = c.family.attention(l, c.rope_base);
+            let half = |rank| Half {
+                c: &c,
+                acts,
+                l,
+                rank,
+                group,
+                start,
+                at: &at,
+            };
             let caches = &mut self.caches.get_mut(&slot).expect("ensured above").1;
             for (rank, (r, cache)) in self.ranks.iter_mut().zip(caches.iter_mut()).enumerate() {
-                let half = Half {
-                    c: &c,
-                    acts: self.acts,
-                    l,
-                    rank,
-                    group: self.plan.group,
-                    start,
-                    at: &at,
-                };
+                let half = half(rank);
                 half.attention(r, cache, la.rope_base, la.window)?;
             }
             self.all_reduce(&devs, l, Reduce::OProj, rows * d, &at)?;
             for (rank, r) in self.ranks.iter_mut().enumerate() {
-                let half = Half {
-                    c: &c,
-                    acts: self.acts,
-                    l,
-                    rank,
-                    group: self.plan.group,
-                    start,
-                    at: &at,
-                };
+                let half = half(rank);
                 half.attention_residual(r)?;
                 half.ffn(r)?;
             }
             self.all_reduce(&devs, l, Reduce::FfnDown, rows * d, &at)?;
             for (rank, r) in self.ranks.iter_mut().enumerate() {
-                let half = Half {
-                    c: &c,
-                    acts: self.acts,
-                    l,
-                    rank,
-                    group: self.plan.group,
-                    start,
-                    at: &at,
-                };
+                let half = half(rank);
                 half.ffn_residual(r)?;
             }
         }
