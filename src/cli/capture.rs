@@ -51,8 +51,10 @@ pub struct Args {
     /// `TAPTREE_ACT_*` variables override it per op family.
     #[arg(long, default_value = "f32")]
     pub precision: String,
-    /// Tensor-parallel ranks, simulated on the cpu backend (docs/TP.md):
-    /// 1 (the default) is the one-device forward, unchanged.
+    /// Tensor-parallel ranks (docs/TP.md): simulated on the cpu backend;
+    /// on cuda one GPU per rank through NCCL, or every rank on one GPU
+    /// with `TAPTREE_CUDA_TP=shared`. 1 (the default) is the one-device
+    /// forward, unchanged.
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
     /// Which taps to write, e.g. `stage=ffn_*;layer=20..30;pos=0`. Default: all.
