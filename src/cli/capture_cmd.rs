@@ -16,7 +16,7 @@ use model::load::{load_model, LoadedModel};
 use model::tokenizer::Tokenizer;
 
 use crate::cli::engine::{self, Engine, EngineRun};
-use crate::cli::precision::PrecisionArg;
+use crate::cli::forward::{Backend, PrecisionArg};
 use crate::exit;
 
 /// Arguments of `taptree capture`.
@@ -83,25 +83,6 @@ pub struct Args {
     /// reads `RAYON_NUM_THREADS`).
     #[arg(long)]
     pub threads: Option<usize>,
-}
-
-/// `--backend`: the backends of `kernels::backend`, as flag values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Backend {
-    /// The CPU forward (the reference).
-    Cpu,
-    /// The CUDA forward (a build with the `cuda` feature).
-    Cuda,
-}
-
-impl Backend {
-    /// The name `kernels::backend::open_tp` and the manifest use.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Cpu => "cpu",
-            Backend::Cuda => "cuda",
-        }
-    }
 }
 
 /// One sequence to run: its label for the report and its token ids.
@@ -573,29 +554,4 @@ fn git_rev() -> Option<String> {
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
         .filter(|s| !s.is_empty())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::ValueEnum;
-
-    fn flag_word(v: impl ValueEnum) -> String {
-        v.to_possible_value()
-            .expect("no value is hidden")
-            .get_name()
-            .to_string()
-    }
-
-    #[test]
-    fn backend_words_are_the_backends_kernels_opens() {
-        let words: Vec<String> = Backend::value_variants()
-            .iter()
-            .map(|&b| flag_word(b))
-            .collect();
-        assert_eq!(words, backend::BACKENDS);
-        for &b in Backend::value_variants() {
-            assert_eq!(flag_word(b), b.name());
-        }
-    }
 }

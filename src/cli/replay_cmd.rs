@@ -1,7 +1,7 @@
 //! `taptree replay TREE --model M`: every op of a tree recomputed from the
 //! tree's own inputs; each op's local error.
 
-use crate::cli::precision::PrecisionArg;
+use crate::cli::forward::PrecisionArg;
 use crate::exit;
 use anyhow::Context;
 use capture::{Selection, TreeReader};

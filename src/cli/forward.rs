@@ -1,7 +1,28 @@
-//! `--precision` of `capture` and `replay`: one set of words for the
-//! built-in forward's [`Precision`]s and a foreign engine's compute dtypes.
+//! Which forward runs and in what arithmetic, as flag values: `--backend`
+//! (capture) and `--precision` (capture and replay), one set of words for
+//! the built-in forward's [`Precision`]s and a foreign engine's compute
+//! dtypes.
 
 use kernels::Precision;
+
+/// `--backend`: the backends of `kernels::backend`, as flag values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// The CPU forward (the reference).
+    Cpu,
+    /// The CUDA forward (a build with the `cuda` feature).
+    Cuda,
+}
+
+impl Backend {
+    /// The name `kernels::backend::open_tp` and the manifest use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
+}
 
 /// `--precision`: the built-in forward's [`Precision`]s and the compute
 /// dtypes of a foreign engine ([`crate::cli::engine::PRECISIONS`]), one set of words.
@@ -46,6 +67,17 @@ mod tests {
     use super::*;
     use crate::cli::engine;
     use clap::ValueEnum;
+    use kernels::backend;
+
+    #[test]
+    fn backend_words_are_the_backends_kernels_opens() {
+        let word = |b: &Backend| b.to_possible_value().unwrap().get_name().to_string();
+        let words: Vec<String> = Backend::value_variants().iter().map(word).collect();
+        assert_eq!(words, backend::BACKENDS);
+        for b in Backend::value_variants() {
+            assert_eq!(word(b), b.name());
+        }
+    }
 
     #[test]
     fn precision_words_are_the_forwards_and_the_engines() {
