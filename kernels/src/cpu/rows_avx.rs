@@ -57,6 +57,69 @@ pub unsafe fn dot4(a: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
     out
 }
 
+/// [`dot4`] against two weight rows at once: eight independent sums (four
+/// activation rows times two weight rows), each in [`dot4`]'s order, so
+/// eight add chains are in flight instead of four and each activation
+/// vector loaded serves two products. Same bits as two [`dot4`] calls.
+///
+/// # Safety
+/// As [`dot4`], with both weight rows the same length.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+pub unsafe fn dot4x2(a: [&[f32]; 4], w: [&[f32]; 2]) -> [[f32; 4]; 2] {
+    let mut acc0 = [_mm256_setzero_ps(); 4];
+    let mut acc1 = [_mm256_setzero_ps(); 4];
+    for c in (0..w[0].len()).step_by(8) {
+        let w0 = _mm256_loadu_ps(w[0].as_ptr().add(c));
+        let w1 = _mm256_loadu_ps(w[1].as_ptr().add(c));
+        for r in 0..4 {
+            let av = _mm256_loadu_ps(a[r].as_ptr().add(c));
+            acc0[r] = _mm256_add_ps(acc0[r], _mm256_mul_ps(av, w0));
+            acc1[r] = _mm256_add_ps(acc1[r], _mm256_mul_ps(av, w1));
+        }
+    }
+    let mut out = [[0f32; 4]; 2];
+    _mm_storeu_ps(out[0].as_mut_ptr(), reduce4(acc0));
+    _mm_storeu_ps(out[1].as_mut_ptr(), reduce4(acc1));
+    out
+}
+
+/// [`q8_rows4`] against two weight rows at once, as [`dot4x2`] is to
+/// [`dot4`]: the same bits as two [`q8_rows4`] calls.
+///
+/// # Safety
+/// As [`q8_rows4`], with both weight rows the same length.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+pub unsafe fn q8_rows4x2(
+    q: [&[f32]; 4],
+    d: [&[f32]; 4],
+    w: [&[f32]; 2],
+    block: usize,
+) -> [[f32; 4]; 2] {
+    let mut total = [_mm_setzero_ps(); 2];
+    for b in 0..w[0].len() / block {
+        let mut acc0 = [_mm256_setzero_ps(); 4];
+        let mut acc1 = [_mm256_setzero_ps(); 4];
+        for c in (b * block..(b + 1) * block).step_by(8) {
+            let w0 = _mm256_loadu_ps(w[0].as_ptr().add(c));
+            let w1 = _mm256_loadu_ps(w[1].as_ptr().add(c));
+            for r in 0..4 {
+                let qv = _mm256_loadu_ps(q[r].as_ptr().add(c));
+                acc0[r] = _mm256_add_ps(acc0[r], _mm256_mul_ps(qv, w0));
+                acc1[r] = _mm256_add_ps(acc1[r], _mm256_mul_ps(qv, w1));
+            }
+        }
+        let dv = _mm_setr_ps(d[0][b], d[1][b], d[2][b], d[3][b]);
+        total[0] = _mm_add_ps(total[0], _mm_mul_ps(dv, reduce4(acc0)));
+        total[1] = _mm_add_ps(total[1], _mm_mul_ps(dv, reduce4(acc1)));
+    }
+    let mut out = [[0f32; 4]; 2];
+    _mm_storeu_ps(out[0].as_mut_ptr(), total[0]);
+    _mm_storeu_ps(out[1].as_mut_ptr(), total[1]);
+    out
+}
+
 /// `[dot(a, w[j]); 4]` (see [`super::rows::dot_w4`]); lengths a multiple of 8.
 ///
 /// # Safety
