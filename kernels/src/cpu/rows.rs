@@ -268,7 +268,7 @@ impl Dots for f32 {
     #[inline(always)]
     fn dot_w4_blocks_fast(a: &[f32], ty: GgmlType, w: [&[u8]; 4]) -> Option<[f32; 4]> {
         let ok = fused(ty, a.len(), w);
-        // SAFETY: AVX2 and F16C checked by `fused`, with the lengths.
+        // SAFETY: AVX2, F16C and FMA checked by `fused`, with the lengths.
         ok.then(|| unsafe { super::rows_avx::dot_w4_blocks(ty, a, w) })
     }
     #[inline(always)]
@@ -289,6 +289,7 @@ fn fused(ty: GgmlType, len: usize, w: [&[u8]; 4]) -> bool {
         && w.iter().all(|r| r.len() == ty.row_bytes(len))
         && std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("f16c")
+        && std::arch::is_x86_feature_detected!("fma")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
