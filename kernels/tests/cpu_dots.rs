@@ -109,3 +109,43 @@ fn another_summation_order_is_seen() {
         "index-order sums equal the eight-lane ones everywhere"
     );
 }
+
+#[test]
+fn a_group_of_matmuls_equals_each_alone() {
+    use kernels::cpu::matmul::{apply_group, Linear};
+    use kernels::cpu::qmatrix::Weight;
+    // q, k and v shapes in small: a quantized weight with Q4_1's minimums,
+    // a narrower one with a bias, and a dense one (never quantized).
+    let (cols, q1) = (64, weight(20, 64).0);
+    let mins = q1
+        .bytes
+        .chunks_exact(20)
+        .map(|b| half::f16::from_le_bytes([b[2], b[3]]).to_f32())
+        .collect();
+    let l1 = Linear {
+        m: Weight::Quant(q1),
+        mins: Some(mins),
+        bias: None,
+    };
+    let l2 = Linear {
+        m: Weight::Quant(weight(12, 64).0),
+        mins: None,
+        bias: Some(seq(12, 4, 1.0)),
+    };
+    let l3 = Linear {
+        m: Weight::Dense(weight(9, 64).1),
+        mins: None,
+        bias: None,
+    };
+    for n in [1, 2, 5, 9] {
+        let x = seq(n * cols, 21 + n as u64, 3.0);
+        for act in [Act::Float, Act::Q8, Act::LlamaCpp] {
+            let group = apply_group(&[&l1, &l2, &l3], &x, n, act);
+            for (l, g) in [&l1, &l2, &l3].into_iter().zip(&group) {
+                let alone = l.apply(&x, n, act);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(g), bits(&alone), "n {n} {act:?}");
+            }
+        }
+    }
+}
