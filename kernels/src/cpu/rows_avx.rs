@@ -98,14 +98,15 @@ pub unsafe fn q8_rows4x2(
     block: usize,
 ) -> [[f32; 4]; 2] {
     let mut total = [_mm_setzero_ps(); 2];
-    for b in 0..w[0].len() / block {
+    let blocks = w[0].chunks_exact(block).zip(w[1].chunks_exact(block));
+    for (b, (w0b, w1b)) in blocks.enumerate() {
         let mut acc0 = [_mm256_setzero_ps(); 4];
         let mut acc1 = [_mm256_setzero_ps(); 4];
-        for c in (b * block..(b + 1) * block).step_by(8) {
-            let w0 = _mm256_loadu_ps(w[0].as_ptr().add(c));
-            let w1 = _mm256_loadu_ps(w[1].as_ptr().add(c));
+        for c in (0..block).step_by(8) {
+            let w0 = _mm256_loadu_ps(w0b.as_ptr().add(c));
+            let w1 = _mm256_loadu_ps(w1b.as_ptr().add(c));
             for r in 0..4 {
-                let qv = _mm256_loadu_ps(q[r].as_ptr().add(c));
+                let qv = _mm256_loadu_ps(q[r].as_ptr().add(b * block + c));
                 acc0[r] = _mm256_add_ps(acc0[r], _mm256_mul_ps(qv, w0));
                 acc1[r] = _mm256_add_ps(acc1[r], _mm256_mul_ps(qv, w1));
             }
