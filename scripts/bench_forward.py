@@ -16,7 +16,9 @@ prefill, taptree decode (f32, then q8), llama.cpp decode.
 
 - Prefill: the 37-token chat prompt "What is the capital of France?" in one
   forward. taptree: `capture --gen 0 --select stage=logits`, its own
-  "forward" time; llama.cpp: `Llama.eval` of the same token ids after a reset.
+  "forward" time (its positions over its printed positions/s, finer than
+  the printed seconds); llama.cpp: `Llama.eval` of the same token ids after
+  a reset.
 - Decode: GEN greedy steps after a 23-token plain-text prompt, the end token
   ignored. taptree: the forward time of `--gen GEN+1 --ignore-eos` (one
   prefill and GEN one-token forwards) minus that of `--gen 0` on the same
@@ -57,12 +59,17 @@ def taptree(args, out, cpus=None):
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"bench_forward: {' '.join(cmd)} failed:\n{r.stdout}{r.stderr}")
-    m = re.search(r"forward ([0-9.]+) s", r.stdout)
+    m = re.search(r"forward [0-9.]+ s, ([0-9.]+) positions/s", r.stdout)
     if not m:
         sys.exit(f"bench_forward: no forward time in taptree's output:\n{r.stdout}")
     with open(os.path.join(out, "manifest.json")) as f:
         manifest = json.load(f)
-    return float(m.group(1)), manifest
+    # The forward's seconds from its rate (printed to four or more digits;
+    # the seconds themselves to 10 ms, coarse for a prefill of 80 ms): the
+    # positions are the prompt and every generated token but the last.
+    generated = manifest["run"].get("extra", {}).get("generated_tokens", [[]])[0]
+    positions = len(manifest["run"]["prompt_tokens"]) + max(len(generated) - 1, 0)
+    return positions / float(m.group(1)), manifest
 
 
 def scaling(counts, rounds):

@@ -11,7 +11,7 @@ use super::embedding::{embed, scale_embedding};
 use super::ffn::gated;
 use super::llamacpp;
 use super::llamacpp_gemma;
-use super::matmul::{Act, Quantized};
+use super::matmul::{apply_group, Act};
 use super::norm::rms_norm;
 use super::residual::add_residual;
 use super::rope::{rope_with, RopeTable};
@@ -315,13 +315,11 @@ fn attention_block<T: Real>(
     let la = fam.attention(l, cfg.rope_base);
     let h = rms_norm(x, &lw.attn_norm, cfg.rms_eps);
     s.tap(st::ATTN_NORM, li, cfg.n_embd, &h);
-    let hq = Quantized::for_weights(&h, n, act, &[&lw.wq, &lw.wk, &lw.wv]);
-    let mut q = lw.wq.apply_shared(&h, n, act, Some(&hq));
+    let [mut q, mut k, v]: [Vec<T>; 3] = apply_group(&[&lw.wq, &lw.wk, &lw.wv], &h, n, act)
+        .try_into()
+        .expect("three outputs");
     s.tap(st::Q_PROJ, li, q_width, &q);
-    let mut k = lw.wk.apply_shared(&h, n, act, Some(&hq));
     s.tap(st::K_PROJ, li, kv_width, &k);
-    let v = lw.wv.apply_shared(&h, n, act, Some(&hq));
-    drop(hq);
     s.tap(st::V_PROJ, li, kv_width, &v);
     if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
         // One norm per head: `rms_norm` takes rows of the weight's width.
@@ -377,11 +375,10 @@ fn ffn_block<T: Real>(s: &Step, l: usize, lw: &DenseLayer, x: &[T]) -> Vec<T> {
     let h = rms_norm(x, &lw.ffn_norm, cfg.rms_eps);
     s.tap(st::FFN_NORM, li, d, &h);
     let up = s.acts.ffn_up;
-    let hq = Quantized::for_weights(&h, n, up, &[&lw.w_gate, &lw.w_up]);
-    let g = lw.w_gate.apply_shared(&h, n, up, Some(&hq));
+    let [g, u]: [Vec<T>; 2] = apply_group(&[&lw.w_gate, &lw.w_up], &h, n, up)
+        .try_into()
+        .expect("two outputs");
     s.tap(st::FFN_GATE, li, cfg.n_ff, &g);
-    let u = lw.w_up.apply_shared(&h, n, up, Some(&hq));
-    drop(hq);
     s.tap(st::FFN_UP, li, cfg.n_ff, &u);
     let gu = match s.ops {
         Ops::LlamaCpp { .. } => llamacpp_gemma::gated(fam.ffn, &g, &u),

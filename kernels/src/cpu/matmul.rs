@@ -73,6 +73,12 @@ impl Linear {
         shared: Option<&Quantized<T>>,
     ) -> Vec<T> {
         let mut y = matmul_shared(x, n, &self.m, self.mins.as_deref(), act, shared);
+        self.add_bias(&mut y);
+        y
+    }
+
+    /// Adds the bias, if any, to every row of `y`.
+    fn add_bias<T: Real>(&self, y: &mut [T]) {
         if let Some(b) = &self.bias {
             for row in y.chunks_exact_mut(b.len()) {
                 for (v, &bi) in row.iter_mut().zip(b) {
@@ -80,7 +86,6 @@ impl Linear {
                 }
             }
         }
-        y
     }
 }
 
@@ -289,7 +294,7 @@ fn matmul_shared<T: Real, W: WeightRows>(
     act: Act,
     shared: Option<&Quantized<T>>,
 ) -> Vec<T> {
-    let (rows, cols, block) = (w.rows(), w.cols(), w.block());
+    let (cols, block) = (w.cols(), w.block());
     assert_eq!(x.len(), n * cols, "matmul input is not [{n}, {cols}]");
     let quantized = act != Act::Float && block > 1;
     let own: Vec<QuantRow<T>>;
@@ -302,23 +307,94 @@ fn matmul_shared<T: Real, W: WeightRows>(
         _ => None,
     };
     let job = Job { x, n, w, mins, q };
-    // Output features in the outer loop: weight rows stay in cache while
-    // they meet every activation row. Results land transposed, `[rows, n]`.
-    let chunk = chunk_rows(rows);
-    let mut yt = vec![T::ZERO; rows * n];
-    yt.par_chunks_mut(chunk * n)
-        .enumerate()
-        .for_each(|(c, out)| fill_chunk(&job, c * chunk, out));
-    if n == 1 {
-        return yt;
-    }
-    let mut y = vec![T::ZERO; n * rows];
-    y.par_chunks_mut(rows).enumerate().for_each(|(r, y_r)| {
-        for (o, y_ro) in y_r.iter_mut().enumerate() {
-            *y_ro = yt[o * n + r];
+    run_jobs(&[job]).pop().expect("one output per job")
+}
+
+/// Several matmuls on the same input rows (q, k and v; gate and up) as one
+/// parallel region over all their output features, the activations
+/// quantized once per block size: outputs `[n, rows]` per weight, each bit
+/// for bit what [`Linear::apply`] gives (every output is one dot product in
+/// one order, whatever task computes it).
+pub fn apply_group<T: Real>(ls: &[&Linear], x: &[T], n: usize, act: Act) -> Vec<Vec<T>> {
+    let quantized = |l: &Linear| act != Act::Float && l.m.block() > 1;
+    let mut qs: Vec<(usize, Vec<QuantRow<T>>)> = Vec::new();
+    for l in ls.iter().filter(|l| quantized(l)) {
+        if !qs.iter().any(|(b, _)| *b == l.m.block()) {
+            qs.push((l.m.block(), quantize_rows(x, n, l.m.block(), act)));
         }
-    });
-    y
+    }
+    let jobs: Vec<_> = ls
+        .iter()
+        .map(|l| {
+            assert_eq!(
+                x.len(),
+                n * l.m.cols(),
+                "matmul input is not [{n}, {}]",
+                l.m.cols()
+            );
+            let q = quantized(l).then(|| {
+                let rows = qs.iter().find(|(b, _)| *b == l.m.block());
+                &rows.expect("quantized above").1[..]
+            });
+            Job {
+                x,
+                n,
+                w: &l.m,
+                mins: l.mins.as_deref(),
+                q,
+            }
+        })
+        .collect();
+    let mut ys = run_jobs(&jobs);
+    for (y, l) in ys.iter_mut().zip(ls) {
+        l.add_bias(y);
+    }
+    ys
+}
+
+/// A raw pointer to an output that rayon's tasks write at disjoint indices.
+struct Scatter<T>(*mut T);
+// SAFETY: the tasks of `run_jobs` write disjoint elements and nothing reads
+// the outputs until the region has joined.
+unsafe impl<T: Send> Sync for Scatter<T> {}
+
+/// The jobs' matmuls as one parallel region: tasks of [`chunk_rows`] output
+/// features of one job each, written straight into `[n, rows]` (no
+/// transposed copy, no second region).
+fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
+    let n = jobs.first().map_or(0, |j| j.n);
+    let total: usize = jobs.iter().map(|j| j.w.rows()).sum();
+    let chunk = chunk_rows(total);
+    let mut ys: Vec<Vec<T>> = jobs.iter().map(|j| vec![T::ZERO; n * j.w.rows()]).collect();
+    if n == 0 {
+        return ys;
+    }
+    let outs: Vec<Scatter<T>> = ys.iter_mut().map(|y| Scatter(y.as_mut_ptr())).collect();
+    let tasks: Vec<(usize, usize)> = jobs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, j)| (0..j.w.rows()).step_by(chunk).map(move |f| (i, f)))
+        .collect();
+    tasks
+        .par_iter()
+        .for_each_init(Vec::new, |buf, &(i, first)| {
+            let rows = jobs[i].w.rows();
+            let k = chunk.min(rows - first);
+            buf.clear();
+            buf.resize(k * n, T::ZERO);
+            // Output features in the outer loop: weight rows stay in cache
+            // while they meet every activation row; `buf` is `[k, n]`.
+            fill_chunk(&jobs[i], first, buf);
+            let out = &outs[i];
+            for (o, col) in buf.chunks_exact(n).enumerate() {
+                for (r, v) in col.iter().enumerate() {
+                    // SAFETY: in bounds (r < n, first + o < rows); this task
+                    // alone writes features first..first + k of output i.
+                    unsafe { *out.0.add(r * rows + first + o) = *v };
+                }
+            }
+        });
+    ys
 }
 
 /// Output features per rayon task: 16 (four groups of four weight rows),

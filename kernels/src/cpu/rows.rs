@@ -74,7 +74,9 @@ pub fn dot_w4<T: Real>(a: &[T], w: [&[f32]; 4]) -> [T; 4] {
 fn chunk_body<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [T]) {
     let (n, cols) = (job.n, job.w.cols());
     let k = out.len() / n;
-    let mut buf = vec![0f32; 4 * cols];
+    // Filled only where rows are dequantized to memory (a decode's fused
+    // groups never are): zeroing it per task had cost 5% of a decode.
+    let mut buf = Vec::new();
     let mut i = 0;
     while i < k {
         if n < 4 && k - i >= 4 && fused_group(job, first + i, &mut out[i * n..(i + 4) * n]) {
@@ -82,6 +84,7 @@ fn chunk_body<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [
             continue;
         }
         let g = (k - i).min(4);
+        buf.resize(4 * cols, 0f32);
         let mut parts = buf.chunks_exact_mut(cols);
         let mut wr: [&[f32]; 4] = [&[]; 4];
         for (j, slot) in wr.iter_mut().enumerate().take(g) {
@@ -155,6 +158,20 @@ pub trait Dots: Sized + Copy {
     fn dot4_fast(_a: [&[Self]; 4], _w: &[f32]) -> Option<[Self; 4]> {
         None
     }
+    /// Four rows of `a` dotted with two weight rows at once (eight sums, each
+    /// [`dot4`]'s), or `None`.
+    fn dot4x2_fast(_a: [&[Self]; 4], _w: [&[f32]; 2]) -> Option<[[Self; 4]; 2]> {
+        None
+    }
+    /// Four q8 rows dotted with two weight rows in blocks of `b`, or `None`.
+    fn q8_rows4x2_fast(
+        _q: [&[Self]; 4],
+        _d: [&[Self]; 4],
+        _w: [&[f32]; 2],
+        _b: usize,
+    ) -> Option<[[Self; 4]; 2]> {
+        None
+    }
     /// One row `a` dotted with four weight rows at once, or `None`.
     fn dot_w4_fast(_a: &[Self], _w: [&[f32]; 4]) -> Option<[Self; 4]> {
         None
@@ -205,6 +222,29 @@ impl Dots for f32 {
         ok.then(|| unsafe { super::rows_avx::dot4(a, w) })
     }
     #[inline(always)]
+    fn dot4x2_fast(a: [&[f32]; 4], w: [&[f32]; 2]) -> Option<[[f32; 4]; 2]> {
+        let len = w[0].len();
+        let ok = avx(len) && w[1].len() == len && a.iter().all(|r| r.len() >= len);
+        // SAFETY: AVX checked by `avx`, lengths just above.
+        ok.then(|| unsafe { super::rows_avx::dot4x2(a, w) })
+    }
+    #[inline(always)]
+    fn q8_rows4x2_fast(
+        q: [&[f32]; 4],
+        d: [&[f32]; 4],
+        w: [&[f32]; 2],
+        b: usize,
+    ) -> Option<[[f32; 4]; 2]> {
+        let len = w[0].len();
+        let ok = avx(b)
+            && len % b == 0
+            && w[1].len() == len
+            && q.iter().all(|r| r.len() >= len)
+            && d.iter().all(|r| r.len() >= len / b);
+        // SAFETY: as above.
+        ok.then(|| unsafe { super::rows_avx::q8_rows4x2(q, d, w, b) })
+    }
+    #[inline(always)]
     fn dot_w4_fast(a: &[f32], w: [&[f32]; 4]) -> Option<[f32; 4]> {
         let ok = avx(a.len()) && w.iter().all(|r| r.len() >= a.len());
         // SAFETY: as above.
@@ -231,7 +271,7 @@ impl Dots for f32 {
     #[inline(always)]
     fn dot_w4_blocks_fast(a: &[f32], ty: GgmlType, w: [&[u8]; 4]) -> Option<[f32; 4]> {
         let ok = fused(ty, a.len(), w);
-        // SAFETY: AVX2 and F16C checked by `fused`, with the lengths.
+        // SAFETY: AVX2, F16C and FMA checked by `fused`, with the lengths.
         ok.then(|| unsafe { super::rows_avx::dot_w4_blocks(ty, a, w) })
     }
     #[inline(always)]
@@ -252,6 +292,7 @@ fn fused(ty: GgmlType, len: usize, w: [&[u8]; 4]) -> bool {
         && w.iter().all(|r| r.len() == ty.row_bytes(len))
         && std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("f16c")
+        && std::arch::is_x86_feature_detected!("fma")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -278,13 +319,25 @@ fn float_group<T: Real, W>(job: &Job<T, W>, g: usize, wr: [&[f32]; 4], out: &mut
         }
         return;
     }
-    for (j, o_out) in out.chunks_exact_mut(n).enumerate() {
+    // Weight rows in pairs (eight sums in flight), a last odd one alone.
+    let mut j = 0;
+    while j < g {
+        let pair = g - j >= 2;
         for r in (0..n).step_by(4) {
             let a = four(row, r, n);
-            let y = T::dot4_fast(a, wr[j]).unwrap_or_else(|| dot4(a, wr[j]));
+            let y = if pair {
+                let w2 = [wr[j], wr[j + 1]];
+                T::dot4x2_fast(a, w2).unwrap_or_else(|| w2.map(|w| dot4(a, w)))
+            } else {
+                let y = T::dot4_fast(a, wr[j]).unwrap_or_else(|| dot4(a, wr[j]));
+                [y, y]
+            };
             let m = (n - r).min(4);
-            o_out[r..r + m].copy_from_slice(&y[..m]);
+            for (t, yt) in y.iter().enumerate().take(if pair { 2 } else { 1 }) {
+                out[(j + t) * n + r..][..m].copy_from_slice(&yt[..m]);
+            }
         }
+        j += if pair { 2 } else { 1 };
     }
 }
 
@@ -323,12 +376,14 @@ fn q8_group<T: Real, W: WeightRows>(
         }
         return;
     }
-    for (j, o_out) in out.chunks_exact_mut(n).enumerate() {
-        let w = wr[j];
+    // Weight rows in pairs, as in `float_group`.
+    let mut j = 0;
+    while j < g {
+        let pair = g - j >= 2;
         for r in (0..n).step_by(4) {
             let qs = four(|i| &q[i], r, n);
-            let fast = T::q8_rows4_fast(qs.map(|x| &x.q[..]), qs.map(|x| &x.d[..]), w, block);
-            let mut acc = fast.unwrap_or_else(|| {
+            let (qv, dv) = (qs.map(|x| &x.q[..]), qs.map(|x| &x.d[..]));
+            let portable = |w: &[f32]| {
                 let mut acc = [T::ZERO; 4];
                 for b in 0..nb {
                     let s = b * block..(b + 1) * block;
@@ -338,12 +393,23 @@ fn q8_group<T: Real, W: WeightRows>(
                     }
                 }
                 acc
-            });
+            };
+            let mut accs = if pair {
+                let w2 = [wr[j], wr[j + 1]];
+                T::q8_rows4x2_fast(qv, dv, w2, block).unwrap_or_else(|| w2.map(portable))
+            } else {
+                let y = T::q8_rows4_fast(qv, dv, wr[j], block).unwrap_or_else(|| portable(wr[j]));
+                [y, y]
+            };
             let m = (n - r).min(4);
-            for ((a, qr), y) in acc.iter_mut().zip(qs).zip(&mut o_out[r..r + m]) {
-                min_term(o0 + j, qr, a);
-                *y = *a;
+            for (t, acc) in accs.iter_mut().enumerate().take(if pair { 2 } else { 1 }) {
+                let o_out = &mut out[(j + t) * n + r..][..m];
+                for ((a, qr), y) in acc.iter_mut().zip(qs).zip(o_out) {
+                    min_term(o0 + j + t, qr, a);
+                    *y = *a;
+                }
             }
         }
+        j += if pair { 2 } else { 1 };
     }
 }

@@ -57,6 +57,70 @@ pub unsafe fn dot4(a: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
     out
 }
 
+/// [`dot4`] against two weight rows at once: eight independent sums (four
+/// activation rows times two weight rows), each in [`dot4`]'s order, so
+/// eight add chains are in flight instead of four and each activation
+/// vector loaded serves two products. Same bits as two [`dot4`] calls.
+///
+/// # Safety
+/// As [`dot4`], with both weight rows the same length.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+pub unsafe fn dot4x2(a: [&[f32]; 4], w: [&[f32]; 2]) -> [[f32; 4]; 2] {
+    let mut acc0 = [_mm256_setzero_ps(); 4];
+    let mut acc1 = [_mm256_setzero_ps(); 4];
+    for c in (0..w[0].len()).step_by(8) {
+        let w0 = _mm256_loadu_ps(w[0].as_ptr().add(c));
+        let w1 = _mm256_loadu_ps(w[1].as_ptr().add(c));
+        for r in 0..4 {
+            let av = _mm256_loadu_ps(a[r].as_ptr().add(c));
+            acc0[r] = _mm256_add_ps(acc0[r], _mm256_mul_ps(av, w0));
+            acc1[r] = _mm256_add_ps(acc1[r], _mm256_mul_ps(av, w1));
+        }
+    }
+    let mut out = [[0f32; 4]; 2];
+    _mm_storeu_ps(out[0].as_mut_ptr(), reduce4(acc0));
+    _mm_storeu_ps(out[1].as_mut_ptr(), reduce4(acc1));
+    out
+}
+
+/// [`q8_rows4`] against two weight rows at once, as [`dot4x2`] is to
+/// [`dot4`]: the same bits as two [`q8_rows4`] calls.
+///
+/// # Safety
+/// As [`q8_rows4`], with both weight rows the same length.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+pub unsafe fn q8_rows4x2(
+    q: [&[f32]; 4],
+    d: [&[f32]; 4],
+    w: [&[f32]; 2],
+    block: usize,
+) -> [[f32; 4]; 2] {
+    let mut total = [_mm_setzero_ps(); 2];
+    let blocks = w[0].chunks_exact(block).zip(w[1].chunks_exact(block));
+    for (b, (w0b, w1b)) in blocks.enumerate() {
+        let mut acc0 = [_mm256_setzero_ps(); 4];
+        let mut acc1 = [_mm256_setzero_ps(); 4];
+        for c in (0..block).step_by(8) {
+            let w0 = _mm256_loadu_ps(w0b.as_ptr().add(c));
+            let w1 = _mm256_loadu_ps(w1b.as_ptr().add(c));
+            for r in 0..4 {
+                let qv = _mm256_loadu_ps(q[r].as_ptr().add(b * block + c));
+                acc0[r] = _mm256_add_ps(acc0[r], _mm256_mul_ps(qv, w0));
+                acc1[r] = _mm256_add_ps(acc1[r], _mm256_mul_ps(qv, w1));
+            }
+        }
+        let dv = _mm_setr_ps(d[0][b], d[1][b], d[2][b], d[3][b]);
+        total[0] = _mm_add_ps(total[0], _mm_mul_ps(dv, reduce4(acc0)));
+        total[1] = _mm_add_ps(total[1], _mm_mul_ps(dv, reduce4(acc1)));
+    }
+    let mut out = [[0f32; 4]; 2];
+    _mm_storeu_ps(out[0].as_mut_ptr(), total[0]);
+    _mm_storeu_ps(out[1].as_mut_ptr(), total[1]);
+    out
+}
+
 /// `[dot(a, w[j]); 4]` (see [`super::rows::dot_w4`]); lengths a multiple of 8.
 ///
 /// # Safety
@@ -132,14 +196,16 @@ pub unsafe fn q8_w4(q: &[f32], d: &[f32], w: [&[f32]; 4], block: usize) -> [f32;
 /// The 32 weights of one Q4_0, Q4_1 or Q8_0 block (`ty`'s id, a constant so
 /// the match folds away) as four vectors, in the expressions of
 /// [`super::qmatrix::dequantize_blocks`]: the integer to f32 conversion is
-/// exact; then one `mul` and, for Q4_1, one `add`. The f16 scales convert
-/// with F16C (exact, as `half`'s conversion).
+/// exact; then one `mul` and, for Q4_1, one `add`, fused into one FMA
+/// because the product is exact (the same bits; the dot products that use
+/// these weights never fuse). The f16 scales convert with F16C (exact, as
+/// `half`'s conversion).
 ///
 /// # Safety
-/// The CPU must support AVX2 and F16C; `b` points at one whole block.
+/// The CPU must support AVX2, F16C and FMA; `b` points at one whole block.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,f16c,fma")]
 unsafe fn block_weights<const TY: u32>(b: *const u8) -> [__m256; 4] {
     let mask = _mm_set1_epi8(0x0F);
     // The block's f16 scale (and, for Q4_1, its minimum) in lanes 0 (and 1).
@@ -164,7 +230,10 @@ unsafe fn block_weights<const TY: u32>(b: *const u8) -> [__m256; 4] {
         *wk = if TY == Q4_1 {
             let m = _mm256_broadcastss_ps(_mm_permute_ps(h, 0b01_01_01_01));
             let f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
-            _mm256_add_ps(_mm256_mul_ps(f, d), m)
+            // `f * d` is exact (a 4-bit integer times an f16's 11-bit
+            // significand fits f32's 24), so rounding once after the add
+            // (FMA) is rounding `f * d + m` as the `mul` then `add` does.
+            _mm256_fmadd_ps(f, d, m)
         } else if TY == Q4_0 {
             let i = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), _mm256_set1_epi32(8));
             _mm256_mul_ps(_mm256_cvtepi32_ps(i), d)
@@ -221,16 +290,16 @@ macro_rules! by_type {
 /// ([`block_weights`]). Other formats are left to the caller.
 ///
 /// # Safety
-/// The CPU must support AVX2 and F16C; `data` whole blocks of `ty` and `out`
+/// The CPU must support AVX2, F16C and FMA; `data` whole blocks of `ty` and `out`
 /// as long as their weights.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,f16c,fma")]
 pub unsafe fn dequantize(ty: model::quant::GgmlType, data: &[u8], out: &mut [f32]) {
     by_type!(ty, dequantize_ty(ty.type_size(), data, out))
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,f16c,fma")]
 unsafe fn dequantize_ty<const TY: u32>(ts: usize, data: &[u8], out: &mut [f32]) {
     for (b, y) in data.chunks_exact(ts).zip(out.chunks_exact_mut(32)) {
         let w = block_weights::<TY>(b.as_ptr());
@@ -246,16 +315,16 @@ unsafe fn dequantize_ty<const TY: u32>(ts: usize, data: &[u8], out: &mut [f32]) 
 /// in ascending order), so the same bits as dequantizing first.
 ///
 /// # Safety
-/// The CPU must support AVX2 and F16C; `a.len()` a multiple of 32 and each
+/// The CPU must support AVX2, F16C and FMA; `a.len()` a multiple of 32 and each
 /// `w[j]` that many weights of whole blocks of `ty`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,f16c,fma")]
 pub unsafe fn dot_w4_blocks(ty: model::quant::GgmlType, a: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
     by_type!(ty, dot_w4_ty(ty.type_size(), a, w))
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,f16c,fma")]
 unsafe fn dot_w4_ty<const TY: u32>(ts: usize, a: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
     let mut acc = [_mm256_setzero_ps(); 4];
     for blk in 0..a.len() / 32 {
@@ -278,7 +347,7 @@ unsafe fn dot_w4_ty<const TY: u32>(ts: usize, a: &[f32], w: [&[u8]; 4]) -> [f32;
 /// # Safety
 /// As [`dot_w4_blocks`], with `q` for `a` and `d` holding `q.len() / 32` scales.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,f16c,fma")]
 pub unsafe fn q8_w4_blocks(
     ty: model::quant::GgmlType,
     q: &[f32],
@@ -289,7 +358,7 @@ pub unsafe fn q8_w4_blocks(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,f16c,fma")]
 unsafe fn q8_w4_ty<const TY: u32>(ts: usize, q: &[f32], d: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
     let mut total = _mm_setzero_ps();
     for (blk, &db) in d.iter().enumerate().take(q.len() / 32) {
