@@ -206,6 +206,21 @@ fn map_or_read(
     Ok(ManifestBytes::Read(bytes))
 }
 
+/// A regular file's bytes, whatever its size: mapped and populated
+/// (sequential reads follow), or read where mapping fails (an empty file).
+fn map_whole(file: &std::fs::File) -> std::io::Result<crate::manifest_file::ManifestBytes> {
+    use crate::manifest_file::ManifestBytes;
+    // SAFETY: read-only; a tree's manifest and index are renamed into
+    // place whole and never written again.
+    if let Ok(map) = unsafe { memmap2::MmapOptions::new().populate().map(file) } {
+        return Ok(ManifestBytes::Mapped(map));
+    }
+    let mut bytes = Vec::new();
+    let mut f = file;
+    f.read_to_end(&mut bytes)?;
+    Ok(ManifestBytes::Read(bytes))
+}
+
 /// A regular file mapped, not populated: the threads that checksum it
 /// fault its pages in side by side.
 fn map_plain(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
@@ -258,12 +273,10 @@ pub(crate) fn open_manifest(tree: &Path, json: &[u8]) -> Result<Manifest> {
         path: json_path.clone(),
         reason,
     };
-    let mut file = open_index(tree)?;
-    let mut index = Vec::new();
-    // An index holds less than a third of its manifest's bytes.
-    read_all(&mut file, &mut index, json.len() / 3 + HEAD_LEN)
-        .map_err(|e| Error::io(tree.join(INDEX_FILE), e))
-        .map(|n| index.truncate(n))?;
+    let file = open_index(tree)?;
+    // Mapped, not read: a read into fresh zeroed pages (grown by doubling
+    // past a guess at its size) cost more than decoding the records.
+    let index = map_whole(&file).map_err(|e| Error::io(tree.join(INDEX_FILE), e))?;
     let head = IndexHead::parse(&index).map_err(|r| bad_index(tree, r))?;
     let span = head.entries_span(json.len() as u64).map_err(bad_json)?;
     head.check_whole_json(json).map_err(bad_json)?;
