@@ -18,9 +18,10 @@
 //! (the input is in DIR/input). A mutated manifest is sealed again (its
 //! `manifest_blake3` redone) half the time, so that the parser behind the
 //! seal check is reached. The `index` target mutates the binary index
-//! (`manifest.idx`) of the golden manifest made format 2.1, beside that
-//! manifest, and redoes its body hash and head seal half the time, so that
-//! the record decoder is reached. Exit 1 if any panic was seen.
+//! (`manifest.idx`) of the golden manifest made format 2.3 (chunked
+//! checksums) or 2.1 (whole-file checksums), each beside its manifest in a
+//! tree of its own, and redoes its body hash and head seal half the time, so
+//! that the record decoder is reached. Exit 1 if any panic was seen.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
@@ -124,14 +125,22 @@ fn run() -> Result<(), String> {
     };
     let tree = dir.join("tree");
     std::fs::create_dir_all(&tree).map_err(|e| format!("{}: {e}", tree.display()))?;
+    // The tree each seed is read in: an index is read beside the manifest
+    // of its own version, so the index target has a tree per seed.
+    let mut trees = vec![tree.clone()];
     let seeds: Vec<Vec<u8>> = match target {
         Target::Manifest => {
             copy_tree(&golden, &tree)?;
             vec![read(&golden.join("manifest.json"))?]
         }
         Target::Index => {
-            copy_tree(&golden, &tree)?;
-            vec![index_seed(&golden, &tree)?]
+            trees.push(dir.join("tree-2.1"));
+            let mut seeds = Vec::new();
+            for (t, version) in trees.iter().zip(["2.3", "2.1"]) {
+                copy_tree(&golden, t)?;
+                seeds.push(index_seed(&golden, t, version)?);
+            }
+            seeds
         }
         Target::TapFile => [
             "L000/attn_norm.p0-5.safetensors",
@@ -164,7 +173,9 @@ fn run() -> Result<(), String> {
     let (mut iterations, mut accepted, mut panics) = (0u64, 0u64, 0u64);
     let deadline = Instant::now() + Duration::from_secs(seconds);
     while Instant::now() < deadline {
-        let mut data = seeds[rng.usize(..seeds.len())].clone();
+        let which = rng.usize(..seeds.len());
+        let tree = &trees[which.min(trees.len() - 1)];
+        let mut data = seeds[which].clone();
         for _ in 0..rng.usize(1..=4) {
             mutate(&mut rng, &mut data, target);
         }
@@ -181,7 +192,7 @@ fn run() -> Result<(), String> {
             _ => input.clone(),
         };
         std::fs::write(&path, &data).map_err(|e| format!("{}: {e}", path.display()))?;
-        let outcome = std::panic::catch_unwind(|| parse(target, &data, &tree, &path));
+        let outcome = std::panic::catch_unwind(|| parse(target, &data, tree, &path));
         iterations += 1;
         match outcome {
             Ok(true) => accepted += 1,
@@ -337,22 +348,22 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// The golden tree's manifest made format 2.1 (written into `tree`) and the
-/// bytes of its index: the seed of the `index` target.
-fn index_seed(golden: &Path, tree: &Path) -> Result<Vec<u8>, String> {
+/// The golden tree's manifest made format `version` (written into `tree`)
+/// and the bytes of its index: a seed of the `index` target.
+fn index_seed(golden: &Path, tree: &Path, version: &str) -> Result<Vec<u8>, String> {
     let text = String::from_utf8(read(&golden.join("manifest.json"))?)
         .map_err(|e| format!("golden manifest: {e}"))?;
     let mut json = text
         .replacen(
             "\"format_version\":\"2.0\"",
-            "\"format_version\":\"2.1\"",
+            &format!("\"format_version\":\"{version}\""),
             1,
         )
         .into_bytes();
     capture::manifest::seal(&mut json);
     let m: capture::Manifest =
         serde_json::from_slice(&json).map_err(|e| format!("golden manifest: {e}"))?;
-    if m.format_version != "2.1" {
+    if m.format_version != version {
         return Err("the golden manifest is not format 2.0".into());
     }
     let index = capture::index::build(&json, &m)?;

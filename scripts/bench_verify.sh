@@ -8,17 +8,28 @@
 #   RUNS=9 GEN_ARGS="--positions 50" bash scripts/bench_verify.sh
 #
 # The trees (about 1.7 GB together) go to a temporary directory under
-# $TMPDIR (or WORK=dir) and are deleted on exit. TAPTREE=path and GEN=path
-# use prebuilt binaries (taptree, and capture's gen_tree example) instead
-# of building them.
+# $TMPDIR (or WORK=dir) and are deleted on exit; TREES=dir keeps them in
+# dir/a and dir/b instead (generated only where missing, never deleted), so
+# that several runs time the same trees. TAPTREE=path and GEN=path use
+# prebuilt binaries (taptree, and capture's gen_tree example) instead of
+# building them; TAPTREE may name several taptree binaries, separated by
+# spaces (a before and an after): each one's trusted verify is timed against
+# the same `diff -rq`, the --rehash row is the first one's. REHASH=0 leaves
+# the --rehash row out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNS=${RUNS:-5}
 GEN_ARGS=${GEN_ARGS:-}
+REHASH=${REHASH:-1}
 TARGET=${CARGO_TARGET_DIR:-target}
-WORK=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/taptree-bench.XXXXXX")}
-trap 'rm -rf "$WORK"' EXIT
+if [[ -n "${TREES:-}" ]]; then
+  WORK=$TREES
+  mkdir -p "$WORK"
+else
+  WORK=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/taptree-bench.XXXXXX")}
+  trap 'rm -rf "$WORK"' EXIT
+fi
 
 if [[ -z "${TAPTREE:-}" || -z "${GEN:-}" ]]; then
   cargo build --release --quiet --bin taptree
@@ -26,11 +37,14 @@ if [[ -z "${TAPTREE:-}" || -z "${GEN:-}" ]]; then
 fi
 TAPTREE=${TAPTREE:-$TARGET/release/taptree}
 GEN=${GEN:-$TARGET/release/examples/gen_tree}
+read -r -a TAPTREES <<<"$TAPTREE"
 
-# shellcheck disable=SC2086
-"$GEN" "$WORK/a" $GEN_ARGS
-# shellcheck disable=SC2086
-"$GEN" "$WORK/b" $GEN_ARGS
+for tree in a b; do
+  if [[ ! -e "$WORK/$tree/manifest.json" ]]; then
+    # shellcheck disable=SC2086
+    "$GEN" "$WORK/$tree" $GEN_ARGS
+  fi
+done
 echo "trees: $(find "$WORK/a" -name '*.safetensors' | wc -l) taps each, $(du -sh "$WORK/a" | cut -f1) each"
 
 # Runs a command RUNS times after one warm-up; prints the median seconds.
@@ -56,15 +70,31 @@ median_of() {
   printf '%s\n' "${times[@]}" | sort -g | awk '{ t[NR] = $1 } END { printf "%.6f\n", t[int((NR + 1) / 2)] }'
 }
 
-verify=$(median_of "$TAPTREE" verify "$WORK/a" "$WORK/b")
-rehash=$(median_of "$TAPTREE" verify --rehash "$WORK/a" "$WORK/b")
+verify=()
+for bin in "${TAPTREES[@]}"; do
+  verify+=("$(median_of "$bin" verify "$WORK/a" "$WORK/b")")
+done
+rehash=
+if [[ $REHASH != 0 ]]; then
+  rehash=$(median_of "${TAPTREES[0]}" verify --rehash "$WORK/a" "$WORK/b")
+fi
 diffrq=$(median_of diff -rq "$WORK/a" "$WORK/b")
 
 echo "median of $RUNS runs (warm cache), $(nproc) cores, load average $(cut -d' ' -f1 /proc/loadavg):"
-printf '  taptree verify A B            %9.5f s\n' "$verify"
-printf '  taptree verify --rehash A B   %9.5f s\n' "$rehash"
+for i in "${!TAPTREES[@]}"; do
+  (( ${#TAPTREES[@]} > 1 )) && echo "  ${TAPTREES[$i]}:"
+  printf '  taptree verify A B            %9.5f s\n' "${verify[$i]}"
+done
+[[ -n $rehash ]] && printf '  taptree verify --rehash A B   %9.5f s\n' "$rehash"
 printf '  diff -rq A B                  %9.5f s\n' "$diffrq"
-awk -v v="$verify" -v r="$rehash" -v d="$diffrq" 'BEGIN {
-  printf "  verify is %.1fx faster than diff -rq (target >= 279x)\n", d / v
-  printf "  verify --rehash takes %.2fx the time of diff -rq (target <= 1.0x)\n", r / d
-}'
+for i in "${!TAPTREES[@]}"; do
+  (( ${#TAPTREES[@]} > 1 )) && echo "  ${TAPTREES[$i]}:"
+  awk -v v="${verify[$i]}" -v d="$diffrq" 'BEGIN {
+    printf "  verify is %.1fx faster than diff -rq (target >= 279x)\n", d / v
+  }'
+done
+if [[ -n $rehash ]]; then
+  awk -v r="$rehash" -v d="$diffrq" 'BEGIN {
+    printf "  verify --rehash takes %.2fx the time of diff -rq (target <= 1.0x)\n", r / d
+  }'
+fi

@@ -21,7 +21,8 @@ Three parts, each a number of tries:
 - kill: `taptree capture` and `capture --force` killed (SIGKILL) at a random
   moment. The path must then hold the old tree, intact, or the new one,
   complete (or, for a first capture, no tree or an incomplete one), and the
-  next capture to the path must leave nothing beside it.
+  next capture to the path must leave nothing beside it but the path's
+  spare (the tree a `--force` capture replaced).
 - hostile: inputs built to exhaust memory or time or to block; each must exit
   2 with a one-line message within the time limit, under a 4 GiB address
   space limit.
@@ -229,7 +230,13 @@ def kills(n, rng, work):
                 t.silent += 1
                 t.note("kill %d: the next capture failed: %s" % (i, err.strip()[:200]))
             continue
-        left = sorted(set(os.listdir(parent)) - {"t"})
+        # The tree a --force capture replaced stays as the path's spare
+        # (docs/FORMAT.md), a tree (incomplete if the replaced one was);
+        # anything else is a leftover.
+        spare = os.path.join(parent, ".t.taptree-spare")
+        left = sorted(set(os.listdir(parent)) - {"t", ".t.taptree-spare"})
+        if os.path.exists(spare) and not os.path.exists(os.path.join(spare, ".taptree")):
+            left.append(".t.taptree-spare (not a tree)")
         if left:
             t.leaked += 1
             t.note("kill %d (%s): left %s" % (i, "force" if force else "fresh", left))

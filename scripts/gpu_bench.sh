@@ -19,7 +19,9 @@
 #   it per TAPTREE_SYNC_THREADS value, FRESH=1 writes every capture to a new
 #   directory instead of replacing the last tree (no deletion in the timed
 #   region). TAPTREE_TIMING=1 in the environment makes each capture print
-#   its finish's phases (see the last capture's log).
+#   its finish's phases (see the last capture's log); TAPTREE_SPARE=0 makes
+#   each --force capture delete the tree it replaces instead of keeping it
+#   as the next one's spare (docs/FORMAT.md).
 set -uo pipefail
 
 TAPTREE=${TAPTREE:-taptree}
@@ -52,9 +54,11 @@ timed() {
 
 # One end-to-end comparison: ROUNDS rounds of the logits-only and the full
 # capture, interleaved, after one warm-up of each. By default each replaces
-# the last tree with --force, as a user re-running does: the filesystem's
-# work for the deleted tree (on ext4 mounted with discard, seconds) then
-# lands on the next capture. With FRESH=1 each capture writes a new
+# the last tree with --force, as a user re-running does, writing over the
+# files of the tree replaced the time before (the spare); with
+# TAPTREE_SPARE=0 it deletes the tree it replaces, and the filesystem's
+# work for that (on ext4 mounted with discard, seconds) lands on the next
+# capture. With FRESH=1 each capture writes a new
 # directory and nothing is deleted until every round is done: the capture's
 # own cost.
 e2e() {

@@ -6,13 +6,13 @@ mod bisect;
 mod cli;
 mod drift;
 mod exit;
+mod start;
 
-use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     quiet_on_broken_pipe();
-    let args = cli::Cli::parse();
+    let args = start::parse();
     match cli::run(args) {
         Ok(code) => ExitCode::from(code),
         Err(err) if is_broken_pipe(&err) => ExitCode::from(exit::OK),

@@ -135,6 +135,21 @@ fn unsafe_manifests_are_refused() {
 }
 
 #[test]
+fn a_newer_minor_version_is_refused_as_newer_not_damaged() {
+    let (_dir, a, b) = two_trees(0.0);
+    edit_manifest(&b, |m| m["format_version"] = "2.4".into());
+    let problem = "written by a newer taptree (format 2.4); this taptree reads up to 2.3";
+    assert_refused(&taptree(&[&"verify", &a, &b]), "manifest", problem);
+    assert_refused(&taptree(&[&"verify", &b]), "manifest", problem);
+    assert_refused(
+        &taptree(&[&"verify", &"--rehash", &a, &b]),
+        "manifest",
+        problem,
+    );
+    assert_refused(&taptree(&[&"ls", &b]), "manifest", problem);
+}
+
+#[test]
 fn a_symlink_out_of_the_tree_is_refused() {
     let (dir, a, b) = two_trees(0.0);
     let file = b.join("L000/attn_norm.p0-4.safetensors");

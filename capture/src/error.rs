@@ -79,6 +79,19 @@ pub enum Error {
         supported: u32,
     },
 
+    /// The manifest's version is of the newest major version this reader
+    /// knows, but a newer minor: its index or fields may follow rules this
+    /// reader does not check, so it is refused rather than called damaged.
+    #[error("{}: written by a newer taptree (format {found}); this taptree reads up to {newest}", path.display())]
+    NewerVersion {
+        /// The manifest file.
+        path: PathBuf,
+        /// The version it declares.
+        found: String,
+        /// The newest version this reader reads.
+        newest: &'static str,
+    },
+
     /// The manifest is not valid JSON or not a taptree manifest.
     #[error("{}: bad manifest: {reason}", path.display())]
     BadManifest {

@@ -53,6 +53,7 @@ mod out_dir;
 mod reader;
 pub mod select;
 mod session;
+mod spare;
 pub mod stage;
 pub mod tapfile;
 mod writer;

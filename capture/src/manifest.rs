@@ -23,8 +23,9 @@ use crate::stage::StageSpec;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// The format version this crate writes, `major.minor`. A reader refuses a
-/// major version it does not know; a newer minor only adds fields it may ignore.
+/// The format version this crate writes, `major.minor`, and the newest it
+/// reads: a reader refuses a major version it does not know, and a newer
+/// minor of its own major (docs/FORMAT.md, "Versioning").
 pub const FORMAT_VERSION: &str = "2.3";
 /// The version written instead of [`FORMAT_VERSION`] by a tree (and in the
 /// tap files) holding ranked taps (tensor parallel: `rank` and `shard` in

@@ -174,8 +174,18 @@ impl std::ops::Deref for ManifestBytes {
     }
 }
 
+/// Whether this reader reads a tree of format `version`: a major version
+/// it knows, and, in the newest major, no newer minor than the one it
+/// writes (minors 2.1 and 2.3 changed the index's rules, which an older
+/// reader would take for damage).
 pub(crate) fn check_version(path: &Path, version: &str) -> Result<()> {
+    let newest = manifest::parse_version(manifest::FORMAT_VERSION);
     match manifest::parse_version(version) {
+        Some(v) if newest.is_some_and(|n| v.0 == n.0 && v > n) => Err(Error::NewerVersion {
+            path: path.to_path_buf(),
+            found: version.to_string(),
+            newest: manifest::FORMAT_VERSION,
+        }),
         Some((major, _)) if (FORMAT_MAJOR_OLDEST..=FORMAT_MAJOR).contains(&major) => Ok(()),
         _ => Err(Error::UnsupportedVersion {
             path: path.to_path_buf(),

@@ -156,8 +156,10 @@ pub(crate) fn tree_remains(dir: &Path) -> bool {
     })
 }
 
-/// Makes `out` ready; returns the staging directory when replacing a tree.
-pub(crate) fn prepare_out(out: &Path, force: bool) -> Result<Option<PathBuf>> {
+/// Makes `out` ready; returns the staging directory when replacing a tree,
+/// and whether it is the path's spare (`crate::spare`), holding the
+/// replaced tree's files to be written over.
+pub(crate) fn prepare_out(out: &Path, force: bool) -> Result<Option<(PathBuf, bool)>> {
     recover_siblings(out)?;
     match std::fs::symlink_metadata(out) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -189,9 +191,12 @@ pub(crate) fn prepare_out(out: &Path, force: bool) -> Result<Option<PathBuf>> {
             if staging.exists() {
                 remove_tree(&staging).map_err(|e| Error::io(&staging, e))?;
             }
-            std::fs::create_dir(&staging).map_err(|e| Error::io(&staging, e))?;
+            let recycled = crate::spare::take(out, &staging)?;
+            if !recycled {
+                std::fs::create_dir(&staging).map_err(|e| Error::io(&staging, e))?;
+            }
             write_marker(&staging)?;
-            Ok(Some(staging))
+            Ok(Some((staging, recycled)))
         }
     }
 }
@@ -250,7 +255,7 @@ pub(crate) fn recover_siblings(out: &Path) -> Result<()> {
             remove_tree(&path).map_err(|e| Error::io(&path, e))?;
         }
     }
-    Ok(())
+    crate::spare::drop_orphan(out)
 }
 
 /// Whether process `pid` is running (or may be: anything unsure is yes).

@@ -5,7 +5,9 @@
 //! dies: the new tree is written into a hidden sibling staging directory
 //! (`.NAME.taptree-new-PID`), and only after its manifest is on disk is the
 //! old tree renamed aside (`.NAME.taptree-old-PID`), the new one renamed into
-//! place and the old one deleted. A crash before that leaves the old tree
+//! place and the old one kept as the path's spare (`crate::spare`: the next
+//! replacement writes over its files rather than deleting them), or deleted
+//! with `TAPTREE_SPARE=0`. A crash before that leaves the old tree
 //! untouched; a crash between the two renames leaves both trees complete
 //! under their hidden names. The next capture to the same path cleans up
 //! after a killed one: it puts the old tree back if the path is empty, and
@@ -59,6 +61,9 @@ pub struct Capture {
     out: PathBuf,
     /// Set when replacing an existing tree: where the new one is staged.
     staging: Option<PathBuf>,
+    /// The staging directory is the path's spare, holding the replaced
+    /// tree's files (`crate::spare`).
+    recycled: bool,
     stages: Vec<StageSpec>,
     run: RunInfo,
     done: bool,
@@ -77,7 +82,10 @@ impl Capture {
             });
         }
         let lock = PathLock::acquire(&opts.out)?;
-        let staging = prepare_out(&opts.out, opts.force)?;
+        let (staging, recycled) = match prepare_out(&opts.out, opts.force)? {
+            Some((dir, recycled)) => (Some(dir), recycled),
+            None => (None, false),
+        };
         let dir = staging.clone().unwrap_or_else(|| opts.out.clone());
         let threads = std::thread::available_parallelism()
             .map_or(2, |n| n.get())
@@ -88,6 +96,7 @@ impl Capture {
             writers,
             out: opts.out,
             staging,
+            recycled,
             stages: opts.stages,
             run: opts.run,
             done: false,
@@ -172,6 +181,11 @@ impl Capture {
             return Err(err);
         }
         timing.mark("writers joined");
+        if self.recycled {
+            // The spare's files that this tree does not rewrite.
+            let kept: HashSet<&str> = entries.iter().map(|(_, e)| e.path.as_str()).collect();
+            crate::spare::remove_stale(&self.active.dir, &kept)?;
+        }
         // Every tap file durable before the manifest that names it exists.
         crate::writer::make_durable(
             &self.active.dir,
@@ -329,7 +343,7 @@ fn swap_into_place(staging: &Path, out: &Path) -> Result<()> {
     }
     std::fs::rename(out, &old).map_err(|e| Error::io(out, e))?;
     std::fs::rename(staging, out).map_err(|e| Error::io(staging, e))?;
-    remove_tree(&old).map_err(|e| Error::io(&old, e))
+    crate::spare::keep(&old, out)
 }
 
 fn fill_run_defaults(run: &mut RunInfo) {

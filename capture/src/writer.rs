@@ -270,9 +270,14 @@ fn write_one(dir: &Path, job: &Job, made_dirs: &mut HashSet<String>) -> Result<E
     let header = tapfile::encode_header(&job.key, job.dtype, &job.shape, job.data.len());
     add_nanos(0, t);
     let t = std::time::Instant::now();
-    let mut file = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
+    let mut file = open_over(&path).map_err(|e| Error::io(&path, e))?;
+    let len = (header.len() + job.data.len()) as u64;
     file.write_all(&header)
         .and_then(|_| file.write_all(&job.data))
+        .and_then(|_| match file.metadata()?.len() > len {
+            true => file.set_len(len),
+            false => Ok(()),
+        })
         .map_err(|e| Error::io(&path, e))?;
     add_nanos(1, t);
     let t = std::time::Instant::now();
@@ -287,6 +292,35 @@ fn write_one(dir: &Path, job: &Job, made_dirs: &mut HashSet<String>) -> Result<E
         bytes: job.data.len() as u64,
         header_blake3: Some(blake3::hash(&header).to_hex().to_string()),
     })
+}
+
+/// Opens `path` to be written from its start, without truncating a file
+/// already there (a replacement writing over its spare's files, the caller
+/// shortening it after: truncating would free its blocks, and allocate new
+/// ones, for nothing). Never through a symbolic link, and never into a file
+/// with other names (it is unlinked and created afresh).
+fn open_over(path: &Path) -> std::io::Result<File> {
+    let open = || {
+        let mut o = std::fs::OpenOptions::new();
+        o.write(true).create(true).truncate(false);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            o.custom_flags(libc::O_NOFOLLOW);
+        }
+        o.open(path)
+    };
+    let file = open()?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if file.metadata()?.nlink() > 1 {
+            drop(file);
+            std::fs::remove_file(path)?;
+            return open();
+        }
+    }
+    Ok(file)
 }
 
 /// Starts writing `file`'s dirty pages to disk now, without waiting for

@@ -140,12 +140,33 @@ fn unknown_major_versions_are_refused_naming_both() {
     let msg = err.to_string();
     assert!(matches!(err, Error::UnsupportedVersion { .. }));
     assert!(msg.contains("3.0") && msg.contains("1.x to 2.x"), "{msg}");
-    // A newer minor version with fields this reader does not know is read.
+    // A newer minor version of the major it knows is refused as newer (its
+    // index may follow rules this reader does not check), not as damaged,
+    // by the full open and by trusted verify's head alike.
     edit_manifest(&out, |m| {
         m["format_version"] = "2.7".into();
         m["future_field"] = serde_json::json!({"x": 1});
     });
-    TreeReader::open(&out).unwrap();
+    for err in [
+        TreeReader::open(&out).unwrap_err(),
+        TreeReader::head(&out).unwrap_err(),
+    ] {
+        let msg = err.to_string();
+        assert!(matches!(err, Error::NewerVersion { .. }), "{msg}");
+        assert!(
+            msg.contains("written by a newer taptree (format 2.7); this taptree reads up to 2.3"),
+            "{msg}"
+        );
+    }
+    // The versions it writes are read.
+    for version in ["2.3", "2.1"] {
+        edit_manifest(&out, |m| {
+            m["format_version"] = version.into();
+            m.as_object_mut().unwrap().remove("future_field");
+        });
+        TreeReader::open(&out).unwrap();
+        TreeReader::head(&out).unwrap();
+    }
     std::fs::write(out.join("manifest.json"), b"{\"format\": \"taptree\", ").unwrap();
     let err = TreeReader::open(&out).unwrap_err();
     assert!(err.to_string().contains("not valid JSON"), "{err}");

@@ -300,11 +300,12 @@ fn an_existing_tree_needs_force_and_survives_a_failed_replacement() {
         1,
         "no staging left"
     );
-    // A forced capture that finishes replaces it, and leaves nothing beside it.
+    // A forced capture that finishes replaces it, and leaves only the
+    // replaced tree beside it, hidden, as the next replacement's space.
     let new = replace_tree(&out, 5.0);
     assert_ne!(new.root, old.root);
     assert_eq!(TreeReader::open(&out).unwrap().root(), new.root);
-    assert_eq!(listing(dir.path()), ["t"]);
+    assert_eq!(listing(dir.path()), [".t.taptree-spare", "t"]);
 }
 
 #[test]
@@ -360,7 +361,11 @@ fn a_capture_killed_after_its_replacement_leaves_nothing_for_the_next() {
     let left = listing(dir.path());
     assert_eq!(
         left,
-        [format!(".t.taptree-old-{}", DEAD + 1), "t".to_string()]
+        [
+            format!(".t.taptree-old-{}", DEAD + 1),
+            ".t.taptree-spare".into(),
+            "t".to_string()
+        ]
     );
     assert_eq!(std::fs::read(stranger.join("notes.txt")).unwrap(), b"mine");
 }
@@ -414,7 +419,11 @@ fn a_replaced_tree_half_deleted_by_a_killed_capture_is_cleaned_up() {
     assert!(!left_over.exists());
     assert_eq!(
         listing(dir.path()),
-        [format!(".t.taptree-new-{}", DEAD + 1), "t".to_string()]
+        [
+            format!(".t.taptree-new-{}", DEAD + 1),
+            ".t.taptree-spare".into(),
+            "t".to_string()
+        ]
     );
 }
 
@@ -447,7 +456,7 @@ fn a_second_capture_to_a_locked_path_is_refused_naming_the_holder() {
     drop(held);
     let after = replace_tree(&out, 3.0);
     assert_ne!(after.root, before.root);
-    assert_eq!(listing(dir.path()), ["t".to_string()]);
+    assert_eq!(listing(dir.path()), [".t.taptree-spare", "t"]);
 }
 
 #[test]

@@ -362,3 +362,182 @@ fn fused_launches_equal_the_unfused_ones() {
         }
     }
 }
+
+/// The fused pass's attention (`attention_split_at`: 16 dimensions a block,
+/// the values staged in chunks) against `attention_at`, bitwise, at head
+/// sizes 16 to 128, key counts around the staging chunk (512 keys at 16
+/// dimensions) and with a window; and `qkv_rope_tabled` with `rope_table`'s
+/// cosines and sines against `qkv_rope`. Controls: one changed value of
+/// the cache must move the split attention's output, and a table for other
+/// positions must move the roped q.
+#[test]
+fn split_attention_and_rope_table_equal_the_plain_launches() {
+    let Some(dev) = ks::gpu() else {
+        return;
+    };
+    let dev = &*dev;
+    let mut rng = ks::Rng(17);
+    let up = |v: &[f32]| ops::upload(dev, v).unwrap();
+    let get = |b: &cudarc::driver::CudaSlice<f32>| ops::download(dev, &b.as_view()).unwrap();
+    for (hd, n_head, n_kv) in [(64, 9, 3), (16, 4, 2), (128, 4, 1), (32, 2, 2)] {
+        let cap = 1100;
+        let kvw = n_kv * hd;
+        let kc = rng.vec(cap * kvw, 1.0);
+        let mut vc = rng.vec(cap * kvw, 1.0);
+        let (k, v) = (up(&kc), up(&vc));
+        for (rows, pos0, window) in [
+            (1usize, 0usize, None),
+            (1, 227, None),
+            (1, 511, None),
+            (1, 512, None),
+            (3, 600, None),
+            (1, 1099, Some(700)),
+            (2, 300, Some(64)),
+        ] {
+            let what =
+                format!("head {hd} x {n_head}/{n_kv}, rows {rows} at {pos0}, window {window:?}");
+            let q = up(&rng.vec(rows * n_head * hd, 1.0));
+            let pos = up_u32(dev, pos0);
+            let shape = ops::AttentionShape {
+                rows,
+                pos0,
+                n_head,
+                n_kv,
+                head_dim: hd,
+            };
+            let mut a = up(&vec![0.0; rows * n_head * hd]);
+            let mut b = up(&vec![0.0; rows * n_head * hd]);
+            let (qv, kv, vv) = (q.as_view(), k.as_view(), v.as_view());
+            ops::attention_at(
+                dev,
+                &qv,
+                &kv,
+                &vv,
+                &mut a.as_view_mut(),
+                &pos.as_view(),
+                shape,
+                window,
+                cap,
+            )
+            .unwrap();
+            ops::attention_split_at(
+                dev,
+                &qv,
+                &kv,
+                &vv,
+                &mut b.as_view_mut(),
+                &pos.as_view(),
+                shape,
+                window,
+                cap,
+                &[],
+            )
+            .unwrap();
+            ks::assert_bitwise(&format!("{what}: split attention"), &get(&b), &get(&a));
+        }
+        // Control: the last visible key's value of KV head 0, dimension 5.
+        let (rows, pos0) = (1, 600);
+        vc[pos0 * kvw + 5] += 0.5;
+        let moved = up(&vc);
+        let q = up(&rng.vec(rows * n_head * hd, 1.0));
+        let pos = up_u32(dev, pos0);
+        let shape = ops::AttentionShape {
+            rows,
+            pos0,
+            n_head,
+            n_kv,
+            head_dim: hd,
+        };
+        let mut a = up(&vec![0.0; n_head * hd]);
+        let mut b = up(&vec![0.0; n_head * hd]);
+        let (qv, kv) = (q.as_view(), k.as_view());
+        ops::attention_split_at(
+            dev,
+            &qv,
+            &kv,
+            &v.as_view(),
+            &mut a.as_view_mut(),
+            &pos.as_view(),
+            shape,
+            None,
+            cap,
+            &[],
+        )
+        .unwrap();
+        ops::attention_split_at(
+            dev,
+            &qv,
+            &kv,
+            &moved.as_view(),
+            &mut b.as_view_mut(),
+            &pos.as_view(),
+            shape,
+            None,
+            cap,
+            &[],
+        )
+        .unwrap();
+        assert_ne!(
+            get(&a)[5],
+            get(&b)[5],
+            "head {hd}: control: a changed value left the output"
+        );
+        vc[pos0 * kvw + 5] -= 0.5;
+    }
+
+    // RoPE from the table against RoPE computed in the launch.
+    let (cols, hd, rows, cap) = (96, 16, 3, 8192);
+    let w = |rng: &mut ks::Rng, r: usize| {
+        DeviceMatrix::upload(dev, &ks::weight(rng, GgmlType::Q4_1, r, cols, 0.5)).unwrap()
+    };
+    let (wq, wk, wv) = (
+        w(&mut rng, 4 * hd),
+        w(&mut rng, 2 * hd),
+        w(&mut rng, 2 * hd),
+    );
+    let x = up(&rng.vec(rows * cols, 1.0));
+    let at: Vec<u32> = vec![0, 4097, 8191];
+    let pos = ops::upload(dev, &at).unwrap();
+    let other = ops::upload(dev, &[1u32, 4098, 8190]).unwrap();
+    let run = |table: Option<&cudarc::driver::CudaSlice<f32>>| {
+        let mut q = up(&vec![0.0; rows * wq.rows]);
+        let (mut kc, mut vc) = (up(&vec![0.0; cap * wk.rows]), up(&vec![0.0; cap * wk.rows]));
+        let tv = table.map(|t| t.as_view());
+        ops::qkv_rope_tabled(
+            dev,
+            [&wq, &wk, &wv],
+            &x.as_view(),
+            None,
+            ops::QkvOut {
+                q: &mut q.as_view_mut(),
+                k_cache: &mut kc.as_view_mut(),
+                v_cache: &mut vc.as_view_mut(),
+            },
+            &pos.as_view(),
+            tv.as_ref(),
+            hd,
+            1e4,
+            rows,
+        )
+        .unwrap();
+        (get(&q), get(&kc))
+    };
+    let table_at = |p: &cudarc::driver::CudaSlice<u32>| {
+        let mut t = up(&vec![0.0; rows * hd]);
+        ops::rope_table(dev, &p.as_view(), &mut t.as_view_mut(), rows, hd, 1e4).unwrap();
+        t
+    };
+    let plain = run(None);
+    let tabled = run(Some(&table_at(&pos)));
+    ks::assert_bitwise("rope table: q", &tabled.0, &plain.0);
+    ks::assert_bitwise("rope table: k cache", &tabled.1, &plain.1);
+    let wrong = run(Some(&table_at(&other)));
+    assert_ne!(
+        wrong.0, plain.0,
+        "control: a table for other positions left q unchanged"
+    );
+}
+
+fn up_u32(dev: &kernels::cuda::Device, pos0: usize) -> cudarc::driver::CudaSlice<u32> {
+    ops::upload(dev, &[pos0 as u32]).unwrap()
+}

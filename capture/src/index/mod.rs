@@ -129,9 +129,11 @@ fn check_chunked(
         path: json_path.clone(),
         reason: reason.into(),
     };
-    let index = map_plain(index).map_err(|e| Error::io(tree.join(INDEX_FILE), e))?;
-    let json = map_plain(json).map_err(|e| Error::io(&json_path, e))?;
-    if index.len() as u64 != HEAD_LEN as u64 + head.body_len || json.len() as u64 != json_len {
+    let index_len = HEAD_LEN as u64 + head.body_len;
+    let index =
+        map_or_read(index, index_len, false).map_err(|e| Error::io(tree.join(INDEX_FILE), e))?;
+    let json = map_or_read(json, json_len, false).map_err(|e| Error::io(&json_path, e))?;
+    if index.len() as u64 != index_len || json.len() as u64 != json_len {
         return Err(bad("changed size while it was read"));
     }
     let sums = sum::checksums_of(&[&index[HEAD_LEN..], &json[..]]);
@@ -166,8 +168,8 @@ fn check_whole(
         reason,
     };
     // The files are mapped only once their sizes are the ones recorded.
-    let index = map_or_read(file, len).map_err(|e| Error::io(&index_path, e))?;
-    let json = map_or_read(json, json_len).map_err(|e| Error::io(&json_path, e))?;
+    let index = map_or_read(file, len, true).map_err(|e| Error::io(&index_path, e))?;
+    let json = map_or_read(json, json_len, true).map_err(|e| Error::io(&json_path, e))?;
     // The two checksums side by side: the manifest's is three quarters of
     // the work.
     let (body_ok, json_ok) = std::thread::scope(|s| {
@@ -187,46 +189,37 @@ fn check_whole(
 }
 
 /// A regular file's `len` bytes, mapped (a copy of many megabytes costs
-/// more than the checksum over them), or read where mapping fails.
+/// more than the checksum over them), or read where mapping fails (a
+/// filesystem without mmap). `populate`: the kernel maps every page at
+/// once rather than one fault at a time as one checksum walks them; not
+/// where several threads share the checksum (they fault their pages in
+/// side by side).
 fn map_or_read(
     file: &std::fs::File,
     len: u64,
+    populate: bool,
 ) -> std::io::Result<crate::manifest_file::ManifestBytes> {
     use crate::manifest_file::ManifestBytes;
+    let mut options = memmap2::MmapOptions::new();
+    if populate {
+        options.populate();
+    }
     // SAFETY: read-only; a tree's manifest and index are renamed into
     // place whole and never written again.
-    // Populated: the kernel maps every page at once rather than one fault
-    // at a time as the checksum walks them.
-    if let Ok(map) = unsafe { memmap2::MmapOptions::new().populate().map(file) } {
+    if let Ok(map) = unsafe { options.map(file) } {
         return Ok(ManifestBytes::Mapped(map));
     }
-    let mut bytes = Vec::new();
-    let f = file;
-    f.take(len).read_to_end(&mut bytes)?;
-    Ok(ManifestBytes::Read(bytes))
+    read_from_start(file, len).map(ManifestBytes::Read)
 }
 
-/// A regular file's bytes, whatever its size: mapped and populated
-/// (sequential reads follow), or read where mapping fails (an empty file).
-fn map_whole(file: &std::fs::File) -> std::io::Result<crate::manifest_file::ManifestBytes> {
-    use crate::manifest_file::ManifestBytes;
-    // SAFETY: read-only; a tree's manifest and index are renamed into
-    // place whole and never written again.
-    if let Ok(map) = unsafe { memmap2::MmapOptions::new().populate().map(file) } {
-        return Ok(ManifestBytes::Mapped(map));
-    }
+/// `len` bytes of `file` from its start (at most: a file that shrank
+/// gives fewer, which the callers' size checks refuse).
+fn read_from_start(mut file: &std::fs::File, len: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Seek;
+    file.seek(std::io::SeekFrom::Start(0))?;
     let mut bytes = Vec::new();
-    let mut f = file;
-    f.read_to_end(&mut bytes)?;
-    Ok(ManifestBytes::Read(bytes))
-}
-
-/// A regular file mapped, not populated: the threads that checksum it
-/// fault its pages in side by side.
-fn map_plain(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
-    // SAFETY: read-only; a tree's manifest and index are renamed into
-    // place whole and never written again.
-    unsafe { memmap2::Mmap::map(file) }
+    file.take(len).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 fn check_version_and_root(tree: &Path, head: &IndexHead, version: &str, root: &str) -> Result<()> {
@@ -276,7 +269,12 @@ pub(crate) fn open_manifest(tree: &Path, json: &[u8]) -> Result<Manifest> {
     let file = open_index(tree)?;
     // Mapped, not read: a read into fresh zeroed pages (grown by doubling
     // past a guess at its size) cost more than decoding the records.
-    let index = map_whole(&file).map_err(|e| Error::io(tree.join(INDEX_FILE), e))?;
+    let index_path = tree.join(INDEX_FILE);
+    let len = file
+        .metadata()
+        .map_err(|e| Error::io(&index_path, e))?
+        .len();
+    let index = map_or_read(&file, len, true).map_err(|e| Error::io(&index_path, e))?;
     let head = IndexHead::parse(&index).map_err(|r| bad_index(tree, r))?;
     let span = head.entries_span(json.len() as u64).map_err(bad_json)?;
     head.check_whole_json(json).map_err(bad_json)?;
@@ -325,4 +323,38 @@ pub fn reseal(index: &mut [u8]) {
     index[232..248].copy_from_slice(&body);
     let seal = *blake3::hash(&index[..SEAL_AT]).as_bytes();
     index[SEAL_AT..HEAD_LEN].copy_from_slice(&seal);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest_file::ManifestBytes;
+
+    #[test]
+    fn read_fallback_reads_from_the_start_after_the_head_was_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let bytes: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let mut file = std::fs::File::open(&path).unwrap();
+        let mut head = [0u8; 100];
+        assert_eq!(read_up_to(&mut file, &mut head).unwrap(), 100);
+        assert_eq!(read_from_start(&file, 1000).unwrap(), bytes);
+        assert_eq!(read_from_start(&file, 10).unwrap(), bytes[..10]);
+    }
+
+    /// procfs files cannot be mapped: the bytes are read instead.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_file_that_cannot_be_mapped_is_read() {
+        let file = std::fs::File::open("/proc/self/maps").unwrap();
+        // SAFETY: read-only, and expected to fail.
+        assert!(unsafe { memmap2::Mmap::map(&file) }.is_err());
+        for populate in [false, true] {
+            match map_or_read(&file, 1 << 20, populate).unwrap() {
+                ManifestBytes::Read(b) => assert!(!b.is_empty()),
+                ManifestBytes::Mapped(_) => panic!("a procfs file was mapped"),
+            }
+        }
+    }
 }

@@ -7,12 +7,26 @@
 use super::head::{xxh3, CHUNK};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The most threads one call uses: 33 MB of checksum is memory-bound
-/// beyond a few cores, and each thread costs its start.
+/// The most threads one call uses by default: 33 MB of checksum is
+/// memory-bound beyond a few cores, and each thread costs its start.
 const MAX_THREADS: usize = 4;
 
+/// How many threads one tree's checksums use: `TAPTREE_VERIFY_THREADS`
+/// when it is a positive number, else half the cores (trusted `verify A B`
+/// checks its two trees at once), at least 1 and at most [`MAX_THREADS`].
+/// On two cores one thread per tree was the fastest (docs/PERFORMANCE.md).
+pub(crate) fn threads() -> usize {
+    std::env::var("TAPTREE_VERIFY_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, |n| n.get().div_ceil(2).min(MAX_THREADS))
+        })
+}
+
 /// The checksums of `parts` (mapped files), in order, by up to
-/// [`MAX_THREADS`] threads.
+/// [`threads`] threads.
 pub(crate) fn checksums_of(parts: &[&[u8]]) -> Vec<[u8; 16]> {
     let mut jobs: Vec<&[u8]> = Vec::new();
     for p in parts {
@@ -29,10 +43,7 @@ pub(crate) fn checksums_of(parts: &[&[u8]]) -> Vec<[u8; 16]> {
             done.push((j, xxh3(b)));
         }
     };
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(MAX_THREADS)
-        .min(jobs.len().max(1));
+    let threads = threads().min(jobs.len().max(1));
     let mut digests = vec![[0u8; 16]; jobs.len()];
     std::thread::scope(|s| {
         let helpers: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();

@@ -32,22 +32,14 @@ __device__ __forceinline__ float key_dot(const float* qh, const float* kj) {
     return s;
 }
 
-extern "C" __global__ void attention(const float* q, const float* k, const float* v,
-                                     float* out, const u32* pos, int n_head, int n_kv,
-                                     int head_dim, float scale, int window) {
-    int pos0 = (int)pos[0];
-    extern __shared__ float scores[];
-    __shared__ float scratch[32];
-    __shared__ float inv_sum;
-    int r = blockIdx.x, h = blockIdx.y;
-    // A window (> 0) keeps the last `window` positions: keys [first, seen).
-    int seen = pos0 + r + 1;
-    int first = window > 0 && seen > window ? seen - window : 0;
-    int n_keys = seen - first;
-    int kvh = h / (n_head / n_kv);
-    int kv_stride = n_kv * head_dim;
-    const float* qh = q + (size_t)r * n_head * head_dim + h * head_dim;
-
+// The scores of query row `qh` against keys [first, first + n_keys) of KV
+// head `kvh`, softmaxed in place: scores[j] = exp(s_j - max), and the
+// return value 1 / sum_j scores[j], the sum over j in order by one thread.
+// Every thread of the block calls it; it ends with the block synchronized.
+__device__ __forceinline__ float scores_softmax(const float* qh, const float* k, int first,
+                                                int n_keys, int kvh, int head_dim, int kv_stride,
+                                                float scale, float* scores, float* scratch,
+                                                float* inv_sum) {
     // Four dimensions per load where the layout allows: one key's 64 loads
     // otherwise wait out 4 memory latencies even unrolled. The sum still
     // runs over d in order.
@@ -85,10 +77,34 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
         float sum = 0.0f;
 #pragma unroll 8
         for (int j = 0; j < n_keys; ++j) sum = __fadd_rn(sum, scores[j]);
-        inv_sum = 1.0f / sum;
+        *inv_sum = 1.0f / sum;
     }
     __syncthreads();
-    float inv = inv_sum;
+    return *inv_sum;
+}
+
+// Row r's visible keys [first, first + n_keys).
+__device__ __forceinline__ void visible_keys(int pos0, int r, int window, int* first, int* n_keys) {
+    // A window (> 0) keeps the last `window` positions: keys [first, seen).
+    int seen = pos0 + r + 1;
+    *first = window > 0 && seen > window ? seen - window : 0;
+    *n_keys = seen - *first;
+}
+
+extern "C" __global__ void attention(const float* q, const float* k, const float* v,
+                                     float* out, const u32* pos, int n_head, int n_kv,
+                                     int head_dim, float scale, int window) {
+    extern __shared__ float scores[];
+    __shared__ float scratch[32];
+    __shared__ float inv_sum;
+    int r = blockIdx.x, h = blockIdx.y;
+    int first, n_keys;
+    visible_keys((int)pos[0], r, window, &first, &n_keys);
+    int kvh = h / (n_head / n_kv);
+    int kv_stride = n_kv * head_dim;
+    const float* qh = q + (size_t)r * n_head * head_dim + h * head_dim;
+    float inv = scores_softmax(qh, k, first, n_keys, kvh, head_dim, kv_stride, scale, scores,
+                               scratch, &inv_sum);
 
     float* oh = out + (size_t)r * n_head * head_dim + h * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
@@ -99,6 +115,91 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
             acc = mul_add_unfused(acc, __fmul_rn(scores[j], inv), v[(size_t)(first + j) * kv_stride + kvh * head_dim + d]);
         oh[d] = acc;
     }
+}
+
+// Keys [c0, c0 + n) of the values' dimensions [d0, d0 + ds) of KV head kvh
+// into vs ([n, ds]), by cp.async where the architecture has it: the copy
+// runs while the block goes on. 16-byte pieces (the caller checks the
+// alignment).
+__device__ __forceinline__ void stage_values(float* vs, const float* v, int c0, int n, int ds,
+                                             int kv_stride, int col) {
+    int per_key = ds / 4;
+    for (int t = threadIdx.x; t < n * per_key; t += blockDim.x) {
+        int j = t / per_key, e = 4 * (t % per_key);
+        copy16_async(vs + (size_t)j * ds + e, v + (size_t)(c0 + j) * kv_stride + col + e);
+    }
+}
+
+// `attention` split over more blocks, for the forwards whose every launch is
+// at one or a few rows (the fused pass): block (r, h, z) writes dimensions
+// [z ds, (z + 1) ds) of row r's head h. Each block computes the head's
+// scores and softmax as `attention` does (the same code, so the same bits)
+// and sums its dimensions' outputs over the keys in the same order, the
+// values read from shared memory, staged `chunk` keys at a time; the
+// first chunk's copy is issued before the scores and runs under them.
+// Before anything, the blocks ask L2 for `pf` (the weights of the launches
+// that follow).
+// Dynamic shared memory: the scores (max_keys floats), then chunk * ds
+// floats (16-byte aligned: max_keys rounded up to 4 by the caller).
+#define PREFETCH_RANGES 4
+// Byte ranges of global memory for the L2 cache to fetch (unused: 0 bytes).
+struct Prefetch {
+    const u8* ptr[PREFETCH_RANGES];
+    unsigned long long bytes[PREFETCH_RANGES];
+};
+
+// The block's share of `pf`, one 128-byte line per instruction, spread
+// over every block of the grid: the loads are fire and forget, so the
+// block goes on at once, and the launches after this one (the layer's
+// matmuls, whose weights these are) find them in L2. Moves no value.
+__device__ __forceinline__ void prefetch_l2(const Prefetch& pf) {
+    size_t blocks = (size_t)gridDim.x * gridDim.y * gridDim.z;
+    size_t b = blockIdx.x + (size_t)gridDim.x * (blockIdx.y + (size_t)gridDim.y * blockIdx.z);
+    for (int r = 0; r < PREFETCH_RANGES; ++r) {
+        size_t lines = (pf.bytes[r] + 127) / 128;
+        for (size_t t = b * blockDim.x + threadIdx.x; t < lines; t += blocks * blockDim.x)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(pf.ptr[r] + t * 128));
+    }
+}
+
+extern "C" __global__ void attention_split(const float* q, const float* k, const float* v,
+                                           float* out, const u32* pos, int n_head, int n_kv,
+                                           int head_dim, float scale, int window, int ds,
+                                           int chunk, int max_keys, Prefetch pf) {
+    prefetch_l2(pf);
+    extern __shared__ __align__(16) float smem_f[];
+    float* scores = smem_f;
+    float* vs = smem_f + ((max_keys + 3) & ~3);
+    __shared__ float scratch[32];
+    __shared__ float inv_sum;
+    int r = blockIdx.x, h = blockIdx.y, d0 = blockIdx.z * ds;
+    int first, n_keys;
+    visible_keys((int)pos[0], r, window, &first, &n_keys);
+    int kvh = h / (n_head / n_kv);
+    int kv_stride = n_kv * head_dim;
+    int col = kvh * head_dim + d0;
+    stage_values(vs, v, first, min(chunk, n_keys), ds, kv_stride, col);
+    const float* qh = q + (size_t)r * n_head * head_dim + h * head_dim;
+    float inv = scores_softmax(qh, k, first, n_keys, kvh, head_dim, kv_stride, scale, scores,
+                               scratch, &inv_sum);
+
+    int d = threadIdx.x;
+    float acc = 0.0f;
+    for (int c0 = 0; c0 < n_keys; c0 += chunk) {
+        int n = min(chunk, n_keys - c0);
+        if (c0 > 0) {
+            __syncthreads();  // every thread done with the last chunk
+            stage_values(vs, v, first + c0, n, ds, kv_stride, col);
+        }
+        copy_async_wait_all();
+        __syncthreads();
+        if (d < ds) {
+#pragma unroll 8
+            for (int j = 0; j < n; ++j)
+                acc = mul_add_unfused(acc, __fmul_rn(scores[c0 + j], inv), vs[(size_t)j * ds + d]);
+        }
+    }
+    if (d < ds) out[(size_t)r * n_head * head_dim + h * head_dim + d0 + d] = acc;
 }
 
 // The new keys and values of `rows` rows (`[rows, kv_width]` each) into one

@@ -280,6 +280,39 @@ __device__ __forceinline__ void stage_bytes(u8* dst, const u8* src, size_t bytes
     }
 }
 
+// 16 bytes from global to shared memory without waiting for them
+// (cp.async, sm_80 and later; a plain load and store before): the block
+// goes on computing while the copy runs, and `copy_async_wait_all` then
+// `__syncthreads` make it visible. Both addresses 16-byte aligned. Only
+// moves data: no sum depends on it.
+__device__ __forceinline__ void copy16_async(void* dst, const void* src) {
+#if __CUDA_ARCH__ >= 800
+    u32 s = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+#else
+    *(u32x4*)dst = *(const u32x4*)src;
+#endif
+}
+
+// Waits for this thread's `copy16_async` copies.
+__device__ __forceinline__ void copy_async_wait_all() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// `stage_bytes` through `copy16_async` where both ends and the length are
+// 16-byte aligned (the copy then completes at `copy_async_wait_all`), else
+// `stage_bytes` itself.
+__device__ __forceinline__ void stage_bytes_async(u8* dst, const u8* src, size_t bytes) {
+    if ((((size_t)src | (size_t)dst | bytes) & 15) == 0) {
+        for (size_t k = threadIdx.x; k < bytes / 16; k += blockDim.x)
+            copy16_async(dst + 16 * k, src + 16 * k);
+    } else {
+        stage_bytes(dst, src, bytes);
+    }
+}
+
 // RMSNorm's pieces, shared by the `rms_norm` kernel and the fused matmuls
 // that normalize their input themselves, so both compute the same bits.
 // NORM_THREADS is the norm kernel's block size: its sum of squares is the
@@ -329,18 +362,32 @@ __device__ double norm_sum_squares(const float* x, int n, double* scratch) {
     return total;
 }
 
-// RoPE of one pair (a, b), element i of the head's half, at position
-// `pos`: the angle, its cosine and sine in f64 (an f32 angle at position
-// 8000 has already lost three digits), the rotation in f32 without fma, as
-// the CPU. Shared by `rope_qk` and the fused q/k/v projection.
-__device__ __forceinline__ void rope_rotate(float* a, float* b, u32 pos, int i, int head_dim,
-                                            float base) {
+// RoPE's cosine and sine for element i of a head's half at position `pos`:
+// the angle, its cosine and sine in f64 (an f32 angle at position 8000 has
+// already lost three digits), rounded to f32.
+__device__ __forceinline__ void rope_cos_sin(u32 pos, int i, int head_dim, float base, float* c,
+                                             float* s) {
     double inv_freq = pow((double)base, -2.0 * (double)i / (double)head_dim);
     double theta = (double)pos * inv_freq;
-    float c = (float)cos(theta), s = (float)sin(theta);
+    *c = (float)cos(theta);
+    *s = (float)sin(theta);
+}
+
+// The rotation of one pair (a, b) by an angle of cosine c and sine s, in
+// f32 without fma, as the CPU.
+__device__ __forceinline__ void rope_apply(float* a, float* b, float c, float s) {
     float x0 = *a, x1 = *b;
     *a = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
     *b = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+// RoPE of one pair (a, b), element i of the head's half, at position
+// `pos`. Shared by `rope_qk` and the fused q/k/v projection.
+__device__ __forceinline__ void rope_rotate(float* a, float* b, u32 pos, int i, int head_dim,
+                                            float base) {
+    float c, s;
+    rope_cos_sin(pos, i, head_dim, base, &c, &s);
+    rope_apply(a, b, c, s);
 }
 
 // SwiGLU of one element, (gate / (1 + exp(-gate))) * up, as the CPU op

@@ -99,6 +99,8 @@ struct Scratch {
     s: CudaSlice<f32>,
     dn: CudaSlice<f32>,
     logits: CudaSlice<f32>,
+    /// RoPE's cosines and sines at the rows' positions (the fused pass).
+    rope: CudaSlice<f32>,
     qa: QuantizedActs,
     /// The run's token ids and positions, where the kernels (and a graph
     /// replaying them) read them.
@@ -354,6 +356,7 @@ impl CudaForward {
             s: a(c.n_ff)?,
             dn: a(d)?,
             logits: a(c.vocab_size)?,
+            rope: a(c.head_dim)?,
             qa: QuantizedActs::alloc(&self.dev, rows * widest.div_ceil(32) * 32)?,
             tok: s
                 .alloc_zeros::<u32>(rows)

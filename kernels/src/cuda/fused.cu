@@ -18,6 +18,9 @@
 // mode FUSED_QKV_ROPE: q = x W0^T into y0, k = x W1^T and v = x W2^T into
 //   the caches y1, y2 at row pos[r] (width n1, n2); q and k rotated by
 //   RoPE (interleaved pairs) first. Blocks [0, b0) take W0, then W1, W2.
+//   With rope_cs, the rotation's cosines and sines come from that table
+//   (`rope_table`'s, for these rows' positions) instead of being computed
+//   in every block of every layer: the same f32 values, so the same bits.
 // With norm_w, x is first RMS-normalized (weight norm_w, epsilon eps).
 
 #define FUSED_PLAIN 0
@@ -88,8 +91,8 @@ extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, co
                                         int t0, int t1, int t2, int n0, int n1, int n2,
                                         const float* x, const float* norm_w, float eps,
                                         const float* resid, float* y0, float* y1, float* y2,
-                                        const u32* pos, int head_dim, float rope_base, int rows,
-                                        int in, int staged) {
+                                        const u32* pos, const float* rope_cs, int head_dim,
+                                        float rope_base, int rows, int in, int staged) {
     extern __shared__ __align__(16) u8 smem[];
     __shared__ double scratch[NORM_THREADS / 32];
     __shared__ float res[ROWS_PER_PASS][FUSED_OUTS];
@@ -130,12 +133,16 @@ extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, co
     size_t bytes_a = (size_t)cnt * rba;
     size_t wbytes = bytes_a + (mode == FUSED_SWIGLU ? (size_t)cnt * rbb : 0);
     float* xs = (float*)(smem + (staged ? ((wbytes + 15) & ~(size_t)15) : 0));
+    // The weights' copy runs while the input is staged and normalized.
     if (staged) {
-        stage_bytes(smem, wa + (size_t)first * rba, bytes_a);
-        if (mode == FUSED_SWIGLU) stage_bytes(smem + bytes_a, wb + (size_t)first * rbb, (size_t)cnt * rbb);
+        stage_bytes_async(smem, wa + (size_t)first * rba, bytes_a);
+        if (mode == FUSED_SWIGLU)
+            stage_bytes_async(smem + bytes_a, wb + (size_t)first * rbb, (size_t)cnt * rbb);
         wr = smem + (in_b ? bytes_a : 0) + (size_t)(live ? s : 0) * rb;
     }
     stage_input(xs, x, r0, nr, in, norm_w, eps, scratch);
+    copy_async_wait_all();
+    __syncthreads();
 
     slot_outputs_any(type, wr, xs, nr, in, j, live, slot, res);
     __syncthreads();
@@ -163,11 +170,32 @@ extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, co
             u32 p = pos[r0 + k];
             float a = res[k][o], b = res[k][o + 1];
             int col = first + o;
-            if (region < 2) rope_rotate(&a, &b, p, (col % head_dim) / 2, head_dim, rope_base);
+            if (region < 2) {
+                int i = (col % head_dim) / 2;
+                if (rope_cs) {
+                    const float* cs = rope_cs + 2 * ((size_t)(r0 + k) * (head_dim / 2) + i);
+                    rope_apply(&a, &b, cs[0], cs[1]);
+                } else {
+                    rope_rotate(&a, &b, p, i, head_dim, rope_base);
+                }
+            }
             float* dst = region == 0 ? y0 + (size_t)(r0 + k) * n0
                                      : (region == 1 ? y1 : y2) + (size_t)p * n;
             dst[col] = a;
             dst[col + 1] = b;
         }
+    }
+}
+
+// RoPE's cosines and sines for `rows` rows at positions pos[r], head_dim / 2
+// pairs each: cs[2 (r half + i)] and cs[2 (r half + i) + 1], as
+// `rope_cos_sin` gives them. One launch per forward serves every layer that
+// rotates with `base`.
+extern "C" __global__ void rope_table(const u32* pos, float* cs, int rows, int head_dim,
+                                      float base) {
+    int half = head_dim / 2;
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < rows * half; t += gridDim.x * blockDim.x) {
+        int r = t / half, i = t % half;
+        rope_cos_sin(pos[r], i, head_dim, base, cs + 2 * (size_t)t, cs + 2 * (size_t)t + 1);
     }
 }

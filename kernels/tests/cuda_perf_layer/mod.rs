@@ -240,9 +240,24 @@ fn layer_figures() {
     drop(unfused);
     let norm = norm.borrow();
     let nw = norm.as_view();
-    let mut fused: Vec<Launch> = Vec::new();
-    fused.push((
-        "qkv_rope",
+    // RoPE's table, once a step in the fused forward: timed alone.
+    let table = buf(hd);
+    let t = per_call_graph_us(dev, &mut || {
+        ops::rope_table(
+            dev,
+            &pos.as_view(),
+            &mut table.borrow_mut().as_view_mut(),
+            1,
+            hd,
+            1e5,
+        )
+        .unwrap()
+    });
+    let mut line =
+        format!("fused, once a step: rope_table {t:.1}; before the table and the split attention:");
+    let mut before: Vec<Launch> = Vec::new();
+    before.push((
+        "qkv_rope computing RoPE",
         Box::new(|| {
             ops::qkv_rope(
                 dev,
@@ -265,8 +280,8 @@ fn layer_figures() {
             .unwrap()
         }),
     ));
-    fused.push((
-        "attention",
+    before.push((
+        "attention (a block per head)",
         Box::new(|| {
             ops::attention_at(
                 dev,
@@ -278,6 +293,55 @@ fn layer_figures() {
                 shape,
                 None,
                 cap,
+            )
+            .unwrap()
+        }),
+    ));
+    for (name, f) in before.iter_mut() {
+        line += &format!(" {name} {:.1};", per_call_graph_us(dev, f.as_mut()));
+    }
+    println!("{line}");
+    drop(before);
+    let mut fused: Vec<Launch> = Vec::new();
+    fused.push((
+        "qkv_rope",
+        Box::new(|| {
+            ops::qkv_rope_tabled(
+                dev,
+                [&wq, &wk, &wv],
+                &x.borrow().as_view(),
+                Some(ops::Norm {
+                    weight: &nw,
+                    eps: 1e-5,
+                }),
+                ops::QkvOut {
+                    q: &mut q.borrow_mut().as_view_mut(),
+                    k_cache: &mut kc.borrow_mut().as_view_mut(),
+                    v_cache: &mut vc.borrow_mut().as_view_mut(),
+                },
+                &pos.as_view(),
+                Some(&table.borrow().as_view()),
+                hd,
+                1e5,
+                1,
+            )
+            .unwrap()
+        }),
+    ));
+    fused.push((
+        "attention",
+        Box::new(|| {
+            ops::attention_split_at(
+                dev,
+                &q.borrow().as_view(),
+                &kc.borrow().as_view(),
+                &vc.borrow().as_view(),
+                &mut att.borrow_mut().as_view_mut(),
+                &pos.as_view(),
+                shape,
+                None,
+                cap,
+                &[&wo, &wg, &wu, &wd],
             )
             .unwrap()
         }),
@@ -343,4 +407,125 @@ fn layer_figures() {
         }
     });
     println!("{line} sum {total:.1}; the layer's 5 launches in one graph {whole:.1} us");
+}
+
+/// The fused decode layer as a forward runs it: 30 layers, each with its
+/// own weights (69 MB in all, more than the GPU's L2 holds, so every
+/// layer's weights come from memory as in a real decode step, where the
+/// figures above replay one layer's weights out of L2), one step's RoPE
+/// table first, timed as 20 replays of the 30 layers in one CUDA graph.
+#[test]
+fn streamed_layer_figures() {
+    if !driver_present() {
+        eprintln!("skipped: no CUDA driver on this host");
+        return;
+    }
+    let dev = Device::open(0).unwrap();
+    dev.warm_up().unwrap();
+    let (d, qw, kvw, ff, hd, nh, nkv, layers) = (576, 576, 192, 1536, 64, 9, 3, 30);
+    let q41 = model::GgmlType::Q4_1;
+    let m =
+        |name: &str, r, c| DeviceMatrix::upload(&dev, &smollm2_shaped(name, q41, r, c)).unwrap();
+    let ws: Vec<[DeviceMatrix; 7]> = (0..layers)
+        .map(|l| {
+            let n = |what: &str| format!("blk.{l}.{what}");
+            [
+                m(&n("q"), qw, d),
+                m(&n("k"), kvw, d),
+                m(&n("v"), kvw, d),
+                m(&n("o"), d, qw),
+                m(&n("gate"), ff, d),
+                m(&n("up"), ff, d),
+                m(&n("down"), d, ff),
+            ]
+        })
+        .collect();
+    let dev = &*dev;
+    let buf = |n: usize| {
+        let v: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 5000.0)
+            .collect();
+        ops::upload(dev, &v).unwrap()
+    };
+    let (mut x, mut x2, norm) = (buf(d), buf(d), buf(d));
+    let (mut q, mut att, mut sg, mut table) = (buf(qw), buf(qw), buf(ff), buf(hd));
+    let cap = 256;
+    let (mut kc, mut vc) = (buf(layers * cap * kvw), buf(layers * cap * kvw));
+    let keys = 228;
+    let pos = ops::upload(dev, &[(keys - 1) as u32]).unwrap();
+    let shape = AttentionShape {
+        rows: 1,
+        pos0: keys - 1,
+        n_head: nh,
+        n_kv: nkv,
+        head_dim: hd,
+    };
+    let nw = norm.as_view();
+    let n = Some(ops::Norm {
+        weight: &nw,
+        eps: 1e-5,
+    });
+    let mut step = || {
+        ops::rope_table(dev, &pos.as_view(), &mut table.as_view_mut(), 1, hd, 1e5).unwrap();
+        for (l, [wq, wk, wv, wo, wg, wu, wd]) in ws.iter().enumerate() {
+            let layer = l * cap * kvw..(l + 1) * cap * kvw;
+            ops::qkv_rope_tabled(
+                dev,
+                [wq, wk, wv],
+                &x.as_view(),
+                n,
+                ops::QkvOut {
+                    q: &mut q.as_view_mut(),
+                    k_cache: &mut kc.slice_mut(layer.clone()),
+                    v_cache: &mut vc.slice_mut(layer.clone()),
+                },
+                &pos.as_view(),
+                Some(&table.as_view()),
+                hd,
+                1e5,
+                1,
+            )
+            .unwrap();
+            ops::attention_split_at(
+                dev,
+                &q.as_view(),
+                &kc.slice(layer.clone()),
+                &vc.slice(layer),
+                &mut att.as_view_mut(),
+                &pos.as_view(),
+                shape,
+                None,
+                cap,
+                &[wo, wg, wu, wd],
+            )
+            .unwrap();
+            ops::matmul_fused(
+                dev,
+                wo,
+                &att.as_view(),
+                None,
+                Some(&x.as_view()),
+                &mut x2.as_view_mut(),
+                1,
+            )
+            .unwrap();
+            ops::gate_up_swiglu(dev, wg, wu, &x2.as_view(), n, &mut sg.as_view_mut(), 1).unwrap();
+            ops::matmul_fused(
+                dev,
+                wd,
+                &sg.as_view(),
+                None,
+                Some(&x2.as_view()),
+                &mut x.as_view_mut(),
+                1,
+            )
+            .unwrap();
+        }
+    };
+    // per_call_graph_us replays 100 steps: µs per step, then per layer.
+    let per_step = per_call_graph_us(dev, &mut step);
+    println!(
+        "fused, 30 layers with their own weights (streamed from memory), one graph: {per_step:.1} us a step, {:.1} us a layer",
+        per_step / layers as f64
+    );
 }

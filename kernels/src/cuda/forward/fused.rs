@@ -3,7 +3,10 @@
 //! the unfused launches' result (`cuda_forward.rs::fused_equals_unfused`).
 //!
 //! A layer: attn_norm, q/k/v, RoPE and the cache write in one launch
-//! ([`ops::qkv_rope`]); attention; o_proj and the residual add
+//! ([`ops::qkv_rope_tabled`], RoPE's cosines and sines computed once per
+//! forward by [`ops::rope_table`]); attention split over 16-dimension
+//! slices of each head ([`ops::attention_split_at`], which also asks L2 for
+//! the weights of the layer's three matmuls after it); o_proj and the residual add
 //! ([`ops::matmul_fused`]); ffn_norm, gate/up and SwiGLU
 //! ([`ops::gate_up_swiglu`]); ffn_down and the residual add. The output
 //! norm runs inside the logits' matmul. The intermediate tensors the taps
@@ -78,11 +81,29 @@ impl CudaForward {
         } else {
             g.start_pos + g.rows
         };
+        // RoPE's cosines and sines once for every layer, where the layers
+        // share one base (else each launch computes its own).
+        let bases: Vec<f32> = (0..w.layers.len())
+            .map(|l| c.family.attention(l, c.rope_base).rope_base)
+            .collect();
+        let shared_base = bases.iter().all(|b| b.to_bits() == bases[0].to_bits());
+        if shared_base && !bases.is_empty() {
+            ops::rope_table(
+                &dev,
+                &pos,
+                &mut sc.rope.slice_mut(..rows * c.head_dim),
+                rows,
+                c.head_dim,
+                bases[0],
+            )?;
+        }
+        let table = sc.rope.slice(..rows * c.head_dim);
+        let table = shared_base.then_some(&table);
         for (l, lw) in w.layers.iter().enumerate() {
             let la = c.family.attention(l, c.rope_base);
             let layer = l * cache.capacity * kvw..(l + 1) * cache.capacity * kvw;
             let attn_norm = lw.attn_norm.as_view();
-            ops::qkv_rope(
+            ops::qkv_rope_tabled(
                 &dev,
                 [&lw.wq, &lw.wk, &lw.wv],
                 &sc.x.slice(..rows * d),
@@ -96,11 +117,12 @@ impl CudaForward {
                     v_cache: &mut cache.v.slice_mut(layer.clone()),
                 },
                 &pos,
+                table,
                 c.head_dim,
                 la.rope_base,
                 rows,
             )?;
-            ops::attention_at(
+            ops::attention_split_at(
                 &dev,
                 &sc.q.slice(..rows * qw),
                 &cache.k.slice(layer.clone()),
@@ -116,6 +138,7 @@ impl CudaForward {
                 },
                 la.window,
                 max_keys,
+                &[&lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down],
             )?;
             ops::matmul_fused(
                 &dev,

@@ -1,8 +1,8 @@
 //! RoPE, attention and the KV-cache write: the launches that see positions.
 
-use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 
-use super::{check, grid, launch_err, upload};
+use super::{check, grid, launch_err, upload, DeviceMatrix};
 use crate::cuda::device::{Device, Family};
 use crate::cuda::CudaError;
 use model::RopeStyle;
@@ -224,6 +224,117 @@ pub fn attention_at(
     // caller keeping pos[0] + rows <= max_keys); the scores of the longest
     // row fit the dynamic shared memory requested.
     unsafe { b.launch(cfg) }.map_err(launch_err("attention"))?;
+    Ok(())
+}
+
+/// Values staged per block of [`attention_split_at`], at most: 32 KiB.
+const SPLIT_VALUE_FLOATS: usize = 8 * 1024;
+
+/// The matrices [`attention_split_at`] can ask L2 to fetch, at most.
+pub const PREFETCH_MATRICES: usize = 4;
+
+/// attention.cu's `Prefetch`: byte ranges of device memory (pointers as
+/// the driver gives them), by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Prefetch {
+    ptr: [u64; PREFETCH_MATRICES],
+    bytes: [u64; PREFETCH_MATRICES],
+}
+
+// SAFETY: plain integers, laid out as the kernel's struct of four pointers
+// and four 64-bit sizes.
+unsafe impl cudarc::driver::DeviceRepr for Prefetch {}
+
+/// [`attention_at`] over more blocks, each writing 16 dimensions of one
+/// head (the `attention_split` kernel): every block computes its head's
+/// scores and softmax as [`attention_at`] does and sums its outputs in the
+/// same order, so the bits are the same; its values are staged in shared
+/// memory while the scores are computed. Where the layout does not allow
+/// it (a head of other than a multiple of 16 dimensions, a cache not
+/// 16-byte aligned), it is [`attention_at`]. Its blocks also ask the L2
+/// cache for the weights of `prefetch` (at most [`PREFETCH_MATRICES`]:
+/// the matmuls that follow it), which changes no value.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_split_at(
+    dev: &Device,
+    q: &CudaView<f32>,
+    k: &CudaView<f32>,
+    v: &CudaView<f32>,
+    out: &mut CudaViewMut<f32>,
+    pos: &CudaView<u32>,
+    s: AttentionShape,
+    window: Option<usize>,
+    max_keys: usize,
+    prefetch: &[&DeviceMatrix],
+) -> Result<(), CudaError> {
+    if prefetch.len() > PREFETCH_MATRICES {
+        return Err(CudaError::Shape(format!(
+            "attention_split: {} matrices to prefetch, at most {PREFETCH_MATRICES}",
+            prefetch.len()
+        )));
+    }
+    let ds = 16;
+    let kv_stride = s.n_kv * s.head_dim;
+    let aligned = |p: u64| p % 16 == 0;
+    let (vp, _g) = v.device_ptr(dev.stream());
+    if s.head_dim % ds != 0 || kv_stride % 4 != 0 || !aligned(vp) || window == Some(0) {
+        return attention_at(dev, q, k, v, out, pos, s, window, max_keys);
+    }
+    if s.n_kv == 0 || s.n_head % s.n_kv != 0 {
+        return Err(CudaError::Shape(format!(
+            "attention: {} query heads do not group over {} kv heads",
+            s.n_head, s.n_kv
+        )));
+    }
+    let width = s.n_head * s.head_dim;
+    let keys = max_keys.max(s.pos0 + s.rows);
+    check("attention q", q.len(), s.rows * width)?;
+    check("attention out", out.len(), s.rows * width)?;
+    check("attention k", k.len(), keys * kv_stride)?;
+    check("attention v", v.len(), keys * kv_stride)?;
+    check("attention pos", pos.len(), 1)?;
+    let seen = window.map_or(keys, |w| w.min(keys));
+    let chunk = seen.min(SPLIT_VALUE_FLOATS / ds);
+    let shared = (seen.div_ceil(4) * 4 + chunk * ds) * 4;
+    let f = dev.function(Family::Attention, "attention_split")?;
+    // Past 48 KiB (with the kernel's few static bytes) a block must opt in.
+    if shared > 44 * 1024 {
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            shared as i32,
+        )
+        .map_err(|e| CudaError::driver("attention_split: raise shared memory", e))?;
+    }
+    let scale = (1.0 / (s.head_dim as f64).sqrt()) as f32;
+    let (nh, nkv, hd) = (s.n_head as i32, s.n_kv as i32, s.head_dim as i32);
+    let win = window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
+    let (dsi, ch, mk) = (ds as i32, chunk as i32, seen as i32);
+    let mut pf = Prefetch {
+        ptr: [0; PREFETCH_MATRICES],
+        bytes: [0; PREFETCH_MATRICES],
+    };
+    for (i, m) in prefetch.iter().enumerate() {
+        let (p, _g) = m.data.device_ptr(dev.stream());
+        pf.ptr[i] = p;
+        pf.bytes[i] = m.data.len() as u64;
+    }
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(q).arg(k).arg(v).arg(out).arg(pos);
+    b.arg(&nh).arg(&nkv).arg(&hd).arg(&scale).arg(&win);
+    b.arg(&dsi).arg(&ch).arg(&mk).arg(&pf);
+    let cfg = LaunchConfig {
+        grid_dim: (s.rows as u32, s.n_head as u32, (s.head_dim / ds) as u32),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: shared as u32,
+    };
+    // SAFETY: as attention_at's; besides, the values' rows and the offsets
+    // the kernel copies in 16-byte pieces are 16-byte aligned (checked
+    // above: v's address, kv_stride, head_dim and ds multiples of 4 floats),
+    // and the shared memory holds the longest row's scores (`seen` keys, no
+    // row seeing more) and `chunk` keys of ds values; the prefetched ranges
+    // are whole device allocations, and a prefetch reads nothing back.
+    unsafe { b.launch(cfg) }.map_err(launch_err("attention_split"))?;
     Ok(())
 }
 

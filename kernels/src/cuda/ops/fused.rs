@@ -126,7 +126,31 @@ pub fn qkv_rope(
     base: f32,
     rows: usize,
 ) -> Result<(), CudaError> {
+    qkv_rope_tabled(dev, ws, x, norm, out, pos, None, head_dim, base, rows)
+}
+
+/// [`qkv_rope`] with RoPE's cosines and sines read from `table`
+/// ([`rope_table`]'s for these rows' positions, `head_dim` and `base`)
+/// rather than computed in every block: the same values, so the same bits,
+/// and a forward computes them once for all its layers. `None` is
+/// [`qkv_rope`].
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_rope_tabled(
+    dev: &Device,
+    ws: [&DeviceMatrix; 3],
+    x: &CudaView<f32>,
+    norm: Option<Norm>,
+    out: QkvOut,
+    pos: &CudaView<u32>,
+    table: Option<&CudaView<f32>>,
+    head_dim: usize,
+    base: f32,
+    rows: usize,
+) -> Result<(), CudaError> {
     let [wq, wk, wv] = ws;
+    if let Some(t) = table {
+        check("qkv_rope rope table", t.len(), rows * head_dim)?;
+    }
     if head_dim % 2 != 0 || wq.rows % head_dim != 0 || wk.rows % head_dim != 0 {
         return Err(CudaError::Shape(format!(
             "qkv_rope: {} and {} rows are not whole heads of an even head_dim {head_dim}",
@@ -150,7 +174,36 @@ pub fn qkv_rope(
         rows,
     };
     let ys = [Some(out.q), Some(out.k_cache), Some(out.v_cache)];
-    f.launch(dev, x, norm, None, ys, Some(pos), head_dim, base)
+    f.launch(dev, x, norm, None, ys, Some((pos, table)), head_dim, base)
+}
+
+/// RoPE's cosine and sine of every pair of a head (`head_dim / 2`) at each
+/// of `rows` positions `pos[r]`, into `table` (`[rows, head_dim]`, cosine
+/// then sine), for [`qkv_rope_tabled`].
+pub fn rope_table(
+    dev: &Device,
+    pos: &CudaView<u32>,
+    table: &mut CudaViewMut<f32>,
+    rows: usize,
+    head_dim: usize,
+    base: f32,
+) -> Result<(), CudaError> {
+    check("rope_table pos", pos.len(), rows)?;
+    check("rope_table table", table.len(), rows * head_dim)?;
+    let f = dev.function(Family::Fused, "rope_table")?;
+    let (r, hd) = (rows as i32, head_dim as i32);
+    let mut b = dev.stream().launch_builder(&f);
+    b.arg(pos).arg(table).arg(&r).arg(&hd).arg(&base);
+    let pairs = rows * head_dim / 2;
+    let cfg = LaunchConfig {
+        grid_dim: (pairs.div_ceil(128).max(1) as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: pos holds `rows` positions and table `rows * head_dim` floats
+    // (checked above); the kernel writes pairs below rows * head_dim / 2.
+    unsafe { b.launch(cfg) }.map_err(launch_err("rope_table"))?;
+    Ok(())
 }
 
 /// One `matmul_fused` launch: its mode, matrices (unused ones repeat the
@@ -172,7 +225,7 @@ impl Fused<'_> {
         norm: Option<Norm>,
         resid: Option<&CudaView<f32>>,
         ys: [Option<&mut CudaViewMut<f32>>; 3],
-        pos: Option<&CudaView<u32>>,
+        pos: Option<(&CudaView<u32>, Option<&CudaView<f32>>)>,
         head_dim: usize,
         base: f32,
     ) -> Result<(), CudaError> {
@@ -237,7 +290,11 @@ impl Fused<'_> {
             };
         }
         match pos {
-            Some(p) => b.arg(p),
+            Some((p, _)) => b.arg(p),
+            None => b.arg(&null),
+        };
+        match pos.and_then(|(_, t)| t) {
+            Some(t) => b.arg(t),
             None => b.arg(&null),
         };
         b.arg(&hd).arg(&base).arg(&r).arg(&c).arg(&st);
@@ -258,7 +315,8 @@ impl Fused<'_> {
         // SAFETY: every W holds rows x cols of its type (checked at upload);
         // x, the norm weight, resid and the outputs hold what the shapes
         // read and write (checked above and by the public launchers; the
-        // caches' positions are the caller's, as for kv_write); pointers
+        // caches' positions are the caller's, as for kv_write; a RoPE table
+        // holds rows x head_dim floats, checked by qkv_rope_tabled); pointers
         // passed as null are never read in the launch's mode.
         unsafe { b.launch(cfg) }.map_err(launch_err("matmul_fused"))?;
         Ok(())
