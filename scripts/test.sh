@@ -48,8 +48,9 @@ cargo test --workspace --release
 
 # The CUDA forward builds without a CUDA toolkit (cudarc loads the driver at
 # run time): build it, and run its tests, which skip without a GPU except the
-# one that checks a missing driver is an error, not a panic.
-cargo test --release --features cuda -p kernels --test cuda_kernels --test cuda_kernels_q8 --test cuda_kernels_gemma --test cuda_forward --test cuda_fused
+# one that checks a missing driver is an error, not a panic (cuda_tp: the
+# tensor-parallel forward, NCCL included; cudarc loads NCCL at run time too).
+cargo test --release --features cuda -p kernels --test cuda_kernels --test cuda_kernels_q8 --test cuda_kernels_gemma --test cuda_forward --test cuda_fused --test cuda_tp
 
 # Every public item of the library crates carries a doc (#![deny(missing_docs)]
 # is checked by the builds above); their intra-doc links must resolve too.

@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 use crate::harness::clean::{fixture, run, taptree, text};
+use crate::harness::{smollm2, under_ci};
 
 fn ok(o: Output) -> String {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
@@ -300,167 +301,120 @@ fn refused(args: &[&str], env: &[(&str, &str)], needle: &str) {
     assert!(!out.exists(), "{args:?}: wrote {}", out.display());
 }
 
+/// A capture of `model` that must be refused: exit 2, `want` in its
+/// message, and `--out` never written.
+struct Refusal<'a> {
+    flags: &'a [&'a str],
+    env: &'a [(&'a str, &'a str)],
+    want: &'a str,
+}
+
+/// Runs each case as `capture --model MODEL FLAGS...` ([`refused`]).
+fn refused_all(model: &str, cases: &[Refusal]) {
+    for c in cases {
+        let mut args = vec!["capture", "--model", model];
+        args.extend_from_slice(c.flags);
+        refused(&args, c.env, c.want);
+    }
+}
+
+/// A case without environment.
+const fn flags<'a>(flags: &'a [&'a str], want: &'a str) -> Refusal<'a> {
+    Refusal {
+        flags,
+        env: &[],
+        want,
+    }
+}
+
 #[test]
-fn bad_input_exits_2_and_writes_nothing() {
+fn bad_tokens_and_prompts_exit_2_and_write_nothing() {
     let d = tempfile::tempdir().unwrap();
     let m = fixture(d.path(), "tiny-q");
     let long: String = std::iter::repeat_n("5", 257).collect::<Vec<_>>().join(",");
-    refused(
-        &["capture", "--model", &m, "--tokens", "0,259"],
-        &[],
-        "token id 259",
-    );
-    refused(
-        &["capture", "--model", &m, "--tokens", "0,x"],
-        &[],
-        "bad token id \"x\"",
-    );
-    refused(
-        &["capture", "--model", &m, "--tokens", ""],
-        &[],
-        "empty prompt",
-    );
-    refused(
-        &["capture", "--model", &m, "--tokens", "1,,2"],
-        &[],
-        "token 2 is empty",
-    );
-    refused(
+    refused_all(
+        &m,
         &[
-            "capture",
-            "--model",
-            &m,
-            "--tokens",
-            "1,2",
-            "--gen",
-            "18446744073709551615",
+            flags(&["--tokens", "0,259"], "token id 259"),
+            flags(&["--tokens", "0,x"], "bad token id \"x\""),
+            flags(&["--tokens", ""], "empty prompt"),
+            flags(&["--tokens", "1,,2"], "token 2 is empty"),
+            flags(&["--prompt", ""], "empty prompt"),
+            flags(&["--chat", ""], "empty prompt"),
+            flags(&[], "give --prompt, --chat or --tokens"),
+            flags(&["--tokens", &long], "context length 256"),
+            flags(&["--tokens", "0,1", "--gen", "256"], "context length 256"),
+            flags(
+                &["--tokens", "1,2", "--gen", "18446744073709551615"],
+                "exceed the context length",
+            ),
         ],
-        &[],
-        "exceed the context length",
     );
-    refused(
-        &[
-            "capture",
-            "--model",
-            &m,
-            "--tokens",
-            "1,2",
-            "--select",
-            "stage=ffn_dwon",
-        ],
-        &[],
-        "stage \"ffn_dwon\" is not one of embedding, attn_norm",
-    );
-    refused(
-        &["capture", "--model", &m, "--prompt", ""],
-        &[],
-        "empty prompt",
-    );
-    refused(
-        &["capture", "--model", &m, "--chat", ""],
-        &[],
-        "empty prompt",
-    );
-    refused(
-        &["capture", "--model", &m, "--tokens", &long],
-        &[],
-        "context length 256",
-    );
-    refused(
-        &["capture", "--model", &m, "--tokens", "0,1", "--gen", "256"],
-        &[],
-        "context length 256",
-    );
-    refused(
-        &["capture", "--model", &m],
-        &[],
-        "give --prompt, --chat or --tokens",
-    );
-    refused(
-        &[
-            "capture",
-            "--model",
-            &m,
-            "--tokens",
-            "0",
-            "--precision",
-            "int4",
-        ],
-        &[],
-        "--precision: bad value \"int4\"",
-    );
-    refused(
-        &[
-            "capture",
-            "--model",
-            &m,
-            "--tokens",
-            "0",
-            "--backend",
-            "tpu",
-        ],
-        &[],
-        "--backend: bad value \"tpu\"",
-    );
-    refused(
-        &[
-            "capture", "--model", &m, "--tokens", "0", "--select", "layer=x",
-        ],
-        &[],
-        "--select",
-    );
-    refused(
-        &["capture", "--model", &m, "--tokens", "0"],
-        &[("TAPTREE_ACT_ATTN", "int4")],
-        "TAPTREE_ACT_ATTN: bad value \"int4\"",
-    );
-    refused(
-        &["capture", "--model", &m, "--tokens", "0"],
-        &[("TAPTREE_ACT_FFN_GATE", "q8")],
-        "TAPTREE_ACT_FFN_GATE",
-    );
+}
 
+#[test]
+fn bad_flags_and_switches_exit_2_and_write_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let m = fixture(d.path(), "tiny-q");
+    refused_all(
+        &m,
+        &[
+            flags(
+                &["--tokens", "1,2", "--select", "stage=ffn_dwon"],
+                "stage \"ffn_dwon\" is not one of embedding, attn_norm",
+            ),
+            flags(&["--tokens", "0", "--select", "layer=x"], "--select"),
+            // Words outside a flag's set are clap's to refuse, naming them all.
+            flags(
+                &["--tokens", "0", "--precision", "int4"],
+                "invalid value 'int4' for '--precision <PRECISION>'\n  \
+                 [possible values: f32, q8, llamacpp, f64, bf16, f16]",
+            ),
+            flags(
+                &["--tokens", "0", "--backend", "tpu"],
+                "invalid value 'tpu' for '--backend <BACKEND>'\n  [possible values: cpu, cuda]",
+            ),
+            // A foreign engine's dtype is no precision of the built-in forward.
+            flags(
+                &["--tokens", "0", "--precision", "bf16"],
+                "--precision: bad value \"bf16\": expected f32, q8, llamacpp or f64",
+            ),
+            Refusal {
+                flags: &["--tokens", "0"],
+                env: &[("TAPTREE_ACT_ATTN", "int4")],
+                want: "TAPTREE_ACT_ATTN: bad value \"int4\"",
+            },
+            Refusal {
+                flags: &["--tokens", "0"],
+                env: &[("TAPTREE_ACT_FFN_GATE", "q8")],
+                want: "TAPTREE_ACT_FFN_GATE",
+            },
+            #[cfg(not(feature = "cuda"))]
+            flags(
+                &["--tokens", "0", "--backend", "cuda"],
+                "built without CUDA",
+            ),
+        ],
+    );
+}
+
+#[test]
+fn bad_model_files_exit_2_and_write_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let m = fixture(d.path(), "tiny-q");
     // A truncated GGUF, a file that is no GGUF, a path that does not exist.
     let bytes = std::fs::read(&m).unwrap();
     let cut = d.path().join("cut.gguf");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
-    refused(
-        &["capture", "--model", cut.to_str().unwrap(), "--tokens", "0"],
-        &[],
-        "cut.gguf",
-    );
     let junk = d.path().join("junk.gguf");
     std::fs::write(&junk, b"not a model at all").unwrap();
-    refused(
-        &[
-            "capture",
-            "--model",
-            junk.to_str().unwrap(),
-            "--tokens",
-            "0",
-        ],
-        &[],
-        "junk.gguf",
-    );
-    refused(
-        &["capture", "--model", "/nonexistent/m.gguf", "--tokens", "0"],
-        &[],
-        "/nonexistent/m.gguf",
-    );
-    #[cfg(not(feature = "cuda"))]
-    refused(
-        &[
-            "capture",
-            "--model",
-            &m,
-            "--tokens",
-            "0",
-            "--backend",
-            "cuda",
-        ],
-        &[],
-        "built without CUDA",
-    );
+    for (model, want) in [
+        (cut.to_str().unwrap(), "cut.gguf"),
+        (junk.to_str().unwrap(), "junk.gguf"),
+        ("/nonexistent/m.gguf", "/nonexistent/m.gguf"),
+    ] {
+        refused_all(model, &[flags(&["--tokens", "0"], want)]);
+    }
 }
 
 #[test]
@@ -533,23 +487,6 @@ fn golden_trees_are_current() {
         "golden trees are stale:\n  {}\nif the change is intended, regenerate them with: scripts/regen_golden.sh",
         stale.join("\n  ")
     );
-}
-
-fn under_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}
-
-/// SmolLM2: cached, or fetched under CI; elsewhere the test is skipped.
-fn smollm2() -> Option<String> {
-    if let Some(p) = fetch::cached_smollm2() {
-        return Some(p.display().to_string());
-    }
-    if under_ci() {
-        let p = fetch::ensure_smollm2().expect("CI needs SmolLM2");
-        return Some(p.display().to_string());
-    }
-    eprintln!("skipping: SmolLM2 is not cached (cargo run -p fetch --example fetch_model)");
-    None
 }
 
 /// Whether the reference script's Python packages are importable.

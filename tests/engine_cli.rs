@@ -147,7 +147,10 @@ fn engine_flags_are_checked_before_anything_runs() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("t");
     let cases: [(&[&str], &str); 5] = [
-        (&["--engine", "vllm"], "--engine: bad value \"vllm\""),
+        (
+            &["--engine", "vllm"],
+            "invalid value 'vllm' for '--engine <ENGINE>'\n  [possible values: builtin, hf, llama.cpp]",
+        ),
         (
             &["--engine", "hf", "--precision", "q8"],
             "bad value \"q8\" for --engine hf",

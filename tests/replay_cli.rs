@@ -11,7 +11,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::harness::clean::{code, fixture, run, taptree, text};
-use crate::harness::CAPTURE;
+use crate::harness::{row_name, CAPTURE};
 
 const TOKENS: &str = "0,75,108,35,104";
 
@@ -46,13 +46,6 @@ fn rows(report: &Value) -> &Vec<Value> {
 
 fn err(row: &Value) -> f64 {
     row["local_error"].as_f64().unwrap_or(f64::INFINITY)
-}
-
-fn row_name(row: &Value) -> String {
-    match row["layer"].as_u64() {
-        Some(l) => format!("L{l}/{}", row["stage"].as_str().unwrap()),
-        None => row["stage"].as_str().unwrap().to_string(),
-    }
 }
 
 const MATMULS: [&str; 8] = [

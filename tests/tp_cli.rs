@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use capture::{Capture, CaptureOptions, RunInfo, Selection, Shard, StageSpec, TapId};
 use serde_json::Value;
 
-use crate::harness::one_capture_at_a_time;
+use crate::harness::{one_capture_at_a_time, row_name, smollm2};
 
 /// Environment variables set for a run.
 type Env = [(&'static str, &'static str)];
@@ -62,13 +62,6 @@ fn diff(a: &Path, b: &Path) -> (i32, Value, String) {
         .unwrap();
     let report = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
     (o.status.code().unwrap(), report, text(&o))
-}
-
-fn row_name(r: &Value) -> String {
-    match r["layer"].as_u64() {
-        Some(l) => format!("L{l}/{}", r["stage"].as_str().unwrap()),
-        None => r["stage"].as_str().unwrap().to_string(),
-    }
 }
 
 fn first_divergence(report: &Value) -> Option<String> {
@@ -369,23 +362,6 @@ fn a_divergent_shard_names_its_rank() {
         n.contains("rank 1 (columns 3..6) differs, max |a-b| 5.000e0"),
         "{out}"
     );
-}
-
-/// SmolLM2: cached, or fetched under CI; elsewhere the test is skipped.
-fn smollm2() -> Option<String> {
-    if let Some(p) = fetch::cached_smollm2() {
-        return Some(p.display().to_string());
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        return Some(
-            fetch::ensure_smollm2()
-                .expect("CI needs SmolLM2")
-                .display()
-                .to_string(),
-        );
-    }
-    eprintln!("skipping: SmolLM2 is not cached (cargo run -p fetch --example fetch_model)");
-    None
 }
 
 #[test]

@@ -16,7 +16,9 @@
 //! capture takes it only while holding the path's lock, and it removes the
 //! spare's manifest and index before writing anything into it, so a
 //! capture killed part way leaves a staging directory that recovery
-//! deletes. The cost is disk: one replaced tree per path stays on disk.
+//! deletes. The cost is disk: one replaced tree per path stays on disk,
+//! and only while the filesystem has at least as much free as it takes
+//! (a larger one is deleted as before).
 //! `TAPTREE_SPARE=0` deletes replaced trees instead (and a spare left from
 //! before, at the next replacement). A spare whose tree is
 //! gone (the user deleted the path) is deleted by the next capture to it.
@@ -77,10 +79,56 @@ pub(crate) fn keep(old: &Path, out: &Path) -> Result<()> {
     if is_spare(&spare) {
         remove_tree(&spare).map_err(|e| Error::io(&spare, e))?;
     }
-    if !enabled() {
+    if !enabled() || !room_beside(old) {
         return remove_tree(old).map_err(|e| Error::io(old, e));
     }
     std::fs::rename(old, &spare).map_err(|e| Error::io(old, e))
+}
+
+/// Whether the filesystem holding `tree` has at least as many bytes free
+/// as the tree takes: a spare never takes the last of the disk (a replaced
+/// tree larger than what is free is deleted, as without spares).
+fn room_beside(tree: &Path) -> bool {
+    match (tree_bytes(tree), free_bytes(tree)) {
+        (Some(used), Some(free)) => free >= used,
+        _ => false,
+    }
+}
+
+/// The bytes of a tree's files (its top directory and its layer
+/// directories), or None if it cannot be listed.
+fn tree_bytes(tree: &Path) -> Option<u64> {
+    let mut total = 0u64;
+    for item in std::fs::read_dir(tree).ok()?.flatten() {
+        let meta = item.metadata().ok()?;
+        if meta.is_dir() {
+            for f in std::fs::read_dir(item.path()).ok()?.flatten() {
+                total = total.saturating_add(f.metadata().ok()?.len());
+            }
+        } else {
+            total = total.saturating_add(meta.len());
+        }
+    }
+    Some(total)
+}
+
+/// Bytes free to an unprivileged writer on the filesystem holding `path`.
+#[cfg(unix)]
+#[allow(clippy::useless_conversion)] // the field types are u32 on some targets
+fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes only into the zeroed struct we own, and `c` is
+    // a NUL-terminated path that lives across the call.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (r == 0).then(|| u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+}
+
+/// Without `statvfs`, no spare is kept.
+#[cfg(not(unix))]
+fn free_bytes(_path: &Path) -> Option<u64> {
+    None
 }
 
 /// Deletes the files of a taken spare (`staging`) that the new tree does
@@ -122,4 +170,23 @@ pub(crate) fn drop_orphan(out: &Path) -> Result<()> {
         remove_tree(&spare).map_err(|e| Error::io(&spare, e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_tree_has_room_beside_it_and_a_missing_one_has_none() {
+        let dir = std::env::temp_dir().join(format!("taptree-spare-room-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("L0")).unwrap();
+        std::fs::write(dir.join("L0/a.safetensors"), vec![0u8; 4096]).unwrap();
+        std::fs::write(dir.join(MANIFEST_FILE), b"{}").unwrap();
+        assert_eq!(tree_bytes(&dir), Some(4098));
+        assert!(free_bytes(&dir).is_some_and(|f| f > 0));
+        assert!(room_beside(&dir));
+        std::fs::remove_dir_all(&dir).unwrap();
+        // Nothing to measure: no spare is kept.
+        assert!(!room_beside(&dir));
+    }
 }

@@ -7,7 +7,7 @@
 //! layout in the manifest lets the diff reconcile it.
 
 use crate::graph::{StageGraph, StageNode};
-use crate::report::Row;
+use crate::report::{LayoutHint, Row};
 use std::collections::HashMap;
 
 /// Below this |cosine| a red row looks unrelated rather than inaccurate.
@@ -57,12 +57,10 @@ pub fn layout(rows: &mut [Row], graph: &StageGraph) {
             }
         }
         if let Some(g) = green {
-            rows[i].hint = Some(format!(
-                "layout? cos {:.3} here while {} (which reads it) agrees: the engines may order \
-                 this tensor's width differently; declare the stage's layout (docs/FORMAT.md)",
-                rows[i].worst().metrics.cos,
-                rows[g].name()
-            ));
+            rows[i].hint = Some(LayoutHint {
+                cos: rows[i].worst().metrics.cos,
+                reader: rows[g].id(),
+            });
         }
     }
 }

@@ -5,9 +5,15 @@
 //! The JSON rendering is this structure serialized with its summary (schema
 //! in docs/GUIDE.md); `schema` is bumped on any incompatible change.
 
-use crate::metrics::{Degeneracy, Metrics};
-use crate::tolerance::{Metric, Op};
+use crate::metrics::Metrics;
+pub use crate::tolerance::Reason;
 use serde::{Deserialize, Serialize};
+
+mod control;
+mod notes;
+
+pub use control::{Control, ControlName, Finding, Flagged};
+pub use notes::{Note, PartialsLeftOut, ReduceFault, ShardDiff};
 
 /// Version of the JSON schema of [`DiffReport`].
 pub const SCHEMA: u32 = 1;
@@ -52,8 +58,18 @@ pub struct DiffReport {
     /// The controls run beside the diff (`--controls`), if any.
     pub controls: Vec<Control>,
     /// How the trees were brought to one frame before comparing (declared
-    /// layouts reconciled, positions aligned): said, never silent.
-    pub notes: Vec<String>,
+    /// layouts reconciled, positions aligned, ranks unsharded) and what the
+    /// ranks say: said, never silent.
+    pub notes: Vec<Note>,
+}
+
+/// Which tree: A or B.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The reference.
+    A,
+    /// The tree compared with it.
+    B,
 }
 
 /// What the diff concluded; maps to the exit code 0, 1 or 2.
@@ -173,66 +189,8 @@ pub enum Cause {
     },
 }
 
-/// Why a row is not green, as values; [`crate::render::reason`] words it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Reason {
-    /// A and B rows have different shapes (each without its position axis).
-    ShapeMismatch {
-        /// A's row shape.
-        a: Vec<usize>,
-        /// B's row shape.
-        b: Vec<usize>,
-    },
-    /// The dtypes differ, and are not both float.
-    DtypeMismatch {
-        /// A's dtype.
-        a: capture::DType,
-        /// B's dtype.
-        b: capture::DType,
-    },
-    /// At the worst position, elements nonfinite on one side only.
-    NonfiniteMismatch {
-        /// How many.
-        elements: u64,
-    },
-    /// The tolerance is `bitwise` and elements differ.
-    NotBitwise {
-        /// Elements not bitwise equal.
-        differ: u64,
-        /// Elements compared.
-        of: u64,
-    },
-    /// A comparison of the tolerance whose metric is undefined (dtypes differ).
-    Undefined {
-        /// The metric.
-        metric: Metric,
-    },
-    /// A comparison of the tolerance that fails at the worst position.
-    Fails {
-        /// The metric.
-        metric: Metric,
-        /// Its value there.
-        value: f64,
-        /// The comparison.
-        op: Op,
-        /// The bound it fails.
-        bound: f64,
-    },
-    /// Within tolerance, but a side is degenerate at this position.
-    Degenerate {
-        /// The position.
-        pos: u32,
-        /// Its slot.
-        slot: Option<u32>,
-        /// How A is degenerate there, if it is.
-        a: Option<Degeneracy>,
-        /// How B is degenerate there, if it is.
-        b: Option<Degeneracy>,
-    },
-}
-
 /// One (layer, stage) of the forward.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Row {
     /// The layer, or none for a stage outside the layers.
     pub layer: Option<u32>,
@@ -241,14 +199,9 @@ pub struct Row {
     /// The verdict.
     pub status: Status,
     /// The failing comparisons at the worst position, or the mismatch (the
-    /// JSON renderer words them: [`crate::render::reason`]).
-    #[serde(
-        skip_serializing_if = "Vec::is_empty",
-        serialize_with = "crate::render::json::worded_reasons"
-    )]
+    /// renderers word them: [`crate::render::reason`]).
     pub reasons: Vec<Reason>,
     /// For a red row, whether it originated the divergence or inherited it.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub cause: Option<Cause>,
     /// Index into `positions` of the worst one: among failing positions (or
     /// all, if none fails) the lowest cosine, ties broken by the highest NMSE.
@@ -263,23 +216,32 @@ pub struct Row {
     /// otherwise hold one full [`Position`] per position of every row that
     /// has one changed tap. Not in the JSON, which lists only positions
     /// that differ.
-    #[serde(skip)]
     pub equal: Vec<EqualRun>,
     /// Whether every compared tap of this row was skipped as equal by hash.
     pub skipped: bool,
     /// How much error the op adds to its inputs'.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub growth: Option<Growth>,
     /// With a truth, which side is closer to it.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub truth: Option<TruthVerdict>,
     /// A red row that looks like a layout difference ("layout?").
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hint: Option<String>,
+    pub hint: Option<LayoutHint>,
     /// Why a tap of this row could not be read (status `unreadable`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unreadable: Option<String>,
+    pub unreadable: Option<Unreadable>,
 }
+
+/// A near-zero red row whose reader agrees: the engines may order the
+/// tensor's width differently ([`crate::hints`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayoutHint {
+    /// The row's cosine at its worst position.
+    pub cos: f64,
+    /// The green row that reads it.
+    pub reader: capture::RowId,
+}
+
+/// Why a tap could not be read: the error itself, shared (rows are cloned
+/// for the renderers, and an io error is not `Clone`).
+pub type Unreadable = std::sync::Arc<capture::Error>;
 
 /// Positions `start..end` of one slot, equal by hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -409,31 +371,6 @@ pub enum Closer {
     Neither,
     /// T has no tap for this position.
     Unknown,
-}
-
-/// A check of the comparator itself.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Control {
-    /// `SELF`, `PERTURBED` or `FIXTURE VALIDITY`.
-    pub name: String,
-    /// Whether the comparator passed it.
-    pub passed: bool,
-    /// What was checked and found.
-    pub detail: String,
-    /// Degenerate taps found (FIXTURE VALIDITY).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub flagged: Vec<Flagged>,
-}
-
-/// A degenerate tap position.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Flagged {
-    /// `A` or `B`.
-    pub tree: String,
-    /// The position (a one-position key).
-    pub key: String,
-    /// How it is degenerate.
-    pub what: Degeneracy,
 }
 
 fn is_zero(n: &u64) -> bool {

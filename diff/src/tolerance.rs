@@ -20,8 +20,7 @@
 //! RMS error of at most 1%, so a magnitude error of a few percent fails, while
 //! 8-bit activation quantization of well-behaved rows (NMSE about 1e-5) passes.
 
-use crate::metrics::Metrics;
-use crate::report::Reason;
+use crate::metrics::{Degeneracy, Metrics};
 use std::fmt;
 
 /// The tolerance used when none is given.
@@ -430,6 +429,64 @@ impl<'a> Parser<'a> {
         self.pos += num_len;
         Ok(Expr::Cmp(metric, op, value))
     }
+}
+
+/// Why a row is not green, as values; [`crate::render::reason`] words it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reason {
+    /// A and B rows have different shapes (each without its position axis).
+    ShapeMismatch {
+        /// A's row shape.
+        a: Vec<usize>,
+        /// B's row shape.
+        b: Vec<usize>,
+    },
+    /// The dtypes differ, and are not both float.
+    DtypeMismatch {
+        /// A's dtype.
+        a: capture::DType,
+        /// B's dtype.
+        b: capture::DType,
+    },
+    /// At the worst position, elements nonfinite on one side only.
+    NonfiniteMismatch {
+        /// How many.
+        elements: u64,
+    },
+    /// The tolerance is `bitwise` and elements differ.
+    NotBitwise {
+        /// Elements not bitwise equal.
+        differ: u64,
+        /// Elements compared.
+        of: u64,
+    },
+    /// A comparison of the tolerance whose metric is undefined (dtypes differ).
+    Undefined {
+        /// The metric.
+        metric: Metric,
+    },
+    /// A comparison of the tolerance that fails at the worst position.
+    Fails {
+        /// The metric.
+        metric: Metric,
+        /// Its value there.
+        value: f64,
+        /// The comparison.
+        op: Op,
+        /// The bound it fails.
+        bound: f64,
+    },
+    /// Within tolerance, but a side is degenerate at this position.
+    Degenerate {
+        /// The position.
+        pos: u32,
+        /// Its slot.
+        slot: Option<u32>,
+        /// How A is degenerate there, if it is.
+        a: Option<Degeneracy>,
+        /// How B is degenerate there, if it is.
+        b: Option<Degeneracy>,
+    },
 }
 
 #[cfg(test)]

@@ -14,6 +14,8 @@
 //! never taken for equal by hash to a tap of a one-device tree: it is read
 //! and compared.
 
+use crate::report::Side;
+use crate::report::{Note, ReduceFault, ShardDiff};
 use crate::tree::{Tensor, Tree};
 use crate::Error;
 use capture::{Entry, Manifest, StageSpec};
@@ -258,11 +260,11 @@ pub fn rank_notes(
     views: (&dyn Tree, &dyn Tree),
     layer: Option<u32>,
     stage: &str,
-) -> Result<Vec<String>, Error> {
+) -> Result<Vec<Note>, Error> {
     let mut notes = Vec::new();
-    for (name, tree) in [("A", a), ("B", b)] {
-        notes.extend(shard_notes(name, tree, views, layer, stage)?);
-        notes.extend(reduce_notes(name, tree, layer, stage)?);
+    for (side, tree) in [(Side::A, a), (Side::B, b)] {
+        notes.extend(shard_notes(side, tree, views, layer, stage)?);
+        notes.extend(reduce_notes(side, tree, layer, stage)?);
     }
     Ok(notes)
 }
@@ -288,12 +290,12 @@ fn values(tree: &dyn Tree, i: usize) -> Result<Vec<f64>, Error> {
 /// For each shard `tree` declares at the row: does its slice of the full
 /// tensors of the two views differ?
 fn shard_notes(
-    name: &str,
+    side: Side,
     tree: &dyn Tree,
     (va, vb): (&dyn Tree, &dyn Tree),
     layer: Option<u32>,
     stage: &str,
-) -> Result<Vec<String>, Error> {
+) -> Result<Option<Note>, Error> {
     let find =
         |v: &dyn Tree, key: &capture::Key| v.manifest().entries.iter().position(|e| &e.key == key);
     let mut worst: BTreeMap<(u32, u32, u32), f64> = BTreeMap::new();
@@ -326,36 +328,38 @@ fn shard_notes(
         *w = w.max(m);
     }
     if worst.is_empty() {
-        return Ok(Vec::new());
+        return Ok(None);
     }
-    let row = capture::RowId::new(layer, stage);
-    let parts: Vec<String> = worst
-        .iter()
-        .map(|((rank, start, end), m)| match *m {
-            0.0 => format!("rank {rank} (columns {start}..{end}) bitwise equal"),
-            m => format!("rank {rank} (columns {start}..{end}) differs, max |a-b| {m:.3e}"),
+    let shards = worst
+        .into_iter()
+        .map(|((rank, start, end), max_abs)| ShardDiff {
+            rank,
+            start,
+            end,
+            max_abs,
         })
         .collect();
-    Ok(vec![format!(
-        "{row}: shards of {name}: {}",
-        parts.join("; ")
-    )])
+    Ok(Some(Note::Shards {
+        row: capture::RowId::new(layer, stage),
+        tree: side,
+        shards,
+    }))
 }
 
 /// Whether each all-reduced tap of the row in `tree` is the rank-order sum
 /// of its partial sums (`STAGE_partial`), in the tap's own dtype; if not,
 /// which one rank's partial sum is missing from it.
 fn reduce_notes(
-    name: &str,
+    side: Side,
     tree: &dyn Tree,
     layer: Option<u32>,
     stage: &str,
-) -> Result<Vec<String>, Error> {
+) -> Result<Vec<Note>, Error> {
     let partial_stage = format!("{stage}_partial");
     let entries = &tree.manifest().entries;
     let mut notes = Vec::new();
     // Per verdict: taps, first position, one past the last.
-    let mut found: BTreeMap<String, (usize, u32, u32)> = BTreeMap::new();
+    let mut found: BTreeMap<ReduceFault, (usize, u32, u32)> = BTreeMap::new();
     for (i, e) in entries.iter().enumerate() {
         if e.key.layer != layer || e.key.stage != stage || e.key.rank.is_some() {
             continue;
@@ -406,25 +410,29 @@ fn reduce_notes(
             continue;
         }
         let why = match (0..addends.len()).find(|&k| sum_without(Some(k)) == reduced) {
-            Some(k) => format!(
-                "rank {}'s partial sum ({partial_stage}) is missing from the all-reduce",
-                parts[k].0
-            ),
-            None => format!(
-                "not the rank-order sum of its {} partial sums ({partial_stage})",
-                parts.len()
-            ),
+            Some(k) => ReduceFault::MissingRank {
+                rank: parts[k].0,
+                partial_stage: partial_stage.clone(),
+            },
+            None => ReduceFault::NotRankOrderSum {
+                partials: parts.len(),
+                partial_stage: partial_stage.clone(),
+            },
         };
         let seen = found.entry(why).or_insert((0, u32::MAX, 0));
         seen.0 += 1;
         seen.1 = seen.1.min(e.key.pos.start);
         seen.2 = seen.2.max(e.key.pos.end);
     }
-    let row = capture::RowId::new(layer, stage);
-    for (why, (taps, first, end)) in found {
-        notes.push(format!(
-            "{row} in {name} ({taps} taps, positions {first}..{end}): {why}"
-        ));
+    for (fault, (taps, first, end)) in found {
+        notes.push(Note::AllReduce {
+            row: capture::RowId::new(layer, stage),
+            tree: side,
+            taps,
+            first,
+            end,
+            fault,
+        });
     }
     Ok(notes)
 }

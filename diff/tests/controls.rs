@@ -4,7 +4,8 @@
 mod support;
 
 use diff::controls::{self, At};
-use diff::report::DiffOutcome;
+use diff::render::finding;
+use diff::report::{DiffOutcome, Finding};
 use support::{is, opts, propagated, taps, MemTree, Shape};
 
 #[test]
@@ -24,7 +25,7 @@ fn perturbed_control_names_every_stage_exactly() {
                     slot: None,
                 };
                 let c = controls::perturbed(&a, &opts(), Some(&at)).unwrap();
-                assert!(c.passed, "{at:?}: {}", c.detail);
+                assert!(c.passed, "{at:?}: {}", finding(&c.finding));
             }
         }
     }
@@ -72,15 +73,16 @@ fn self_and_default_perturbed_controls_pass_on_a_sound_tree() {
     let a = MemTree::new("a", taps(&Shape::default(), |_| {}));
     let all = controls::run(&a, &a, &opts(), None).unwrap();
     for c in &all {
-        assert!(c.passed, "{}: {}", c.name, c.detail);
+        assert!(c.passed, "{}: {}", c.name.as_str(), finding(&c.finding));
     }
     // Default PERTURBED target: the middle of the forward.
     let mid = controls::middle(&a).unwrap();
     assert_eq!(mid.layer, Some(1));
     assert!(
-        all[1].detail.contains(&format!("L1/{}", mid.stage)),
+        matches!(&all[1].finding, Finding::PlantedNamed { at }
+            if at.layer == Some(1) && at.stage == mid.stage && at.pos.start == mid.pos.unwrap()),
         "{}",
-        all[1].detail
+        finding(&all[1].finding)
     );
 }
 

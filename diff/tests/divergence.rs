@@ -6,7 +6,7 @@ mod support;
 
 use capture::DType;
 use diff::controls;
-use diff::report::{Cause, Closer, DiffOutcome, Status};
+use diff::report::{Cause, Closer, DiffOutcome, Side, Status};
 use support::{is, opts, propagated, taps, MemTree, Shape, Tap};
 
 #[test]
@@ -127,12 +127,16 @@ fn degenerate_agreement_is_not_agreement() {
     let row = r.rows.iter().find(|row| row.name() == "L1/v_proj").unwrap();
     assert_eq!(row.status, Status::Degenerate);
     assert_eq!(r.outcome, DiffOutcome::Inconclusive);
-    let v = controls::fixture_validity(&[("A", &a), ("B", &b)]).unwrap();
+    let v = controls::fixture_validity(&[(Side::A, &a), (Side::B, &b)]).unwrap();
     assert!(!v.passed);
     assert_eq!(v.flagged.len(), 4 * 2);
-    assert_eq!(v.flagged[0].key, "L1/v_proj@0");
+    assert_eq!(v.flagged[0].key.to_string(), "L1/v_proj@0");
     let clean = MemTree::new("c", taps(&Shape::default(), |_| {}));
-    assert!(controls::fixture_validity(&[("A", &clean)]).unwrap().passed);
+    assert!(
+        controls::fixture_validity(&[(Side::A, &clean)])
+            .unwrap()
+            .passed
+    );
 }
 
 #[test]
@@ -148,7 +152,7 @@ fn constant_and_nonfinite_taps_are_flagged() {
             }
         }),
     );
-    let v = controls::fixture_validity(&[("A", &a)]).unwrap();
+    let v = controls::fixture_validity(&[(Side::A, &a)]).unwrap();
     let found: Vec<String> = v
         .flagged
         .iter()

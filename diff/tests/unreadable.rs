@@ -67,7 +67,7 @@ fn an_unreadable_tap_is_a_counted_row_and_the_diff_goes_on() {
     assert_eq!(unreadable.len(), 1, "{}", diff::render::summary(&r));
     let row = unreadable[0];
     assert_eq!(row.name(), "L1/ffn_up");
-    let why = row.unreadable.as_deref().unwrap();
+    let why = row.unreadable.as_ref().unwrap().to_string();
     assert!(
         why.contains("L001/ffn_up.p2-3") && why.contains("shorter"),
         "{why}"

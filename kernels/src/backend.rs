@@ -32,7 +32,8 @@ pub fn open(
 
 /// Opens the `name` backend split over `tp` tensor-parallel ranks: `tp`
 /// 1 is [`open`] (the one-device forward, unchanged); more is the CPU's
-/// simulated tensor parallelism ([`crate::cpu::tp`]).
+/// simulated tensor parallelism ([`crate::cpu::tp`]) or the CUDA forward
+/// over `tp` GPUs (`crate::cuda::tp`, with the `cuda` feature).
 pub fn open_tp(
     name: &str,
     weights: &ModelWeights,
@@ -45,10 +46,33 @@ pub fn open_tp(
         ("cpu", _) => Ok(Box::new(crate::cpu::tp::TpForward::new(
             weights, precision, switches, tp,
         )?)),
+        ("cuda", _) => open_cuda_tp(weights, precision, switches, tp),
         (other, _) => Err(ForwardError::Unsupported(format!(
-            "--tp {tp}: tensor parallelism runs on the cpu backend only, not {other}"
+            "{other}: unknown backend (expected cpu or cuda)"
         ))),
     }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda_tp(
+    weights: &ModelWeights,
+    precision: Precision,
+    switches: &Switches,
+    tp: usize,
+) -> Result<Box<dyn Forward>, ForwardError> {
+    Ok(Box::new(crate::cuda::tp::CudaTpForward::new(
+        weights, precision, switches, tp,
+    )?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda_tp(
+    weights: &ModelWeights,
+    precision: Precision,
+    switches: &Switches,
+    _: usize,
+) -> Result<Box<dyn Forward>, ForwardError> {
+    open_cuda(weights, precision, switches)
 }
 
 #[cfg(feature = "cuda")]

@@ -3,6 +3,7 @@
 //! row is explained by rank.
 
 use capture::TreeReader;
+use diff::report::{Note, PartialsLeftOut};
 use diff::unshard::{is_ranked, rank_count, rank_notes, Unsharded};
 use diff::Tree;
 
@@ -18,7 +19,7 @@ impl<'t> Views<'t> {
     pub fn new(
         (a, b): (&'t TreeReader, &'t TreeReader),
         truth: Option<&'t TreeReader>,
-        notes: &mut Vec<String>,
+        notes: &mut Vec<Note>,
     ) -> anyhow::Result<Views<'t>> {
         let (ra, rb) = (is_ranked(a.manifest()), is_ranked(b.manifest()));
         // Partial sums are compared rank by rank only when both sides have
@@ -39,29 +40,17 @@ impl<'t> Views<'t> {
             },
         };
         if ra || rb {
-            let tps: Vec<String> = [a, b]
-                .iter()
-                .map(|t| {
-                    t.manifest()
-                        .run
-                        .extra
-                        .get("tp")
-                        .map_or("1".into(), |v| v.to_string())
-                })
-                .collect();
-            notes.push(format!(
-                "tensor parallel: A tp {}, B tp {}; shards compared as the full tensors they tile",
-                tps[0], tps[1]
-            ));
+            let tp = |t: &TreeReader| t.manifest().run.extra.get("tp").cloned();
+            notes.push(Note::TensorParallel {
+                tp_a: tp(a),
+                tp_b: tp(b),
+            });
             if !keep {
                 let why = match ra && rb {
-                    true => "the trees do not split over the same ranks",
-                    false => "the other tree has no ranks",
+                    true => PartialsLeftOut::OtherRanks,
+                    false => PartialsLeftOut::NoRanks,
                 };
-                notes.push(format!(
-                    "per-rank partial sums (*_partial) not compared: {why} \
-                     (the all-reduced sums are compared)"
-                ));
+                notes.push(Note::PartialsNotCompared { why });
             }
         }
         Ok(views)
@@ -91,7 +80,7 @@ impl<'t> Views<'t> {
         &self,
         report: &diff::DiffReport,
         (a, b): (&TreeReader, &TreeReader),
-        notes: &mut Vec<String>,
+        notes: &mut Vec<Note>,
     ) -> anyhow::Result<()> {
         if self.a.is_none() && self.b.is_none() {
             return Ok(());

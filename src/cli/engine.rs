@@ -14,8 +14,28 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 
-/// The engines `--engine` accepts. `builtin` is taptree's own forward.
-pub const ENGINES: &[&str] = &["builtin", "hf", "llama.cpp"];
+/// `--engine`: whose forward runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Engine {
+    /// taptree's own forward.
+    Builtin,
+    /// Hugging Face transformers.
+    Hf,
+    /// llama.cpp (llama-cpp-python).
+    #[value(name = "llama.cpp")]
+    LlamaCpp,
+}
+
+impl Engine {
+    /// The name the Python package's `--engine` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Builtin => "builtin",
+            Engine::Hf => "hf",
+            Engine::LlamaCpp => "llama.cpp",
+        }
+    }
+}
 
 /// Compute dtypes a foreign engine may be asked for.
 pub const PRECISIONS: &[&str] = &["f32", "f64", "bf16", "f16"];
@@ -161,4 +181,25 @@ pub fn run(req: &EngineRun) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::ValueEnum;
+
+    #[test]
+    fn engine_words_are_what_the_python_package_takes() {
+        let words: Vec<String> = Engine::value_variants()
+            .iter()
+            .map(|&e| e.to_possible_value().unwrap().get_name().to_string())
+            .collect();
+        assert_eq!(words, ["builtin", "hf", "llama.cpp"]);
+        for &e in Engine::value_variants() {
+            assert_eq!(
+                e.to_possible_value().unwrap().get_name().to_string(),
+                e.name()
+            );
+        }
+    }
 }

@@ -1,13 +1,17 @@
-//! Subcommands. Each lives in its own module with its `Args` and `run`.
+//! Subcommands. Each lives in its own module with its `Args` and `run`,
+//! named for its subcommand; where that is also a crate's name (`capture`,
+//! `diff`, `replay`), the module is `NAME_cmd`, so that `capture::` always
+//! means the crate.
 
 pub mod bisect;
-pub mod capture;
-pub mod diff;
+pub mod capture_cmd;
+pub mod diff_cmd;
 mod diff_tp;
 pub mod drift;
 pub mod engine;
+pub mod forward;
 pub mod ls;
-pub mod replay;
+pub mod replay_cmd;
 pub mod replay_html;
 pub mod stat;
 pub mod verify;
@@ -29,13 +33,13 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a forward of a model and write every tap into a tree.
-    Capture(capture::Args),
+    Capture(capture_cmd::Args),
     /// List a tree's taps in forward order.
     Ls(ls::Args),
     /// Check a tree's integrity, or whether two trees are bitwise identical.
     Verify(verify::Args),
     /// Compare two trees: first diverging op, metrics, truth.
-    Diff(diff::Args),
+    Diff(diff_cmd::Args),
     /// Statistics of a tree's taps: range, top dimensions, crushed blocks.
     Stat(stat::Args),
     /// Find the commit or the runtime switch that caused a divergence.
@@ -43,19 +47,19 @@ pub enum Command {
     /// Greedy answers under two configurations, prompt by prompt.
     Drift(drift::Args),
     /// Recompute every op of a tree from its own inputs: each op's local error.
-    Replay(replay::Args),
+    Replay(replay_cmd::Args),
 }
 
 /// Runs a parsed command line; returns the exit code.
 pub fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
-        Command::Capture(args) => capture::run(args),
+        Command::Capture(args) => capture_cmd::run(args),
         Command::Ls(args) => ls::run(args),
         Command::Verify(args) => verify::run(args),
-        Command::Diff(args) => diff::run(args),
+        Command::Diff(args) => diff_cmd::run(args),
         Command::Stat(args) => stat::run(args),
         Command::Bisect(args) => bisect::run(args),
         Command::Drift(args) => drift::run(args),
-        Command::Replay(args) => replay::run(args),
+        Command::Replay(args) => replay_cmd::run(args),
     }
 }

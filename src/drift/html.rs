@@ -4,7 +4,7 @@
 //! the first prompt whose answers part and the prompt with the largest
 //! logits error are marked.
 
-use super::{DriftReport as Report, PromptKind};
+use super::{DriftReport, PromptKind};
 use diff::render::html::{Detail, Marker, MarkerKind, Page, PageRow, PosValue, Verdict};
 
 fn kind(k: PromptKind) -> &'static str {
@@ -23,7 +23,7 @@ fn clip(s: &str, n: usize) -> String {
 }
 
 /// The page of a drift report.
-pub fn page(r: &Report) -> Page {
+pub fn page(r: &DriftReport) -> Page {
     let rows: Vec<PageRow> = r
         .prompts
         .iter()

@@ -24,6 +24,34 @@ pub fn taptree(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
         .unwrap()
 }
 
+/// Whether the tests run under CI (`CI=true`), where a test whose model
+/// or tool is missing must fetch it or fail, never skip.
+pub fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// SmolLM2's path: cached, or fetched under CI; elsewhere `None` (the
+/// caller skips, and this says so).
+pub fn smollm2() -> Option<String> {
+    if let Some(p) = fetch::cached_smollm2() {
+        return Some(p.display().to_string());
+    }
+    if under_ci() {
+        let p = fetch::ensure_smollm2().expect("CI needs SmolLM2");
+        return Some(p.display().to_string());
+    }
+    eprintln!("skipping: SmolLM2 is not cached (cargo run -p fetch --example fetch_model)");
+    None
+}
+
+/// A JSON report row's name: `L3/ffn_down`, or `logits` outside the layers.
+pub fn row_name(row: &serde_json::Value) -> String {
+    match row["layer"].as_u64() {
+        Some(l) => format!("L{l}/{}", row["stage"].as_str().unwrap()),
+        None => row["stage"].as_str().unwrap().to_string(),
+    }
+}
+
 /// stdout and stderr, as text.
 pub fn text(o: &Output) -> (String, String) {
     (

@@ -16,10 +16,12 @@ pub mod doubles;
 
 use crate::graph::StageGraph;
 use crate::metrics::compare;
-use crate::report::{Control, DiffReport, Flagged, Status};
+use crate::report::Side;
+use crate::report::{Control, ControlName, DiffReport, Finding, Flagged, Status};
 use crate::tree::Tree;
 use crate::walk::{self, Action, Change, Options, Visit};
 use crate::Error;
+use capture::RowId;
 use doubles::Tweaked;
 use rayon::prelude::*;
 use std::collections::BTreeSet;
@@ -57,7 +59,7 @@ pub fn run(
     Ok(vec![
         self_control(a, opts)?,
         perturbed(a, opts, perturb_at)?,
-        fixture_validity(&[("A", a), ("B", b)])?,
+        fixture_validity(&[(Side::A, a), (Side::B, b)])?,
     ])
 }
 
@@ -83,7 +85,7 @@ fn quiet<'p>(opts: &Options<'p>) -> Options<'p> {
 #[derive(Default)]
 pub struct SelfCheck {
     /// Rows neither equal nor degenerate, in forward order.
-    pub not_equal: Vec<String>,
+    pub not_equal: Vec<RowId>,
     /// A position was found in one tree only.
     pub one_sided: bool,
 }
@@ -94,7 +96,7 @@ impl Visit for SelfCheck {
             Change::OnlyIn { .. } => self.one_sided = true,
             Change::Row(row) => {
                 if row.status != Status::Equal && row.status != Status::Degenerate {
-                    self.not_equal.push(row.name());
+                    self.not_equal.push(row.id());
                 }
             }
         }
@@ -116,16 +118,17 @@ pub fn self_control(a: &dyn Tree, opts: &Options) -> Result<Control, Error> {
         .sum();
     let passed = check.not_equal.is_empty() && !check.one_sided && matched == positions;
     Ok(Control {
-        name: "SELF".into(),
+        name: ControlName::SelfCheck,
         passed,
-        detail: if passed {
-            format!("A against A: {matched} positions bitwise equal")
+        finding: if passed {
+            Finding::SelfEqual { positions: matched }
         } else {
-            format!(
-                "A against A is not bitwise equal: {} rows differ (first {}), {matched} of {positions} positions matched",
-                check.not_equal.len(),
-                check.not_equal.first().map_or("-", |s| s.as_str()),
-            )
+            Finding::SelfDiffers {
+                rows: check.not_equal.len(),
+                first: check.not_equal.into_iter().next(),
+                matched,
+                positions,
+            }
         },
         flagged: Vec::new(),
     })
@@ -155,8 +158,8 @@ pub fn middle(tree: &dyn Tree) -> Option<At> {
 /// worst position) and how many rows are red.
 #[derive(Default)]
 pub struct PlantedCheck {
-    /// The first red row: name, worst position, its slot.
-    pub first_red: Option<(String, u32, Option<u32>)>,
+    /// The first red row: its id, worst position, its slot.
+    pub first_red: Option<(RowId, u32, Option<u32>)>,
     /// Red rows in all.
     pub red: u64,
 }
@@ -168,7 +171,7 @@ impl Visit for PlantedCheck {
                 self.red += 1;
                 if self.first_red.is_none() {
                     let w = row.worst();
-                    self.first_red = Some((row.name(), w.pos, w.slot));
+                    self.first_red = Some((row.id(), w.pos, w.slot));
                 }
             }
         }
@@ -185,9 +188,9 @@ pub fn perturbed(a: &dyn Tree, opts: &Options, at: Option<&At>) -> Result<Contro
             Some(m) => m,
             None => {
                 return Ok(Control {
-                    name: "PERTURBED".into(),
+                    name: ControlName::Perturbed,
                     passed: false,
-                    detail: "A holds no tap to perturb".into(),
+                    finding: Finding::NothingToPerturb,
                     flagged: Vec::new(),
                 })
             }
@@ -204,30 +207,31 @@ pub fn perturbed(a: &dyn Tree, opts: &Options, at: Option<&At>) -> Result<Contro
     let planted = Tweaked::perturbed(a, entry, row);
     let mut check = PlantedCheck::default();
     walk::walk(a, &planted, None, &quiet(opts), &mut check)?;
-    let name = key.id().row().to_string();
-    let label = key.id().with_pos(pos..pos + 1).to_string();
+    let at = key.id().with_pos(pos..pos + 1).to_key();
     let found = check.first_red;
-    let passed = found.as_ref() == Some(&(name, pos, key.slot)) && check.red == 1;
+    let passed = found.as_ref() == Some(&(key.id().row(), pos, key.slot)) && check.red == 1;
     Ok(Control {
-        name: "PERTURBED".into(),
+        name: ControlName::Perturbed,
         passed,
-        detail: match (&found, passed) {
-            (Some(_), true) => format!("planted change at {label}: named exactly"),
-            (Some((n, p, _)), false) => format!(
-                "planted change at {label}, but the first diverging op is {n}@{p} ({} red rows)",
-                check.red
-            ),
-            (None, _) => format!("planted change at {label} was not seen: no divergence"),
+        finding: match (found, passed) {
+            (Some(_), true) => Finding::PlantedNamed { at },
+            (Some((found, pos, _)), false) => Finding::PlantedMisnamed {
+                at,
+                found,
+                pos,
+                red: check.red,
+            },
+            (None, _) => Finding::PlantedUnseen { at },
         },
         flagged: Vec::new(),
     })
 }
 
 /// FIXTURE VALIDITY: reads every tap of every tree and flags degenerate rows.
-pub fn fixture_validity(trees: &[(&str, &dyn Tree)]) -> Result<Control, Error> {
+pub fn fixture_validity(trees: &[(Side, &dyn Tree)]) -> Result<Control, Error> {
     let mut flagged = Vec::new();
     let mut rows = 0u64;
-    for &(name, tree) in trees {
+    for &(side, tree) in trees {
         let m = tree.manifest();
         let found: Vec<Vec<Flagged>> = (0..m.entries.len())
             .into_par_iter()
@@ -243,8 +247,8 @@ pub fn fixture_validity(trees: &[(&str, &dyn Tree)]) -> Result<Control, Error> {
                     if let Some(what) = m.degenerate_a {
                         let p = e.key.pos.start + r as u32;
                         out.push(Flagged {
-                            tree: name.to_string(),
-                            key: e.key.id().with_pos(p..p + 1).to_string(),
+                            tree: side,
+                            key: e.key.id().with_pos(p..p + 1).to_key(),
                             what,
                         });
                     }
@@ -255,21 +259,18 @@ pub fn fixture_validity(trees: &[(&str, &dyn Tree)]) -> Result<Control, Error> {
         rows += m.entries.iter().map(|e| e.key.rows() as u64).sum::<u64>();
         flagged.extend(found.into_iter().flatten());
     }
-    let passed = flagged.is_empty();
-    Ok(Control {
-        name: "FIXTURE VALIDITY".into(),
-        passed,
-        detail: if passed {
-            format!("{rows} tap positions checked: none all zero, all nonfinite or constant")
-        } else {
-            format!(
-                "{} of {rows} tap positions degenerate (first: {} {} is {})",
-                flagged.len(),
-                flagged[0].tree,
-                flagged[0].key,
-                flagged[0].what
-            )
+    let finding = match flagged.first() {
+        None => Finding::FixturesValid { positions: rows },
+        Some(first) => Finding::FixturesDegenerate {
+            degenerate: flagged.len(),
+            positions: rows,
+            first: first.clone(),
         },
+    };
+    Ok(Control {
+        name: ControlName::FixtureValidity,
+        passed: flagged.is_empty(),
+        finding,
         flagged,
     })
 }

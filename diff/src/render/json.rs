@@ -6,7 +6,11 @@
 //! still counts them.
 
 use crate::inputs::InputSplit;
-use crate::report::{Control, Counts, DiffOutcome, DiffReport, Position, Row, TreeInfo};
+use crate::metrics::{Degeneracy, Metrics};
+use crate::report::{
+    Cause, Control, Counts, DiffOutcome, DiffReport, Growth, Position, Row, Status, TreeInfo,
+    TruthVerdict,
+};
 use crate::stat::StatReport;
 use serde::Serialize;
 
@@ -21,7 +25,7 @@ struct Json<'r> {
     tolerance: &'r str,
     outcome: DiffOutcome,
     summary: String,
-    rows: Vec<Row>,
+    rows: Vec<JsonRow<'r>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     first_divergence: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -33,17 +37,93 @@ struct Json<'r> {
     #[serde(skip_serializing_if = "Option::is_none")]
     inputs_split: Option<&'r InputSplit>,
     counts: &'r Counts,
-    controls: &'r [Control],
-    #[serde(skip_serializing_if = "<[String]>::is_empty")]
-    notes: &'r [String],
+    controls: Vec<JsonControl>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    notes: Vec<String>,
 }
 
-/// `Row::reasons` in words (the schema's list of strings).
-pub(crate) fn worded_reasons<S: serde::Serializer>(
-    r: &[crate::report::Reason],
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    s.collect_seq(r.iter().map(super::reason))
+/// A [`Row`] as the schema has it: its reasons, hint and unreadable tap in
+/// words, and only the positions that are not bitwise equal (and the worst).
+#[derive(Serialize)]
+struct JsonRow<'r> {
+    layer: Option<u32>,
+    stage: &'r str,
+    status: Status,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    reasons: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cause: Option<&'r Cause>,
+    worst: usize,
+    total: &'r Metrics,
+    positions: Vec<&'r Position>,
+    skipped: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    growth: Option<&'r Growth>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    truth: Option<&'r TruthVerdict>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hint: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unreadable: Option<String>,
+}
+
+impl<'r> JsonRow<'r> {
+    fn new(row: &'r Row) -> JsonRow<'r> {
+        let keep = |(i, p): &(usize, &Position)| *i == row.worst || !p.metrics.bitwise();
+        let kept: Vec<(usize, &Position)> = row.positions.iter().enumerate().filter(keep).collect();
+        JsonRow {
+            layer: row.layer,
+            stage: &row.stage,
+            status: row.status,
+            reasons: row.reasons.iter().map(super::reason).collect(),
+            cause: row.cause.as_ref(),
+            worst: kept.iter().position(|(i, _)| *i == row.worst).unwrap_or(0),
+            total: &row.total,
+            positions: kept.into_iter().map(|(_, p)| p).collect(),
+            skipped: row.skipped,
+            growth: row.growth.as_ref(),
+            truth: row.truth.as_ref(),
+            hint: row.hint.as_ref().map(super::hint),
+            unreadable: row.unreadable.as_ref().map(|e| e.to_string()),
+        }
+    }
+}
+
+/// A [`Control`] with its finding in words (`detail`).
+#[derive(Serialize)]
+struct JsonControl {
+    name: &'static str,
+    passed: bool,
+    detail: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    flagged: Vec<JsonFlagged>,
+}
+
+/// A degenerate position: its tree and key as text.
+#[derive(Serialize)]
+struct JsonFlagged {
+    tree: &'static str,
+    key: String,
+    what: Degeneracy,
+}
+
+impl JsonControl {
+    fn new(c: &Control) -> JsonControl {
+        JsonControl {
+            name: c.name.as_str(),
+            passed: c.passed,
+            detail: super::finding(&c.finding),
+            flagged: c
+                .flagged
+                .iter()
+                .map(|f| JsonFlagged {
+                    tree: super::side(f.tree),
+                    key: f.key.to_string(),
+                    what: f.what,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The report as JSON text.
@@ -56,33 +136,9 @@ pub fn render(report: &DiffReport) -> String {
 /// [`render`] written to `w` as it is serialized (a large report is never
 /// held whole as text).
 pub fn write(report: &DiffReport, mut w: impl std::io::Write) -> std::io::Result<()> {
-    // Cloned row by row, and only the positions that are kept: a full clone
+    // Borrowed row by row, with only the positions that are kept: a clone
     // of a large report is most of the time of a mostly-equal diff.
-    let rows = report
-        .rows
-        .iter()
-        .map(|row| {
-            let keep = |(i, p): &(usize, &Position)| *i == row.worst || !p.metrics.bitwise();
-            let kept: Vec<(usize, &Position)> =
-                row.positions.iter().enumerate().filter(keep).collect();
-            Row {
-                layer: row.layer,
-                stage: row.stage.clone(),
-                status: row.status,
-                reasons: row.reasons.clone(),
-                cause: row.cause.clone(),
-                worst: kept.iter().position(|(i, _)| *i == row.worst).unwrap_or(0),
-                total: row.total.clone(),
-                positions: kept.into_iter().map(|(_, p)| p.clone()).collect(),
-                equal: Vec::new(),
-                skipped: row.skipped,
-                growth: row.growth.clone(),
-                truth: row.truth.clone(),
-                hint: row.hint.clone(),
-                unreadable: row.unreadable.clone(),
-            }
-        })
-        .collect();
+    let rows = report.rows.iter().map(JsonRow::new).collect();
     let json = Json {
         schema: report.schema,
         a: &report.a,
@@ -100,8 +156,8 @@ pub fn write(report: &DiffReport, mut w: impl std::io::Write) -> std::io::Result
         only_in_b: &report.only_in_b,
         inputs_split: report.inputs_split.as_ref(),
         counts: &report.counts,
-        controls: &report.controls,
-        notes: &report.notes,
+        controls: report.controls.iter().map(JsonControl::new).collect(),
+        notes: report.notes.iter().map(super::note).collect(),
     };
     serde_json::to_writer_pretty(&mut w, &json).map_err(std::io::Error::from)?;
     w.write_all(b"\n")

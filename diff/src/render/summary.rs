@@ -44,7 +44,9 @@ pub fn summary(report: &DiffReport) -> String {
                 c.rows_unreadable,
                 report.rows.len(),
                 first.map_or(String::new(), |r| r.name()),
-                first.and_then(|r| r.unreadable.as_deref()).unwrap_or("-"),
+                first
+                    .and_then(|r| r.unreadable.as_ref())
+                    .map_or("-".to_string(), |e| e.to_string()),
             )
         }
         DiffOutcome::ControlFailed => {

@@ -108,7 +108,7 @@ pub fn render(report: &DiffReport, opts: &TableOptions) -> String {
         let _ = writeln!(out, "{}", tree_line("T", t));
     }
     for n in &report.notes {
-        let _ = writeln!(out, "{}", p.dim(n));
+        let _ = writeln!(out, "{}", p.dim(&super::note(n)));
     }
     if report.outcome == DiffOutcome::Identical {
         let _ = writeln!(out, "{}", p.green(&super::summary(report)));
@@ -213,7 +213,7 @@ fn render_findings(out: &mut String, report: &DiffReport, opts: &TableOptions, p
             let _ = writeln!(out, "{}", truth_sentence(row, t));
         }
         if let Some(h) = &row.hint {
-            let _ = writeln!(out, "{}", p.yellow(h));
+            let _ = writeln!(out, "{}", p.yellow(&super::hint(h)));
         }
     }
     // Where the runs first differ at all, when that is before the first op
@@ -378,9 +378,14 @@ fn render_controls(out: &mut String, report: &DiffReport, p: &Paint) {
         } else {
             p.red("FAILED")
         };
-        let _ = writeln!(out, "control {}: {mark}: {}", c.name, c.detail);
+        let _ = writeln!(
+            out,
+            "control {}: {mark}: {}",
+            c.name.as_str(),
+            super::finding(&c.finding)
+        );
         for f in c.flagged.iter().take(8) {
-            let _ = writeln!(out, "  {} {} is {}", f.tree, f.key, f.what);
+            let _ = writeln!(out, "  {} {} is {}", super::side(f.tree), f.key, f.what);
         }
         if c.flagged.len() > 8 {
             let _ = writeln!(out, "  ... {} flagged in all", c.flagged.len());
@@ -456,7 +461,7 @@ fn format_row(report: &DiffReport, i: usize, opts: &TableOptions, p: &Paint) -> 
     }
     if let Some(why) = &row.unreadable {
         s.push_str("  could not read: ");
-        s.push_str(why);
+        s.push_str(&why.to_string());
     }
     s
 }

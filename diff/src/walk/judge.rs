@@ -8,7 +8,7 @@ use super::read::SegState;
 /// (T-vs-A, T-vs-B) at one position of a compared segment, read on demand;
 /// `Err` says why a tap could not be read.
 pub(crate) type TruthAt<'t> =
-    dyn Fn(&Segment, u32) -> Result<Option<(Acc, Acc)>, String> + Sync + 't;
+    dyn Fn(&Segment, u32) -> Result<Option<(Acc, Acc)>, crate::report::Unreadable> + Sync + 't;
 use crate::metrics::{Acc, Metrics};
 use crate::report::{Closer, EqualRun, Position, Reason, Row, Status, TruthVerdict};
 use crate::tolerance::Tolerance;
@@ -128,7 +128,7 @@ struct Gathered {
     origins: Vec<Option<(usize, u32)>>,
     total: Acc,
     mismatch: Option<Reason>,
-    unreadable: Option<String>,
+    unreadable: Option<crate::report::Unreadable>,
 }
 
 fn gather(

@@ -156,7 +156,7 @@ pub fn walk(
     // Rows are built on every core: a row that is not all equal by hash
     // derives and stores the metrics of each of its positions.
     let truth_at = |seg: &merge::Segment, j: u32| match &truth {
-        Some(t) => read::truth_pair((a, b), t, seg, j).map_err(|e| e.to_string()),
+        Some(t) => read::truth_pair((a, b), t, seg, j).map_err(std::sync::Arc::new),
         None => Ok(None),
     };
     let truth_at: Option<&judge::TruthAt> = truth.as_ref().map(|_| &truth_at as _);

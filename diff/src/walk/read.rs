@@ -26,7 +26,7 @@ pub(crate) enum SegState {
         results: Vec<Computed>,
     },
     /// A tap of A or B could not be read: why.
-    Unreadable(String),
+    Unreadable(crate::report::Unreadable),
 }
 
 /// A position's A-vs-B accumulator.
@@ -159,7 +159,7 @@ pub(crate) fn read(
                 mismatch: why,
                 results,
             },
-            Err(e) => SegState::Unreadable(e.to_string()),
+            Err(e) => SegState::Unreadable(std::sync::Arc::new(e)),
         });
     }
     let states = states

@@ -8,14 +8,7 @@ use crate::report::{Counts, DiffOutcome, DiffReport, Row, Status, TreeInfo, SCHE
 use crate::tree::Tree;
 use capture::TapId;
 
-/// Which tree.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    /// The reference.
-    A,
-    /// The tree compared with it.
-    B,
-}
+pub use crate::report::Side;
 
 /// One thing a walk found.
 #[derive(Debug)]

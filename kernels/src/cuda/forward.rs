@@ -25,7 +25,7 @@ use crate::forward::{Forward, ForwardError, Precision};
 use crate::switches::{ActPrecision, Family, Switches};
 use model::{LlamaConfig, ModelWeights, QTensor};
 
-mod encode;
+pub(crate) mod encode;
 mod fused;
 
 /// A captured decode step and what it was captured against.

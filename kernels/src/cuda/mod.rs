@@ -30,6 +30,7 @@ pub mod forward;
 pub mod ops;
 pub mod q8;
 pub mod taps;
+pub mod tp;
 
 pub use device::Device;
 pub use forward::CudaForward;

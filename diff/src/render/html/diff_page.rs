@@ -252,7 +252,7 @@ fn page_row(r: &Row, i: usize, ctx: &DiffContext) -> PageRow {
     if !r.reasons.is_empty() || r.cause.is_some() || r.hint.is_some() || r.unreadable.is_some() {
         let mut lines: Vec<String> = r.reasons.iter().map(crate::render::reason).collect();
         lines.extend(r.cause.as_ref().map(|_| cause(&r.cause)));
-        lines.extend(r.hint.clone());
+        lines.extend(r.hint.as_ref().map(crate::render::hint));
         lines.extend(
             r.unreadable
                 .as_ref()
@@ -341,12 +341,12 @@ pub fn page(report: &DiffReport, ctx: &DiffContext) -> Page {
     for c in &report.controls {
         notes.push(format!(
             "control {}: {} {}",
-            c.name,
+            c.name.as_str(),
             if c.passed { "passed" } else { "FAILED" },
-            c.detail
+            crate::render::finding(&c.finding)
         ));
     }
-    notes.extend(report.notes.iter().cloned());
+    notes.extend(report.notes.iter().map(crate::render::note));
     let rows: Vec<PageRow> = report
         .rows
         .iter()

@@ -109,24 +109,10 @@ impl TpForward {
                 "--tp {n}: --precision llamacpp models one device's arithmetic; use f32, q8 or f64"
             )));
         }
-        let dense = Arc::new(DenseWeights::new(weights)?);
-        let l0 = dense.layers.first().ok_or_else(|| {
-            ForwardError::Unsupported(format!("--tp {n}: the model has no layers"))
-        })?;
-        use super::qmatrix::WeightRows;
-        let plan = TpPlan::new(&config, n, l0.wo.m.block(), l0.w_down.m.block())?;
+        let plan = TpPlan::for_weights(weights, n)?;
         let skip = switches.tp_skip();
-        if let Some(s) = skip {
-            if s.rank >= n || s.layer >= config.n_layer {
-                return Err(ForwardError::Unsupported(format!(
-                    "{}: rank {} of layer {} does not exist under --tp {n} with {} layers",
-                    crate::switches::TP_SKIP_VAR,
-                    s.rank,
-                    s.layer,
-                    config.n_layer
-                )));
-            }
-        }
+        plan.check_skip(skip, config.n_layer)?;
+        let dense = Arc::new(DenseWeights::new(weights)?);
         let ranks = plan
             .ranks
             .iter()

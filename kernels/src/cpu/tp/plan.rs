@@ -17,7 +17,8 @@
 //! column is refused.
 
 use crate::forward::ForwardError;
-use model::LlamaConfig;
+use crate::switches::TpSkip;
+use model::{LlamaConfig, ModelWeights};
 use std::ops::Range;
 
 /// One rank's share of a layer.
@@ -94,6 +95,39 @@ impl TpPlan {
             });
         }
         Ok(TpPlan { ranks, group })
+    }
+
+    /// Splits `weights` over `n` ranks with the block sizes of its first
+    /// layer's o_proj and ffn_down weights as the file holds them: the one
+    /// plan of every backend's tensor-parallel forward (the CPU's prepared
+    /// weights keep their file's block, the CUDA forward's are the file's).
+    pub fn for_weights(weights: &ModelWeights, n: usize) -> Result<TpPlan, ForwardError> {
+        let l0 = weights.layers.first().ok_or_else(|| {
+            ForwardError::Unsupported(format!("--tp {n}: the model has no layers"))
+        })?;
+        TpPlan::new(
+            &weights.config,
+            n,
+            l0.wo.ggml_type.block_size(),
+            l0.w_down.ggml_type.block_size(),
+        )
+    }
+
+    /// Refuses a planted fault (`TAPTREE_FAULT_TP_SKIP_ALLREDUCE`) naming a
+    /// rank or a layer this split does not have.
+    pub fn check_skip(&self, skip: Option<TpSkip>, n_layer: usize) -> Result<(), ForwardError> {
+        let n = self.ranks.len();
+        match skip {
+            Some(s) if s.rank >= n || s.layer >= n_layer => {
+                Err(ForwardError::Unsupported(format!(
+                    "{}: rank {} of layer {} does not exist under --tp {n} with {n_layer} layers",
+                    crate::switches::TP_SKIP_VAR,
+                    s.rank,
+                    s.layer,
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// How the split reads, for the manifest and messages: `heads 0..4 kv 0..2 ffn 0..768 | ...`.

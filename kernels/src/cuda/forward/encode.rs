@@ -356,7 +356,7 @@ impl Layer<'_> {
 }
 
 /// The gated product of the FFN: `ops::swiglu` or `ops::geglu`.
-type GateOp = fn(
+pub(crate) type GateOp = fn(
     &Device,
     &CudaView<f32>,
     &CudaView<f32>,
@@ -380,7 +380,7 @@ fn matmul(
 
 /// `ys[i] = x W_i^T` for matrices sharing their input: in f32 one launch for
 /// all of them; in q8 the input quantized once, then one integer matmul each.
-fn matmuls(
+pub(crate) fn matmuls(
     dev: &Device,
     ws: &[&DeviceMatrix],
     x: &CudaSlice<f32>,

@@ -1,11 +1,11 @@
 //! `taptree replay TREE --model M`: every op of a tree recomputed from the
 //! tree's own inputs; each op's local error.
 
+use crate::cli::forward::PrecisionArg;
 use crate::exit;
 use anyhow::Context;
 use capture::{Selection, TreeReader};
 use kernels::cpu::weights::DenseWeights;
-use kernels::Precision;
 use std::path::PathBuf;
 
 /// Recompute every op of a tree from its own captured inputs: each op's
@@ -30,13 +30,15 @@ pub struct Args {
     /// The arithmetic of the recomputation: `f64` (the truth: each op's
     /// local error), or `f32`, `q8`, `llamacpp` (conformance: how far the
     /// tree's op is from that forward's arithmetic on the same inputs).
+    /// (`bf16` and `f16`, a foreign engine's dtypes, are refused.)
     #[arg(
         long,
         visible_alias = "truth-precision",
         value_name = "P",
+        value_enum,
         default_value = "f64"
     )]
-    pub precision: String,
+    pub precision: PrecisionArg,
     /// The largest local error (relative RMS over the op's positions)
     /// within tolerance.
     #[arg(
@@ -61,10 +63,10 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    let precision = Precision::parse(&args.precision).with_context(|| {
+    let precision = args.precision.builtin().with_context(|| {
         format!(
             "--precision: bad value {:?}: expected f64, f32, q8 or llamacpp",
-            args.precision
+            args.precision.name()
         )
     })?;
     if args.tolerance.is_nan() || args.tolerance < 0.0 {

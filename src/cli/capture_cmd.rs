@@ -15,7 +15,8 @@ use kernels::{backend, stages, Precision};
 use model::load::{load_model, LoadedModel};
 use model::tokenizer::Tokenizer;
 
-use crate::cli::engine::{self, EngineRun};
+use crate::cli::engine::{self, Engine, EngineRun};
+use crate::cli::forward::{Backend, PrecisionArg};
 use crate::exit;
 
 /// Arguments of `taptree capture`.
@@ -42,17 +43,20 @@ pub struct Args {
     /// steps (to time decode over a fixed number of steps).
     #[arg(long)]
     pub ignore_eos: bool,
-    /// `cpu` or `cuda`.
-    #[arg(long, default_value = "cpu")]
-    pub backend: String,
+    /// Where the built-in forward runs.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub backend: Backend,
     /// Activation precision: `f32`, `q8` (int8 activations before quantized
     /// matmuls, as llama.cpp), `llamacpp` (`q8` with llama.cpp's own CPU
     /// rounding, RoPE and f16 attention; cpu only) or `f64` (the truth).
-    /// `TAPTREE_ACT_*` variables override it per op family.
-    #[arg(long, default_value = "f32")]
-    pub precision: String,
-    /// Tensor-parallel ranks, simulated on the cpu backend (docs/TP.md):
-    /// 1 (the default) is the one-device forward, unchanged.
+    /// `TAPTREE_ACT_*` variables override it per op family. A foreign
+    /// `--engine` takes `f32`, `f64`, `bf16` or `f16` (its compute dtype).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub precision: PrecisionArg,
+    /// Tensor-parallel ranks (docs/TP.md): simulated on the cpu backend;
+    /// on cuda one GPU per rank through NCCL, or every rank on one GPU
+    /// with `TAPTREE_CUDA_TP=shared`. 1 (the default) is the one-device
+    /// forward, unchanged.
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
     /// Which taps to write, e.g. `stage=ffn_*;layer=20..30;pos=0`. Default: all.
@@ -75,8 +79,8 @@ pub struct Args {
     /// transformers) or `llama.cpp`. A foreign engine gets the prompt as
     /// taptree tokenizes it and writes its taps through the Python package
     /// (docs/ENGINES.md); its `--precision` is f32, f64, bf16 or f16.
-    #[arg(long, default_value = "builtin")]
-    pub engine: String,
+    #[arg(long, value_enum, default_value = "builtin")]
+    pub engine: Engine,
     /// CPU threads of a foreign engine's forward (the built-in forward
     /// reads `RAYON_NUM_THREADS`).
     #[arg(long)]
@@ -90,14 +94,7 @@ struct Sequence {
 }
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    if !engine::ENGINES.contains(&args.engine.as_str()) {
-        bail!(
-            "--engine: bad value {:?}: expected {}",
-            args.engine,
-            engine::ENGINES.join(", ")
-        );
-    }
-    if args.engine != "builtin" {
+    if args.engine != Engine::Builtin {
         return run_engine(args);
     }
     if args.threads.is_some() {
@@ -106,23 +103,23 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         );
     }
     let started = Instant::now();
-    let precision = Precision::parse(&args.precision).with_context(|| {
+    let precision = args.precision.builtin().with_context(|| {
         format!(
             "--precision: bad value {:?}: expected f32, q8, llamacpp or f64",
-            args.precision
+            args.precision.name()
         )
     })?;
-    if !backend::BACKENDS.contains(&args.backend.as_str()) {
-        bail!(
-            "--backend: bad value {:?}: expected cpu or cuda",
-            args.backend
-        );
-    }
     let switches = Switches::from_env()?;
     let out = out_dir(&args);
     let selection = selection(&args)?;
     let (model, seqs) = load_sequences(&args)?;
-    let mut fwd = backend::open_tp(&args.backend, &model.weights, precision, &switches, args.tp)?;
+    let mut fwd = backend::open_tp(
+        args.backend.name(),
+        &model.weights,
+        precision,
+        &switches,
+        args.tp,
+    )?;
     let stop = stop_ids(&args, &model);
 
     let mut run_info = run_info(&args, &model, precision, &switches, &seqs);
@@ -174,7 +171,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         "model {} (blake3 {}), {} {}{}",
         model.source.path.display(),
         short(&model.source.blake3),
-        args.backend,
+        args.backend.name(),
         precision,
         describe_switches(&switches)
     );
@@ -237,7 +234,7 @@ fn run_info(
     capture::RunInfo {
         model: model.source.path.display().to_string(),
         model_blake3: Some(model.source.blake3.clone()),
-        backend: args.backend.clone(),
+        backend: args.backend.name().into(),
         precision: precision.name().into(),
         switches: switches.to_map(),
         prompt_tokens: seqs[0].tokens.clone(),
@@ -308,34 +305,28 @@ fn print_answers(
 /// checks as the built-in forward, then the engine's Python adapter writes
 /// the tree.
 fn run_engine(args: Args) -> anyhow::Result<u8> {
-    if args.backend != "cpu" {
+    let name = args.engine.name();
+    if args.backend != Backend::Cpu {
         bail!(
-            "--backend {:?}: the built-in forward's flag; --engine {} picks its own device",
-            args.backend,
-            args.engine
+            "--backend {:?}: the built-in forward's flag; --engine {name} picks its own device",
+            args.backend.name(),
         );
     }
-    if !engine::PRECISIONS.contains(&args.precision.as_str()) {
+    if !engine::PRECISIONS.contains(&args.precision.name()) {
         bail!(
-            "--precision: bad value {:?} for --engine {}: expected {}",
-            args.precision,
-            args.engine,
+            "--precision: bad value {:?} for --engine {name}: expected {}",
+            args.precision.name(),
             engine::PRECISIONS.join(", ")
         );
     }
-    let out = out_dir(&args).with_context(|| {
-        format!(
-            "--engine {} writes a tree: give --out (or TAPTREE_OUT)",
-            args.engine
-        )
-    })?;
+    let out = out_dir(&args)
+        .with_context(|| format!("--engine {name} writes a tree: give --out (or TAPTREE_OUT)"))?;
     let selection = selection(&args)?;
     let (model, seqs) = load_sequences(&args)?;
     check_selection(&selection, &stages::for_config(&model.weights.config))?;
     if seqs.len() > 1 {
         bail!(
-            "--engine {}: one sequence at a time ({} given)",
-            args.engine,
+            "--engine {name}: one sequence at a time ({} given)",
             seqs.len()
         );
     }
@@ -346,8 +337,8 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
         "model {} (blake3 {}), engine {} {}; {}: {} prompt tokens",
         model.source.path.display(),
         short(&model.source.blake3),
-        args.engine,
-        args.precision,
+        name,
+        args.precision.name(),
         seq.label,
         seq.tokens.len()
     );
@@ -361,7 +352,7 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
     });
     let stop = stop_ids(&args, &model);
     engine::run(&EngineRun {
-        engine: &args.engine,
+        engine: name,
         model_file: &model.source.path,
         tokens: &seq.tokens,
         out: &out,
@@ -369,7 +360,7 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
         stop: &stop,
         select: select.as_deref(),
         force: args.force,
-        precision: &args.precision,
+        precision: args.precision.name(),
         threads: args.threads,
         run,
     })?;

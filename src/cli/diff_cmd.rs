@@ -4,6 +4,7 @@ use crate::exit;
 use capture::TreeReader;
 use diff::controls::{self, At};
 use diff::render::table::{Sort, TableOptions};
+use diff::report::Note;
 use diff::{Options, Progress, Tolerance};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -190,10 +191,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     };
     let shifted_b = (args.align > 0).then(|| diff::align::Shifted::new(b_tp, shift));
     if args.align != 0 {
-        notes.push(format!(
-            "aligned: position p of A is compared with position p{:+} of B",
-            args.align
-        ));
+        notes.push(Note::Aligned { shift: args.align });
     }
     let a_ref: &dyn diff::Tree = shifted_a.as_ref().map_or(a_tp, |s| s as _);
     let b_ref: &dyn diff::Tree = shifted_b.as_ref().map_or(b_tp, |s| s as _);
@@ -213,10 +211,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let reconciled = diff::layout::reconcile(&trees)?;
     let stages = diff::layout::reconciled_stages(&reconciled);
     if !stages.is_empty() {
-        notes.push(format!(
-            "declared layouts reconciled: {} compared in interleaved rotary order",
-            stages.join(", ")
-        ));
+        notes.push(Note::LayoutsReconciled { stages });
     }
     let pick =
         |i: usize| -> &dyn diff::Tree { reconciled[i].as_ref().map_or(trees[i], |r| r as _) };
@@ -301,12 +296,10 @@ fn present(
     }
     // A damaged tree is named on stderr too, as every file that cannot be
     // read is; the table or JSON above still holds its row.
-    for row in report.rows.iter().filter(|r| r.unreadable.is_some()) {
-        eprintln!(
-            "taptree: {}: could not read: {}",
-            row.name(),
-            row.unreadable.as_deref().unwrap_or_default()
-        );
+    for row in &report.rows {
+        if let Some(why) = &row.unreadable {
+            eprintln!("taptree: {}: could not read: {why}", row.name());
+        }
     }
     Ok(())
 }
