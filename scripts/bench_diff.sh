@@ -13,7 +13,11 @@
 #
 # TAPTREE=path and BENCH_TREES=path use prebuilt binaries (taptree, and
 # diff's bench_trees example), so that the bench runs on a host without
-# Rust; NUMPY=0 skips the numpy peer (case 2).
+# Rust; NUMPY=0 skips the numpy peer (case 2). BEFORE=path times a second
+# taptree (an older build) on the same trees, each of its runs interleaved
+# with one of TAPTREE's, and prints its figures too. TREES=dir takes the
+# trees from dir (written there by an earlier run's bench_trees, kept)
+# instead of writing them afresh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mb=${1:-1024}
@@ -25,19 +29,24 @@ if [[ -z "${TAPTREE:-}" || -z "${BENCH_TREES:-}" ]]; then
 fi
 taptree=${TAPTREE:-target/release/taptree}
 bench_trees=${BENCH_TREES:-target/release/examples/bench_trees}
-dir=$(mktemp -d "${TMPDIR:-/tmp}/taptree-bench.XXXXXX")
-trap 'rm -rf "$dir"' EXIT
-
-"$bench_trees" "$dir" "$mb"
+if [[ -n "${TREES:-}" ]]; then
+    dir=$TREES
+    [[ -f "$dir/A/manifest.json" && -f "$dir/B/manifest.json" && -f "$dir/C/manifest.json" ]] ||
+        { echo "TREES=$dir: no trees A, B and C there (bench_trees writes them)" >&2; exit 2; }
+else
+    dir=$(mktemp -d "${TMPDIR:-/tmp}/taptree-bench.XXXXXX")
+    trap 'rm -rf "$dir"' EXIT
+    "$bench_trees" "$dir" "$mb"
+fi
 # Warm the page cache: the targets are "from page cache".
 find "$dir" -type f -print0 | xargs -0 cat > /dev/null
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-time_diff() { # A B -> "wall cpu" seconds of one `taptree diff --json` (exit 1 is a finding)
+time_diff() { # A B [taptree] -> "wall cpu" seconds of one `taptree diff --json` (exit 1 is a finding)
     # Wall time from bash's microsecond clock (/usr/bin/time's hundredths
     # are a step of 0.7 points at the 1%-differ case's 0.06 s); CPU time
     # from /usr/bin/time.
-    local t start end
+    local t start end taptree=${3:-$taptree}
     t=$(mktemp)
     start=$EPOCHREALTIME
     if [[ -x /usr/bin/time ]]; then
@@ -54,11 +63,18 @@ time_diff() { # A B -> "wall cpu" seconds of one `taptree diff --json` (exit 1 i
 head_bytes() { awk 'match($0, /"bytes":[0-9]+/) { print substr($0, RSTART + 8, RLENGTH - 8); exit }' "$1/manifest.json"; }
 bytes=$(( $(head_bytes "$dir/A") + $(head_bytes "$dir/B") ))
 load=$(cut -d' ' -f1 /proc/loadavg)
-full_runs=$(for _ in $(seq "$runs"); do time_diff "$dir/A" "$dir/B"; done)
+# With BEFORE, each run of TAPTREE is followed by one of BEFORE, whose
+# times go to a file of their own.
+before_full=$(mktemp) before_skip=$(mktemp)
+timed() { # A B file: one run of TAPTREE to stdout, then one of BEFORE to file
+    time_diff "$1" "$2"
+    if [[ -n "${BEFORE:-}" ]]; then time_diff "$1" "$2" "$BEFORE" >> "$3"; fi
+}
+full_runs=$(for _ in $(seq "$runs"); do timed "$dir/A" "$dir/B" "$before_full"; done)
 # The 1%-differ diff takes a twenty-fifth of the time: three times the runs
 # for a steadier median on a shared machine.
 skip_n=$((3 * runs))
-skip_runs=$(for _ in $(seq "$skip_n"); do time_diff "$dir/A" "$dir/C"; done)
+skip_runs=$(for _ in $(seq "$skip_n"); do timed "$dir/A" "$dir/C" "$before_skip"; done)
 full=$(echo "$full_runs" | cut -d' ' -f1 | median)
 full_cpu=$(echo "$full_runs" | cut -d' ' -f2 | median)
 skip=$(echo "$skip_runs" | cut -d' ' -f1 | median)
@@ -89,3 +105,14 @@ awk -v b="$bytes" -v full="$full" -v cpu="$full_cpu" -v skip="$skip" -v np="$np"
     printf "%d parallel cats of A and B:         %.3f s  %.2f GB/s; the diff reads at %.0f%% of their speed\n", cores, cat_t, b/cat_t/1e9, 100*cat_t/full
     printf "taptree diff A C (1%% of taps differ): %.4f s  = %.2f%% of the all-differ time (median of %d runs, %.4f to %.4f s)\n", skip, 100*skip/full, skip_n, skip_min, skip_max
 }'
+if [[ -n "${BEFORE:-}" ]]; then
+    b_full=$(cut -d' ' -f1 "$before_full" | median)
+    b_cpu=$(cut -d' ' -f2 "$before_full" | median)
+    b_skip=$(cut -d' ' -f1 "$before_skip" | median)
+    awk -v b="$bytes" -v full="$b_full" -v cpu="$b_cpu" -v skip="$b_skip" -v cat_t="$cat_t" -v who="$BEFORE" 'BEGIN {
+        printf "BEFORE=%s, interleaved with the runs above:\n", who
+        printf "  diff A B (all taps differ):  %.3f s  %.2f GB/s; %.3f CPU-s; %.0f%% of the cats\x27 speed\n", full, b/full/1e9, cpu, 100*cat_t/full
+        printf "  diff A C (1%% of taps differ): %.4f s  = %.2f%% of its all-differ time\n", skip, 100*skip/full
+    }'
+fi
+rm -f "$before_full" "$before_skip"

@@ -147,33 +147,28 @@ pub fn tree_hashes(
     entries: &[Entry],
     inputs: &VerdictInputs,
 ) -> (BTreeMap<String, String>, String) {
-    // Each directory's lines, in one buffer, then sorted in byte order.
-    #[derive(Default)]
-    struct Dir {
-        text: String,
-        lines: Vec<std::ops::Range<usize>>,
-    }
-    let dirs = by_layer(
-        entries,
-        |_| Dir::default(),
-        |d, e| {
-            let start = d.text.len();
-            hash_line(&mut d.text, &e.key, e.dtype, &e.shape, &e.blake3);
-            d.lines.push(start..d.text.len());
-        },
-    );
+    use rayon::prelude::*;
+    // Each directory's entries, then (a directory per core) its lines in
+    // one buffer, sorted in byte order and hashed.
+    let dirs = by_layer(entries, |_| Vec::new(), |d: &mut Vec<&Entry>, e| d.push(e));
     let dirs: BTreeMap<String, String> = dirs
-        .into_iter()
-        .map(|(layer, mut d)| {
-            let text = d.text.as_bytes();
-            d.lines
-                .sort_unstable_by(|a, b| text[a.clone()].cmp(&text[b.clone()]));
+        .into_par_iter()
+        .map(|(layer, d)| {
+            let mut text = String::with_capacity(d.len() * 128);
+            let mut lines: Vec<std::ops::Range<usize>> = Vec::with_capacity(d.len());
+            for e in d {
+                let start = text.len();
+                hash_line(&mut text, &e.key, e.dtype, &e.shape, &e.blake3);
+                lines.push(start..text.len());
+            }
+            let text = text.as_bytes();
+            lines.sort_unstable_by(|a, b| text[a.clone()].cmp(&text[b.clone()]));
             let mut hasher = blake3::Hasher::new();
             hasher.update(b"taptree dir v2\n");
             // Hashed a batch of lines at a time: each update still hashes
             // many blake3 chunks at once.
             let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
-            for line in d.lines {
+            for line in lines {
                 batch.extend_from_slice(&text[line]);
                 if batch.len() >= 60 * 1024 {
                     hasher.update(&batch);
@@ -297,10 +292,10 @@ pub fn tree_hashes_v1(entries: &[Entry]) -> (BTreeMap<String, String>, String) {
 /// appears, each group built by `add` on what `new` made for its layer.
 /// Found without building each entry's directory name: consecutive entries
 /// mostly share a layer, so the last one is tried first.
-fn by_layer<D>(
-    entries: &[Entry],
+fn by_layer<'e, D>(
+    entries: &'e [Entry],
     mut new: impl FnMut(Option<u32>) -> D,
-    mut add: impl FnMut(&mut D, &Entry),
+    mut add: impl FnMut(&mut D, &'e Entry),
 ) -> Vec<(Option<u32>, D)> {
     let mut dirs: Vec<(Option<u32>, D)> = Vec::new();
     let mut slot_of: std::collections::HashMap<Option<u32>, usize> = Default::default();

@@ -22,7 +22,6 @@ use crate::key::Key;
 use crate::stage::StageSpec;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 /// The format version this crate writes, `major.minor`, and the newest it
 /// reads: a reader refuses a major version it does not know, and a newer
@@ -256,18 +255,36 @@ pub(crate) fn dir_of_layer(layer: Option<u32>) -> String {
 
 /// The relative path a writer gives a key's file.
 pub fn path_of(key: &Key) -> String {
-    let mut p = format!(
-        "{}/{}.p{}-{}",
-        dir_of(key),
-        key.stage,
-        key.pos.start,
-        key.pos.end
-    );
+    // Written piece by piece, not through `format!`: decoding an index
+    // builds the path of nearly every entry, and formatting was most of
+    // that. The same text as `{dir}/{stage}.p{start}-{end}[.s{slot}][.r{rank}].safetensors`.
+    let mut p = String::with_capacity(key.stage.len() + 40);
+    match key.layer {
+        Some(layer) => {
+            p.push('L');
+            if layer < 100 {
+                p.push('0');
+            }
+            if layer < 10 {
+                p.push('0');
+            }
+            crate::hashes::push_decimal(&mut p, u64::from(layer));
+        }
+        None => p.push_str(GLOBAL_DIR),
+    }
+    p.push('/');
+    p.push_str(&key.stage);
+    p.push_str(".p");
+    crate::hashes::push_decimal(&mut p, u64::from(key.pos.start));
+    p.push('-');
+    crate::hashes::push_decimal(&mut p, u64::from(key.pos.end));
     if let Some(slot) = key.slot {
-        let _ = write!(p, ".s{slot}");
+        p.push_str(".s");
+        crate::hashes::push_decimal(&mut p, u64::from(slot));
     }
     if let Some(rank) = key.rank {
-        let _ = write!(p, ".r{rank}");
+        p.push_str(".r");
+        crate::hashes::push_decimal(&mut p, u64::from(rank));
     }
     p.push_str(".safetensors");
     p
@@ -321,6 +338,51 @@ pub fn parse_version(v: &str) -> Option<(u32, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `path_of` writes what the `format!` it replaced wrote, for layers
+    /// across the zero padding, positions, slots and ranks.
+    #[test]
+    fn path_of_matches_the_formatted_path() {
+        let formatted = |k: &Key| {
+            let dir = match k.layer {
+                Some(l) => format!("L{l:03}"),
+                None => GLOBAL_DIR.to_string(),
+            };
+            let mut p = format!("{dir}/{}.p{}-{}", k.stage, k.pos.start, k.pos.end);
+            if let Some(s) = k.slot {
+                p += &format!(".s{s}");
+            }
+            if let Some(r) = k.rank {
+                p += &format!(".r{r}");
+            }
+            p + ".safetensors"
+        };
+        let layers = [
+            None,
+            Some(0),
+            Some(7),
+            Some(10),
+            Some(99),
+            Some(100),
+            Some(999),
+            Some(1000),
+            Some(65_535),
+        ];
+        for layer in layers {
+            for (start, end) in [(0, 1), (9, 10), (10, 123), (4_000_000, 16_777_216)] {
+                for slot in [None, Some(0), Some(12)] {
+                    for rank in [None, Some(3)] {
+                        let mut k = Key::new("ffn_down", layer, start..end).with_slot(slot);
+                        k.rank = rank;
+                        assert_eq!(path_of(&k), formatted(&k));
+                    }
+                }
+            }
+        }
+        // The check can fail: a key whose path is not the reference's.
+        let k = Key::new("x", Some(5), 0..1);
+        assert_ne!(path_of(&k), formatted(&Key::new("x", Some(50), 0..1)));
+    }
 
     fn entry(stage: &str, layer: Option<u32>, hash: &str) -> Entry {
         let key = Key::new(stage, layer, 0..2);

@@ -274,6 +274,62 @@ pub(crate) fn scan_head(prefix: &[u8]) -> HeadFields {
 }
 
 pub(crate) fn check_entries(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<()> {
+    // A large manifest is checked on every core first; only one that
+    // fails is checked again entry by entry, for the first entry's error.
+    if m.entries.len() < PARALLEL_FROM || !entries_sound(tree, m) {
+        check_one_by_one(tree, manifest_path, m)?;
+    }
+    let (dirs, root) = m.hashes();
+    if dirs != m.dirs || root != m.root {
+        return Err(Error::BadManifest {
+            path: manifest_path.to_path_buf(),
+            reason: format!(
+                "root {} does not match its entries (they hash to {root}): the manifest was edited or damaged",
+                m.root
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Below this many entries a manifest is checked on one thread.
+const PARALLEL_FROM: usize = 2048;
+
+/// Whether every entry passes [`check_one_by_one`]'s checks, found on
+/// every core: each entry's bounds, path and shape, the sums of positions
+/// and bytes, and no key twice (on a thread of its own meanwhile).
+fn entries_sound(tree: &Path, m: &Manifest) -> bool {
+    use rayon::prelude::*;
+    let sound = |e: &Entry| {
+        let bytes = tapfile::element_count(&e.shape)
+            .ok()
+            .and_then(|n| n.checked_mul(e.dtype.size()));
+        manifest::check_key_bounds(e.key.layer, &e.key.pos).is_ok()
+            && bytes.is_some_and(|b| b as u64 == e.bytes)
+            && e.shape.first().map(|&r| r as u64) == Some(u64::from(e.key.rows()))
+            && check_entry_path(tree, e).is_ok()
+    };
+    let (sums, unique) = rayon::join(
+        || {
+            m.entries
+                .par_iter()
+                .map(|e| sound(e).then(|| (u64::from(e.key.rows()), u128::from(e.bytes))))
+                .try_reduce(|| (0, 0), |a, b| Some((a.0 + b.0, a.1 + b.1)))
+        },
+        || {
+            let mut keys = HashSet::with_capacity_and_hasher(m.entries.len(), KeyHasher::default());
+            m.entries.iter().all(|e| keys.insert(&e.key))
+        },
+    );
+    unique
+        && sums.is_some_and(|(rows, bytes)| {
+            rows <= u64::from(manifest::MAX_POSITION) && bytes <= u128::from(u64::MAX)
+        })
+}
+
+/// Each entry's bounds, path and shape, the sums of positions and bytes,
+/// and no key twice, in entry order: the first problem is the error.
+fn check_one_by_one(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<()> {
     let mut keys = HashSet::with_capacity_and_hasher(m.entries.len(), KeyHasher::default());
     let mut total: u64 = 0;
     let mut rows: u64 = 0;
@@ -330,16 +386,6 @@ pub(crate) fn check_entries(tree: &Path, manifest_path: &Path, m: &Manifest) -> 
                 reason: format!("{} appears twice", e.key),
             });
         }
-    }
-    let (dirs, root) = m.hashes();
-    if dirs != m.dirs || root != m.root {
-        return Err(Error::BadManifest {
-            path: manifest_path.to_path_buf(),
-            reason: format!(
-                "root {} does not match its entries (they hash to {root}): the manifest was edited or damaged",
-                m.root
-            ),
-        });
     }
     Ok(())
 }

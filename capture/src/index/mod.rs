@@ -266,12 +266,15 @@ pub(crate) fn open_manifest(tree: &Path, json: &[u8]) -> Result<Manifest> {
         path: json_path.clone(),
         reason,
     };
-    let mut file = open_index(tree)?;
-    let mut index = Vec::new();
-    // An index holds less than a third of its manifest's bytes.
-    read_all(&mut file, &mut index, json.len() / 3 + HEAD_LEN)
-        .map_err(|e| Error::io(tree.join(INDEX_FILE), e))
-        .map(|n| index.truncate(n))?;
+    let file = open_index(tree)?;
+    // Mapped, not read: a read into fresh zeroed pages (grown by doubling
+    // past a guess at its size) cost more than decoding the records.
+    let index_path = tree.join(INDEX_FILE);
+    let len = file
+        .metadata()
+        .map_err(|e| Error::io(&index_path, e))?
+        .len();
+    let index = map_or_read(&file, len, true).map_err(|e| Error::io(&index_path, e))?;
     let head = IndexHead::parse(&index).map_err(|r| bad_index(tree, r))?;
     let span = head.entries_span(json.len() as u64).map_err(bad_json)?;
     head.check_whole_json(json).map_err(bad_json)?;

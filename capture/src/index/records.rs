@@ -189,51 +189,75 @@ pub fn decode(index: &[u8], head: &IndexHead) -> std::result::Result<Vec<Entry>,
     if strings.len() as u64 != head.strings {
         return Err("its head counts another number of strings than it holds".into());
     }
-    let string = |i: u32| strings.get(i as usize).copied();
-    let mut out = Vec::with_capacity(head.taps as usize);
-    for (n, r) in records.chunks_exact(RECORD_LEN).enumerate() {
-        let bad = |what: &str| format!("record {n}: {what}");
-        let stage = string(u32_at(r, 0)).ok_or_else(|| bad("no such stage string"))?;
-        if !manifest::valid_stage_name(stage) {
-            return Err(bad("not a valid stage name"));
-        }
-        let flags = u16::from_le_bytes([r[22], r[23]]);
-        if flags & !(HAS_HEADER_HASH | HAS_LAYER | HAS_SLOT) != 0 {
-            return Err(bad("unknown flags"));
-        }
-        // What a flag says is absent is written as zeros, and read so.
-        if (flags & HAS_LAYER == 0 && u32_at(r, 4) != 0)
-            || (flags & HAS_SLOT == 0 && u32_at(r, 16) != 0)
-            || (flags & HAS_HEADER_HASH == 0 && r[72..104].iter().any(|&c| c != 0))
-        {
-            return Err(bad("a field its flags say is absent is not zero"));
-        }
-        let opt = |bit: u16, at: usize| (flags & bit != 0).then(|| u32_at(r, at));
-        let key = Key::new(stage, opt(HAS_LAYER, 4), u32_at(r, 8)..u32_at(r, 12))
-            .with_slot(opt(HAS_SLOT, 16));
-        let dtype = dtype_of(r[20]).ok_or_else(|| bad("unknown dtype code"))?;
-        let (dims_at, ndim) = (u32_at(r, 24) as usize, r[21] as usize);
-        let shape: Vec<usize> = dims
-            .get(dims_at * 8..(dims_at + ndim) * 8)
-            .ok_or_else(|| bad("its shape runs past the dimensions"))?
-            .chunks_exact(8)
-            .map(|d| usize::try_from(u64_at(d, 0)).unwrap_or(usize::MAX))
+    let one = |(n, r): (usize, &[u8])| record(n, r, dims, &strings);
+    // Records are independent: decoded on every core, in order. Should
+    // any be bad, they are decoded again one by one, so that the error is
+    // the first bad record's, as it always was.
+    if records.len() >= PARALLEL_FROM * RECORD_LEN {
+        use rayon::prelude::*;
+        let all: std::result::Result<Vec<Entry>, String> = records
+            .par_chunks_exact(RECORD_LEN)
+            .enumerate()
+            .map(one)
             .collect();
-        let path = match u32_at(r, 28) {
-            NONE => manifest::path_of(&key),
-            i => string(i)
-                .ok_or_else(|| bad("no such path string"))?
-                .to_string(),
-        };
-        out.push(Entry {
-            path,
-            key,
-            dtype,
-            shape,
-            blake3: hex(&hash_at(r, 40)),
-            bytes: u64_at(r, 32),
-            header_blake3: (flags & HAS_HEADER_HASH != 0).then(|| hex(&hash_at(r, 72))),
-        });
+        if let Ok(all) = all {
+            return Ok(all);
+        }
+    }
+    let mut out = Vec::with_capacity(head.taps as usize);
+    for r in records.chunks_exact(RECORD_LEN).enumerate() {
+        out.push(one(r)?);
     }
     Ok(out)
+}
+
+/// Below this many records an index is decoded on one thread.
+const PARALLEL_FROM: usize = 2048;
+
+/// The entry of record `n`, `r`, whose shape is in `dims` and whose
+/// strings are `strings`.
+fn record(n: usize, r: &[u8], dims: &[u8], strings: &[&str]) -> std::result::Result<Entry, String> {
+    let string = |i: u32| strings.get(i as usize).copied();
+    let bad = |what: &str| format!("record {n}: {what}");
+    let stage = string(u32_at(r, 0)).ok_or_else(|| bad("no such stage string"))?;
+    if !manifest::valid_stage_name(stage) {
+        return Err(bad("not a valid stage name"));
+    }
+    let flags = u16::from_le_bytes([r[22], r[23]]);
+    if flags & !(HAS_HEADER_HASH | HAS_LAYER | HAS_SLOT) != 0 {
+        return Err(bad("unknown flags"));
+    }
+    // What a flag says is absent is written as zeros, and read so.
+    if (flags & HAS_LAYER == 0 && u32_at(r, 4) != 0)
+        || (flags & HAS_SLOT == 0 && u32_at(r, 16) != 0)
+        || (flags & HAS_HEADER_HASH == 0 && r[72..104].iter().any(|&c| c != 0))
+    {
+        return Err(bad("a field its flags say is absent is not zero"));
+    }
+    let opt = |bit: u16, at: usize| (flags & bit != 0).then(|| u32_at(r, at));
+    let key = Key::new(stage, opt(HAS_LAYER, 4), u32_at(r, 8)..u32_at(r, 12))
+        .with_slot(opt(HAS_SLOT, 16));
+    let dtype = dtype_of(r[20]).ok_or_else(|| bad("unknown dtype code"))?;
+    let (dims_at, ndim) = (u32_at(r, 24) as usize, r[21] as usize);
+    let shape: Vec<usize> = dims
+        .get(dims_at * 8..(dims_at + ndim) * 8)
+        .ok_or_else(|| bad("its shape runs past the dimensions"))?
+        .chunks_exact(8)
+        .map(|d| usize::try_from(u64_at(d, 0)).unwrap_or(usize::MAX))
+        .collect();
+    let path = match u32_at(r, 28) {
+        NONE => manifest::path_of(&key),
+        i => string(i)
+            .ok_or_else(|| bad("no such path string"))?
+            .to_string(),
+    };
+    Ok(Entry {
+        path,
+        key,
+        dtype,
+        shape,
+        blake3: hex(&hash_at(r, 40)),
+        bytes: u64_at(r, 32),
+        header_blake3: (flags & HAS_HEADER_HASH != 0).then(|| hex(&hash_at(r, 72))),
+    })
 }

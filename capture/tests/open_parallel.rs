@@ -1,0 +1,104 @@
+//! Opening a tree of many taps decodes its index and checks its entries on
+//! every core: the entries must be the manifest's own, and a manifest or
+//! index with several bad entries must be refused naming the first one, as
+//! the one-by-one check always did.
+
+use capture::index::{self, HEAD_LEN, INDEX_FILE, RECORD_LEN};
+use capture::{Capture, CaptureOptions, Manifest, RunInfo, Selection, StageSpec, TreeReader};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// More taps than the parallel paths start from.
+const TAPS: u32 = 3_000;
+
+fn tree(dir: &Path) -> PathBuf {
+    // One capture at a time in a process.
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let out = dir.join("t");
+    let cap = Capture::start(CaptureOptions {
+        out: out.clone(),
+        selection: Selection::parse("").unwrap(),
+        force: false,
+        stages: vec![StageSpec::layer("ffn_down", &[])],
+        run: RunInfo {
+            model: "toy".into(),
+            precision: "f32".into(),
+            ..RunInfo::default()
+        },
+    })
+    .unwrap();
+    for p in 0..TAPS {
+        let layer = p % 40;
+        capture::tap(
+            "ffn_down",
+            Some(layer),
+            p..p + 1,
+            None,
+            &[1, 2],
+            &[p as f32, 1.0],
+        );
+    }
+    cap.finish().unwrap();
+    out
+}
+
+/// The manifest with the `n`th (from 0) occurrence of `from` in its text
+/// replaced by `to`, sealed again and given a fresh index.
+fn edit_nth(t: &Path, edits: &[(usize, &str, &str)]) {
+    let path = t.join("manifest.json");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    for &(n, from, to) in edits {
+        let at = text.match_indices(from).nth(n).expect("occurrence").0;
+        text.replace_range(at..at + from.len(), to);
+    }
+    let mut bytes = text.into_bytes();
+    assert!(capture::manifest::seal(&mut bytes));
+    std::fs::write(&path, &bytes).unwrap();
+    index::rewrite(t).unwrap();
+}
+
+#[test]
+fn the_entries_decoded_from_the_index_are_the_manifests_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tree(dir.path());
+    let opened = TreeReader::open(&t).unwrap();
+    let json: Manifest =
+        serde_json::from_slice(&std::fs::read(t.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(opened.manifest().entries.len(), TAPS as usize);
+    assert_eq!(opened.manifest().entries, json.entries);
+}
+
+#[test]
+fn of_two_bad_entries_the_first_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tree(dir.path());
+    let shape = ("\"shape\":[1,2]", "\"shape\":[1,3]");
+    // Entries 100 and 2500 hold 3 elements in 8 bytes: entry 100 is named.
+    // (Once the 100th is edited, entry 2500's is the 2499th left.)
+    edit_nth(&t, &[(100, shape.0, shape.1), (2499, shape.0, shape.1)]);
+    let err = TreeReader::open(&t).unwrap_err().to_string();
+    assert!(err.contains("L20/ffn_down@100:"), "{err}");
+    // With only the later one bad, that one is named.
+    let dir = tempfile::tempdir().unwrap();
+    let t = tree(dir.path());
+    edit_nth(&t, &[(2500, shape.0, shape.1)]);
+    let err = TreeReader::open(&t).unwrap_err().to_string();
+    assert!(err.contains("L20/ffn_down@2500"), "{err}");
+}
+
+#[test]
+fn of_two_bad_records_the_first_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tree(dir.path());
+    let path = t.join(INDEX_FILE);
+    let mut idx = std::fs::read(&path).unwrap();
+    // An unknown dtype code in records 2900 and 700, sealed again.
+    for n in [2900, 700] {
+        idx[HEAD_LEN + n * RECORD_LEN + 20] = 200;
+    }
+    index::reseal(&mut idx);
+    std::fs::write(&path, &idx).unwrap();
+    let err = TreeReader::open(&t).unwrap_err().to_string();
+    assert!(err.contains("record 700: unknown dtype code"), "{err}");
+}
