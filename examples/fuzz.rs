@@ -118,54 +118,11 @@ fn run() -> Result<(), String> {
             _ => return Err(format!("unexpected argument {flag:?}")),
         }
     }
-    let golden = root.join("fixtures/golden/tiny-q-f32");
     let dir = match dir {
         Some(d) => d,
         None => std::env::temp_dir().join(format!("taptree-fuzz-{}", std::process::id())),
     };
-    let tree = dir.join("tree");
-    std::fs::create_dir_all(&tree).map_err(|e| format!("{}: {e}", tree.display()))?;
-    // The tree each seed is read in: an index is read beside the manifest
-    // of its own version, so the index target has a tree per seed.
-    let mut trees = vec![tree.clone()];
-    let seeds: Vec<Vec<u8>> = match target {
-        Target::Manifest => {
-            copy_tree(&golden, &tree)?;
-            vec![read(&golden.join("manifest.json"))?]
-        }
-        Target::Index => {
-            trees.push(dir.join("tree-2.1"));
-            let mut seeds = Vec::new();
-            for (t, version) in trees.iter().zip(["2.3", "2.1"]) {
-                copy_tree(&golden, t)?;
-                seeds.push(index_seed(&golden, t, version)?);
-            }
-            seeds
-        }
-        Target::TapFile => [
-            "L000/attn_norm.p0-5.safetensors",
-            "global/logits.p6-7.safetensors",
-        ]
-        .iter()
-        .map(|p| read(&golden.join(p)))
-        .collect::<Result<_, _>>()?,
-        Target::Tolerance => [
-            diff::tolerance::DEFAULT,
-            "cos>=0.999",
-            "ulp<=4",
-            "abs<=1e-3|rel<=1e-2",
-            "(cos>=0.99 & abs<1e-2) | bitwise",
-            "sqnr>=40 & nmse<=1e-4 & eq>=0.5 & argmax==1",
-        ]
-        .iter()
-        .map(|s| s.as_bytes().to_vec())
-        .collect(),
-        Target::Gguf => vec![
-            read(&root.join("target/fixtures/tiny-q.gguf")).map_err(|e| {
-                format!("{e} (write it: cargo run --release -p fixtures --bin generate -- models)")
-            })?,
-        ],
-    };
+    let (trees, seeds) = seeds_of(target, &root, &dir)?;
     // Panics are caught and counted; the default hook would print each.
     std::panic::set_hook(Box::new(|_| {}));
     let input = dir.join("input");
@@ -374,4 +331,57 @@ fn index_seed(golden: &Path, tree: &Path, version: &str) -> Result<Vec<u8>, Stri
     // The seed must be accepted, or the target fuzzes nothing.
     capture::TreeReader::open(tree).map_err(|e| format!("seed tree: {e}"))?;
     Ok(index)
+}
+
+/// The inputs a target's mutations start from, and the tree each is read
+/// in (an index is read beside the manifest of its own version, so the
+/// index target has a tree per seed).
+fn seeds_of(
+    target: Target,
+    root: &Path,
+    dir: &Path,
+) -> Result<(Vec<PathBuf>, Vec<Vec<u8>>), String> {
+    let golden = root.join("fixtures/golden/tiny-q-f32");
+    let tree = dir.join("tree");
+    std::fs::create_dir_all(&tree).map_err(|e| format!("{}: {e}", tree.display()))?;
+    let mut trees = vec![tree.clone()];
+    let seeds: Vec<Vec<u8>> = match target {
+        Target::Manifest => {
+            copy_tree(&golden, &tree)?;
+            vec![read(&golden.join("manifest.json"))?]
+        }
+        Target::Index => {
+            trees.push(dir.join("tree-2.1"));
+            let mut seeds = Vec::new();
+            for (t, version) in trees.iter().zip(["2.3", "2.1"]) {
+                copy_tree(&golden, t)?;
+                seeds.push(index_seed(&golden, t, version)?);
+            }
+            seeds
+        }
+        Target::TapFile => [
+            "L000/attn_norm.p0-5.safetensors",
+            "global/logits.p6-7.safetensors",
+        ]
+        .iter()
+        .map(|p| read(&golden.join(p)))
+        .collect::<Result<_, _>>()?,
+        Target::Tolerance => [
+            diff::tolerance::DEFAULT,
+            "cos>=0.999",
+            "ulp<=4",
+            "abs<=1e-3|rel<=1e-2",
+            "(cos>=0.99 & abs<1e-2) | bitwise",
+            "sqnr>=40 & nmse<=1e-4 & eq>=0.5 & argmax==1",
+        ]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect(),
+        Target::Gguf => vec![
+            read(&root.join("target/fixtures/tiny-q.gguf")).map_err(|e| {
+                format!("{e} (write it: cargo run --release -p fixtures --bin generate -- models)")
+            })?,
+        ],
+    };
+    Ok((trees, seeds))
 }

@@ -81,22 +81,7 @@ impl CudaForward {
         } else {
             g.start_pos + g.rows
         };
-        // RoPE's cosines and sines once for every layer, where the layers
-        // share one base (else each launch computes its own).
-        let bases: Vec<f32> = (0..w.layers.len())
-            .map(|l| c.family.attention(l, c.rope_base).rope_base)
-            .collect();
-        let shared_base = bases.iter().all(|b| b.to_bits() == bases[0].to_bits());
-        if shared_base && !bases.is_empty() {
-            ops::rope_table(
-                &dev,
-                &pos,
-                &mut sc.rope.slice_mut(..rows * c.head_dim),
-                rows,
-                c.head_dim,
-                bases[0],
-            )?;
-        }
+        let shared_base = rope_table_once(&dev, &c, w.layers.len(), &mut sc.rope, &pos, rows)?;
         let table = sc.rope.slice(..rows * c.head_dim);
         let table = shared_base.then_some(&table);
         for (l, lw) in w.layers.iter().enumerate() {
@@ -186,4 +171,32 @@ impl CudaForward {
             rows,
         )
     }
+}
+
+/// RoPE's cosines and sines for `rows` positions, written once for every
+/// layer into the scratch's table where the layers share one base; whether
+/// they do (else each launch computes its own).
+fn rope_table_once(
+    dev: &crate::cuda::device::Device,
+    c: &model::LlamaConfig,
+    layers: usize,
+    rope: &mut cudarc::driver::CudaSlice<f32>,
+    pos: &cudarc::driver::CudaView<'_, u32>,
+    rows: usize,
+) -> Result<bool, CudaError> {
+    let bases: Vec<f32> = (0..layers)
+        .map(|l| c.family.attention(l, c.rope_base).rope_base)
+        .collect();
+    let shared_base = !bases.is_empty() && bases.iter().all(|b| b.to_bits() == bases[0].to_bits());
+    if shared_base {
+        ops::rope_table(
+            dev,
+            pos,
+            &mut rope.slice_mut(..rows * c.head_dim),
+            rows,
+            c.head_dim,
+            bases[0],
+        )?;
+    }
+    Ok(shared_base)
 }
