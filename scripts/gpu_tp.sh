@@ -59,19 +59,7 @@ step "device"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
 echo "nvrtc: ${nvrtc:-not found}; nccl: ${nccl:-not found}"
 
-for p in "$BUNDLE"/model.part*; do
-    [[ -f $p ]] && cp "$p" "$WORK/"
-done
-MODEL=$WORK/model.gguf
-if [[ -f $BUNDLE/model.gguf ]]; then
-    cp "$BUNDLE/model.gguf" "$MODEL"
-elif [[ ! -f $MODEL ]] && ls "$WORK"/model.part* >/dev/null 2>&1; then
-    cat "$WORK"/model.part* > "$MODEL.tmp" && mv "$MODEL.tmp" "$MODEL"
-fi
-if [[ -f $MODEL ]] && [[ $(sha256sum "$MODEL" | cut -d' ' -f1) != "$MODEL_SHA256" ]]; then
-    echo "model: sha256 mismatch (parts missing or damaged): $(ls "$WORK"/model.part* 2>/dev/null | xargs)"
-    rm -f "$MODEL"
-fi
+join_model
 if [[ ${STAGE:-all} != model ]]; then
     step "cuda_tp tests"
     run cuda_tp --test-threads=1 --nocapture
