@@ -4,35 +4,17 @@
 //! a format 2.1 tree keeps its whole-file checksums and is still verified.
 
 use capture::index::{self, IndexHead, CHUNK, HEAD_LEN, INDEX_FILE};
-use capture::{Capture, CaptureOptions, RunInfo, Selection, StageSpec, TreeReader};
+use capture::{StageSpec, TreeReader};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+
+mod tree_support;
+use tree_support::many_taps;
 
 /// Taps enough for a manifest over 3 MiB and an index body over 1 MiB.
 const TAPS: u32 = 11_000;
 
 fn big_tree(dir: &Path) -> PathBuf {
-    // One capture at a time in a process.
-    static LOCK: Mutex<()> = Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let out = dir.join("t");
-    let cap = Capture::start(CaptureOptions {
-        out: out.clone(),
-        selection: Selection::parse("").unwrap(),
-        force: false,
-        stages: vec![StageSpec::global("embedding", &[])],
-        run: RunInfo {
-            model: "toy".into(),
-            precision: "f32".into(),
-            ..RunInfo::default()
-        },
-    })
-    .unwrap();
-    for p in 0..TAPS {
-        capture::tap("embedding", None, p..p + 1, None, &[1, 2], &[p as f32, 1.0]);
-    }
-    cap.finish().unwrap();
-    out
+    many_taps(dir, StageSpec::global("embedding", &[]), TAPS, |_| None)
 }
 
 fn head_of(t: &Path) -> IndexHead {

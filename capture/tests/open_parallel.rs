@@ -4,43 +4,19 @@
 //! the one-by-one check always did.
 
 use capture::index::{self, HEAD_LEN, INDEX_FILE, RECORD_LEN};
-use capture::{Capture, CaptureOptions, Manifest, RunInfo, Selection, StageSpec, TreeReader};
+use capture::{Manifest, StageSpec, TreeReader};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+
+mod tree_support;
+use tree_support::many_taps;
 
 /// More taps than the parallel paths start from.
 const TAPS: u32 = 3_000;
 
 fn tree(dir: &Path) -> PathBuf {
-    // One capture at a time in a process.
-    static LOCK: Mutex<()> = Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let out = dir.join("t");
-    let cap = Capture::start(CaptureOptions {
-        out: out.clone(),
-        selection: Selection::parse("").unwrap(),
-        force: false,
-        stages: vec![StageSpec::layer("ffn_down", &[])],
-        run: RunInfo {
-            model: "toy".into(),
-            precision: "f32".into(),
-            ..RunInfo::default()
-        },
+    many_taps(dir, StageSpec::layer("ffn_down", &[]), TAPS, |p| {
+        Some(p % 40)
     })
-    .unwrap();
-    for p in 0..TAPS {
-        let layer = p % 40;
-        capture::tap(
-            "ffn_down",
-            Some(layer),
-            p..p + 1,
-            None,
-            &[1, 2],
-            &[p as f32, 1.0],
-        );
-    }
-    cap.finish().unwrap();
-    out
 }
 
 /// The manifest with the `n`th (from 0) occurrence of `from` in its text

@@ -117,3 +117,41 @@ pub fn edit_manifest(tree: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     std::fs::write(&path, bytes).unwrap();
     capture::index::rewrite(tree).unwrap();
 }
+
+/// A tree at `dir/t` of `n` one-position taps of two f32s (`[p, 1]` at
+/// position `p`) into the one stage `stage`, at layer `layer_of(p)`:
+/// enough taps to span an index's chunks or start the parallel paths.
+pub fn many_taps(
+    dir: &Path,
+    stage: StageSpec,
+    n: u32,
+    layer_of: impl Fn(u32) -> Option<u32>,
+) -> PathBuf {
+    let _guard = serial();
+    let out = dir.join("t");
+    let name = stage.name.clone();
+    let cap = Capture::start(CaptureOptions {
+        out: out.clone(),
+        selection: Selection::parse("").unwrap(),
+        force: false,
+        stages: vec![stage],
+        run: RunInfo {
+            model: "toy".into(),
+            precision: "f32".into(),
+            ..RunInfo::default()
+        },
+    })
+    .unwrap();
+    for p in 0..n {
+        capture::tap(
+            &name,
+            layer_of(p),
+            p..p + 1,
+            None,
+            &[1, 2],
+            &[p as f32, 1.0],
+        );
+    }
+    cap.finish().unwrap();
+    out
+}
