@@ -124,16 +124,20 @@ pub(crate) fn remove_tree(dir: &Path) -> std::io::Result<()> {
     std::fs::remove_dir(dir)
 }
 
+/// Whether a tree's subdirectory of this name holds tap files: `global`
+/// or `L` and a layer number.
+pub(crate) fn is_layer_dir(name: &str) -> bool {
+    name == manifest::GLOBAL_DIR
+        || name
+            .strip_prefix('L')
+            .is_some_and(|d| !d.is_empty() && d.bytes().all(|c| c.is_ascii_digit()))
+}
+
 /// What a tree killed while being deleted by an earlier taptree (which
 /// deleted its marker and manifest first) leaves: only tree-shaped files.
 pub(crate) fn tree_remains(dir: &Path) -> bool {
     let Ok(listing) = std::fs::read_dir(dir) else {
         return false;
-    };
-    let is_layer_dir = |n: &str| {
-        n == manifest::GLOBAL_DIR
-            || n.strip_prefix('L')
-                .is_some_and(|d| !d.is_empty() && d.bytes().all(|c| c.is_ascii_digit()))
     };
     listing.flatten().all(|item| {
         let name = item.file_name().to_string_lossy().into_owned();

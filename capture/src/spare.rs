@@ -25,8 +25,8 @@
 
 use crate::error::{Error, Result};
 use crate::index::INDEX_FILE;
-use crate::manifest::{GLOBAL_DIR, MANIFEST_FILE};
-use crate::out_dir::{is_tree, remove_tree, sibling_named, tree_remains};
+use crate::manifest::MANIFEST_FILE;
+use crate::out_dir::{is_layer_dir, is_tree, remove_tree, sibling_named, tree_remains};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
@@ -139,7 +139,7 @@ pub(crate) fn remove_stale(staging: &Path, kept: &HashSet<&str>) -> Result<()> {
     for item in listing.flatten() {
         let name = item.file_name().to_string_lossy().into_owned();
         let is_dir = item.file_type().is_ok_and(|t| t.is_dir());
-        if !is_dir || !(name == GLOBAL_DIR || name.starts_with('L')) {
+        if !is_dir || !is_layer_dir(&name) {
             continue;
         }
         let dir = item.path();
