@@ -80,13 +80,18 @@ pub fn for_config(config: &LlamaConfig) -> Vec<StageSpec> {
     for_family(&config.family)
 }
 
+/// The stage of the gated FFN product, named for its nonlinearity.
+pub fn gated_stage(ffn: FfnActivation) -> &'static str {
+    match ffn {
+        FfnActivation::Silu => FFN_SWIGLU,
+        FfnActivation::GeluTanh => FFN_GEGLU,
+    }
+}
+
 /// The vocabulary of a family: llama's, with a family's extra norms inserted
 /// where they run and its gate's stage named for its nonlinearity.
 pub fn for_family(f: &ModelFamily) -> Vec<StageSpec> {
-    let gated = match f.ffn {
-        FfnActivation::Silu => FFN_SWIGLU,
-        FfnActivation::GeluTanh => FFN_GEGLU,
-    };
+    let gated = gated_stage(f.ffn);
     let (q_in, k_in) = if f.qk_norm {
         (Q_NORM, K_NORM)
     } else {

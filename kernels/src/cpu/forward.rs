@@ -1,5 +1,5 @@
 //! [`CpuForward`]: the instrumented reference forward of a decoder (llama, or
-//! the family its [`ModelFamily`] describes), in f32, q8 (int8 activations
+//! the family its [`model::ModelFamily`] describes), in f32, q8 (int8 activations
 //! before quantized matmuls) or f64.
 
 use std::collections::BTreeMap;
@@ -20,7 +20,7 @@ use super::{tap, Real};
 use crate::forward::{Forward, ForwardError, Precision};
 use crate::stages as st;
 use crate::switches::{ActPrecision, Family, Switches};
-use model::{FfnActivation, LlamaConfig, ModelFamily, ModelWeights};
+use model::{LlamaConfig, ModelWeights};
 
 /// The activation handling of each matmul family, resolved once at open.
 #[derive(Debug, Clone, Copy)]
@@ -384,7 +384,7 @@ fn ffn_block<T: Real>(s: &Step, l: usize, lw: &DenseLayer, x: &[T]) -> Vec<T> {
         Ops::LlamaCpp { .. } => llamacpp_gemma::gated(fam.ffn, &g, &u),
         Ops::Reference => gated(fam.ffn, &g, &u),
     };
-    s.tap(gated_stage(fam), li, cfg.n_ff, &gu);
+    s.tap(st::gated_stage(fam.ffn), li, cfg.n_ff, &gu);
     let mut dn = lw.w_down.apply(&gu, n, s.acts.ffn_down);
     s.tap(st::FFN_DOWN, li, d, &dn);
     if let Some(pn) = &lw.post_ffn_norm {
@@ -392,14 +392,6 @@ fn ffn_block<T: Real>(s: &Step, l: usize, lw: &DenseLayer, x: &[T]) -> Vec<T> {
         s.tap(st::POST_FFN_NORM, li, d, &dn);
     }
     dn
-}
-
-/// The stage of the gated FFN product: `ffn_swiglu` or `ffn_geglu`.
-fn gated_stage(fam: &ModelFamily) -> &'static str {
-    match fam.ffn {
-        FfnActivation::Silu => st::FFN_SWIGLU,
-        FfnActivation::GeluTanh => st::FFN_GEGLU,
-    }
 }
 
 impl Forward for CpuForward {

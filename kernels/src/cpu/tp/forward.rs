@@ -8,6 +8,7 @@ use super::{Reduce, TpSkip};
 use crate::cpu::attention::{attention_windowed, Heads};
 use crate::cpu::embedding::{embed, scale_embedding};
 use crate::cpu::ffn::gated;
+use crate::cpu::matmul::apply_group;
 use crate::cpu::norm::rms_norm;
 use crate::cpu::residual::add_residual;
 use crate::cpu::rope::{rope_with, RopeTable};
@@ -15,7 +16,7 @@ use crate::cpu::weights::DenseWeights;
 use crate::cpu::{forward::Acts, tap, Real};
 use crate::stages as st;
 use capture::{Shard, TapId};
-use model::{FfnActivation, LlamaConfig};
+use model::LlamaConfig;
 use std::ops::Range;
 
 /// The keys and values of one slot: per layer, per rank, per KV head it
@@ -211,9 +212,9 @@ impl Step<'_> {
         let q_cols = p.heads.start * hd..p.heads.end * hd;
         let (qw, kvw) = (q_cols.len(), p.kv_held.len() * hd);
         let act = self.acts.attn;
-        let mut q = rw.wq.apply(h, n, act);
-        let mut k = rw.wk.apply(h, n, act);
-        let v = rw.wv.apply(h, n, act);
+        let [mut q, mut k, v]: [Vec<T>; 3] = apply_group(&[&rw.wq, &rw.wk, &rw.wv], h, n, act)
+            .try_into()
+            .expect("three outputs");
         self.tap_rank(st::Q_PROJ, l, r, Some((q_cols.clone(), q_full)), qw, &q);
         self.tap_owned_kv(st::K_PROJ, l, r, &k);
         self.tap_owned_kv(st::V_PROJ, l, r, &v);
@@ -284,16 +285,13 @@ impl Step<'_> {
         let n = h.len() / cfg.n_embd;
         let place = || Some((p.ffn.clone(), cfg.n_ff));
         let width = p.ffn.len();
-        let g = rw.w_gate.apply(h, n, self.acts.ffn_up);
+        let [g, u]: [Vec<T>; 2] = apply_group(&[&rw.w_gate, &rw.w_up], h, n, self.acts.ffn_up)
+            .try_into()
+            .expect("two outputs");
         self.tap_rank(st::FFN_GATE, l, r, place(), width, &g);
-        let u = rw.w_up.apply(h, n, self.acts.ffn_up);
         self.tap_rank(st::FFN_UP, l, r, place(), width, &u);
         let s = gated(cfg.family.ffn, &g, &u);
-        let gated_stage = match cfg.family.ffn {
-            FfnActivation::Silu => st::FFN_SWIGLU,
-            FfnActivation::GeluTanh => st::FFN_GEGLU,
-        };
-        self.tap_rank(gated_stage, l, r, place(), width, &s);
+        self.tap_rank(st::gated_stage(cfg.family.ffn), l, r, place(), width, &s);
         let dn = rw.w_down.apply(&s, n, self.acts.ffn_down);
         self.tap_rank(super::FFN_DOWN_PARTIAL, l, r, None, cfg.n_embd, &dn);
         dn
