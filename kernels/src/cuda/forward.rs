@@ -158,7 +158,8 @@ pub struct CudaForward {
     fused_runs: u64,
 }
 
-fn norm_weight(dev: &Device, t: &QTensor) -> Result<CudaSlice<f32>, CudaError> {
+/// A norm weight as f32 on the device.
+pub(crate) fn norm_weight(dev: &Device, t: &QTensor) -> Result<CudaSlice<f32>, CudaError> {
     let host = t
         .to_f32()
         .map_err(|e| CudaError::Shape(format!("{}: {e}", t.name)))?;

@@ -11,7 +11,7 @@ use cudarc::driver::CudaSlice;
 
 use crate::cpu::tp::plan::RankPlan;
 use crate::cuda::device::Device;
-use crate::cuda::ops::{self, DeviceMatrix};
+use crate::cuda::ops::DeviceMatrix;
 use crate::cuda::CudaError;
 use model::{LayerWeights, ModelWeights, QTensor};
 
@@ -51,13 +51,7 @@ pub fn shard_cols(t: &QTensor, c: Range<usize>) -> Result<QTensor, CudaError> {
     })
 }
 
-/// A norm weight as f32 on the device.
-pub(super) fn norm(dev: &Device, t: &QTensor) -> Result<CudaSlice<f32>, CudaError> {
-    let host = t
-        .to_f32()
-        .map_err(|e| CudaError::Shape(format!("{}: {e}", t.name)))?;
-    ops::upload(dev, &host)
-}
+use crate::cuda::forward::norm_weight as norm;
 
 /// One layer on one rank.
 pub(super) struct RankLayer {
