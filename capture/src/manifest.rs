@@ -247,9 +247,26 @@ pub fn dir_of(key: &Key) -> String {
 }
 
 pub(crate) fn dir_of_layer(layer: Option<u32>) -> String {
+    let mut dir = String::with_capacity(8);
+    push_dir_of_layer(&mut dir, layer);
+    dir
+}
+
+/// Appends a layer's directory name: `L` and the layer, three digits at
+/// least (`L007`, `L1234`), or `global`.
+fn push_dir_of_layer(p: &mut String, layer: Option<u32>) {
     match layer {
-        Some(layer) => format!("L{layer:03}"),
-        None => GLOBAL_DIR.to_string(),
+        Some(layer) => {
+            p.push('L');
+            if layer < 100 {
+                p.push('0');
+            }
+            if layer < 10 {
+                p.push('0');
+            }
+            crate::hashes::push_decimal(p, u64::from(layer));
+        }
+        None => p.push_str(GLOBAL_DIR),
     }
 }
 
@@ -259,19 +276,7 @@ pub fn path_of(key: &Key) -> String {
     // builds the path of nearly every entry, and formatting was most of
     // that. The same text as `{dir}/{stage}.p{start}-{end}[.s{slot}][.r{rank}].safetensors`.
     let mut p = String::with_capacity(key.stage.len() + 40);
-    match key.layer {
-        Some(layer) => {
-            p.push('L');
-            if layer < 100 {
-                p.push('0');
-            }
-            if layer < 10 {
-                p.push('0');
-            }
-            crate::hashes::push_decimal(&mut p, u64::from(layer));
-        }
-        None => p.push_str(GLOBAL_DIR),
-    }
+    push_dir_of_layer(&mut p, key.layer);
     p.push('/');
     p.push_str(&key.stage);
     p.push_str(".p");

@@ -270,11 +270,11 @@ fn write_one(dir: &Path, job: &Job, made_dirs: &mut HashSet<String>) -> Result<E
     let header = tapfile::encode_header(&job.key, job.dtype, &job.shape, job.data.len());
     add_nanos(0, t);
     let t = std::time::Instant::now();
-    let mut file = open_over(&path).map_err(|e| Error::io(&path, e))?;
+    let (mut file, old_len) = open_over(&path).map_err(|e| Error::io(&path, e))?;
     let len = (header.len() + job.data.len()) as u64;
     file.write_all(&header)
         .and_then(|_| file.write_all(&job.data))
-        .and_then(|_| match file.metadata()?.len() > len {
+        .and_then(|_| match old_len > len {
             true => file.set_len(len),
             false => Ok(()),
         })
@@ -298,8 +298,9 @@ fn write_one(dir: &Path, job: &Job, made_dirs: &mut HashSet<String>) -> Result<E
 /// already there (a replacement writing over its spare's files, the caller
 /// shortening it after: truncating would free its blocks, and allocate new
 /// ones, for nothing). Never through a symbolic link, and never into a file
-/// with other names (it is unlinked and created afresh).
-fn open_over(path: &Path) -> std::io::Result<File> {
+/// with other names (it is unlinked and created afresh). Returns the file
+/// and the length it had.
+fn open_over(path: &Path) -> std::io::Result<(File, u64)> {
     let open = || {
         let mut o = std::fs::OpenOptions::new();
         o.write(true).create(true).truncate(false);
@@ -311,16 +312,17 @@ fn open_over(path: &Path) -> std::io::Result<File> {
         o.open(path)
     };
     let file = open()?;
+    let meta = file.metadata()?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
-        if file.metadata()?.nlink() > 1 {
+        if meta.nlink() > 1 {
             drop(file);
             std::fs::remove_file(path)?;
-            return open();
+            return Ok((open()?, 0));
         }
     }
-    Ok(file)
+    Ok((file, meta.len()))
 }
 
 /// Starts writing `file`'s dirty pages to disk now, without waiting for
