@@ -273,16 +273,9 @@ pub fn rank_notes(
 fn values(tree: &dyn Tree, i: usize) -> Result<Vec<f64>, Error> {
     let e = &tree.manifest().entries[i];
     let t = tree.read(i)?;
-    let b = t.bytes();
+    // Only f32 and f64 taps: the partial-sum checks sum in those.
     Ok(match e.dtype {
-        capture::DType::F64 => b
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect(),
-        capture::DType::F32 => b
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64)
-            .collect(),
+        capture::DType::F32 | capture::DType::F64 => crate::metrics::decode(t.bytes(), e.dtype),
         _ => Vec::new(),
     })
 }
