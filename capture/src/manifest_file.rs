@@ -296,24 +296,19 @@ pub(crate) fn check_entries(tree: &Path, manifest_path: &Path, m: &Manifest) -> 
 const PARALLEL_FROM: usize = 2048;
 
 /// Whether every entry passes [`check_one_by_one`]'s checks, found on
-/// every core: each entry's bounds, path and shape, the sums of positions
-/// and bytes, and no key twice (on a thread of its own meanwhile).
+/// every core: each entry's own checks ([`check_entry`]), the sums of
+/// positions and bytes, and no key twice (on a thread of its own
+/// meanwhile).
 fn entries_sound(tree: &Path, m: &Manifest) -> bool {
     use rayon::prelude::*;
-    let sound = |e: &Entry| {
-        let bytes = tapfile::element_count(&e.shape)
-            .ok()
-            .and_then(|n| n.checked_mul(e.dtype.size()));
-        manifest::check_key_bounds(e.key.layer, &e.key.pos).is_ok()
-            && bytes.is_some_and(|b| b as u64 == e.bytes)
-            && e.shape.first().map(|&r| r as u64) == Some(u64::from(e.key.rows()))
-            && check_entry_path(tree, e).is_ok()
-    };
     let (sums, unique) = rayon::join(
         || {
             m.entries
                 .par_iter()
-                .map(|e| sound(e).then(|| (u64::from(e.key.rows()), u128::from(e.bytes))))
+                .map(|e| {
+                    let sound = check_entry(tree, Path::new(""), e).is_ok();
+                    sound.then(|| (u64::from(e.key.rows()), u128::from(e.bytes)))
+                })
                 .try_reduce(|| (0, 0), |a, b| Some((a.0 + b.0, a.1 + b.1)))
         },
         || {
@@ -327,19 +322,50 @@ fn entries_sound(tree: &Path, m: &Manifest) -> bool {
         })
 }
 
-/// Each entry's bounds, path and shape, the sums of positions and bytes,
-/// and no key twice, in entry order: the first problem is the error.
+/// One entry's own checks: its key's bounds, its path, its byte count
+/// against its shape and dtype, and axis 0 holding its positions.
+fn check_entry(tree: &Path, manifest_path: &Path, e: &Entry) -> Result<()> {
+    if let Err(reason) = manifest::check_key_bounds(e.key.layer, &e.key.pos) {
+        return Err(Error::BadManifest {
+            path: manifest_path.to_path_buf(),
+            reason: format!("{}: {reason}", e.key),
+        });
+    }
+    check_entry_path(tree, e)?;
+    let bad_shape = |reason: String| Error::BadShape {
+        path: manifest_path.to_path_buf(),
+        key: e.key.to_string(),
+        shape: e.shape.clone(),
+        reason,
+    };
+    let elements = tapfile::element_count(&e.shape).map_err(bad_shape)?;
+    let bytes = elements
+        .checked_mul(e.dtype.size())
+        .ok_or_else(|| bad_shape(format!("byte count of {} elements overflows", elements)))?;
+    if bytes as u64 != e.bytes {
+        return Err(bad_shape(format!(
+            "{elements} elements of {} are {bytes} bytes, entry says {}",
+            e.dtype, e.bytes
+        )));
+    }
+    if e.shape.first().map(|&r| r as u64) != Some(u64::from(e.key.rows())) {
+        return Err(bad_shape(format!(
+            "axis 0 must be the {} positions of {}",
+            e.key.rows(),
+            e.key
+        )));
+    }
+    Ok(())
+}
+
+/// Each entry's own checks, the sums of positions and bytes, and no key
+/// twice, in entry order: the first problem is the error.
 fn check_one_by_one(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<()> {
     let mut keys = HashSet::with_capacity_and_hasher(m.entries.len(), KeyHasher::default());
     let mut total: u64 = 0;
     let mut rows: u64 = 0;
     for e in &m.entries {
-        if let Err(reason) = manifest::check_key_bounds(e.key.layer, &e.key.pos) {
-            return Err(Error::BadManifest {
-                path: manifest_path.to_path_buf(),
-                reason: format!("{}: {reason}", e.key),
-            });
-        }
+        check_entry(tree, manifest_path, e)?;
         rows += u64::from(e.key.rows());
         if rows > u64::from(manifest::MAX_POSITION) {
             return Err(Error::BadManifest {
@@ -350,36 +376,12 @@ fn check_one_by_one(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<(
                 ),
             });
         }
-        check_entry_path(tree, e)?;
-        let bad_shape = |reason: String| Error::BadShape {
-            path: manifest_path.to_path_buf(),
-            key: e.key.to_string(),
-            shape: e.shape.clone(),
-            reason,
-        };
-        let elements = tapfile::element_count(&e.shape).map_err(bad_shape)?;
-        let bytes = elements
-            .checked_mul(e.dtype.size())
-            .ok_or_else(|| bad_shape(format!("byte count of {} elements overflows", elements)))?;
-        if bytes as u64 != e.bytes {
-            return Err(bad_shape(format!(
-                "{elements} elements of {} are {bytes} bytes, entry says {}",
-                e.dtype, e.bytes
-            )));
-        }
         total = total
             .checked_add(e.bytes)
             .ok_or_else(|| Error::BadManifest {
                 path: manifest_path.to_path_buf(),
                 reason: "the entries' byte counts overflow when summed".into(),
             })?;
-        if e.shape.first().map(|&r| r as u64) != Some(u64::from(e.key.rows())) {
-            return Err(bad_shape(format!(
-                "axis 0 must be the {} positions of {}",
-                e.key.rows(),
-                e.key
-            )));
-        }
         if !keys.insert(&e.key) {
             return Err(Error::BadManifest {
                 path: manifest_path.to_path_buf(),
