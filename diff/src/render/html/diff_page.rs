@@ -341,8 +341,8 @@ pub fn page(report: &DiffReport, ctx: &DiffContext) -> Page {
     for c in &report.controls {
         notes.push(format!(
             "control {}: {} {}",
-            c.name.as_str(),
-            if c.passed { "passed" } else { "FAILED" },
+            c.name().as_str(),
+            if c.passed() { "passed" } else { "FAILED" },
             crate::render::finding(&c.finding)
         ));
     }
