@@ -121,10 +121,7 @@ impl PageRow {
 
     /// `L3/ffn_down` or `logits`.
     pub fn name(&self) -> String {
-        match self.layer {
-            Some(l) => format!("L{l}/{}", self.stage),
-            None => self.stage.clone(),
-        }
+        capture::RowId::new(self.layer, self.stage.as_str()).to_string()
     }
 }
 
