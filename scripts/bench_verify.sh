@@ -32,7 +32,7 @@ else
 fi
 
 if [[ -z "${TAPTREE:-}" || -z "${GEN:-}" ]]; then
-  cargo build --release --quiet --bin taptree
+  cargo build --release --quiet --bin taptree --bin taptree-full
   cargo build --release --quiet -p capture --example gen_tree
 fi
 TAPTREE=${TAPTREE:-$TARGET/release/taptree}
@@ -47,38 +47,53 @@ for tree in a b; do
 done
 echo "trees: $(find "$WORK/a" -name '*.safetensors' | wc -l) taps each, $(du -sh "$WORK/a" | cut -f1) each"
 
-# Runs a command RUNS times after one warm-up; prints the median seconds.
-# Times come from bash's own microsecond clock ($EPOCHREALTIME): a `date`
-# process per reading would add its own start-up (about 1.5 ms here) to
-# every sample, as much as the trusted verify itself takes.
+# The commands take turns: each round times every taptree's trusted
+# verify, the --rehash, then `diff -rq`, so that all of them see the same
+# moments of the machine (a slow spell lands on every command, not on one
+# of them); one warm-up round first, then RUNS rounds, and each command's
+# median. Times come from bash's own microsecond clock ($EPOCHREALTIME): a
+# `date` process per reading would add its own start-up (about 1.5 ms here)
+# to every sample, as much as the trusted verify itself takes.
 # taptree must exit 0 (identical trees); diff -rq exits 1 only because the
 # two manifests record different times and argv, which it cannot know to
 # ignore; anything else aborts the bench.
-median_of() {
-  local times=() i start end rc
-  for ((i = -1; i < RUNS; i++)); do
-    start=$EPOCHREALTIME
-    rc=0
-    "$@" >/dev/null || rc=$?
-    end=$EPOCHREALTIME
-    if (( rc > 1 )) || { (( rc == 1 )) && [[ $1 != diff ]]; }; then
-      echo "bench: '$*' exited $rc" >&2
-      exit 2
-    fi
-    (( i >= 0 )) && times+=("$(awk -v s="$start" -v e="$end" 'BEGIN { printf "%.6f", e - s }')")
-  done
-  printf '%s\n' "${times[@]}" | sort -g | awk '{ t[NR] = $1 } END { printf "%.6f\n", t[int((NR + 1) / 2)] }'
+time_once() {
+  local start end rc=0
+  start=$EPOCHREALTIME
+  "$@" >/dev/null || rc=$?
+  end=$EPOCHREALTIME
+  if (( rc > 1 )) || { (( rc == 1 )) && [[ $1 != diff ]]; }; then
+    echo "bench: '$*' exited $rc" >&2
+    exit 2
+  fi
+  awk -v s="$start" -v e="$end" 'BEGIN { printf "%.6f\n", e - s }'
+}
+median() {
+  tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{ t[NR] = $1 } END { printf "%.6f\n", t[int((NR + 1) / 2)] }'
 }
 
+samples=()  # one space-separated list of times per taptree
+rehash_samples=
+diff_samples=
+for ((round = -1; round < RUNS; round++)); do
+  for i in "${!TAPTREES[@]}"; do
+    t=$(time_once "${TAPTREES[$i]}" verify "$WORK/a" "$WORK/b") || exit 2
+    (( round >= 0 )) && samples[i]="${samples[i]:-} $t"
+  done
+  if [[ $REHASH != 0 ]]; then
+    t=$(time_once "${TAPTREES[0]}" verify --rehash "$WORK/a" "$WORK/b") || exit 2
+    (( round >= 0 )) && rehash_samples="$rehash_samples $t"
+  fi
+  t=$(time_once diff -rq "$WORK/a" "$WORK/b") || exit 2
+  (( round >= 0 )) && diff_samples="$diff_samples $t"
+done
 verify=()
-for bin in "${TAPTREES[@]}"; do
-  verify+=("$(median_of "$bin" verify "$WORK/a" "$WORK/b")")
+for i in "${!TAPTREES[@]}"; do
+  verify+=("$(median <<<"${samples[i]}")")
 done
 rehash=
-if [[ $REHASH != 0 ]]; then
-  rehash=$(median_of "${TAPTREES[0]}" verify --rehash "$WORK/a" "$WORK/b")
-fi
-diffrq=$(median_of diff -rq "$WORK/a" "$WORK/b")
+[[ -n $rehash_samples ]] && rehash=$(median <<<"$rehash_samples")
+diffrq=$(median <<<"$diff_samples")
 
 echo "median of $RUNS runs (warm cache), $(nproc) cores, load average $(cut -d' ' -f1 /proc/loadavg):"
 for i in "${!TAPTREES[@]}"; do
