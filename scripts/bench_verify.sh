@@ -2,7 +2,8 @@
 # Times `taptree verify A B` (manifests trusted), `taptree verify --rehash A B`
 # and `diff -rq A B` on two identical generated trees with the shape of a 7B
 # model's capture over 78 positions, in one run, and prints medians and ratios.
-# Warm page cache: every command runs once untimed first.
+# Warm page cache: every command runs once untimed first. TURNS=1: the
+# commands take turns, round by round (below).
 #
 #   bash scripts/bench_verify.sh            # RUNS=5 by default
 #   RUNS=9 GEN_ARGS="--positions 50" bash scripts/bench_verify.sh
@@ -47,13 +48,15 @@ for tree in a b; do
 done
 echo "trees: $(find "$WORK/a" -name '*.safetensors' | wc -l) taps each, $(du -sh "$WORK/a" | cut -f1) each"
 
-# The commands take turns: each round times every taptree's trusted
-# verify, the --rehash, then `diff -rq`, so that all of them see the same
-# moments of the machine (a slow spell lands on every command, not on one
-# of them); one warm-up round first, then RUNS rounds, and each command's
-# median. Times come from bash's own microsecond clock ($EPOCHREALTIME): a
-# `date` process per reading would add its own start-up (about 1.5 ms here)
-# to every sample, as much as the trusted verify itself takes.
+# Each command runs once untimed (warm-up), then RUNS times in a row, and
+# its median is taken: the way the >= 279x target was set. TURNS=1 makes
+# the commands take turns instead: each round times every taptree's trusted
+# verify, the --rehash, then `diff -rq`, so that each verify starts right
+# after 1.9 GB went through the caches (the manifests are then read from
+# memory, not from the CPU's caches: slower; docs/PERFORMANCE.md has both).
+# Times come from bash's own microsecond clock ($EPOCHREALTIME): a `date`
+# process per reading would add its own start-up (about 1.5 ms here) to
+# every sample, as much as the trusted verify itself takes.
 # taptree must exit 0 (identical trees); diff -rq exits 1 only because the
 # two manifests record different times and argv, which it cannot know to
 # ignore; anything else aborts the bench.
@@ -72,30 +75,39 @@ median() {
   tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{ t[NR] = $1 } END { printf "%.6f\n", t[int((NR + 1) / 2)] }'
 }
 
-samples=()  # one space-separated list of times per taptree
-rehash_samples=
-diff_samples=
-for ((round = -1; round < RUNS; round++)); do
-  for i in "${!TAPTREES[@]}"; do
-    t=$(time_once "${TAPTREES[$i]}" verify "$WORK/a" "$WORK/b") || exit 2
-    (( round >= 0 )) && samples[i]="${samples[i]:-} $t"
+# The commands, in the order they are timed: every taptree's verify, the
+# --rehash (REHASH=1), diff -rq; samples[c] collects command c's times.
+commands=()
+for bin in "${TAPTREES[@]}"; do commands+=("$bin verify $WORK/a $WORK/b"); done
+[[ $REHASH != 0 ]] && commands+=("${TAPTREES[0]} verify --rehash $WORK/a $WORK/b")
+commands+=("diff -rq $WORK/a $WORK/b")
+samples=()
+sample() {  # sample C ROUND: time command C once; keep it unless ROUND < 0
+  local t
+  # shellcheck disable=SC2086
+  t=$(time_once ${commands[$1]}) || exit 2
+  (( $2 >= 0 )) && samples[$1]="${samples[$1]:-} $t"
+  return 0
+}
+if [[ ${TURNS:-0} == 1 ]]; then
+  for ((round = -1; round < RUNS; round++)); do
+    for c in "${!commands[@]}"; do sample "$c" "$round"; done
   done
-  if [[ $REHASH != 0 ]]; then
-    t=$(time_once "${TAPTREES[0]}" verify --rehash "$WORK/a" "$WORK/b") || exit 2
-    (( round >= 0 )) && rehash_samples="$rehash_samples $t"
-  fi
-  t=$(time_once diff -rq "$WORK/a" "$WORK/b") || exit 2
-  (( round >= 0 )) && diff_samples="$diff_samples $t"
-done
+else
+  for c in "${!commands[@]}"; do
+    for ((round = -1; round < RUNS; round++)); do sample "$c" "$round"; done
+  done
+fi
+last=$(( ${#commands[@]} - 1 ))
+rehash=
+[[ $REHASH != 0 ]] && rehash=$(median <<<"${samples[last - 1]}")
+diffrq=$(median <<<"${samples[last]}")
 verify=()
 for i in "${!TAPTREES[@]}"; do
   verify+=("$(median <<<"${samples[i]}")")
 done
-rehash=
-[[ -n $rehash_samples ]] && rehash=$(median <<<"$rehash_samples")
-diffrq=$(median <<<"$diff_samples")
 
-echo "median of $RUNS runs (warm cache), $(nproc) cores, load average $(cut -d' ' -f1 /proc/loadavg):"
+echo "median of $RUNS runs (warm cache$([[ ${TURNS:-0} == 1 ]] && echo ", in turns")), $(nproc) cores, load average $(cut -d' ' -f1 /proc/loadavg):"
 for i in "${!TAPTREES[@]}"; do
   (( ${#TAPTREES[@]} > 1 )) && echo "  ${TAPTREES[$i]}:"
   printf '  taptree verify A B            %9.5f s\n' "${verify[$i]}"

@@ -68,14 +68,22 @@ fn hand_over(args: &[OsString]) -> ExitCode {
         use std::os::unix::process::CommandExt;
         // Only returns on failure.
         let e = cmd.arg0(&args[0]).exec();
-        let _ = writeln!(io::stderr(), "taptree: could not start {}: {e}", full.display());
+        let _ = writeln!(
+            io::stderr(),
+            "taptree: could not start {}: {e}",
+            full.display()
+        );
         ExitCode::from(2)
     }
     #[cfg(not(unix))]
     match cmd.status() {
         Ok(status) => ExitCode::from(status.code().map_or(2, |c| c as u8)),
         Err(e) => {
-            let _ = writeln!(io::stderr(), "taptree: could not start {}: {e}", full.display());
+            let _ = writeln!(
+                io::stderr(),
+                "taptree: could not start {}: {e}",
+                full.display()
+            );
             ExitCode::from(2)
         }
     }

@@ -21,7 +21,12 @@ fn same(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
     let front = run(Path::new(FRONT), args);
     let full = run(Path::new(FULL), args);
     assert_eq!(text(&front), text(&full));
-    assert_eq!(front.status.code(), full.status.code(), "{:?}", text(&front));
+    assert_eq!(
+        front.status.code(),
+        full.status.code(),
+        "{:?}",
+        text(&front)
+    );
     front
 }
 
@@ -32,11 +37,19 @@ fn the_front_and_the_full_command_say_the_same() {
     // Answered by the front: identical trees.
     let o = same(&[&"verify", &a, &b]);
     assert_eq!(o.status.code(), Some(0));
-    assert!(text(&o).0.starts_with("bitwise identical: 7 tensors"), "{:?}", text(&o));
+    assert!(
+        text(&o).0.starts_with("bitwise identical: 7 tensors"),
+        "{:?}",
+        text(&o)
+    );
     // Handed over: trees that differ, a tree that is not one, other commands.
     let o = same(&[&"verify", &a, &c]);
     assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
-    assert!(text(&o).0.starts_with("differ: 1 changed"), "{:?}", text(&o));
+    assert!(
+        text(&o).0.starts_with("differ: 1 changed"),
+        "{:?}",
+        text(&o)
+    );
     let o = same(&[&"verify", &a, &_dir.path().join("nothing")]);
     assert_eq!(o.status.code(), Some(2));
     same(&[&"verify", &"--json", &a, &b]);
@@ -54,7 +67,11 @@ fn a_damaged_manifest_is_never_identical_through_the_front() {
     let bytes = std::fs::read(&manifest).unwrap();
     // Cut right after a `}` inside the entry list: still "a manifest" to a
     // reader that stops at the root.
-    let cut = bytes.len() / 2 + bytes[bytes.len() / 2..].iter().position(|&c| c == b'}').unwrap();
+    let cut = bytes.len() / 2
+        + bytes[bytes.len() / 2..]
+            .iter()
+            .position(|&c| c == b'}')
+            .unwrap();
     std::fs::write(&manifest, &bytes[..=cut]).unwrap();
     let o = same(&[&"verify", &a, &b]);
     assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));
@@ -84,7 +101,8 @@ fn a_front_without_the_full_command_says_what_is_missing() {
         let (out, err) = text(&o);
         assert!(out.is_empty(), "{out}");
         assert!(
-            err.contains(&lone.join("taptree-full").display().to_string()) && err.contains("missing"),
+            err.contains(&lone.join("taptree-full").display().to_string())
+                && err.contains("missing"),
             "{err}"
         );
     }
