@@ -124,24 +124,15 @@ def split_top(body):
 class Crate:
     """One crate root: its modules, their items and re-exports, its edges."""
 
-    def __init__(self, name, src_dir, root_file, files):
+    def __init__(self, name, files):
         self.name = name
         self.modules = {}  # path tuple -> (file, stripped source)
         self.items = {}  # path tuple -> set of names defined there
         self.reexports = {}  # path tuple -> {name: absolute path list}
         self.globs = {}  # path tuple -> [absolute module path lists]
-        for f in files:
-            rel = os.path.relpath(f, src_dir)
-            if f == root_file:
-                mod = ()
-            else:
-                parts = rel[:-3].split(os.sep)
-                if parts[-1] == "mod":
-                    parts = parts[:-1]
-                mod = tuple(parts)
+        for mod, f in files.items():
             with open(f, encoding="utf-8") as fh:
                 self.modules[mod] = (f, strip(fh.read()))
-        self.test_only = set()
         for mod, (f, src) in self.modules.items():
             self.items[mod] = set(ITEM.findall(src))
         for mod, (f, src) in self.modules.items():
@@ -271,33 +262,55 @@ def cycles(edges):
     return comps
 
 
-def crates_of(crate_dir):
-    """(name, src dir, root file, files) of each crate root under `crate_dir`."""
-    src = os.path.join(crate_dir, "src")
-    with open(os.path.join(crate_dir, "Cargo.toml"), encoding="utf-8") as fh:
-        name = re.search(r'^name\s*=\s*"([^"]+)"', fh.read(), re.M).group(1)
-    bins = os.path.join(src, "bin")
-    found = []
-    for root in ("lib.rs", "main.rs"):
-        f = os.path.join(src, root)
-        if os.path.exists(f):
-            files = [
-                os.path.join(d, x)
-                for d, _, xs in os.walk(src)
-                if not d.startswith(bins)
-                for x in xs
-                if x.endswith(".rs") and os.path.join(d, x) != os.path.join(src, "main.rs" if root == "lib.rs" else "lib.rs")
-            ]
-            found.append((name if root == "lib.rs" else name + " (bin)", src, f, files))
-    if os.path.isdir(bins):
-        for x in sorted(os.listdir(bins)):
-            p = os.path.join(bins, x)
-            if x.endswith(".rs"):
-                found.append((f"{name} (bin {x[:-3]})", bins, p, [p]))
-            elif os.path.exists(os.path.join(p, "main.rs")):
-                files = [os.path.join(d, y) for d, _, ys in os.walk(p) for y in ys if y.endswith(".rs")]
-                found.append((f"{name} (bin {x})", p, os.path.join(p, "main.rs"), files))
+MOD = re.compile(r"\bmod\s+(\w+)\s*;")
+
+
+def module_files(root_file):
+    """{module path: file} of a crate, found by following its `mod x;`
+    declarations from its root file (test-only ones are left out)."""
+    found = {(): root_file}
+    todo = [((), root_file, True)]
+    while todo:
+        mod, f, owns_dir = todo.pop()
+        with open(f, encoding="utf-8") as fh:
+            src = strip(fh.read())
+        base = os.path.dirname(f)
+        if not owns_dir:
+            base = os.path.join(base, os.path.basename(f)[:-3])
+        for name in MOD.findall(src):
+            for cand, owns in ((os.path.join(base, name + ".rs"), False), (os.path.join(base, name, "mod.rs"), True)):
+                if os.path.exists(cand):
+                    found[mod + (name,)] = cand
+                    todo.append((mod + (name,), cand, owns))
+                    break
     return found
+
+
+def crates_of(crate_dir):
+    """(name, {module: file}) of each crate root (library, binaries) of the
+    package in `crate_dir`, as its Cargo.toml declares them."""
+    with open(os.path.join(crate_dir, "Cargo.toml"), encoding="utf-8") as fh:
+        toml = fh.read()
+    name = re.search(r'^name\s*=\s*"([^"]+)"', toml, re.M).group(1)
+    src = os.path.join(crate_dir, "src")
+    roots = []
+    if os.path.exists(os.path.join(src, "lib.rs")):
+        roots.append((name, os.path.join(src, "lib.rs")))
+    bins = re.findall(r'\[\[bin\]\]\s*name\s*=\s*"([^"]+)"\s*path\s*=\s*"([^"]+)"', toml)
+    for bin_name, path in bins:
+        roots.append((f"{name} (bin {bin_name})", os.path.join(crate_dir, path)))
+    if not bins:
+        if os.path.exists(os.path.join(src, "main.rs")):
+            roots.append((f"{name} (bin)", os.path.join(src, "main.rs")))
+        bin_dir = os.path.join(src, "bin")
+        if os.path.isdir(bin_dir):
+            for x in sorted(os.listdir(bin_dir)):
+                p = os.path.join(bin_dir, x)
+                if x.endswith(".rs"):
+                    roots.append((f"{name} (bin {x[:-3]})", p))
+                elif os.path.exists(os.path.join(p, "main.rs")):
+                    roots.append((f"{name} (bin {x})", os.path.join(p, "main.rs")))
+    return [(n, module_files(f)) for n, f in roots]
 
 
 def workspace_crates():
@@ -352,8 +365,8 @@ def main(args):
     dirs = args or workspace_crates()
     found = 0
     for d in dirs:
-        for name, src, root_file, files in crates_of(d):
-            crate = Crate(name, src, root_file, files)
+        for name, files in crates_of(d):
+            crate = Crate(name, files)
             edges = crate.edges()
             comps = cycles(edges)
             if not comps:
