@@ -1,5 +1,7 @@
-//! Opening a tree's files without being fooled: no link followed, no FIFO,
-//! device or socket read, no read sized past what the file holds.
+//! Opening a tree's files without being fooled: no link followed (or, for
+//! the manifest and index, none leading out of the tree), no FIFO, device
+//! or socket read, no read sized past what the file holds; and a file's
+//! bytes mapped, or read where it cannot be mapped.
 
 use crate::error::{Error, Result};
 use memmap2::Mmap;
@@ -162,4 +164,24 @@ pub(crate) fn read_from_start(mut file: &std::fs::File, len: u64) -> std::io::Re
     let mut bytes = Vec::new();
     file.take(len).read_to_end(&mut bytes)?;
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// procfs files cannot be mapped: the bytes are read instead.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_file_that_cannot_be_mapped_is_read() {
+        let file = std::fs::File::open("/proc/self/maps").unwrap();
+        // SAFETY: read-only, and expected to fail.
+        assert!(unsafe { memmap2::Mmap::map(&file) }.is_err());
+        for populate in [false, true] {
+            match map_or_read(&file, 1 << 20, populate).unwrap() {
+                FileBytes::Read(b) => assert!(!b.is_empty()),
+                FileBytes::Mapped(_) => panic!("a procfs file was mapped"),
+            }
+        }
+    }
 }

@@ -289,19 +289,4 @@ mod tests {
         assert_eq!(read_from_start(&file, 1000).unwrap(), bytes);
         assert_eq!(read_from_start(&file, 10).unwrap(), bytes[..10]);
     }
-
-    /// procfs files cannot be mapped: the bytes are read instead.
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn a_file_that_cannot_be_mapped_is_read() {
-        let file = std::fs::File::open("/proc/self/maps").unwrap();
-        // SAFETY: read-only, and expected to fail.
-        assert!(unsafe { memmap2::Mmap::map(&file) }.is_err());
-        for populate in [false, true] {
-            match map_or_read(&file, 1 << 20, populate).unwrap() {
-                FileBytes::Read(b) => assert!(!b.is_empty()),
-                FileBytes::Mapped(_) => panic!("a procfs file was mapped"),
-            }
-        }
-    }
 }
