@@ -133,9 +133,11 @@ impl std::ops::Deref for FileBytes {
     }
 }
 
-/// A regular file's `len` bytes, mapped (a copy of many megabytes costs
-/// more than the checksum over them), or read where mapping fails (a
-/// filesystem without mmap). `populate`: the kernel maps every page at
+/// A regular file's bytes, mapped whole (a copy of many megabytes costs
+/// more than the checksum or parse over them), or, where mapping fails (a
+/// filesystem without mmap), its first `len` bytes read (`u64::MAX`: all
+/// of them; a file that shrank gives fewer, which the callers' size checks
+/// refuse). `populate`: the kernel maps every page at
 /// once rather than one fault at a time as one checksum walks them; not
 /// where several threads share the checksum (they fault their pages in
 /// side by side).
