@@ -29,8 +29,8 @@ pub struct DiffReport {
     pub b: TreeInfo,
     /// The truth, if one was given.
     pub truth: Option<TreeInfo>,
-    /// The tolerance, as written (`cos>=0.999 & nmse<=1e-4`).
-    pub tolerance: String,
+    /// The tolerance (shown as written: `cos>=0.999 & nmse<=1e-4`).
+    pub tolerance: crate::tolerance::Tolerance,
     /// What the diff concluded.
     pub outcome: DiffOutcome,
     /// One row per (layer, stage), in forward order (empty when identical).

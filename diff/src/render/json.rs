@@ -22,7 +22,7 @@ struct Json<'r> {
     b: &'r TreeInfo,
     #[serde(skip_serializing_if = "Option::is_none")]
     truth: Option<&'r TreeInfo>,
-    tolerance: &'r str,
+    tolerance: String,
     outcome: DiffOutcome,
     summary: String,
     rows: Vec<JsonRow<'r>>,
@@ -134,7 +134,7 @@ pub fn write(report: &DiffReport, mut w: impl std::io::Write) -> std::io::Result
         a: &report.a,
         b: &report.b,
         truth: report.truth.as_ref(),
-        tolerance: &report.tolerance,
+        tolerance: report.tolerance.to_string(),
         outcome: report.outcome,
         summary: super::summary::summary(report),
         rows,

@@ -97,7 +97,7 @@ impl Recorder {
             a: info(a),
             b: info(b),
             truth: truth.map(info),
-            tolerance: opts.tolerance.to_string(),
+            tolerance: opts.tolerance.clone(),
             outcome: DiffOutcome::Identical,
             first_divergence: divergence::first_divergence(&rows),
             first_inexact: divergence::first_inexact(&rows),
