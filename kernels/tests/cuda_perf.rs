@@ -286,14 +286,24 @@ fn gpu_figures() {
     );
 
     // Decode, disarmed: one token at a time after a 128-token prefill,
-    // launch by launch and as a CUDA graph per step, unfused and fused.
+    // launch by launch and as a CUDA graph per step, unfused and fused, the
+    // fused kernels launched after the one before has finished and early.
     // Every configuration's logits, step by step, must be the first one's
     // bits (checked on the first round, by a hash of each step's logits).
     let steps = 64;
     let mut reference: Option<Vec<blake3::Hash>> = None;
-    for (graphs, fused) in [(false, false), (true, false), (false, true), (true, true)] {
+    let configs = [
+        (false, false, false),
+        (true, false, false),
+        (false, true, false),
+        (true, true, false),
+        (false, true, true),
+        (true, true, true),
+    ];
+    for (graphs, fused, early) in configs {
         fwd.set_graphs(graphs);
         fwd.set_fused(fused);
+        fwd.set_early_launch(early);
         let mut decode = Vec::new();
         for round in 0..5 {
             fwd.reset();
@@ -315,19 +325,20 @@ fn gpu_figures() {
                     None => reference = Some(hashes),
                     Some(r) => assert!(
                         *r == hashes,
-                        "graphs {graphs} fused {fused}: decode logits differ from launch by launch, unfused"
+                        "graphs {graphs} fused {fused} early {early}: decode logits differ from launch by launch, unfused"
                     ),
                 }
             }
         }
         println!(
-            "decode at 128..192, disarmed, m=1, {}, {}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
+            "decode at 128..192, disarmed, m=1, {}, {}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
             if graphs {
                 "CUDA graph"
             } else {
                 "launch by launch"
             },
             if fused { "fused" } else { "unfused" },
+            if early { ", early launch" } else { "" },
             median(decode)
         );
     }

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
@@ -100,6 +101,10 @@ pub struct Device {
     name: String,
     functions: Mutex<HashMap<(Family, &'static str), CudaFunction>>,
     modules: Mutex<HashMap<Family, Arc<CudaModule>>>,
+    /// Whether the architecture has programmatic dependent launch (sm_90).
+    has_early: bool,
+    /// Whether the kernels written for it are launched early.
+    early: AtomicBool,
 }
 
 impl std::fmt::Debug for Device {
@@ -145,6 +150,12 @@ impl Device {
         let stream = ctx
             .new_stream()
             .map_err(|e| CudaError::driver("create stream", e))?;
+        let has_early = major >= 9;
+        let early = has_early
+            && !matches!(
+                std::env::var("TAPTREE_CUDA_PDL").as_deref(),
+                Ok("0" | "off")
+            );
         Ok(Arc::new(Device {
             ctx,
             stream,
@@ -152,7 +163,22 @@ impl Device {
             name,
             functions: Mutex::new(HashMap::new()),
             modules: Mutex::new(HashMap::new()),
+            has_early,
+            early: AtomicBool::new(early),
         }))
+    }
+
+    /// Whether the fused pass's kernels start while the kernel before them
+    /// finishes (programmatic dependent launch: sm_90 and later, on unless
+    /// `TAPTREE_CUDA_PDL=0`). Either way every value is the same bits.
+    pub fn early_launch(&self) -> bool {
+        self.early.load(Ordering::Relaxed)
+    }
+
+    /// Turns early launches on or off (on only where the architecture has
+    /// them). A CUDA graph captured before keeps the launches it recorded.
+    pub fn set_early_launch(&self, on: bool) {
+        self.early.store(on && self.has_early, Ordering::Relaxed);
     }
 
     /// The stream every launch and copy of this device goes through.

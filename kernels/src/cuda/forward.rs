@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, PinnedHostSlice};
 
 use super::device::Device;
 use super::ops::{self, DeviceMatrix, QuantizedActs};
@@ -108,13 +108,67 @@ struct Scratch {
     pos: CudaSlice<u32>,
 }
 
-/// Whether each matmul family sees int8 activations.
+/// Whether each matmul family sees int8 activations (shared with the
+/// tensor-parallel forward).
 #[derive(Debug, Clone, Copy)]
-struct Acts {
-    attn: bool,
-    ffn_up: bool,
-    ffn_down: bool,
-    logits: bool,
+pub(crate) struct Acts {
+    pub attn: bool,
+    pub ffn_up: bool,
+    pub ffn_down: bool,
+    pub logits: bool,
+}
+
+impl Acts {
+    /// Each family's activations as `switches` resolve them at `precision`.
+    pub(crate) fn resolve(switches: &Switches, precision: Precision) -> Acts {
+        let q8 = |f| switches.resolve(f, precision) == ActPrecision::Q8;
+        Acts {
+            attn: q8(Family::Attn),
+            ffn_up: q8(Family::FfnUp),
+            ffn_down: q8(Family::FfnDown),
+            logits: q8(Family::Logits),
+        }
+    }
+}
+
+/// What the CUDA forwards (one device and tensor parallel) refuse in a
+/// model, whatever the precision: a config the forward cannot run, q/k/v
+/// biases, a family's extra norms missing from a layer.
+pub(crate) fn check_model(weights: &ModelWeights) -> Result<(), ForwardError> {
+    let c = &weights.config;
+    crate::forward::check_config(c)?;
+    if weights
+        .layers
+        .iter()
+        .any(|l| l.bq.is_some() || l.bk.is_some() || l.bv.is_some())
+    {
+        return Err(ForwardError::Unsupported(
+            "cuda: q/k/v projection biases (Qwen2) run on the cpu backend only".into(),
+        ));
+    }
+    let fam = &c.family;
+    if fam.qk_norm
+        && weights
+            .layers
+            .iter()
+            .any(|l| l.extra_norms.q_norm.is_none() || l.extra_norms.k_norm.is_none())
+    {
+        return Err(ForwardError::Unsupported(format!(
+            "cuda: the {} family has q/k norms but a layer lacks their weights",
+            c.arch
+        )));
+    }
+    if fam.post_norms
+        && weights.layers.iter().any(|l| {
+            l.extra_norms.post_attn_norm.is_none() || l.extra_norms.post_ffn_norm.is_none()
+        })
+    {
+        return Err(ForwardError::Unsupported(format!(
+            "cuda: the {} family has post norms but a layer lacks their weights",
+            c.arch
+        )));
+    }
+    Ok(())
 }
 
 /// The rows of one sequence in a run.
@@ -144,6 +198,9 @@ pub struct CudaForward {
     scratch: Option<Scratch>,
     /// Page-locked host buffers the taps copy through, asynchronously.
     ring: TapRing,
+    /// A page-locked buffer of one row of logits, which each run's logits
+    /// are copied through (into pageable memory the driver stages the copy).
+    logits_host: Option<PinnedHostSlice<f32>>,
     /// Whether a single sequence's untapped decode step runs as a CUDA graph.
     graphs: bool,
     /// Whether an untapped forward of one sequence runs fused (`fused.rs`).
@@ -187,46 +244,9 @@ impl CudaForward {
             ));
         }
         let c = &weights.config;
-        crate::forward::check_config(c)?;
+        check_model(weights)?;
         switches.check(precision)?;
-        if weights
-            .layers
-            .iter()
-            .any(|l| l.bq.is_some() || l.bk.is_some() || l.bv.is_some())
-        {
-            return Err(ForwardError::Unsupported(
-                "cuda: q/k/v projection biases (Qwen2) run on the cpu backend only".into(),
-            ));
-        }
-        let q8 = |f| switches.resolve(f, precision) == ActPrecision::Q8;
-        let acts = Acts {
-            attn: q8(Family::Attn),
-            ffn_up: q8(Family::FfnUp),
-            ffn_down: q8(Family::FfnDown),
-            logits: q8(Family::Logits),
-        };
-        let fam = &c.family;
-        if fam.qk_norm
-            && weights
-                .layers
-                .iter()
-                .any(|l| l.extra_norms.q_norm.is_none() || l.extra_norms.k_norm.is_none())
-        {
-            return Err(ForwardError::Unsupported(format!(
-                "cuda: the {} family has q/k norms but a layer lacks their weights",
-                c.arch
-            )));
-        }
-        if fam.post_norms
-            && weights.layers.iter().any(|l| {
-                l.extra_norms.post_attn_norm.is_none() || l.extra_norms.post_ffn_norm.is_none()
-            })
-        {
-            return Err(ForwardError::Unsupported(format!(
-                "cuda: the {} family has post norms but a layer lacks their weights",
-                c.arch
-            )));
-        }
+        let acts = Acts::resolve(switches, precision);
         let opt = |t: &Option<QTensor>| t.as_ref().map(|t| norm_weight(&dev, t)).transpose();
         let m = |t: &QTensor| DeviceMatrix::upload(&dev, t);
         let layers = weights
@@ -266,6 +286,7 @@ impl CudaForward {
             caches: BTreeMap::new(),
             scratch: None,
             ring: TapRing::default(),
+            logits_host: None,
             graphs: !matches!(
                 std::env::var("TAPTREE_CUDA_GRAPHS").as_deref(),
                 Ok("0" | "off")
@@ -300,6 +321,16 @@ impl CudaForward {
     /// same bits.
     pub fn set_fused(&mut self, on: bool) {
         self.fused = on;
+        self.graph = None;
+    }
+
+    /// Launches the fused pass's kernels early where the device allows
+    /// (programmatic dependent launch; see [`Device::early_launch`]), or
+    /// each after the one before has finished. Either way the results are
+    /// the same bits. This sets the device's switch, shared by every
+    /// forward on it.
+    pub fn set_early_launch(&mut self, on: bool) {
+        self.dev.set_early_launch(on);
         self.graph = None;
     }
 
@@ -451,20 +482,32 @@ impl CudaForward {
             }
         }
         self.ring.drain()?;
-        let (sc, vocab) = (
-            self.scratch.as_ref().expect("allocated"),
-            self.config.vocab_size,
-        );
         groups
             .iter()
-            .map(|g| {
-                let last = g.row + g.rows - 1;
-                ops::download(
-                    &self.dev,
-                    &sc.logits.slice(last * vocab..(last + 1) * vocab),
-                )
-            })
+            .map(|g| self.logits_of(g.row + g.rows - 1))
             .collect()
+    }
+
+    /// Row `row`'s logits, copied to the host through `logits_host`.
+    fn logits_of(&mut self, row: usize) -> Result<Vec<f32>, CudaError> {
+        let vocab = self.config.vocab_size;
+        let pin = |e| CudaError::driver("page-locked logits buffer", e);
+        if self.logits_host.as_ref().is_none_or(|p| p.len() != vocab) {
+            // SAFETY: page-locked memory of `vocab` floats, read only after
+            // the copy below has written all of them.
+            let p = unsafe { self.dev.context().alloc_pinned_with_flags::<f32>(vocab, 0) }
+                .map_err(pin)?;
+            self.logits_host = Some(p);
+        }
+        let host = self.logits_host.as_mut().expect("allocated above");
+        let host = host.as_mut_slice().map_err(pin)?;
+        let sc = self.scratch.as_ref().expect("allocated");
+        let s = self.dev.stream();
+        s.memcpy_dtoh(&sc.logits.slice(row * vocab..(row + 1) * vocab), host)
+            .map_err(|e| CudaError::driver("copy logits to host", e))?;
+        s.synchronize()
+            .map_err(|e| CudaError::driver("synchronize", e))?;
+        Ok(host.to_vec())
     }
 
     /// The decode step of one sequence through the CUDA graph of its slot,

@@ -96,6 +96,7 @@ extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, co
     extern __shared__ __align__(16) u8 smem[];
     __shared__ double scratch[NORM_THREADS / 32];
     __shared__ float res[ROWS_PER_PASS][FUSED_OUTS];
+    pdl_launch_dependents();
     int lane = threadIdx.x & 31, j = lane & 7;
     int slot = (threadIdx.x >> 5) * OUTS_PER_WARP + (lane >> 3);
     int r0 = blockIdx.y * ROWS_PER_PASS;
@@ -133,13 +134,16 @@ extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, co
     size_t bytes_a = (size_t)cnt * rba;
     size_t wbytes = bytes_a + (mode == FUSED_SWIGLU ? (size_t)cnt * rbb : 0);
     float* xs = (float*)(smem + (staged ? ((wbytes + 15) & ~(size_t)15) : 0));
-    // The weights' copy runs while the input is staged and normalized.
+    // The weights' copy runs while the input is staged and normalized,
+    // and, launched early, while the kernel before this one finishes: the
+    // weights are the only global memory read before `pdl_wait`.
     if (staged) {
         stage_bytes_async(smem, wa + (size_t)first * rba, bytes_a);
         if (mode == FUSED_SWIGLU)
             stage_bytes_async(smem + bytes_a, wb + (size_t)first * rbb, (size_t)cnt * rbb);
         wr = smem + (in_b ? bytes_a : 0) + (size_t)(live ? s : 0) * rb;
     }
+    pdl_wait();
     stage_input(xs, x, r0, nr, in, norm_w, eps, scratch);
     copy_async_wait_all();
     __syncthreads();

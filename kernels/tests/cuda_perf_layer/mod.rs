@@ -394,19 +394,22 @@ fn layer_figures() {
             .unwrap()
         }),
     ));
-    let mut line = String::from("fused:");
-    let mut total = 0.0;
-    for (name, f) in fused.iter_mut() {
-        let t = per_call_graph_us(dev, f.as_mut());
-        total += t;
-        line += &format!(" {name} {t:.1};");
-    }
-    let whole = per_call_graph_us(dev, &mut || {
-        for (_, f) in fused.iter_mut() {
-            f();
+    for early in [false, true] {
+        dev.set_early_launch(early);
+        let mut line = format!("fused, early launch {}:", if early { "on" } else { "off" });
+        let mut total = 0.0;
+        for (name, f) in fused.iter_mut() {
+            let t = per_call_graph_us(dev, f.as_mut());
+            total += t;
+            line += &format!(" {name} {t:.1};");
         }
-    });
-    println!("{line} sum {total:.1}; the layer's 5 launches in one graph {whole:.1} us");
+        let whole = per_call_graph_us(dev, &mut || {
+            for (_, f) in fused.iter_mut() {
+                f();
+            }
+        });
+        println!("{line} sum {total:.1}; the layer's 5 launches in one graph {whole:.1} us");
+    }
 }
 
 /// The fused decode layer as a forward runs it: 30 layers, each with its
@@ -522,10 +525,15 @@ fn streamed_layer_figures() {
             .unwrap();
         }
     };
-    // per_call_graph_us replays 100 steps: µs per step, then per layer.
-    let per_step = per_call_graph_us(dev, &mut step);
-    println!(
-        "fused, 30 layers with their own weights (streamed from memory), one graph: {per_step:.1} us a step, {:.1} us a layer",
-        per_step / layers as f64
-    );
+    // per_call_graph_us replays 100 steps: µs per step, then per layer;
+    // each launch after the one before has finished, then launched early.
+    for early in [false, true] {
+        dev.set_early_launch(early);
+        let per_step = per_call_graph_us(dev, &mut step);
+        println!(
+            "fused, 30 layers with their own weights (streamed from memory), one graph, early launch {}: {per_step:.1} us a step, {:.1} us a layer",
+            if early { "on" } else { "off" },
+            per_step / layers as f64
+        );
+    }
 }
