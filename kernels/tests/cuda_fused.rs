@@ -13,7 +13,7 @@ mod cuda_models;
 use cuda_kernels_support as ks;
 use cuda_models::*;
 use kernels::cuda::ops::{self, DeviceMatrix};
-use kernels::cuda::CudaForward;
+use kernels::cuda::{CudaForward, EarlyLaunch};
 use kernels::switches::Switches;
 use kernels::{Forward, Precision};
 use model::{GgmlType, ModelWeights};
@@ -85,12 +85,13 @@ fn fused_forward_equals_unfused() {
     // 20 tokens: three row passes of eight, the last partial.
     let long: Vec<u32> = (0..20u32).map(|i| (i * 37 + 5) % 97).collect();
     // The fused kernels launched after the one before has finished, then
-    // early (programmatic dependent launch, where the GPU has it): both
-    // must give the unfused bits.
-    for early in [false, true] {
+    // early (programmatic dependent launch, where the GPU has it), the next
+    // kernel let in at a kernel's start or once it has computed: each must
+    // give the unfused bits.
+    for early in [EarlyLaunch::Off, EarlyLaunch::AtStart, EarlyLaunch::Late] {
         dev.set_early_launch(early);
         for (name, w) in models() {
-            let name = format!("{name}, early launch {early}");
+            let name = format!("{name}, early launch {early:?}");
             let (mut plain, mut fused) = (open(&dev, &w, false), open(&dev, &w, true));
             for prompt in [&PROMPT[..], &long[..]] {
                 plain.reset();

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use kernels::cuda::device::{driver_present, Device};
 use kernels::cuda::ops::{self, AttentionShape, DeviceMatrix, QuantizedActs};
-use kernels::cuda::CudaForward;
+use kernels::cuda::{CudaForward, EarlyLaunch};
 use kernels::switches::Switches;
 use kernels::{Forward, Precision};
 
@@ -292,13 +292,15 @@ fn gpu_figures() {
     // bits (checked on the first round, by a hash of each step's logits).
     let steps = 64;
     let mut reference: Option<Vec<blake3::Hash>> = None;
+    let (off, start, late) = (EarlyLaunch::Off, EarlyLaunch::AtStart, EarlyLaunch::Late);
     let configs = [
-        (false, false, false),
-        (true, false, false),
-        (false, true, false),
-        (true, true, false),
-        (false, true, true),
-        (true, true, true),
+        (false, false, off),
+        (true, false, off),
+        (false, true, off),
+        (true, true, off),
+        (false, true, late),
+        (true, true, start),
+        (true, true, late),
     ];
     for (graphs, fused, early) in configs {
         fwd.set_graphs(graphs);
@@ -325,7 +327,7 @@ fn gpu_figures() {
                     None => reference = Some(hashes),
                     Some(r) => assert!(
                         *r == hashes,
-                        "graphs {graphs} fused {fused} early {early}: decode logits differ from launch by launch, unfused"
+                        "graphs {graphs} fused {fused} early {early:?}: decode logits differ from launch by launch, unfused"
                     ),
                 }
             }
@@ -338,7 +340,11 @@ fn gpu_figures() {
                 "launch by launch"
             },
             if fused { "fused" } else { "unfused" },
-            if early { ", early launch" } else { "" },
+            match early {
+                EarlyLaunch::Off => "",
+                EarlyLaunch::AtStart => ", early launch at start",
+                EarlyLaunch::Late => ", early launch late",
+            },
             median(decode)
         );
     }

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
@@ -103,8 +103,40 @@ pub struct Device {
     modules: Mutex<HashMap<Family, Arc<CudaModule>>>,
     /// Whether the architecture has programmatic dependent launch (sm_90).
     has_early: bool,
-    /// Whether the kernels written for it are launched early.
-    early: AtomicBool,
+    /// How the kernels written for it are launched (an [`EarlyLaunch`]).
+    early: AtomicU8,
+}
+
+/// Whether the fused pass's kernels start before the kernel ahead of them
+/// in the stream has finished (programmatic dependent launch, sm_90 and
+/// later), and when a running kernel lets the next one start. Every mode
+/// computes the same bits: a kernel launched early reads no activation
+/// before the kernel ahead has finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EarlyLaunch {
+    /// Each kernel starts after the one before has finished.
+    Off,
+    /// A kernel lets the next one start as soon as all its blocks run.
+    AtStart,
+    /// A kernel lets the next one start once its blocks have computed
+    /// their outputs (before they write them).
+    Late,
+}
+
+impl EarlyLaunch {
+    /// From `TAPTREE_CUDA_PDL`: `0`/`off`, `start`, `late`; unset is
+    /// [`EarlyLaunch::DEFAULT`].
+    fn from_env() -> EarlyLaunch {
+        match std::env::var("TAPTREE_CUDA_PDL").as_deref() {
+            Ok("0" | "off") => EarlyLaunch::Off,
+            Ok("start") => EarlyLaunch::AtStart,
+            Ok("late") => EarlyLaunch::Late,
+            _ => EarlyLaunch::DEFAULT,
+        }
+    }
+
+    /// The mode used unless `TAPTREE_CUDA_PDL` says otherwise.
+    pub const DEFAULT: EarlyLaunch = EarlyLaunch::Late;
 }
 
 impl std::fmt::Debug for Device {
@@ -151,11 +183,11 @@ impl Device {
             .new_stream()
             .map_err(|e| CudaError::driver("create stream", e))?;
         let has_early = major >= 9;
-        let early = has_early
-            && !matches!(
-                std::env::var("TAPTREE_CUDA_PDL").as_deref(),
-                Ok("0" | "off")
-            );
+        let early = if has_early {
+            EarlyLaunch::from_env()
+        } else {
+            EarlyLaunch::Off
+        };
         Ok(Arc::new(Device {
             ctx,
             stream,
@@ -164,21 +196,30 @@ impl Device {
             functions: Mutex::new(HashMap::new()),
             modules: Mutex::new(HashMap::new()),
             has_early,
-            early: AtomicBool::new(early),
+            early: AtomicU8::new(early as u8),
         }))
     }
 
-    /// Whether the fused pass's kernels start while the kernel before them
-    /// finishes (programmatic dependent launch: sm_90 and later, on unless
-    /// `TAPTREE_CUDA_PDL=0`). Either way every value is the same bits.
-    pub fn early_launch(&self) -> bool {
-        self.early.load(Ordering::Relaxed)
+    /// How the fused pass's kernels are launched ([`EarlyLaunch`]; `Off`
+    /// before sm_90). Every mode gives the same bits.
+    pub fn early_launch(&self) -> EarlyLaunch {
+        match self.early.load(Ordering::Relaxed) {
+            1 => EarlyLaunch::AtStart,
+            2 => EarlyLaunch::Late,
+            _ => EarlyLaunch::Off,
+        }
     }
 
-    /// Turns early launches on or off (on only where the architecture has
-    /// them). A CUDA graph captured before keeps the launches it recorded.
-    pub fn set_early_launch(&self, on: bool) {
-        self.early.store(on && self.has_early, Ordering::Relaxed);
+    /// Sets the launch mode (anything but `Off` only where the
+    /// architecture has early launches). A CUDA graph captured before keeps
+    /// the launches it recorded.
+    pub fn set_early_launch(&self, mode: EarlyLaunch) {
+        let mode = if self.has_early {
+            mode
+        } else {
+            EarlyLaunch::Off
+        };
+        self.early.store(mode as u8, Ordering::Relaxed);
     }
 
     /// The stream every launch and copy of this device goes through.

@@ -324,13 +324,12 @@ impl CudaForward {
         self.graph = None;
     }
 
-    /// Launches the fused pass's kernels early where the device allows
-    /// (programmatic dependent launch; see [`Device::early_launch`]), or
-    /// each after the one before has finished. Either way the results are
-    /// the same bits. This sets the device's switch, shared by every
-    /// forward on it.
-    pub fn set_early_launch(&mut self, on: bool) {
-        self.dev.set_early_launch(on);
+    /// How the fused pass's kernels are launched (see
+    /// [`EarlyLaunch`](super::device::EarlyLaunch)); every mode gives the
+    /// same bits. This sets the device's switch, shared by every forward
+    /// on it.
+    pub fn set_early_launch(&mut self, mode: super::device::EarlyLaunch) {
+        self.dev.set_early_launch(mode);
         self.graph = None;
     }
 

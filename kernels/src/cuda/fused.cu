@@ -92,11 +92,12 @@ extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, co
                                         const float* x, const float* norm_w, float eps,
                                         const float* resid, float* y0, float* y1, float* y2,
                                         const u32* pos, const float* rope_cs, int head_dim,
-                                        float rope_base, int rows, int in, int staged) {
+                                        float rope_base, int rows, int in, int staged,
+                                        int trigger_late) {
     extern __shared__ __align__(16) u8 smem[];
     __shared__ double scratch[NORM_THREADS / 32];
     __shared__ float res[ROWS_PER_PASS][FUSED_OUTS];
-    pdl_launch_dependents();
+    if (!trigger_late) pdl_launch_dependents();
     int lane = threadIdx.x & 31, j = lane & 7;
     int slot = (threadIdx.x >> 5) * OUTS_PER_WARP + (lane >> 3);
     int r0 = blockIdx.y * ROWS_PER_PASS;
@@ -149,6 +150,7 @@ extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, co
     __syncthreads();
 
     slot_outputs_any(type, wr, xs, nr, in, j, live, slot, res);
+    if (trigger_late) pdl_launch_dependents();
     __syncthreads();
 
     if (mode == FUSED_PLAIN) {

@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 
-use kernels::cuda::device::{driver_present, Device};
+use kernels::cuda::device::{driver_present, Device, EarlyLaunch};
 use kernels::cuda::ops::{self, AttentionShape, DeviceMatrix};
 
 use super::{per_call_graph_us, smollm2_shaped};
@@ -394,9 +394,9 @@ fn layer_figures() {
             .unwrap()
         }),
     ));
-    for early in [false, true] {
+    for early in [EarlyLaunch::Off, EarlyLaunch::AtStart, EarlyLaunch::Late] {
         dev.set_early_launch(early);
-        let mut line = format!("fused, early launch {}:", if early { "on" } else { "off" });
+        let mut line = format!("fused, early launch {early:?}:");
         let mut total = 0.0;
         for (name, f) in fused.iter_mut() {
             let t = per_call_graph_us(dev, f.as_mut());
@@ -527,12 +527,11 @@ fn streamed_layer_figures() {
     };
     // per_call_graph_us replays 100 steps: µs per step, then per layer;
     // each launch after the one before has finished, then launched early.
-    for early in [false, true] {
+    for early in [EarlyLaunch::Off, EarlyLaunch::AtStart, EarlyLaunch::Late] {
         dev.set_early_launch(early);
         let per_step = per_call_graph_us(dev, &mut step);
         println!(
-            "fused, 30 layers with their own weights (streamed from memory), one graph, early launch {}: {per_step:.1} us a step, {:.1} us a layer",
-            if early { "on" } else { "off" },
+            "fused, 30 layers with their own weights (streamed from memory), one graph, early launch {early:?}: {per_step:.1} us a step, {:.1} us a layer",
             per_step / layers as f64
         );
     }

@@ -2,7 +2,7 @@
 
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 
-use super::launch::{launch, KernelArgs};
+use super::launch::{launch, trigger_late, KernelArgs};
 use super::{check, grid, launch_err, upload, DeviceMatrix};
 use crate::cuda::device::{Device, Family};
 use crate::cuda::CudaError;
@@ -321,9 +321,17 @@ pub fn attention_split_at(
         pf.bytes[i] = m.data.len() as u64;
     }
     let mut a = KernelArgs::default();
-    a.buf(dev, q).buf(dev, k).buf(dev, v).buf(dev, &*out).buf(dev, pos);
+    a.buf(dev, q)
+        .buf(dev, k)
+        .buf(dev, v)
+        .buf(dev, &*out)
+        .buf(dev, pos);
     a.val(&nh).val(&nkv).val(&hd).val(&scale).val(&win);
-    a.val(&dsi).val(&ch).val(&mk).val(&pf);
+    a.val(&dsi)
+        .val(&ch)
+        .val(&mk)
+        .val(&pf)
+        .val(&trigger_late(dev));
     // A key's score per thread: 256 threads past 128 keys take them in
     // one round (which thread scores a key changes no sum).
     let threads = if seen > 128 { 256 } else { 128 };

@@ -14,7 +14,7 @@ use cudarc::driver::sys::{
 };
 use cudarc::driver::{CudaFunction, DevicePtr, DeviceRepr, LaunchConfig};
 
-use crate::cuda::device::Device;
+use crate::cuda::device::{Device, EarlyLaunch};
 use crate::cuda::CudaError;
 
 /// A kernel's arguments in order, each held by value (in 8-byte words, so
@@ -55,8 +55,15 @@ impl KernelArgs {
     }
 }
 
+/// The last argument of a kernel written for early launch: 1 where it
+/// lets the next kernel start late (after computing its outputs), 0 where
+/// at its start ([`EarlyLaunch`]).
+pub(crate) fn trigger_late(dev: &Device) -> i32 {
+    (dev.early_launch() == EarlyLaunch::Late) as i32
+}
+
 /// Launches `f` on the device's stream with `args`; `early` lets it start
-/// while the kernel before it finishes, where the device allows
+/// while the kernel before it finishes, where the device's mode allows
 /// ([`Device::early_launch`]). The kernel must then call `pdl_wait` as
 /// described above (a kernel that calls it is also correct launched plain).
 ///
@@ -85,7 +92,7 @@ pub(crate) unsafe fn launch(
     attr.value = CUlaunchAttributeValue {
         programmaticStreamSerializationAllowed: 1,
     };
-    let early = early && dev.early_launch();
+    let early = early && dev.early_launch() != EarlyLaunch::Off;
     let config = CUlaunchConfig {
         gridDimX: cfg.grid_dim.0,
         gridDimY: cfg.grid_dim.1,
