@@ -293,6 +293,7 @@ fn gpu_figures() {
     let steps = 64;
     let mut reference: Option<Vec<blake3::Hash>> = None;
     let (off, start, late) = (EarlyLaunch::Off, EarlyLaunch::AtStart, EarlyLaunch::Late);
+    let after_wait = EarlyLaunch::AfterWait;
     let configs = [
         (false, false, off),
         (true, false, off),
@@ -301,6 +302,8 @@ fn gpu_figures() {
         (false, true, late),
         (true, true, start),
         (true, true, late),
+        (false, true, after_wait),
+        (true, true, after_wait),
     ];
     for (graphs, fused, early) in configs {
         fwd.set_graphs(graphs);
@@ -343,6 +346,7 @@ fn gpu_figures() {
             match early {
                 EarlyLaunch::Off => "",
                 EarlyLaunch::AtStart => ", early launch at start",
+                EarlyLaunch::AfterWait => ", early launch after the wait",
                 EarlyLaunch::Late => ", early launch late",
             },
             median(decode)

@@ -178,12 +178,13 @@ extern "C" __global__ void attention_split(const float* q, const float* k, const
                                            float* out, const u32* pos, int n_head, int n_kv,
                                            int head_dim, float scale, int window, int ds,
                                            int chunk, int max_keys, Prefetch pf,
-                                           int trigger_late) {
-    if (!trigger_late) pdl_launch_dependents();
+                                           int trigger_at) {
+    if (trigger_at == 0) pdl_launch_dependents();
     prefetch_l2(pf);
     // Launched early, the block waits here for the kernel before (q, the
     // cache) to finish: only the prefetch of weights ran before.
     pdl_wait();
+    if (trigger_at == 1) pdl_launch_dependents();
     extern __shared__ __align__(16) float smem_f[];
     float* scores = smem_f;
     float* vs = smem_f + ((max_keys + 3) & ~3);
@@ -199,7 +200,7 @@ extern "C" __global__ void attention_split(const float* q, const float* k, const
     const float* qh = q + (size_t)r * n_head * head_dim + h * head_dim;
     float inv = scores_softmax(qh, k, first, n_keys, kvh, head_dim, kv_stride, scale, scores,
                                scratch, &inv_sum);
-    if (trigger_late) pdl_launch_dependents();
+    if (trigger_at == 2) pdl_launch_dependents();
 
     int d = threadIdx.x;
     float acc = 0.0f;

@@ -118,18 +118,24 @@ pub enum EarlyLaunch {
     Off,
     /// A kernel lets the next one start as soon as all its blocks run.
     AtStart,
+    /// A kernel lets the next one start once the kernel before it has
+    /// finished (its blocks past `pdl_wait`): the next kernel fetches its
+    /// weights while this one computes, and no kernel starts two ahead.
+    AfterWait,
     /// A kernel lets the next one start once its blocks have computed
     /// their outputs (before they write them).
     Late,
 }
 
 impl EarlyLaunch {
-    /// From `TAPTREE_CUDA_PDL`: `0`/`off`, `start`, `late`; unset is
+    /// From `TAPTREE_CUDA_PDL`: `0`/`off`, `start`, `after-wait`, `late`;
+    /// unset is
     /// [`EarlyLaunch::DEFAULT`].
     fn from_env() -> EarlyLaunch {
         match std::env::var("TAPTREE_CUDA_PDL").as_deref() {
             Ok("0" | "off") => EarlyLaunch::Off,
             Ok("start") => EarlyLaunch::AtStart,
+            Ok("after-wait") => EarlyLaunch::AfterWait,
             Ok("late") => EarlyLaunch::Late,
             _ => EarlyLaunch::DEFAULT,
         }
@@ -205,7 +211,8 @@ impl Device {
     pub fn early_launch(&self) -> EarlyLaunch {
         match self.early.load(Ordering::Relaxed) {
             1 => EarlyLaunch::AtStart,
-            2 => EarlyLaunch::Late,
+            2 => EarlyLaunch::AfterWait,
+            3 => EarlyLaunch::Late,
             _ => EarlyLaunch::Off,
         }
     }

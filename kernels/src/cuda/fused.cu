@@ -93,11 +93,11 @@ extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, co
                                         const float* resid, float* y0, float* y1, float* y2,
                                         const u32* pos, const float* rope_cs, int head_dim,
                                         float rope_base, int rows, int in, int staged,
-                                        int trigger_late) {
+                                        int trigger_at) {
     extern __shared__ __align__(16) u8 smem[];
     __shared__ double scratch[NORM_THREADS / 32];
     __shared__ float res[ROWS_PER_PASS][FUSED_OUTS];
-    if (!trigger_late) pdl_launch_dependents();
+    if (trigger_at == 0) pdl_launch_dependents();
     int lane = threadIdx.x & 31, j = lane & 7;
     int slot = (threadIdx.x >> 5) * OUTS_PER_WARP + (lane >> 3);
     int r0 = blockIdx.y * ROWS_PER_PASS;
@@ -145,12 +145,13 @@ extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, co
         wr = smem + (in_b ? bytes_a : 0) + (size_t)(live ? s : 0) * rb;
     }
     pdl_wait();
+    if (trigger_at == 1) pdl_launch_dependents();
     stage_input(xs, x, r0, nr, in, norm_w, eps, scratch);
     copy_async_wait_all();
     __syncthreads();
 
     slot_outputs_any(type, wr, xs, nr, in, j, live, slot, res);
-    if (trigger_late) pdl_launch_dependents();
+    if (trigger_at == 2) pdl_launch_dependents();
     __syncthreads();
 
     if (mode == FUSED_PLAIN) {

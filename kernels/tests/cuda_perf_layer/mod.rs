@@ -394,7 +394,12 @@ fn layer_figures() {
             .unwrap()
         }),
     ));
-    for early in [EarlyLaunch::Off, EarlyLaunch::AtStart, EarlyLaunch::Late] {
+    for early in [
+        EarlyLaunch::Off,
+        EarlyLaunch::AtStart,
+        EarlyLaunch::AfterWait,
+        EarlyLaunch::Late,
+    ] {
         dev.set_early_launch(early);
         let mut line = format!("fused, early launch {early:?}:");
         let mut total = 0.0;
@@ -527,7 +532,12 @@ fn streamed_layer_figures() {
     };
     // per_call_graph_us replays 100 steps: µs per step, then per layer;
     // each launch after the one before has finished, then launched early.
-    for early in [EarlyLaunch::Off, EarlyLaunch::AtStart, EarlyLaunch::Late] {
+    for early in [
+        EarlyLaunch::Off,
+        EarlyLaunch::AtStart,
+        EarlyLaunch::AfterWait,
+        EarlyLaunch::Late,
+    ] {
         dev.set_early_launch(early);
         let per_step = per_call_graph_us(dev, &mut step);
         println!(

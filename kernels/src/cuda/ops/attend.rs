@@ -2,7 +2,7 @@
 
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 
-use super::launch::{launch, trigger_late, KernelArgs};
+use super::launch::{launch, trigger_at, KernelArgs};
 use super::{check, grid, launch_err, upload, DeviceMatrix};
 use crate::cuda::device::{Device, Family};
 use crate::cuda::CudaError;
@@ -327,11 +327,7 @@ pub fn attention_split_at(
         .buf(dev, &*out)
         .buf(dev, pos);
     a.val(&nh).val(&nkv).val(&hd).val(&scale).val(&win);
-    a.val(&dsi)
-        .val(&ch)
-        .val(&mk)
-        .val(&pf)
-        .val(&trigger_late(dev));
+    a.val(&dsi).val(&ch).val(&mk).val(&pf).val(&trigger_at(dev));
     // A key's score per thread: 256 threads past 128 keys take them in
     // one round (which thread scores a key changes no sum).
     let threads = if seen > 128 { 256 } else { 128 };

@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
-use super::launch::{launch, trigger_late, KernelArgs};
+use super::launch::{launch, trigger_at, KernelArgs};
 use super::{check, launch_err, raise_shared, DeviceMatrix, MATMUL_F32_OUTS, MATMUL_MAX_STAGED};
 use crate::cuda::device::{Device, Family};
 use crate::cuda::CudaError;
@@ -300,7 +300,7 @@ impl Fused<'_> {
             None => a.null(),
         };
         a.val(&hd).val(&base).val(&r).val(&c).val(&st);
-        a.val(&trigger_late(dev));
+        a.val(&trigger_at(dev));
         let per_block = match self.mode {
             SWIGLU => MATMUL_F32_OUTS / 2,
             _ => MATMUL_F32_OUTS,

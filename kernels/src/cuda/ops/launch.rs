@@ -55,11 +55,15 @@ impl KernelArgs {
     }
 }
 
-/// The last argument of a kernel written for early launch: 1 where it
-/// lets the next kernel start late (after computing its outputs), 0 where
-/// at its start ([`EarlyLaunch`]).
-pub(crate) fn trigger_late(dev: &Device) -> i32 {
-    (dev.early_launch() == EarlyLaunch::Late) as i32
+/// The last argument of a kernel written for early launch: where it lets
+/// the next kernel start ([`EarlyLaunch`]): 0 at its start, 1 after
+/// `pdl_wait`, 2 once it has computed its outputs.
+pub(crate) fn trigger_at(dev: &Device) -> i32 {
+    match dev.early_launch() {
+        EarlyLaunch::Off | EarlyLaunch::AtStart => 0,
+        EarlyLaunch::AfterWait => 1,
+        EarlyLaunch::Late => 2,
+    }
 }
 
 /// Launches `f` on the device's stream with `args`; `early` lets it start
