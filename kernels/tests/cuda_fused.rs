@@ -88,12 +88,7 @@ fn fused_forward_equals_unfused() {
     // early (programmatic dependent launch, where the GPU has it), the next
     // kernel let in at a kernel's start or once it has computed: each must
     // give the unfused bits.
-    for early in [
-        EarlyLaunch::Off,
-        EarlyLaunch::AtStart,
-        EarlyLaunch::AfterWait,
-        EarlyLaunch::Late,
-    ] {
+    for early in EarlyLaunch::ALL {
         dev.set_early_launch(early);
         for (name, w) in models() {
             let name = format!("{name}, early launch {early:?}");

@@ -143,6 +143,14 @@ impl EarlyLaunch {
 
     /// The mode used unless `TAPTREE_CUDA_PDL` says otherwise.
     pub const DEFAULT: EarlyLaunch = EarlyLaunch::Late;
+
+    /// Every mode, the serialized one first.
+    pub const ALL: [EarlyLaunch; 4] = [
+        EarlyLaunch::Off,
+        EarlyLaunch::AtStart,
+        EarlyLaunch::AfterWait,
+        EarlyLaunch::Late,
+    ];
 }
 
 impl std::fmt::Debug for Device {

@@ -12,6 +12,26 @@ use super::{per_call_graph_us, smollm2_shaped};
 /// A named launch of [`layer_figures`], timed alone and in its layer.
 type Launch<'a> = (&'static str, Box<dyn FnMut() + 'a>);
 
+/// Prints `line`, then each of `launches` timed alone (µs per launch, 100
+/// replays in one graph), their sum, and all of them in one graph.
+fn print_launches(dev: &Device, mut line: String, launches: &mut [Launch]) {
+    let mut total = 0.0;
+    for (name, f) in launches.iter_mut() {
+        let t = per_call_graph_us(dev, f.as_mut());
+        total += t;
+        line += &format!(" {name} {t:.1};");
+    }
+    let whole = per_call_graph_us(dev, &mut || {
+        for (_, f) in launches.iter_mut() {
+            f();
+        }
+    });
+    println!(
+        "{line} sum {total:.1}; the layer's {} launches in one graph {whole:.1} us",
+        launches.len()
+    );
+}
+
 /// One decode layer at SmolLM2-135M's shapes (Q4_1 weights, 9 query heads
 /// over 3 KV heads of 64, 228 keys in the cache): each launch alone and the
 /// whole layer, unfused (twelve launches) and fused (five), each timed as
@@ -52,7 +72,7 @@ fn layer_figures() {
         n_kv: nkv,
         head_dim: hd,
     };
-    let mut line = String::from("one decode layer, graph-replayed (us per launch):");
+    let line = String::from("one decode layer, graph-replayed (us per launch):");
     let mut unfused: Vec<Launch> = Vec::new();
     unfused.push((
         "rms_norm",
@@ -225,18 +245,7 @@ fn layer_figures() {
             .unwrap()
         }),
     ));
-    let mut total = 0.0;
-    for (name, f) in unfused.iter_mut() {
-        let t = per_call_graph_us(dev, f.as_mut());
-        total += t;
-        line += &format!(" {name} {t:.1};");
-    }
-    let whole = per_call_graph_us(dev, &mut || {
-        for (_, f) in unfused.iter_mut() {
-            f();
-        }
-    });
-    println!("{line} sum {total:.1}; the layer's 12 launches in one graph {whole:.1} us");
+    print_launches(dev, line, &mut unfused);
     drop(unfused);
     let norm = norm.borrow();
     let nw = norm.as_view();
@@ -394,26 +403,9 @@ fn layer_figures() {
             .unwrap()
         }),
     ));
-    for early in [
-        EarlyLaunch::Off,
-        EarlyLaunch::AtStart,
-        EarlyLaunch::AfterWait,
-        EarlyLaunch::Late,
-    ] {
+    for early in EarlyLaunch::ALL {
         dev.set_early_launch(early);
-        let mut line = format!("fused, early launch {early:?}:");
-        let mut total = 0.0;
-        for (name, f) in fused.iter_mut() {
-            let t = per_call_graph_us(dev, f.as_mut());
-            total += t;
-            line += &format!(" {name} {t:.1};");
-        }
-        let whole = per_call_graph_us(dev, &mut || {
-            for (_, f) in fused.iter_mut() {
-                f();
-            }
-        });
-        println!("{line} sum {total:.1}; the layer's 5 launches in one graph {whole:.1} us");
+        print_launches(dev, format!("fused, early launch {early:?}:"), &mut fused);
     }
 }
 
@@ -532,12 +524,7 @@ fn streamed_layer_figures() {
     };
     // per_call_graph_us replays 100 steps: µs per step, then per layer;
     // each launch after the one before has finished, then launched early.
-    for early in [
-        EarlyLaunch::Off,
-        EarlyLaunch::AtStart,
-        EarlyLaunch::AfterWait,
-        EarlyLaunch::Late,
-    ] {
+    for early in EarlyLaunch::ALL {
         dev.set_early_launch(early);
         let per_step = per_call_graph_us(dev, &mut step);
         println!(
