@@ -129,8 +129,7 @@ pub enum EarlyLaunch {
 
 impl EarlyLaunch {
     /// From `TAPTREE_CUDA_PDL`: `0`/`off`, `start`, `after-wait`, `late`;
-    /// unset is
-    /// [`EarlyLaunch::DEFAULT`].
+    /// unset is [`EarlyLaunch::DEFAULT`].
     fn from_env() -> EarlyLaunch {
         match std::env::var("TAPTREE_CUDA_PDL").as_deref() {
             Ok("0" | "off") => EarlyLaunch::Off,

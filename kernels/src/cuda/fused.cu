@@ -22,6 +22,9 @@
 //   (`rope_table`'s, for these rows' positions) instead of being computed
 //   in every block of every layer: the same f32 values, so the same bits.
 // With norm_w, x is first RMS-normalized (weight norm_w, epsilon eps).
+// Launched early (`ops::launch`), a block stages only its weights before
+// `pdl_wait`; trigger_at says where it lets the next kernel start (0 at
+// its start, 1 after the wait, 2 once its products are computed).
 
 #define FUSED_PLAIN 0
 #define FUSED_SWIGLU 1
