@@ -311,15 +311,32 @@ fn entries_sound(tree: &Path, m: &Manifest) -> bool {
                 })
                 .try_reduce(|| (0, 0), |a, b| Some((a.0 + b.0, a.1 + b.1)))
         },
-        || {
-            let mut keys = HashSet::with_capacity_and_hasher(m.entries.len(), KeyHasher::default());
-            m.entries.iter().all(|e| keys.insert(&e.key))
-        },
+        || no_key_twice(&m.entries),
     );
     unique
         && sums.is_some_and(|(rows, bytes)| {
             rows <= u64::from(manifest::MAX_POSITION) && bytes <= u128::from(u64::MAX)
         })
+}
+
+/// Whether no two entries have one key, found on every core: the keys'
+/// hashes sorted, and the keys of each run of equal hashes compared.
+fn no_key_twice(entries: &[Entry]) -> bool {
+    use rayon::prelude::*;
+    use std::hash::BuildHasher;
+    let mut hashed: Vec<(u64, usize)> = entries
+        .par_iter()
+        .enumerate()
+        .map(|(i, e)| (KeyHasher::default().hash_one(&e.key), i))
+        .collect();
+    hashed.par_sort_unstable();
+    hashed.chunk_by(|x, y| x.0 == y.0).all(|run| {
+        run.iter().enumerate().all(|(n, &(_, i))| {
+            run[n + 1..]
+                .iter()
+                .all(|&(_, j)| entries[i].key != entries[j].key)
+        })
+    })
 }
 
 /// One entry's own checks: its key's bounds, its path, its byte count

@@ -217,3 +217,98 @@ impl Iterator for Positions<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::Tensor;
+    use capture::{DType, Entry, Key, Manifest, RunInfo};
+    use std::path::{Path, PathBuf};
+
+    struct Bare(PathBuf, Manifest);
+
+    impl Tree for Bare {
+        fn path(&self) -> &Path {
+            &self.0
+        }
+        fn manifest(&self) -> &Manifest {
+            &self.1
+        }
+        fn read(&self, _: usize) -> Result<Tensor, capture::Error> {
+            unreachable!("no tensor is read")
+        }
+    }
+
+    /// A tree of `n` taps, tap `i` of stage `stage(i)`, in slot `i % 2`.
+    fn tree(n: u32, stage: impl Fn(u32) -> &'static str) -> Bare {
+        let entries = (0..n)
+            .map(|i| {
+                let key = Key::new(stage(i), Some(0), i..i + 1).with_slot(Some(i % 2));
+                Entry {
+                    path: capture::manifest::path_of(&key),
+                    key,
+                    dtype: DType::F32,
+                    shape: vec![1, 2],
+                    blake3: String::new(),
+                    bytes: 8,
+                    header_blake3: None,
+                }
+            })
+            .collect();
+        Bare(
+            PathBuf::from("t"),
+            Manifest {
+                format: "taptree".into(),
+                format_version: capture::FORMAT_VERSION.into(),
+                root: String::new(),
+                manifest_blake3: None,
+                run: RunInfo::default(),
+                selection: "all".into(),
+                stages: Vec::new(),
+                dirs: Default::default(),
+                entries,
+            },
+        )
+    }
+
+    /// Stages are numbered as one pass over A's entries, then B's, would
+    /// number them (first appearance, after the slot pick), whatever chunk
+    /// of entries each first appears in.
+    #[test]
+    fn stages_are_numbered_in_order_of_first_appearance_across_chunks() {
+        let a = tree(3 * CHUNK as u32 + 5, |i| match i {
+            7 => "first_in_chunk_0",
+            1023 => "last_of_chunk_0",
+            1024 => "first_of_chunk_1",
+            1025 => "odd_first_of_chunk_1",
+            2050 => "first_of_chunk_1",
+            3074 => "in_chunk_3",
+            _ if i % 5 == 0 => "common",
+            _ => "other",
+        });
+        let b = tree(CHUNK as u32 + 10, |i| match i {
+            1030 => "only_b",
+            4 => "in_chunk_3",
+            _ => "common",
+        });
+        for pick in [None, Some(Some(1)), Some(Some(0))] {
+            let mut stages = Stages::default();
+            let (pa, pb) = (picked(&a, pick, &mut stages), picked(&b, pick, &mut stages));
+            // The definition: one pass, A then B.
+            let mut want = Stages::default();
+            for (t, taps) in [(&a, &pa), (&b, &pb)] {
+                let kept: Vec<(usize, &Entry)> = (t.1.entries.iter().enumerate())
+                    .filter(|(_, e)| pick.is_none_or(|want| e.key.slot == want))
+                    .collect();
+                assert_eq!(taps.len(), kept.len());
+                for (tap, (i, e)) in taps.iter().zip(kept) {
+                    assert_eq!(tap.entry(), i);
+                    assert_eq!(tap.key.0, want.id(&e.key.stage), "entry {i}, {pick:?}");
+                    assert_eq!(tap.key.2, if pick.is_some() { None } else { e.key.slot });
+                    assert_eq!((tap.key.3, tap.rows), (e.key.pos.start, 1));
+                }
+            }
+            assert_eq!(stages.names, want.names);
+        }
+    }
+}

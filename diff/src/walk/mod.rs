@@ -242,7 +242,8 @@ fn in_forward_order(mut rows: Vec<Row>, ma: &Manifest, mb: &Manifest) -> Vec<Row
     let (mut layers, more) = rayon::join(|| layers_of(ma), || layers_of(mb));
     layers.extend(more);
     let graph = StageGraph::new(&vocabulary(ma, mb), &layers);
-    rows.sort_by_key(|r| graph.order(r.layer, &r.stage));
+    // Each row's place computed once (a key per comparison built a string each time).
+    rows.sort_by_cached_key(|r| graph.order(r.layer, &r.stage));
     divergence::classify(&mut rows, &graph);
     crate::hints::layout(&mut rows, &graph);
     divergence::growth(&mut rows, &graph);
