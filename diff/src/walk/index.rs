@@ -221,23 +221,8 @@ impl Iterator for Positions<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tree::Tensor;
-    use capture::{DType, Entry, Key, Manifest, RunInfo};
-    use std::path::{Path, PathBuf};
-
-    struct Bare(PathBuf, Manifest);
-
-    impl Tree for Bare {
-        fn path(&self) -> &Path {
-            &self.0
-        }
-        fn manifest(&self) -> &Manifest {
-            &self.1
-        }
-        fn read(&self, _: usize) -> Result<Tensor, capture::Error> {
-            unreachable!("no tensor is read")
-        }
-    }
+    use crate::walk::tests::{bare, Bare};
+    use capture::{DType, Entry, Key};
 
     /// A tree of `n` taps, tap `i` of stage `stage(i)`, in slot `i % 2`.
     fn tree(n: u32, stage: impl Fn(u32) -> &'static str) -> Bare {
@@ -255,20 +240,7 @@ mod tests {
                 }
             })
             .collect();
-        Bare(
-            PathBuf::from("t"),
-            Manifest {
-                format: "taptree".into(),
-                format_version: capture::FORMAT_VERSION.into(),
-                root: String::new(),
-                manifest_blake3: None,
-                run: RunInfo::default(),
-                selection: "all".into(),
-                stages: Vec::new(),
-                dirs: Default::default(),
-                entries,
-            },
-        )
+        bare("t", entries)
     }
 
     /// Stages are numbered as one pass over A's entries, then B's, would
@@ -297,7 +269,7 @@ mod tests {
             // The definition: one pass, A then B.
             let mut want = Stages::default();
             for (t, taps) in [(&a, &pa), (&b, &pb)] {
-                let kept: Vec<(usize, &Entry)> = (t.1.entries.iter().enumerate())
+                let kept: Vec<(usize, &Entry)> = (t.manifest().entries.iter().enumerate())
                     .filter(|(_, e)| pick.is_none_or(|want| e.key.slot == want))
                     .collect();
                 assert_eq!(taps.len(), kept.len());

@@ -269,7 +269,8 @@ mod tests {
     use capture::{DType, Entry, Key, RunInfo};
     use std::path::{Path, PathBuf};
 
-    struct Bare(PathBuf, Manifest);
+    /// A tree held in memory whose tensors are never read.
+    pub(super) struct Bare(PathBuf, Manifest);
 
     impl Tree for Bare {
         fn path(&self) -> &Path {
@@ -281,6 +282,24 @@ mod tests {
         fn read(&self, _: usize) -> Result<Tensor, capture::Error> {
             unreachable!("no tensor is read before the indexes are checked")
         }
+    }
+
+    /// The tree `name` (its root too) of `entries`.
+    pub(super) fn bare(name: &str, entries: Vec<Entry>) -> Bare {
+        Bare(
+            PathBuf::from(name),
+            Manifest {
+                format: "taptree".into(),
+                format_version: capture::FORMAT_VERSION.into(),
+                root: name.into(),
+                manifest_blake3: None,
+                run: RunInfo::default(),
+                selection: "all".into(),
+                stages: Vec::new(),
+                dirs: Default::default(),
+                entries,
+            },
+        )
     }
 
     fn tree(name: &str, taps: &[(u32, u32, usize)]) -> Bare {
@@ -299,20 +318,7 @@ mod tests {
                 }
             })
             .collect();
-        Bare(
-            PathBuf::from(name),
-            Manifest {
-                format: "taptree".into(),
-                format_version: capture::FORMAT_VERSION.into(),
-                root: name.into(),
-                manifest_blake3: None,
-                run: RunInfo::default(),
-                selection: "all".into(),
-                stages: Vec::new(),
-                dirs: Default::default(),
-                entries,
-            },
-        )
+        bare(name, entries)
     }
 
     #[test]
