@@ -19,6 +19,7 @@ pub mod llamacpp_gemma;
 pub mod matmul;
 pub mod norm;
 pub mod qmatrix;
+pub mod quant_row;
 pub mod residual;
 pub mod rope;
 pub mod rows;

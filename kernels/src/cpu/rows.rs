@@ -1,7 +1,7 @@
 //! The matmul's inner loops: a chunk of output features against every
 //! activation row, in float or on q8 activations.
 //!
-//! Every output is the same sum in the same order as [`super::matmul::dot`] (eight lanes,
+//! Every output is the same sum in the same order as [`dot`] (eight lanes,
 //! summed pairwise at the end) whatever the grouping: four activation rows
 //! share one weight row ([`dot4`], prefill), or one activation row meets four
 //! weight rows ([`dot_w4`], decode), so that four independent chains keep
@@ -13,8 +13,8 @@
 //! order (no FMA contraction: Rust never fuses), so the two give the same
 //! bits; only the vector width differs.
 
-use super::matmul::{dot4, QuantRow};
 use super::qmatrix::WeightRows;
+use super::quant_row::QuantRow;
 use super::Real;
 use model::quant::GgmlType;
 
@@ -47,7 +47,51 @@ unsafe fn fill_chunk_avx2<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize,
     chunk_body(job, first, out)
 }
 
-/// [`super::matmul::dot`] of one activation row against four weight rows, each sum in
+/// Dot product in a fixed order: eight independent lanes (so the compiler
+/// vectorizes without reassociating) summed pairwise at the end.
+#[inline(always)]
+pub fn dot<T: Real>(a: &[T], w: &[f32]) -> T {
+    debug_assert_eq!(a.len(), w.len());
+    let mut acc = [T::ZERO; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        let a8 = &a[c * 8..c * 8 + 8];
+        let w8 = &w[c * 8..c * 8 + 8];
+        for j in 0..8 {
+            acc[j] += a8[j] * T::from_f32(w8[j]);
+        }
+    }
+    for i in chunks * 8..a.len() {
+        acc[i % 8] += a[i] * T::from_f32(w[i]);
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}
+
+/// [`dot`] of four activation rows against one weight row, each row's sum in
+/// exactly [`dot`]'s order (so a batched prefill equals one-row decode bit for
+/// bit), with the weight loaded once for the four.
+#[inline(always)]
+pub fn dot4<T: Real>(a: [&[T]; 4], w: &[f32]) -> [T; 4] {
+    let mut acc = [[T::ZERO; 8]; 4];
+    let chunks = w.len() / 8;
+    for c in 0..chunks {
+        let w8 = &w[c * 8..c * 8 + 8];
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let a8 = &a[r][c * 8..c * 8 + 8];
+            for j in 0..8 {
+                acc_r[j] += a8[j] * T::from_f32(w8[j]);
+            }
+        }
+    }
+    for i in chunks * 8..w.len() {
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            acc_r[i % 8] += a[r][i] * T::from_f32(w[i]);
+        }
+    }
+    acc.map(|l| ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])))
+}
+
+/// [`dot`] of one activation row against four weight rows, each sum in
 /// exactly that order, with the activation loaded once for the four.
 #[inline(always)]
 pub fn dot_w4<T: Real>(a: &[T], w: [&[f32]; 4]) -> [T; 4] {

@@ -37,7 +37,7 @@ unsafe fn reduce4(acc: [__m256; 4]) -> __m128 {
     _mm_hadd_ps(_mm_hadd_ps(u0, u1), _mm_hadd_ps(u2, u3))
 }
 
-/// `[dot(a[r], w); 4]` (see [`super::matmul::dot4`]); lengths a multiple of 8.
+/// `[dot(a[r], w); 4]` (see [`super::rows::dot4`]); lengths a multiple of 8.
 ///
 /// # Safety
 /// The CPU must support AVX; every slice at least `w.len()` long.
