@@ -5,7 +5,7 @@
 //! `mul` then `add`, lanes summed pairwise ([`rows::dot`]), and the q8 order
 //! is that dot per 32-block, scaled and added block after block.
 
-use kernels::cpu::matmul::{matmul, Act};
+use kernels::cpu::matmul::{matmul, matmul_with_mins, Act};
 use kernels::cpu::qmatrix::{Matrix, QMatrix};
 use kernels::cpu::quant_row::quantize_row;
 use kernels::cpu::rows;
@@ -88,6 +88,47 @@ fn every_output_is_the_reference_dot() {
             }
         }
     }
+}
+
+/// Q4_1's per-block minimums of `q`'s rows, `[rows, cols / 32]`.
+fn q4_1_mins(q: &QMatrix) -> Vec<f32> {
+    q.bytes
+        .chunks_exact(20)
+        .map(|b| half::f16::from_le_bytes([b[2], b[3]]).to_f32())
+        .collect()
+}
+
+#[test]
+fn the_q8_min_term_follows_the_block_dots_block_by_block() {
+    // `sum_b d_b * dot(q_b, w_b)`, then `+ m_b * s_err_b` for each block in
+    // order (one f32 `mul` and `add` each), at every grouping of rows.
+    let (rows, cols) = (11, 96);
+    let (q, m) = weight(rows, cols);
+    let mins = q4_1_mins(&q);
+    let nb = cols / 32;
+    for n in 1..=9 {
+        let x = seq(n * cols, 40 + n as u64, 2.0);
+        let yq = matmul_with_mins(&x, n, &q, Some(&mins), Act::Q8);
+        let ym = matmul_with_mins(&x, n, &m, Some(&mins), Act::Q8);
+        for r in 0..n {
+            let xr = &x[r * cols..(r + 1) * cols];
+            let e = quantize_row(xr, 32).s_err;
+            for o in 0..rows {
+                let mut want = q8_dot(xr, m.row(o));
+                for (mb, eb) in mins[o * nb..][..nb].iter().zip(&e) {
+                    want += mb * eb;
+                }
+                let at = format!("n {n} row {r} feature {o}");
+                assert_eq!(yq[r * rows + o].to_bits(), want.to_bits(), "quantized, {at}");
+                assert_eq!(ym[r * rows + o].to_bits(), want.to_bits(), "dense, {at}");
+            }
+        }
+    }
+    // And the term is there: without the minimums the outputs move.
+    let x = seq(5 * cols, 45, 2.0);
+    let with = matmul_with_mins(&x, 5, &q, Some(&mins), Act::Q8);
+    let without = matmul_with_mins(&x, 5, &q, None, Act::Q8);
+    assert_ne!(with, without);
 }
 
 #[test]

@@ -24,6 +24,7 @@ pub mod residual;
 pub mod rope;
 pub mod rows;
 mod rows_avx;
+mod rows_avx512;
 pub mod tp;
 pub mod weights;
 

@@ -173,11 +173,19 @@ fn fused_group<T: Real, W: WeightRows>(job: &Job<T, W>, o0: usize, out: &mut [T]
             None => return false,
         }
     }
+    let nb = cols / job.w.block();
     for (r, y) in ys.iter_mut().enumerate().take(n) {
-        for (j, yj) in y.iter_mut().enumerate() {
-            if let Some(q) = job.q {
-                add_min_term(job.mins, o0 + j, cols / job.w.block(), &q[r], yj);
-            }
+        if let (Some(q), Some(mins)) = (job.q, job.mins) {
+            let m4 = [0, 1, 2, 3].map(|j| &mins[(o0 + j) * nb..][..nb]);
+            *y = T::min_terms_w4_fast(*y, m4, &q[r].s_err).unwrap_or_else(|| {
+                let mut y = *y;
+                for (j, yj) in y.iter_mut().enumerate() {
+                    add_min_term(job.mins, o0 + j, nb, &q[r], yj);
+                }
+                y
+            });
+        }
+        for (j, yj) in y.iter().enumerate() {
             out[j * n + r] = *yj;
         }
     }
@@ -234,6 +242,20 @@ pub trait Dots: Sized + Copy {
     fn q8_w4_fast(_q: &[Self], _d: &[Self], _w: [&[f32]; 4], _b: usize) -> Option<[Self; 4]> {
         None
     }
+    /// Q4_1's min terms (per block `b` in order, `acc[t][r] += m[t][b] *
+    /// e[r][b]`) of four rows' sums against two weight rows, or `None`.
+    fn min_terms4x2_fast(
+        _acc: [[Self; 4]; 2],
+        _m: [&[f32]; 2],
+        _e: [&[Self]; 4],
+    ) -> Option<[[Self; 4]; 2]> {
+        None
+    }
+    /// Q4_1's min terms (`acc[j] += m[j][b] * e[b]`) of one row's sums
+    /// against four weight rows, or `None`.
+    fn min_terms_w4_fast(_acc: [Self; 4], _m: [&[f32]; 4], _e: &[Self]) -> Option<[Self; 4]> {
+        None
+    }
     /// [`dot_w4`] on four rows of blocks of `ty`, dequantized in registers.
     fn dot_w4_blocks_fast(_a: &[Self], _ty: GgmlType, _w: [&[u8]; 4]) -> Option<[Self; 4]> {
         None
@@ -269,8 +291,14 @@ impl Dots for f32 {
     fn dot4x2_fast(a: [&[f32]; 4], w: [&[f32]; 2]) -> Option<[[f32; 4]; 2]> {
         let len = w[0].len();
         let ok = avx(len) && w[1].len() == len && a.iter().all(|r| r.len() >= len);
-        // SAFETY: AVX checked by `avx`, lengths just above.
-        ok.then(|| unsafe { super::rows_avx::dot4x2(a, w) })
+        // SAFETY: AVX checked by `avx` (AVX-512F by `enabled`), lengths just above.
+        ok.then(|| unsafe {
+            if super::rows_avx512::enabled() {
+                super::rows_avx512::dot4x2(a, w)
+            } else {
+                super::rows_avx::dot4x2(a, w)
+            }
+        })
     }
     #[inline(always)]
     fn q8_rows4x2_fast(
@@ -286,7 +314,13 @@ impl Dots for f32 {
             && q.iter().all(|r| r.len() >= len)
             && d.iter().all(|r| r.len() >= len / b);
         // SAFETY: as above.
-        ok.then(|| unsafe { super::rows_avx::q8_rows4x2(q, d, w, b) })
+        ok.then(|| unsafe {
+            if super::rows_avx512::enabled() {
+                super::rows_avx512::q8_rows4x2(q, d, w, b)
+            } else {
+                super::rows_avx::q8_rows4x2(q, d, w, b)
+            }
+        })
     }
     #[inline(always)]
     fn dot_w4_fast(a: &[f32], w: [&[f32]; 4]) -> Option<[f32; 4]> {
@@ -313,16 +347,50 @@ impl Dots for f32 {
         ok.then(|| unsafe { super::rows_avx::q8_w4(q, d, w, b) })
     }
     #[inline(always)]
+    fn min_terms4x2_fast(
+        acc: [[f32; 4]; 2],
+        m: [&[f32]; 2],
+        e: [&[f32]; 4],
+    ) -> Option<[[f32; 4]; 2]> {
+        let nb = m[0].len();
+        let ok = avx(8) && m[1].len() == nb && e.iter().all(|r| r.len() >= nb);
+        // SAFETY: AVX checked by `avx`, lengths just above.
+        ok.then(|| unsafe { super::rows_avx::min_terms4x2(acc, m, e) })
+    }
+    #[inline(always)]
+    fn min_terms_w4_fast(acc: [f32; 4], m: [&[f32]; 4], e: &[f32]) -> Option<[f32; 4]> {
+        let ok = avx(8) && m.iter().all(|r| r.len() >= e.len());
+        // SAFETY: AVX checked by `avx`, lengths just above.
+        ok.then(|| unsafe { super::rows_avx::min_terms_w4(acc, m, e) })
+    }
+    #[inline(always)]
     fn dot_w4_blocks_fast(a: &[f32], ty: GgmlType, w: [&[u8]; 4]) -> Option<[f32; 4]> {
-        let ok = fused(ty, a.len(), w);
-        // SAFETY: AVX2, F16C and FMA checked by `fused`, with the lengths.
-        ok.then(|| unsafe { super::rows_avx::dot_w4_blocks(ty, a, w) })
+        if !fused(ty, a.len(), w) {
+            return None;
+        }
+        // SAFETY: AVX2, F16C and FMA checked by `fused`, with the lengths;
+        // AVX-512F by `enabled`.
+        Some(unsafe {
+            if super::rows_avx512::enabled() {
+                super::rows_avx512::dot_w4_blocks(ty, a, w)
+            } else {
+                super::rows_avx::dot_w4_blocks(ty, a, w)
+            }
+        })
     }
     #[inline(always)]
     fn q8_w4_blocks_fast(q: &[f32], d: &[f32], ty: GgmlType, w: [&[u8]; 4]) -> Option<[f32; 4]> {
-        let ok = fused(ty, q.len(), w) && d.len() >= q.len() / 32;
+        if !(fused(ty, q.len(), w) && d.len() >= q.len() / 32) {
+            return None;
+        }
         // SAFETY: as above, and a scale per block.
-        ok.then(|| unsafe { super::rows_avx::q8_w4_blocks(ty, q, d, w) })
+        Some(unsafe {
+            if super::rows_avx512::enabled() {
+                super::rows_avx512::q8_w4_blocks(ty, q, d, w)
+            } else {
+                super::rows_avx::q8_w4_blocks(ty, q, d, w)
+            }
+        })
     }
 }
 
@@ -438,9 +506,17 @@ fn q8_group<T: Real, W: WeightRows>(
                 }
                 acc
             };
+            let mut mins_added = false;
             let mut accs = if pair {
                 let w2 = [wr[j], wr[j + 1]];
-                T::q8_rows4x2_fast(qv, dv, w2, block).unwrap_or_else(|| w2.map(portable))
+                let y = T::q8_rows4x2_fast(qv, dv, w2, block).unwrap_or_else(|| w2.map(portable));
+                // The min terms of the eight sums at once, where there is a loop for it.
+                let m2 = job
+                    .mins
+                    .map(|mins| [o0 + j, o0 + j + 1].map(|o| &mins[o * nb..][..nb]));
+                let fast = m2.and_then(|m2| T::min_terms4x2_fast(y, m2, qs.map(|x| &x.s_err[..])));
+                mins_added = fast.is_some();
+                fast.unwrap_or(y)
             } else {
                 let y = T::q8_rows4_fast(qv, dv, wr[j], block).unwrap_or_else(|| portable(wr[j]));
                 [y, y]
@@ -449,7 +525,9 @@ fn q8_group<T: Real, W: WeightRows>(
             for (t, acc) in accs.iter_mut().enumerate().take(if pair { 2 } else { 1 }) {
                 let o_out = &mut out[(j + t) * n + r..][..m];
                 for ((a, qr), y) in acc.iter_mut().zip(qs).zip(o_out) {
-                    min_term(o0 + j + t, qr, a);
+                    if !mins_added {
+                        min_term(o0 + j + t, qr, a);
+                    }
                     *y = *a;
                 }
             }
