@@ -40,7 +40,7 @@ bench-verify runs="5":
 
 # Trust campaign (not CI, minutes): random corruptions of a golden tree, captures killed mid-write, hostile inputs.
 campaign corruptions="1000" kills="100" seed="1":
-    cargo build --release --bin taptree
+    cargo build --release --bin taptree --bin taptree-full
     cargo run --release -q -p fixtures --bin generate -- models target/fixtures >/dev/null
     python3 scripts/campaign.py --corruptions {{corruptions}} --kills {{kills}} --seed {{seed}}
 

@@ -24,7 +24,7 @@ mb=${1:-1024}
 runs=${2:-5}
 
 if [[ -z "${TAPTREE:-}" || -z "${BENCH_TREES:-}" ]]; then
-  cargo build --release --quiet --bin taptree
+  cargo build --release --quiet --bin taptree --bin taptree-full
   cargo build --release --quiet -p diff --example bench_trees
 fi
 taptree=${TAPTREE:-target/release/taptree}

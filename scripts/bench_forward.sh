@@ -16,7 +16,7 @@ set -euo pipefail
 [ -z "${TAPTREE:-}" ] || TAPTREE=$(realpath "$TAPTREE")
 cd "$(dirname "$0")/.."
 if [ -z "${TAPTREE:-}" ]; then
-  cargo build --release -q --bin taptree
+  cargo build --release -q --bin taptree --bin taptree-full
   TAPTREE=${CARGO_TARGET_DIR:-target}/release/taptree
 fi
 THREADS=${THREADS:-2}

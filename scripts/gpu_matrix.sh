@@ -5,7 +5,7 @@
 #   scripts/gpu_matrix.sh [BUNDLE]
 #
 # BUNDLE (default .device) holds what `scripts/gpu_matrix.sh --bundle` made on
-# the build machine: bin.tar.gz (taptree built with --features cuda and the
+# the build machine: bin.tar.gz (taptree and taptree-full built with --features cuda and the
 # cuda_* test executables) and the SmolLM2 GGUF, whole (model.gguf) or in
 # parts (model.part*) joined here and checked against its sha256. Outputs:
 # $OUT (default ./gpu-out): matrix.log, the reports; trees under $WORK/runs.
@@ -28,7 +28,8 @@ if [[ "${1:-}" == "--bundle" ]]; then
     cargo build --release --features cuda
     cargo test --release --features cuda -p kernels --test cuda_kernels --test cuda_kernels_q8 --test cuda_kernels_gemma --test cuda_forward --test cuda_fused --test cuda_perf --test cuda_tp --no-run
     stage=$(mktemp -d)
-    strip -o "$stage/taptree" "$CARGO_TARGET_DIR/release/taptree"
+    # taptree is the front; taptree-full, beside it, runs every other command.
+    for b in taptree taptree-full; do strip -o "$stage/$b" "$CARGO_TARGET_DIR/release/$b"; done
     for t in cuda_kernels cuda_kernels_q8 cuda_kernels_gemma cuda_forward cuda_fused cuda_perf cuda_tp; do
         f=$(ls -t "$CARGO_TARGET_DIR"/release/deps/$t-* | grep -v '\.d$' | head -1)
         strip -o "$stage/$t" "$f"

@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}
-cargo build --release --bin taptree
+cargo build --release --bin taptree --bin taptree-full
 cargo run --release -q -p fixtures --bin generate -- golden "$target/release/taptree" >/dev/null

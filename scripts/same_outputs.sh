@@ -52,7 +52,7 @@ record() {
     dir=$(cd "$dir" && pwd)
     # TAPTREE: a binary built earlier (the "before" one), else this build's.
     local t=${TAPTREE:-target/release/taptree} g=fixtures/golden
-    if [ -z "${TAPTREE:-}" ]; then cargo build --release --quiet --bin taptree || exit 2; fi
+    if [ -z "${TAPTREE:-}" ]; then cargo build --release --quiet --bin taptree --bin taptree-full || exit 2; fi
     # FIXTURES: where the fixture models are (written when missing).
     local fx=${FIXTURES:-target/fixtures}
     if [ ! -f "$fx/tiny-q.gguf" ]; then

@@ -1,4 +1,5 @@
-//! The `taptree` command: parse, dispatch, map the outcome to an exit code.
+//! The full `taptree` command (`taptree-full`, started by the `taptree`
+//! front, src/front.rs): parse, dispatch, map the outcome to an exit code.
 
 #![forbid(unsafe_code)]
 
@@ -7,6 +8,7 @@ mod cli;
 mod drift;
 mod exit;
 mod start;
+mod trusted;
 
 use std::process::ExitCode;
 

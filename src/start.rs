@@ -15,7 +15,7 @@ use std::ffi::OsString;
 
 /// The `taptree` command with its `verify` subcommand only.
 #[derive(Debug, Parser)]
-#[command(name = "taptree")]
+#[command(name = "taptree", bin_name = "taptree")]
 struct VerifyOnly {
     #[command(subcommand)]
     command: OnlyVerify,

@@ -21,6 +21,8 @@ mod diff_cli;
 mod diff_numpy_cli;
 // `taptree drift`.
 mod drift_cli;
+// The `taptree` front against the full command it hands over to.
+mod front_cli;
 // `taptree capture --engine`: flags, and the Hugging Face forward.
 mod engine_cli;
 // Trees of different engines compared without false alarms.

@@ -316,6 +316,60 @@ fn shards_that_do_not_tile_are_exit_2_naming_the_tap() {
     }
 }
 
+/// A tree whose manifest declares, for rank 0, a shard its tensor does not
+/// hold, every hash redone as a hostile writer would: exit 2, naming the
+/// rank as a number.
+#[test]
+fn declared_shards_a_tensor_does_not_hold_are_exit_2_naming_the_rank() {
+    let d = tempfile::tempdir().unwrap();
+    let one = d.path().join("one");
+    sharded_tree(&one, &[]);
+    let cases: [(&str, fn(&mut Shard), &str); 2] = [
+        (
+            "narrower",
+            |s| s.end -= 1,
+            "rank 0: shape [2, 4] does not hold shard 1:0-3/6",
+        ),
+        ("another full extent", |s| s.full = 7, ": not one tensor"),
+    ];
+    for (name, edit, want) in cases {
+        let tree = d.path().join(name);
+        sharded_tree(&tree, &[(0, 0, 4), (1, 4, 6)]);
+        let path = tree.join("manifest.json");
+        let mut json: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let mut m: capture::Manifest = serde_json::from_value(json.clone()).unwrap();
+        for (e, v) in m
+            .entries
+            .iter_mut()
+            .zip(json["entries"].as_array_mut().unwrap())
+        {
+            if e.key.rank == Some(0) {
+                edit(e.key.shard.as_mut().unwrap());
+                v["key"]["shard"] = serde_json::to_value(e.key.shard).unwrap();
+            }
+        }
+        let (dirs, root) = m.hashes();
+        json["dirs"] = serde_json::to_value(dirs).unwrap();
+        json["root"] = root.into();
+        let mut bytes = serde_json::to_vec(&json).unwrap();
+        assert!(capture::manifest::seal(&mut bytes));
+        std::fs::write(&path, bytes).unwrap();
+        if tree.join(capture::index::INDEX_FILE).exists() {
+            capture::index::rewrite(&tree).unwrap();
+        }
+        let (code, _, out) = diff(&tree, &one);
+        assert_eq!(code, 2, "{name}: {out}");
+        assert!(
+            out.contains("L0/x@0..2: ") && out.contains(want),
+            "{name}: {out}"
+        );
+        assert!(
+            out.contains("rank 0") && !out.contains("Some("),
+            "{name}: {out}"
+        );
+    }
+}
+
 #[test]
 fn a_divergent_shard_names_its_rank() {
     let d = tempfile::tempdir().unwrap();

@@ -51,6 +51,11 @@ pub fn rank_count(m: &Manifest) -> u32 {
         .map_or(0, |r| r + 1)
 }
 
+/// `rank 3`, or `no rank` for an entry without one, in a message.
+fn rank_text(rank: Option<u32>) -> String {
+    rank.map_or_else(|| "no rank".to_string(), |r| format!("rank {r}"))
+}
+
 /// Checks that the shards `parts` of one tap (inner entries) tile their
 /// full tensor; returns them in order along the axis.
 fn tile(path: &Path, entries: &[Entry], mut parts: Vec<usize>) -> Result<Vec<usize>, Error> {
@@ -68,8 +73,11 @@ fn tile(path: &Path, entries: &[Entry], mut parts: Vec<usize>) -> Result<Vec<usi
         let s = e.key.shard.expect("grouped by shard");
         if s.axis != shard.axis || s.full != shard.full || e.dtype != first.dtype {
             return Err(bad(format!(
-                "rank {:?} declares {s} {}, rank {:?} {shard} {}: not one tensor",
-                e.key.rank, e.dtype, first.key.rank, first.dtype
+                "{} declares {s} {}, {} {shard} {}: not one tensor",
+                rank_text(e.key.rank),
+                e.dtype,
+                rank_text(first.key.rank),
+                first.dtype
             )));
         }
         let mut other = e.shape.clone();
@@ -81,8 +89,9 @@ fn tile(path: &Path, entries: &[Entry], mut parts: Vec<usize>) -> Result<Vec<usi
         mine[axis] = 0;
         if other != mine || e.shape[axis] != (s.end.saturating_sub(s.start)) as usize {
             return Err(bad(format!(
-                "rank {:?}: shape {:?} does not hold shard {s}",
-                e.key.rank, e.shape
+                "{}: shape {:?} does not hold shard {s}",
+                rank_text(e.key.rank),
+                e.shape
             )));
         }
     }

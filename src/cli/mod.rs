@@ -24,7 +24,9 @@ use clap::{Parser, Subcommand};
 /// Exit codes: 0 identical or within tolerance, 1 diverged, 2 could not
 /// compare (missing or incomplete tree, corrupt file, bad input).
 #[derive(Debug, Parser)]
-#[command(name = "taptree", version, about, long_about = None)]
+// `bin_name`: usage reads `taptree` also when `taptree-full` is started
+// by its own name (the front hands over with its own argv[0]).
+#[command(name = "taptree", bin_name = "taptree", version, about, long_about = None)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

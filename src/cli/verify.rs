@@ -81,21 +81,10 @@ fn integrity(path: &PathBuf, json: bool) -> anyhow::Result<u8> {
 
 fn oracle(a: &PathBuf, b: &PathBuf, rehash: bool, json: bool) -> anyhow::Result<u8> {
     if !rehash && !json {
-        // Equal roots settle it from the manifests' heads alone, each
-        // manifest checked whole against its own hash first, both at once
-        // (the JSON report counts from the whole manifests).
-        let (ha, hb) = std::thread::scope(|s| {
-            let ha = s.spawn(|| TreeReader::head(a));
-            let hb = TreeReader::head(b);
-            (ha.join().expect("a manifest head thread panicked"), hb)
-        });
-        let (ha, hb) = (ha?, hb?);
-        if ha.root == hb.root {
-            println!(
-                "bitwise identical: {} tensors, {} bytes, root {}",
-                ha.taps, ha.bytes, ha.root
-            );
-            println!("(manifests trusted; --rehash rereads every tensor)");
+        // Equal roots settle it from the manifests' heads alone (the JSON
+        // report counts from the whole manifests).
+        if let Some(head) = crate::trusted::identical_heads(a, b)? {
+            crate::trusted::print_identical(&mut std::io::stdout().lock(), &head)?;
             return Ok(exit::OK);
         }
     }

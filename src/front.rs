@@ -1,0 +1,133 @@
+//! The `taptree` command's front.
+//!
+//! Trusted `taptree verify A B` on two identical trees is a few
+//! milliseconds of work, and starting the full command (a large binary
+//! whose start-up relocations fault in hundreds of pages) used to be most
+//! of it (docs/PERFORMANCE.md). This small binary answers exactly that
+//! case, `taptree verify A B` with two plain tree paths whose roots are
+//! equal, and hands every other command line, unchanged, to the full
+//! command `taptree-full` beside it (by `exec`, so its output, exit code and
+//! signals are the full command's own). A `verify A B` whose trees differ,
+//! or that fails, is handed over too and redone there, so every message and
+//! exit code other than "bitwise identical" comes from one place.
+
+#![forbid(unsafe_code)]
+
+mod trusted;
+
+use std::ffi::OsString;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+/// The full command's file name, beside this one.
+const FULL: &str = "taptree-full";
+
+fn main() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if let Some((a, b)) = trusted_verify(&args) {
+        if let Ok(Some(head)) = trusted::identical_heads(a, b) {
+            return match trusted::print_identical(&mut io::stdout().lock(), &head) {
+                // The reader went away (`| head`): quiet, as the full command.
+                Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
+                    let _ = writeln!(io::stderr(), "taptree: writing to stdout: {e}");
+                    ExitCode::from(2)
+                }
+                _ => ExitCode::SUCCESS,
+            };
+        }
+    }
+    hand_over(&args)
+}
+
+/// The two trees of `taptree verify A B`, when that is the whole command
+/// line and neither path could be read as an option; `None` otherwise.
+fn trusted_verify(args: &[OsString]) -> Option<(&Path, &Path)> {
+    let plain = |a: &OsString| !a.is_empty() && !a.as_encoded_bytes().starts_with(b"-");
+    match args {
+        [_, verb, a, b] if verb == "verify" && plain(a) && plain(b) => {
+            Some((Path::new(a), Path::new(b)))
+        }
+        _ => None,
+    }
+}
+
+/// Runs the full command with this command line.
+fn hand_over(args: &[OsString]) -> ExitCode {
+    let full = match full_command() {
+        Ok(path) => path,
+        Err(e) => {
+            let _ = writeln!(io::stderr(), "taptree: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut cmd = Command::new(&full);
+    cmd.args(&args[1..]);
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        // Only returns on failure.
+        let e = cmd.arg0(&args[0]).exec();
+        let _ = writeln!(
+            io::stderr(),
+            "taptree: could not start {}: {e}",
+            full.display()
+        );
+        ExitCode::from(2)
+    }
+    #[cfg(not(unix))]
+    match cmd.status() {
+        Ok(status) => ExitCode::from(status.code().map_or(2, |c| c as u8)),
+        Err(e) => {
+            let _ = writeln!(
+                io::stderr(),
+                "taptree: could not start {}: {e}",
+                full.display()
+            );
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `taptree-full` in this executable's directory.
+fn full_command() -> Result<PathBuf, String> {
+    let me = std::env::current_exe()
+        .map_err(|e| format!("cannot find this executable's own path: {e}"))?;
+    let full = me.with_file_name(format!("{FULL}{}", std::env::consts::EXE_SUFFIX));
+    if full.is_file() {
+        Ok(full)
+    } else {
+        Err(format!(
+            "{} is missing: `taptree` runs every command but a trusted `verify A B` through the full \
+             command installed beside it (`cargo build --release` or `cargo install --path .` builds both)",
+            full.display()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(s: &str) -> Vec<OsString> {
+        s.split(' ').map(OsString::from).collect()
+    }
+
+    #[test]
+    fn only_a_plain_verify_of_two_trees_is_answered_here() {
+        assert!(trusted_verify(&line("taptree verify a b")).is_some());
+        for other in [
+            "taptree verify a",
+            "taptree verify a b c",
+            "taptree verify --rehash a b",
+            "taptree verify a --json",
+            "taptree verify -- b",
+            "taptree verify a -",
+            "taptree verifyx a b",
+            "taptree diff a b",
+            "taptree",
+        ] {
+            assert!(trusted_verify(&line(other)).is_none(), "{other}");
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The `taptree` front (src/front.rs): it answers a trusted `verify A B` of
+//! two identical trees itself and hands every other command line to
+//! `taptree-full`. Whichever answers, the user sees the same bytes.
+
+use crate::verify_support::*;
+
+const FRONT: &str = env!("CARGO_BIN_EXE_taptree");
+const FULL: &str = env!("CARGO_BIN_EXE_taptree-full");
+
+fn run(bin: &Path, args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    Command::new(bin)
+        .args(args.iter().map(|a| a.as_ref()))
+        .output()
+        .unwrap()
+}
+
+/// The front and the full command give the same stdout, stderr and exit
+/// code for `args`.
+#[track_caller]
+fn same(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    let front = run(Path::new(FRONT), args);
+    let full = run(Path::new(FULL), args);
+    assert_eq!(text(&front), text(&full));
+    assert_eq!(
+        front.status.code(),
+        full.status.code(),
+        "{:?}",
+        text(&front)
+    );
+    front
+}
+
+#[test]
+fn the_front_and_the_full_command_say_the_same() {
+    let (_dir, a, b) = two_trees(0.0);
+    let (_dir2, _, c) = two_trees(0.5);
+    // Answered by the front: identical trees.
+    let o = same(&[&"verify", &a, &b]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(
+        text(&o).0.starts_with("bitwise identical: 7 tensors"),
+        "{:?}",
+        text(&o)
+    );
+    // Handed over: trees that differ, a tree that is not one, other commands.
+    let o = same(&[&"verify", &a, &c]);
+    assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
+    assert!(
+        text(&o).0.starts_with("differ: 1 changed"),
+        "{:?}",
+        text(&o)
+    );
+    let o = same(&[&"verify", &a, &_dir.path().join("nothing")]);
+    assert_eq!(o.status.code(), Some(2));
+    same(&[&"verify", &"--json", &a, &b]);
+    same(&[&"verify", &"--rehash", &a, &b]);
+    same(&[&"ls", &a]);
+    same(&[&"--version"]);
+    same(&[&"verify"]);
+    same(&[&"no-such-command"]);
+}
+
+#[test]
+fn a_damaged_manifest_is_never_identical_through_the_front() {
+    let (_dir, a, b) = two_trees(0.0);
+    let manifest = b.join("manifest.json");
+    let bytes = std::fs::read(&manifest).unwrap();
+    // Cut right after a `}` inside the entry list: still "a manifest" to a
+    // reader that stops at the root.
+    let cut = bytes.len() / 2
+        + bytes[bytes.len() / 2..]
+            .iter()
+            .position(|&c| c == b'}')
+            .unwrap();
+    std::fs::write(&manifest, &bytes[..=cut]).unwrap();
+    let o = same(&[&"verify", &a, &b]);
+    assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));
+    assert!(text(&o).1.contains("manifest.json"), "{:?}", text(&o));
+    assert!(!text(&o).0.contains("identical"), "{:?}", text(&o));
+}
+
+#[test]
+fn a_front_without_the_full_command_says_what_is_missing() {
+    let (dir, a, b) = two_trees(0.0);
+    let (_dir2, _, c) = two_trees(0.5);
+    let lone = dir.path().join("bin");
+    std::fs::create_dir(&lone).unwrap();
+    let front = lone.join("taptree");
+    std::fs::copy(FRONT, &front).unwrap();
+    // The front alone still answers what it answers...
+    let o = run(&front, &[&"verify", &a, &b]);
+    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+    assert!(text(&o).0.starts_with("bitwise identical"));
+    // ...and everything else names the missing full command, exit 2.
+    for args in [
+        vec![&"verify" as &dyn AsRef<std::ffi::OsStr>, &a, &c],
+        vec![&"ls", &a],
+    ] {
+        let o = run(&front, &args);
+        assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));
+        let (out, err) = text(&o);
+        assert!(out.is_empty(), "{out}");
+        assert!(
+            err.contains(&lone.join("taptree-full").display().to_string())
+                && err.contains("missing"),
+            "{err}"
+        );
+    }
+}
