@@ -12,6 +12,9 @@
 #
 #   scripts/gpu_matrix.sh --bundle   # on the build machine: build and pack
 #
+# STAGE=tests stops after the tests; STAGE=model skips them (the model's
+# parts may come in later calls on the same machine).
+#
 # Steps (each logged with its exact command): the per-kernel differential
 # tests and the forward tests; the greedy chat answer on CUDA and CPU; CPU
 # f32 vs CUDA f32 over every stage and position, with the f64 truth; two
@@ -57,15 +60,18 @@ echo "nvrtc: ${nvrtc:-not found}"
 # The model: parts may arrive in separate calls; they wait in $WORK.
 join_model
 
-step "differential kernel tests and forward tests"
-run cuda_kernels --test-threads=1 --nocapture
-run cuda_kernels_q8 --test-threads=1 --nocapture
-run cuda_kernels_gemma --test-threads=1 --nocapture
-run cuda_forward --test-threads=1 --nocapture
-run cuda_fused --test-threads=1 --nocapture
-# The tensor-parallel forward (its NCCL tests skip without libnccl.so; the
-# real-model TP matrix is scripts/gpu_tp.sh).
-run cuda_tp --test-threads=1 --nocapture
+# STAGE=model skips the tests (run already by STAGE=tests in an earlier call).
+if [[ ${STAGE:-all} != model ]]; then
+    step "differential kernel tests and forward tests"
+    run cuda_kernels --test-threads=1 --nocapture
+    run cuda_kernels_q8 --test-threads=1 --nocapture
+    run cuda_kernels_gemma --test-threads=1 --nocapture
+    run cuda_forward --test-threads=1 --nocapture
+    run cuda_fused --test-threads=1 --nocapture
+    # The tensor-parallel forward (its NCCL tests skip without libnccl.so;
+    # the real-model TP matrix is scripts/gpu_tp.sh).
+    run cuda_tp --test-threads=1 --nocapture
+fi
 
 if [[ ! -f $MODEL ]]; then
     echo "no model in $BUNDLE or $WORK: the real-model steps are skipped"

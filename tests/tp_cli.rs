@@ -324,7 +324,8 @@ fn declared_shards_a_tensor_does_not_hold_are_exit_2_naming_the_rank() {
     let d = tempfile::tempdir().unwrap();
     let one = d.path().join("one");
     sharded_tree(&one, &[]);
-    let cases: [(&str, fn(&mut Shard), &str); 2] = [
+    type Edit = fn(&mut Shard);
+    let cases: [(&str, Edit, &str); 2] = [
         (
             "narrower",
             |s| s.end -= 1,

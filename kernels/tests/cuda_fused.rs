@@ -13,7 +13,7 @@ mod cuda_models;
 use cuda_kernels_support as ks;
 use cuda_models::*;
 use kernels::cuda::ops::{self, DeviceMatrix};
-use kernels::cuda::CudaForward;
+use kernels::cuda::{CudaForward, EarlyLaunch};
 use kernels::switches::Switches;
 use kernels::{Forward, Precision};
 use model::{GgmlType, ModelWeights};
@@ -84,32 +84,40 @@ fn fused_forward_equals_unfused() {
     let dev = kernels::cuda::Device::open(0).unwrap();
     // 20 tokens: three row passes of eight, the last partial.
     let long: Vec<u32> = (0..20u32).map(|i| (i * 37 + 5) % 97).collect();
-    for (name, w) in models() {
-        let (mut plain, mut fused) = (open(&dev, &w, false), open(&dev, &w, true));
-        for prompt in [&PROMPT[..], &long[..]] {
-            plain.reset();
-            fused.reset();
-            assert_eq!(
-                plain.forward(None, prompt, 0).unwrap(),
-                fused.forward(None, prompt, 0).unwrap(),
-                "{name}: prefill of {} tokens",
-                prompt.len()
-            );
+    // The fused kernels launched after the one before has finished, then
+    // early (programmatic dependent launch, where the GPU has it), the next
+    // kernel let in at a kernel's start or once it has computed: each must
+    // give the unfused bits.
+    for early in EarlyLaunch::ALL {
+        dev.set_early_launch(early);
+        for (name, w) in models() {
+            let name = format!("{name}, early launch {early:?}");
+            let (mut plain, mut fused) = (open(&dev, &w, false), open(&dev, &w, true));
+            for prompt in [&PROMPT[..], &long[..]] {
+                plain.reset();
+                fused.reset();
+                assert_eq!(
+                    plain.forward(None, prompt, 0).unwrap(),
+                    fused.forward(None, prompt, 0).unwrap(),
+                    "{name}: prefill of {} tokens",
+                    prompt.len()
+                );
+            }
+            // 70 steps through the graph, past the cache's regrowth at 64.
+            let mut last = Vec::new();
+            for i in 0..70 {
+                let t = [(i / 2 * 13 % 90) as u32];
+                let pos = long.len() + i;
+                let a = plain.forward(None, &t, pos).unwrap();
+                let b = fused.forward(None, &t, pos).unwrap();
+                assert_eq!(a, b, "{name}: decode step {i} (position {pos})");
+                assert_ne!(b, last, "{name}: step {i} repeated the previous step");
+                last = b;
+            }
+            assert_eq!(plain.fused_runs(), 0, "{name}: fusion off ran fused");
+            assert_eq!(fused.fused_runs(), 72, "{name}: not every run was fused");
+            assert!(fused.graph_replays() >= 69, "{name}: decode not replayed");
         }
-        // 70 steps through the graph, past the cache's regrowth at 64.
-        let mut last = Vec::new();
-        for i in 0..70 {
-            let t = [(i / 2 * 13 % 90) as u32];
-            let pos = long.len() + i;
-            let a = plain.forward(None, &t, pos).unwrap();
-            let b = fused.forward(None, &t, pos).unwrap();
-            assert_eq!(a, b, "{name}: decode step {i} (position {pos})");
-            assert_ne!(b, last, "{name}: step {i} repeated the previous step");
-            last = b;
-        }
-        assert_eq!(plain.fused_runs(), 0, "{name}: fusion off ran fused");
-        assert_eq!(fused.fused_runs(), 72, "{name}: not every run was fused");
-        assert!(fused.graph_replays() >= 69, "{name}: decode not replayed");
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use kernels::cuda::device::{driver_present, Device};
 use kernels::cuda::ops::{self, AttentionShape, DeviceMatrix, QuantizedActs};
-use kernels::cuda::CudaForward;
+use kernels::cuda::{CudaForward, EarlyLaunch};
 use kernels::switches::Switches;
 use kernels::{Forward, Precision};
 
@@ -286,14 +286,29 @@ fn gpu_figures() {
     );
 
     // Decode, disarmed: one token at a time after a 128-token prefill,
-    // launch by launch and as a CUDA graph per step, unfused and fused.
+    // launch by launch and as a CUDA graph per step, unfused and fused, the
+    // fused kernels launched after the one before has finished and early.
     // Every configuration's logits, step by step, must be the first one's
     // bits (checked on the first round, by a hash of each step's logits).
     let steps = 64;
     let mut reference: Option<Vec<blake3::Hash>> = None;
-    for (graphs, fused) in [(false, false), (true, false), (false, true), (true, true)] {
+    let (off, start, late) = (EarlyLaunch::Off, EarlyLaunch::AtStart, EarlyLaunch::Late);
+    let after_wait = EarlyLaunch::AfterWait;
+    let configs = [
+        (false, false, off),
+        (true, false, off),
+        (false, true, off),
+        (true, true, off),
+        (false, true, late),
+        (true, true, start),
+        (true, true, late),
+        (false, true, after_wait),
+        (true, true, after_wait),
+    ];
+    for (graphs, fused, early) in configs {
         fwd.set_graphs(graphs);
         fwd.set_fused(fused);
+        fwd.set_early_launch(early);
         let mut decode = Vec::new();
         for round in 0..5 {
             fwd.reset();
@@ -315,19 +330,25 @@ fn gpu_figures() {
                     None => reference = Some(hashes),
                     Some(r) => assert!(
                         *r == hashes,
-                        "graphs {graphs} fused {fused}: decode logits differ from launch by launch, unfused"
+                        "graphs {graphs} fused {fused} early {early:?}: decode logits differ from launch by launch, unfused"
                     ),
                 }
             }
         }
         println!(
-            "decode at 128..192, disarmed, m=1, {}, {}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
+            "decode at 128..192, disarmed, m=1, {}, {}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
             if graphs {
                 "CUDA graph"
             } else {
                 "launch by launch"
             },
             if fused { "fused" } else { "unfused" },
+            match early {
+                EarlyLaunch::Off => "",
+                EarlyLaunch::AtStart => ", early launch at start",
+                EarlyLaunch::AfterWait => ", early launch after the wait",
+                EarlyLaunch::Late => ", early launch late",
+            },
             median(decode)
         );
     }

@@ -313,6 +313,28 @@ __device__ __forceinline__ void stage_bytes_async(u8* dst, const u8* src, size_t
     }
 }
 
+// Programmatic dependent launch (sm_90 and later; nothing before): a
+// kernel launched with the attribute (`ops::launch`'s early launch) may
+// start while the kernel before it in the stream still runs. Such a kernel
+// calls `pdl_wait` before its first read of anything an earlier kernel
+// wrote and before its first global write: the wait returns once the
+// kernel before has finished and its writes are visible, so every value
+// is the one a serialized launch would see. Before it, a block may only
+// fetch what no kernel writes (weights). `pdl_launch_dependents` lets the
+// next such kernel start early; it moves no data. Without the attribute
+// both are no-ops.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // RMSNorm's pieces, shared by the `rms_norm` kernel and the fused matmuls
 // that normalize their input themselves, so both compute the same bits.
 // NORM_THREADS is the norm kernel's block size: its sum of squares is the

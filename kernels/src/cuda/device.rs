@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
@@ -100,6 +101,55 @@ pub struct Device {
     name: String,
     functions: Mutex<HashMap<(Family, &'static str), CudaFunction>>,
     modules: Mutex<HashMap<Family, Arc<CudaModule>>>,
+    /// Whether the architecture has programmatic dependent launch (sm_90).
+    has_early: bool,
+    /// How the kernels written for it are launched (an [`EarlyLaunch`]).
+    early: AtomicU8,
+}
+
+/// Whether the fused pass's kernels start before the kernel ahead of them
+/// in the stream has finished (programmatic dependent launch, sm_90 and
+/// later), and when a running kernel lets the next one start. Every mode
+/// computes the same bits: a kernel launched early reads no activation
+/// before the kernel ahead has finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EarlyLaunch {
+    /// Each kernel starts after the one before has finished.
+    Off,
+    /// A kernel lets the next one start as soon as all its blocks run.
+    AtStart,
+    /// A kernel lets the next one start once the kernel before it has
+    /// finished (its blocks past `pdl_wait`): the next kernel fetches its
+    /// weights while this one computes, and no kernel starts two ahead.
+    AfterWait,
+    /// A kernel lets the next one start once its blocks have computed
+    /// their outputs (before they write them).
+    Late,
+}
+
+impl EarlyLaunch {
+    /// From `TAPTREE_CUDA_PDL`: `0`/`off`, `start`, `after-wait`, `late`;
+    /// unset is [`EarlyLaunch::DEFAULT`].
+    fn from_env() -> EarlyLaunch {
+        match std::env::var("TAPTREE_CUDA_PDL").as_deref() {
+            Ok("0" | "off") => EarlyLaunch::Off,
+            Ok("start") => EarlyLaunch::AtStart,
+            Ok("after-wait") => EarlyLaunch::AfterWait,
+            Ok("late") => EarlyLaunch::Late,
+            _ => EarlyLaunch::DEFAULT,
+        }
+    }
+
+    /// The mode used unless `TAPTREE_CUDA_PDL` says otherwise.
+    pub const DEFAULT: EarlyLaunch = EarlyLaunch::Late;
+
+    /// Every mode, the serialized one first.
+    pub const ALL: [EarlyLaunch; 4] = [
+        EarlyLaunch::Off,
+        EarlyLaunch::AtStart,
+        EarlyLaunch::AfterWait,
+        EarlyLaunch::Late,
+    ];
 }
 
 impl std::fmt::Debug for Device {
@@ -145,6 +195,12 @@ impl Device {
         let stream = ctx
             .new_stream()
             .map_err(|e| CudaError::driver("create stream", e))?;
+        let has_early = major >= 9;
+        let early = if has_early {
+            EarlyLaunch::from_env()
+        } else {
+            EarlyLaunch::Off
+        };
         Ok(Arc::new(Device {
             ctx,
             stream,
@@ -152,7 +208,32 @@ impl Device {
             name,
             functions: Mutex::new(HashMap::new()),
             modules: Mutex::new(HashMap::new()),
+            has_early,
+            early: AtomicU8::new(early as u8),
         }))
+    }
+
+    /// How the fused pass's kernels are launched ([`EarlyLaunch`]; `Off`
+    /// before sm_90). Every mode gives the same bits.
+    pub fn early_launch(&self) -> EarlyLaunch {
+        match self.early.load(Ordering::Relaxed) {
+            1 => EarlyLaunch::AtStart,
+            2 => EarlyLaunch::AfterWait,
+            3 => EarlyLaunch::Late,
+            _ => EarlyLaunch::Off,
+        }
+    }
+
+    /// Sets the launch mode (anything but `Off` only where the
+    /// architecture has early launches). A CUDA graph captured before keeps
+    /// the launches it recorded.
+    pub fn set_early_launch(&self, mode: EarlyLaunch) {
+        let mode = if self.has_early {
+            mode
+        } else {
+            EarlyLaunch::Off
+        };
+        self.early.store(mode as u8, Ordering::Relaxed);
     }
 
     /// The stream every launch and copy of this device goes through.

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, PinnedHostSlice};
 
 use super::device::Device;
 use super::ops::{self, DeviceMatrix, QuantizedActs};
@@ -22,11 +22,14 @@ use super::taps::TapRing;
 
 use super::CudaError;
 use crate::forward::{Forward, ForwardError, Precision};
-use crate::switches::{ActPrecision, Family, Switches};
+use crate::switches::Switches;
 use model::{LlamaConfig, ModelWeights, QTensor};
 
 pub(crate) mod encode;
 mod fused;
+mod setup;
+
+pub(crate) use setup::{check_model, Acts};
 
 /// A captured decode step and what it was captured against.
 struct DecodeGraph {
@@ -108,15 +111,6 @@ struct Scratch {
     pos: CudaSlice<u32>,
 }
 
-/// Whether each matmul family sees int8 activations.
-#[derive(Debug, Clone, Copy)]
-struct Acts {
-    attn: bool,
-    ffn_up: bool,
-    ffn_down: bool,
-    logits: bool,
-}
-
 /// The rows of one sequence in a run.
 #[derive(Debug, Clone)]
 struct Group {
@@ -144,6 +138,9 @@ pub struct CudaForward {
     scratch: Option<Scratch>,
     /// Page-locked host buffers the taps copy through, asynchronously.
     ring: TapRing,
+    /// A page-locked buffer of one row of logits, which each run's logits
+    /// are copied through (into pageable memory the driver stages the copy).
+    logits_host: Option<PinnedHostSlice<f32>>,
     /// Whether a single sequence's untapped decode step runs as a CUDA graph.
     graphs: bool,
     /// Whether an untapped forward of one sequence runs fused (`fused.rs`).
@@ -187,46 +184,9 @@ impl CudaForward {
             ));
         }
         let c = &weights.config;
-        crate::forward::check_config(c)?;
+        check_model(weights)?;
         switches.check(precision)?;
-        if weights
-            .layers
-            .iter()
-            .any(|l| l.bq.is_some() || l.bk.is_some() || l.bv.is_some())
-        {
-            return Err(ForwardError::Unsupported(
-                "cuda: q/k/v projection biases (Qwen2) run on the cpu backend only".into(),
-            ));
-        }
-        let q8 = |f| switches.resolve(f, precision) == ActPrecision::Q8;
-        let acts = Acts {
-            attn: q8(Family::Attn),
-            ffn_up: q8(Family::FfnUp),
-            ffn_down: q8(Family::FfnDown),
-            logits: q8(Family::Logits),
-        };
-        let fam = &c.family;
-        if fam.qk_norm
-            && weights
-                .layers
-                .iter()
-                .any(|l| l.extra_norms.q_norm.is_none() || l.extra_norms.k_norm.is_none())
-        {
-            return Err(ForwardError::Unsupported(format!(
-                "cuda: the {} family has q/k norms but a layer lacks their weights",
-                c.arch
-            )));
-        }
-        if fam.post_norms
-            && weights.layers.iter().any(|l| {
-                l.extra_norms.post_attn_norm.is_none() || l.extra_norms.post_ffn_norm.is_none()
-            })
-        {
-            return Err(ForwardError::Unsupported(format!(
-                "cuda: the {} family has post norms but a layer lacks their weights",
-                c.arch
-            )));
-        }
+        let acts = Acts::resolve(switches, precision);
         let opt = |t: &Option<QTensor>| t.as_ref().map(|t| norm_weight(&dev, t)).transpose();
         let m = |t: &QTensor| DeviceMatrix::upload(&dev, t);
         let layers = weights
@@ -266,6 +226,7 @@ impl CudaForward {
             caches: BTreeMap::new(),
             scratch: None,
             ring: TapRing::default(),
+            logits_host: None,
             graphs: !matches!(
                 std::env::var("TAPTREE_CUDA_GRAPHS").as_deref(),
                 Ok("0" | "off")
@@ -300,6 +261,15 @@ impl CudaForward {
     /// same bits.
     pub fn set_fused(&mut self, on: bool) {
         self.fused = on;
+        self.graph = None;
+    }
+
+    /// How the fused pass's kernels are launched (see
+    /// [`EarlyLaunch`](super::device::EarlyLaunch)); every mode gives the
+    /// same bits. This sets the device's switch, shared by every forward
+    /// on it.
+    pub fn set_early_launch(&mut self, mode: super::device::EarlyLaunch) {
+        self.dev.set_early_launch(mode);
         self.graph = None;
     }
 
@@ -451,20 +421,32 @@ impl CudaForward {
             }
         }
         self.ring.drain()?;
-        let (sc, vocab) = (
-            self.scratch.as_ref().expect("allocated"),
-            self.config.vocab_size,
-        );
         groups
             .iter()
-            .map(|g| {
-                let last = g.row + g.rows - 1;
-                ops::download(
-                    &self.dev,
-                    &sc.logits.slice(last * vocab..(last + 1) * vocab),
-                )
-            })
+            .map(|g| self.logits_of(g.row + g.rows - 1))
             .collect()
+    }
+
+    /// Row `row`'s logits, copied to the host through `logits_host`.
+    fn logits_of(&mut self, row: usize) -> Result<Vec<f32>, CudaError> {
+        let vocab = self.config.vocab_size;
+        let pin = |e| CudaError::driver("page-locked logits buffer", e);
+        if self.logits_host.as_ref().is_none_or(|p| p.len() != vocab) {
+            // SAFETY: page-locked memory of `vocab` floats, read only after
+            // the copy below has written all of them.
+            let p = unsafe { self.dev.context().alloc_pinned_with_flags::<f32>(vocab, 0) }
+                .map_err(pin)?;
+            self.logits_host = Some(p);
+        }
+        let host = self.logits_host.as_mut().expect("allocated above");
+        let host = host.as_mut_slice().map_err(pin)?;
+        let sc = self.scratch.as_ref().expect("allocated");
+        let s = self.dev.stream();
+        s.memcpy_dtoh(&sc.logits.slice(row * vocab..(row + 1) * vocab), host)
+            .map_err(|e| CudaError::driver("copy logits to host", e))?;
+        s.synchronize()
+            .map_err(|e| CudaError::driver("synchronize", e))?;
+        Ok(host.to_vec())
     }
 
     /// The decode step of one sequence through the CUDA graph of its slot,

@@ -22,6 +22,9 @@
 //   (`rope_table`'s, for these rows' positions) instead of being computed
 //   in every block of every layer: the same f32 values, so the same bits.
 // With norm_w, x is first RMS-normalized (weight norm_w, epsilon eps).
+// Launched early (`ops::launch`), a block stages only its weights before
+// `pdl_wait`; trigger_at says where it lets the next kernel start (0 at
+// its start, 1 after the wait, 2 once its products are computed).
 
 #define FUSED_PLAIN 0
 #define FUSED_SWIGLU 1
@@ -92,10 +95,12 @@ extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, co
                                         const float* x, const float* norm_w, float eps,
                                         const float* resid, float* y0, float* y1, float* y2,
                                         const u32* pos, const float* rope_cs, int head_dim,
-                                        float rope_base, int rows, int in, int staged) {
+                                        float rope_base, int rows, int in, int staged,
+                                        int trigger_at) {
     extern __shared__ __align__(16) u8 smem[];
     __shared__ double scratch[NORM_THREADS / 32];
     __shared__ float res[ROWS_PER_PASS][FUSED_OUTS];
+    if (trigger_at == 0) pdl_launch_dependents();
     int lane = threadIdx.x & 31, j = lane & 7;
     int slot = (threadIdx.x >> 5) * OUTS_PER_WARP + (lane >> 3);
     int r0 = blockIdx.y * ROWS_PER_PASS;
@@ -133,18 +138,23 @@ extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, co
     size_t bytes_a = (size_t)cnt * rba;
     size_t wbytes = bytes_a + (mode == FUSED_SWIGLU ? (size_t)cnt * rbb : 0);
     float* xs = (float*)(smem + (staged ? ((wbytes + 15) & ~(size_t)15) : 0));
-    // The weights' copy runs while the input is staged and normalized.
+    // The weights' copy runs while the input is staged and normalized,
+    // and, launched early, while the kernel before this one finishes: the
+    // weights are the only global memory read before `pdl_wait`.
     if (staged) {
         stage_bytes_async(smem, wa + (size_t)first * rba, bytes_a);
         if (mode == FUSED_SWIGLU)
             stage_bytes_async(smem + bytes_a, wb + (size_t)first * rbb, (size_t)cnt * rbb);
         wr = smem + (in_b ? bytes_a : 0) + (size_t)(live ? s : 0) * rb;
     }
+    pdl_wait();
+    if (trigger_at == 1) pdl_launch_dependents();
     stage_input(xs, x, r0, nr, in, norm_w, eps, scratch);
     copy_async_wait_all();
     __syncthreads();
 
     slot_outputs_any(type, wr, xs, nr, in, j, live, slot, res);
+    if (trigger_at == 2) pdl_launch_dependents();
     __syncthreads();
 
     if (mode == FUSED_PLAIN) {

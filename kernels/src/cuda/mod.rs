@@ -32,7 +32,7 @@ pub mod q8;
 pub mod taps;
 pub mod tp;
 
-pub use device::Device;
+pub use device::{Device, EarlyLaunch};
 pub use forward::CudaForward;
 pub use taps::tap_copy_stats;
 

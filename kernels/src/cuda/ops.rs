@@ -13,6 +13,7 @@ use model::QTensor;
 
 mod attend;
 mod fused;
+pub(crate) mod launch;
 pub use attend::*;
 pub use fused::*;
 

@@ -4,13 +4,33 @@
 
 use std::cell::RefCell;
 
-use kernels::cuda::device::{driver_present, Device};
+use kernels::cuda::device::{driver_present, Device, EarlyLaunch};
 use kernels::cuda::ops::{self, AttentionShape, DeviceMatrix};
 
 use super::{per_call_graph_us, smollm2_shaped};
 
 /// A named launch of [`layer_figures`], timed alone and in its layer.
 type Launch<'a> = (&'static str, Box<dyn FnMut() + 'a>);
+
+/// Prints `line`, then each of `launches` timed alone (µs per launch, 100
+/// replays in one graph), their sum, and all of them in one graph.
+fn print_launches(dev: &Device, mut line: String, launches: &mut [Launch]) {
+    let mut total = 0.0;
+    for (name, f) in launches.iter_mut() {
+        let t = per_call_graph_us(dev, f.as_mut());
+        total += t;
+        line += &format!(" {name} {t:.1};");
+    }
+    let whole = per_call_graph_us(dev, &mut || {
+        for (_, f) in launches.iter_mut() {
+            f();
+        }
+    });
+    println!(
+        "{line} sum {total:.1}; the layer's {} launches in one graph {whole:.1} us",
+        launches.len()
+    );
+}
 
 /// One decode layer at SmolLM2-135M's shapes (Q4_1 weights, 9 query heads
 /// over 3 KV heads of 64, 228 keys in the cache): each launch alone and the
@@ -52,7 +72,7 @@ fn layer_figures() {
         n_kv: nkv,
         head_dim: hd,
     };
-    let mut line = String::from("one decode layer, graph-replayed (us per launch):");
+    let line = String::from("one decode layer, graph-replayed (us per launch):");
     let mut unfused: Vec<Launch> = Vec::new();
     unfused.push((
         "rms_norm",
@@ -225,18 +245,7 @@ fn layer_figures() {
             .unwrap()
         }),
     ));
-    let mut total = 0.0;
-    for (name, f) in unfused.iter_mut() {
-        let t = per_call_graph_us(dev, f.as_mut());
-        total += t;
-        line += &format!(" {name} {t:.1};");
-    }
-    let whole = per_call_graph_us(dev, &mut || {
-        for (_, f) in unfused.iter_mut() {
-            f();
-        }
-    });
-    println!("{line} sum {total:.1}; the layer's 12 launches in one graph {whole:.1} us");
+    print_launches(dev, line, &mut unfused);
     drop(unfused);
     let norm = norm.borrow();
     let nw = norm.as_view();
@@ -394,19 +403,10 @@ fn layer_figures() {
             .unwrap()
         }),
     ));
-    let mut line = String::from("fused:");
-    let mut total = 0.0;
-    for (name, f) in fused.iter_mut() {
-        let t = per_call_graph_us(dev, f.as_mut());
-        total += t;
-        line += &format!(" {name} {t:.1};");
+    for early in EarlyLaunch::ALL {
+        dev.set_early_launch(early);
+        print_launches(dev, format!("fused, early launch {early:?}:"), &mut fused);
     }
-    let whole = per_call_graph_us(dev, &mut || {
-        for (_, f) in fused.iter_mut() {
-            f();
-        }
-    });
-    println!("{line} sum {total:.1}; the layer's 5 launches in one graph {whole:.1} us");
 }
 
 /// The fused decode layer as a forward runs it: 30 layers, each with its
@@ -522,10 +522,14 @@ fn streamed_layer_figures() {
             .unwrap();
         }
     };
-    // per_call_graph_us replays 100 steps: µs per step, then per layer.
-    let per_step = per_call_graph_us(dev, &mut step);
-    println!(
-        "fused, 30 layers with their own weights (streamed from memory), one graph: {per_step:.1} us a step, {:.1} us a layer",
-        per_step / layers as f64
-    );
+    // per_call_graph_us replays 100 steps: µs per step, then per layer;
+    // each launch after the one before has finished, then launched early.
+    for early in EarlyLaunch::ALL {
+        dev.set_early_launch(early);
+        let per_step = per_call_graph_us(dev, &mut step);
+        println!(
+            "fused, 30 layers with their own weights (streamed from memory), one graph, early launch {early:?}: {per_step:.1} us a step, {:.1} us a layer",
+            per_step / layers as f64
+        );
+    }
 }

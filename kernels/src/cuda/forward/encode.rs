@@ -307,10 +307,7 @@ impl Layer<'_> {
         )?;
         taps.tap(st::FFN_GATE, li, &sc.g, ff)?;
         taps.tap(st::FFN_UP, li, &sc.u, ff)?;
-        let (gate, stage) = match c.family.ffn {
-            FfnActivation::Silu => (ops::swiglu as GateOp, st::FFN_SWIGLU),
-            FfnActivation::GeluTanh => (ops::geglu as GateOp, st::FFN_GEGLU),
-        };
+        let (gate, stage) = gate_op(c.family.ffn);
         gate(
             dev,
             &sc.g.as_view(),
@@ -363,6 +360,14 @@ pub(crate) type GateOp = fn(
     &mut CudaViewMut<f32>,
     usize,
 ) -> Result<(), CudaError>;
+
+/// The FFN's gated product for `ffn` and the stage it is tapped as.
+pub(crate) fn gate_op(ffn: FfnActivation) -> (GateOp, &'static str) {
+    match ffn {
+        FfnActivation::Silu => (ops::swiglu as GateOp, st::FFN_SWIGLU),
+        FfnActivation::GeluTanh => (ops::geglu as GateOp, st::FFN_GEGLU),
+    }
+}
 
 /// `y = x W^T`, through int8 activations when `q8` and the weight is
 /// block-quantized (float weights have no integer dot product to feed).

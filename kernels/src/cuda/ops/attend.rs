@@ -2,6 +2,7 @@
 
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 
+use super::launch::{launch, trigger_at, KernelArgs};
 use super::{check, grid, launch_err, upload, DeviceMatrix};
 use crate::cuda::device::{Device, Family};
 use crate::cuda::CudaError;
@@ -319,13 +320,20 @@ pub fn attention_split_at(
         pf.ptr[i] = p;
         pf.bytes[i] = m.data.len() as u64;
     }
-    let mut b = dev.stream().launch_builder(&f);
-    b.arg(q).arg(k).arg(v).arg(out).arg(pos);
-    b.arg(&nh).arg(&nkv).arg(&hd).arg(&scale).arg(&win);
-    b.arg(&dsi).arg(&ch).arg(&mk).arg(&pf);
+    let mut a = KernelArgs::default();
+    a.buf(dev, q)
+        .buf(dev, k)
+        .buf(dev, v)
+        .buf(dev, &*out)
+        .buf(dev, pos);
+    a.val(&nh).val(&nkv).val(&hd).val(&scale).val(&win);
+    a.val(&dsi).val(&ch).val(&mk).val(&pf).val(&trigger_at(dev));
+    // A key's score per thread: 256 threads past 128 keys take them in
+    // one round (which thread scores a key changes no sum).
+    let threads = if seen > 128 { 256 } else { 128 };
     let cfg = LaunchConfig {
         grid_dim: (s.rows as u32, s.n_head as u32, (s.head_dim / ds) as u32),
-        block_dim: (128, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: shared as u32,
     };
     // SAFETY: as attention_at's; besides, the values' rows and the offsets
@@ -333,9 +341,9 @@ pub fn attention_split_at(
     // above: v's address, kv_stride, head_dim and ds multiples of 4 floats),
     // and the shared memory holds the longest row's scores (`seen` keys, no
     // row seeing more) and `chunk` keys of ds values; the prefetched ranges
-    // are whole device allocations, and a prefetch reads nothing back.
-    unsafe { b.launch(cfg) }.map_err(launch_err("attention_split"))?;
-    Ok(())
+    // are whole device allocations, and a prefetch reads nothing back. The
+    // kernel only prefetches before `pdl_wait`.
+    unsafe { launch(dev, &f, cfg, &mut a, true, "attention_split") }
 }
 
 /// Writes `rows` rows of new keys and values (`[rows, kv_width]`) into one

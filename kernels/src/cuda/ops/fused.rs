@@ -4,6 +4,7 @@
 
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
+use super::launch::{launch, trigger_at, KernelArgs};
 use super::{check, launch_err, raise_shared, DeviceMatrix, MATMUL_F32_OUTS, MATMUL_MAX_STAGED};
 use crate::cuda::device::{Device, Family};
 use crate::cuda::CudaError;
@@ -258,7 +259,6 @@ impl Fused<'_> {
         };
         let f = dev.function(Family::Fused, "matmul_fused")?;
         raise_shared(&f, shared, "matmul_fused")?;
-        let null = 0u64;
         let ty = |i: usize| ws[i].ggml_type.id() as i32;
         let (t0, t1, t2) = (ty(0), ty(1), ty(2));
         let [n0, n1, n2] = self.n.map(|n| n as i32);
@@ -269,35 +269,38 @@ impl Fused<'_> {
             cols as i32,
             staged as i32,
         );
-        let mut b = dev.stream().launch_builder(&f);
-        b.arg(&self.mode);
-        b.arg(&ws[0].data).arg(&ws[1].data).arg(&ws[2].data);
-        b.arg(&t0).arg(&t1).arg(&t2).arg(&n0).arg(&n1).arg(&n2);
-        b.arg(x);
+        let mut a = KernelArgs::default();
+        a.val(&self.mode);
+        for w in ws {
+            a.buf(dev, &w.data);
+        }
+        a.val(&t0).val(&t1).val(&t2).val(&n0).val(&n1).val(&n2);
+        a.buf(dev, x);
         match &norm {
-            Some(n) => b.arg(n.weight),
-            None => b.arg(&null),
+            Some(n) => a.buf(dev, n.weight),
+            None => a.null(),
         };
-        b.arg(&eps);
+        a.val(&eps);
         match resid {
-            Some(r) => b.arg(r),
-            None => b.arg(&null),
+            Some(r) => a.buf(dev, r),
+            None => a.null(),
         };
         for y in ys {
             match y {
-                Some(y) => b.arg(y),
-                None => b.arg(&null),
+                Some(y) => a.buf(dev, &*y),
+                None => a.null(),
             };
         }
         match pos {
-            Some((p, _)) => b.arg(p),
-            None => b.arg(&null),
+            Some((p, _)) => a.buf(dev, p),
+            None => a.null(),
         };
         match pos.and_then(|(_, t)| t) {
-            Some(t) => b.arg(t),
-            None => b.arg(&null),
+            Some(t) => a.buf(dev, t),
+            None => a.null(),
         };
-        b.arg(&hd).arg(&base).arg(&r).arg(&c).arg(&st);
+        a.val(&hd).val(&base).val(&r).val(&c).val(&st);
+        a.val(&trigger_at(dev));
         let per_block = match self.mode {
             SWIGLU => MATMUL_F32_OUTS / 2,
             _ => MATMUL_F32_OUTS,
@@ -317,8 +320,8 @@ impl Fused<'_> {
         // read and write (checked above and by the public launchers; the
         // caches' positions are the caller's, as for kv_write; a RoPE table
         // holds rows x head_dim floats, checked by qkv_rope_tabled); pointers
-        // passed as null are never read in the launch's mode.
-        unsafe { b.launch(cfg) }.map_err(launch_err("matmul_fused"))?;
-        Ok(())
+        // passed as null are never read in the launch's mode. The kernel
+        // reads only its weights before `pdl_wait`.
+        unsafe { launch(dev, &f, cfg, &mut a, true, "matmul_fused") }
     }
 }

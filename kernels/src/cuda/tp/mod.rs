@@ -46,9 +46,10 @@ use std::sync::Arc;
 
 use crate::cpu::tp::plan::TpPlan;
 use crate::cuda::device::{driver_present, Device};
+use crate::cuda::forward::Acts;
 use crate::cuda::CudaError;
 use crate::forward::{Forward, ForwardError, Precision};
-use crate::switches::{ActPrecision, Family, Switches, TpSkip};
+use crate::switches::{Switches, TpSkip};
 use model::{LlamaConfig, ModelWeights};
 use reduce::Reducer;
 use step::{Rank, RankCache};
@@ -78,15 +79,6 @@ impl TpDevices {
             ))),
         }
     }
-}
-
-/// Whether each matmul family sees int8 activations.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Acts {
-    pub attn: bool,
-    pub ffn_up: bool,
-    pub ffn_down: bool,
-    pub logits: bool,
 }
 
 /// The CUDA forward over `N` tensor-parallel ranks (see the module doc).
@@ -120,29 +112,7 @@ fn check_model(weights: &ModelWeights, precision: Precision, n: usize) -> Result
             "--tp {n}: cuda runs f32 and q8; precision {precision} runs on the cpu backend only"
         )));
     }
-    crate::forward::check_config(&weights.config)?;
-    if weights
-        .layers
-        .iter()
-        .any(|l| l.bq.is_some() || l.bk.is_some() || l.bv.is_some())
-    {
-        return Err(ForwardError::Unsupported(
-            "cuda: q/k/v projection biases (Qwen2) run on the cpu backend only".into(),
-        ));
-    }
-    let fam = &weights.config.family;
-    let x = |l: &model::LayerWeights| {
-        let e = &l.extra_norms;
-        (fam.qk_norm && (e.q_norm.is_none() || e.k_norm.is_none()))
-            || (fam.post_norms && (e.post_attn_norm.is_none() || e.post_ffn_norm.is_none()))
-    };
-    if weights.layers.iter().any(x) {
-        return Err(ForwardError::Unsupported(format!(
-            "cuda: the {} family's extra norms are missing from a layer",
-            weights.config.arch
-        )));
-    }
-    Ok(())
+    crate::cuda::forward::check_model(weights)
 }
 
 impl CudaTpForward {
@@ -197,13 +167,7 @@ impl CudaTpForward {
                 (devs, reducer)
             }
         };
-        let q8 = |f| switches.resolve(f, precision) == ActPrecision::Q8;
-        let acts = Acts {
-            attn: q8(Family::Attn),
-            ffn_up: q8(Family::FfnUp),
-            ffn_down: q8(Family::FfnDown),
-            logits: q8(Family::Logits),
-        };
+        let acts = Acts::resolve(switches, precision);
         let ranks = devs
             .iter()
             .zip(&plan.ranks)

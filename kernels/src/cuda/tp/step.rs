@@ -15,12 +15,12 @@ use super::{Acts, CudaTpForward};
 use crate::cpu::tp::plan::RankPlan;
 use crate::cpu::tp::{FFN_DOWN_PARTIAL, O_PROJ_PARTIAL};
 use crate::cuda::device::Device;
-use crate::cuda::forward::encode::{matmuls, GateOp};
+use crate::cuda::forward::encode::{gate_op, matmuls};
 use crate::cuda::ops;
 use crate::cuda::CudaError;
 use crate::stages as st;
 use crate::switches::Reduce;
-use model::{FfnActivation, LlamaConfig};
+use model::LlamaConfig;
 
 /// One rank: its device, its share, its buffers.
 pub(super) struct Rank {
@@ -257,10 +257,7 @@ impl Half<'_> {
         )?;
         at.ranked(dev, st::FFN_GATE, l, rank, &sc.g, ff, 0..ff, place())?;
         at.ranked(dev, st::FFN_UP, l, rank, &sc.u, ff, 0..ff, place())?;
-        let (gate, stage) = match c.family.ffn {
-            FfnActivation::Silu => (ops::swiglu as GateOp, st::FFN_SWIGLU),
-            FfnActivation::GeluTanh => (ops::geglu as GateOp, st::FFN_GEGLU),
-        };
+        let (gate, stage) = gate_op(c.family.ffn);
         gate(
             dev,
             &sc.g.as_view(),

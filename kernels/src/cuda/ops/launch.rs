@@ -1,0 +1,125 @@
+//! Launches through `cuLaunchKernelEx`, for the kernels that may start
+//! before the kernel ahead of them in the stream has finished
+//! (programmatic dependent launch, sm_90 and later: the fused pass's
+//! matmuls and split attention). Such a kernel fetches its weights, then
+//! waits in `pdl_wait` (common.cuh) for the kernel before to finish before
+//! it reads an activation or writes anything, so every value is the one a
+//! serialized launch computes: the launch overlaps only the start of one
+//! kernel (its launch and its weights' loads) with the end of the other.
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys::{
+    self, CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue, CUlaunchConfig,
+};
+use cudarc::driver::{CudaFunction, DevicePtr, DeviceRepr, LaunchConfig};
+
+use crate::cuda::device::{Device, EarlyLaunch};
+use crate::cuda::CudaError;
+
+/// A kernel's arguments in order, each held by value (in 8-byte words, so
+/// every argument is aligned as the driver reads it) until the launch has
+/// copied them.
+#[derive(Default)]
+pub(crate) struct KernelArgs {
+    words: Vec<Box<[u64]>>,
+}
+
+impl KernelArgs {
+    /// A plain value argument (an integer, a float, a `#[repr(C)]` struct).
+    pub(crate) fn val<T: DeviceRepr>(&mut self, v: &T) -> &mut Self {
+        let size = std::mem::size_of::<T>();
+        let mut w = vec![0u64; size.div_ceil(8).max(1)].into_boxed_slice();
+        // SAFETY: `w` holds at least `size` bytes, and T is plain data
+        // (DeviceRepr: passed to kernels by its bytes).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (v as *const T).cast::<u8>(),
+                w.as_mut_ptr().cast::<u8>(),
+                size,
+            )
+        };
+        self.words.push(w);
+        self
+    }
+
+    /// A device buffer's address.
+    pub(crate) fn buf<T>(&mut self, dev: &Device, b: &impl DevicePtr<T>) -> &mut Self {
+        let (p, _sync) = b.device_ptr(dev.stream());
+        self.val(&p)
+    }
+
+    /// A null pointer, for an argument the launch's mode never reads.
+    pub(crate) fn null(&mut self) -> &mut Self {
+        self.val(&0u64)
+    }
+}
+
+/// The last argument of a kernel written for early launch: where it lets
+/// the next kernel start ([`EarlyLaunch`]): 0 at its start, 1 after
+/// `pdl_wait`, 2 once it has computed its outputs.
+pub(crate) fn trigger_at(dev: &Device) -> i32 {
+    match dev.early_launch() {
+        EarlyLaunch::Off | EarlyLaunch::AtStart => 0,
+        EarlyLaunch::AfterWait => 1,
+        EarlyLaunch::Late => 2,
+    }
+}
+
+/// Launches `f` on the device's stream with `args`; `early` lets it start
+/// while the kernel before it finishes, where the device's mode allows
+/// ([`Device::early_launch`]). The kernel must then call `pdl_wait` as
+/// described above (a kernel that calls it is also correct launched plain).
+///
+/// # Safety
+/// As any launch: `args` match the kernel's parameters, and every buffer
+/// holds what the kernel reads and writes at this configuration.
+pub(crate) unsafe fn launch(
+    dev: &Device,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    args: &mut KernelArgs,
+    early: bool,
+    name: &str,
+) -> Result<(), CudaError> {
+    let err = |e| CudaError::driver(&format!("launch {name}"), e);
+    dev.context().bind_to_thread().map_err(err)?;
+    let mut ptrs: Vec<*mut c_void> = args
+        .words
+        .iter_mut()
+        .map(|w| w.as_mut_ptr().cast::<c_void>())
+        .collect();
+    // SAFETY: an all-zero attribute is a valid plain C struct; its id and
+    // value are set below.
+    let mut attr: CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value = CUlaunchAttributeValue {
+        programmaticStreamSerializationAllowed: 1,
+    };
+    let early = early && dev.early_launch() != EarlyLaunch::Off;
+    let config = CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: dev.stream().cu_stream(),
+        attrs: &mut attr,
+        numAttrs: early as u32,
+    };
+    // SAFETY: the configuration, the attribute and the argument words live
+    // until the call returns (the driver copies the arguments at launch);
+    // the caller vouches for the arguments and buffers.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            ptrs.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+    .map_err(err)
+}
