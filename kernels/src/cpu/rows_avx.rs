@@ -363,8 +363,6 @@ macro_rules! by_type {
         }
     };
 }
-#[cfg(target_arch = "x86_64")]
-pub(super) use by_type;
 
 /// Dequantizes whole Q4_0, Q4_1 or Q8_0 blocks as
 /// [`super::qmatrix::dequantize_blocks`] does, eight weights at a time

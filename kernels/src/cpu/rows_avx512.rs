@@ -13,7 +13,7 @@
 //! (to compare the two).
 
 #[cfg(target_arch = "x86_64")]
-use super::rows_avx::{add_scaled, by_type, reduce4, reduce8, split, Q4_0, Q4_1, Q8_0};
+use super::rows_avx::{add_scaled, reduce4, reduce8, split, Q4_0, Q4_1, Q8_0};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -41,6 +41,19 @@ pub fn supported() -> bool {
     {
         false
     }
+}
+
+/// Calls `$f::<TY>($args)` for `$ty`'s constant (Q4_0, Q4_1 or Q8_0).
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_type {
+    ($ty:expr, $f:ident($($arg:expr),*)) => {
+        match $ty {
+            model::quant::GgmlType::Q4_1 => $f::<Q4_1>($($arg),*),
+            model::quant::GgmlType::Q4_0 => $f::<Q4_0>($($arg),*),
+            model::quant::GgmlType::Q8_0 => $f::<Q8_0>($($arg),*),
+            t => unreachable!("{t} has no fused kernel; the caller checks `fused_type`"),
+        }
+    };
 }
 
 /// The 32 weights of one block of row A (at `a`) and of row B (at `b`) as
@@ -172,32 +185,6 @@ unsafe fn high(v: __m512) -> __m256 {
     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))
 }
 
-/// One block (at byte `off` of each row of `w`) of the four rows' products
-/// with `x`, added to the two row pairs' accumulators, chunk by chunk.
-///
-/// # Safety
-/// The CPU must support AVX-512F, AVX2, F16C and FMA; a whole block of `TY`
-/// at `off` in each row.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f,avx2,f16c,fma")]
-unsafe fn accumulate_block<const TY: u32>(
-    acc: &mut [__m512; 2],
-    x: &[__m512; 4],
-    w: [&[u8]; 4],
-    off: usize,
-) {
-    for (pair, acc_p) in acc.iter_mut().enumerate() {
-        let wv = block_weights2::<TY>(
-            w[2 * pair].as_ptr().add(off),
-            w[2 * pair + 1].as_ptr().add(off),
-        );
-        for (x, y) in x.iter().zip(wv) {
-            *acc_p = _mm512_add_ps(*acc_p, _mm512_mul_ps(*x, y));
-        }
-    }
-}
-
 /// `rows_avx::dot_w4_blocks` on 512-bit registers: the same bits.
 ///
 /// # Safety
@@ -215,7 +202,15 @@ unsafe fn dot_w4_ty<const TY: u32>(ts: usize, a: &[f32], w: [&[u8]; 4]) -> [f32;
     let mut acc = [_mm512_setzero_ps(); 2];
     for blk in 0..a.len() / 32 {
         let av = load32_twice(a.as_ptr().add(32 * blk));
-        accumulate_block::<TY>(&mut acc, &av, w, ts * blk);
+        for (pair, acc_p) in acc.iter_mut().enumerate() {
+            let wv = block_weights2::<TY>(
+                w[2 * pair].as_ptr().add(ts * blk),
+                w[2 * pair + 1].as_ptr().add(ts * blk),
+            );
+            for (x, y) in av.iter().zip(wv) {
+                *acc_p = _mm512_add_ps(*acc_p, _mm512_mul_ps(*x, y));
+            }
+        }
     }
     let mut out = [0f32; 4];
     _mm_storeu_ps(out.as_mut_ptr(), reduce_pairs(acc));
@@ -244,7 +239,15 @@ unsafe fn q8_w4_ty<const TY: u32>(ts: usize, q: &[f32], d: &[f32], w: [&[u8]; 4]
     for (blk, &db) in d.iter().enumerate().take(q.len() / 32) {
         let qv = load32_twice(q.as_ptr().add(32 * blk));
         let mut acc = [_mm512_setzero_ps(); 2];
-        accumulate_block::<TY>(&mut acc, &qv, w, ts * blk);
+        for (pair, acc_p) in acc.iter_mut().enumerate() {
+            let wv = block_weights2::<TY>(
+                w[2 * pair].as_ptr().add(ts * blk),
+                w[2 * pair + 1].as_ptr().add(ts * blk),
+            );
+            for (x, y) in qv.iter().zip(wv) {
+                *acc_p = _mm512_add_ps(*acc_p, _mm512_mul_ps(*x, y));
+            }
+        }
         total = _mm_add_ps(total, _mm_mul_ps(_mm_set1_ps(db), reduce_pairs(acc)));
     }
     let mut out = [0f32; 4];
