@@ -119,7 +119,11 @@ fn the_q8_min_term_follows_the_block_dots_block_by_block() {
                     want += mb * eb;
                 }
                 let at = format!("n {n} row {r} feature {o}");
-                assert_eq!(yq[r * rows + o].to_bits(), want.to_bits(), "quantized, {at}");
+                assert_eq!(
+                    yq[r * rows + o].to_bits(),
+                    want.to_bits(),
+                    "quantized, {at}"
+                );
                 assert_eq!(ym[r * rows + o].to_bits(), want.to_bits(), "dense, {at}");
             }
         }
