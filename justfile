@@ -12,6 +12,11 @@ demo out="runs":
 test:
     bash scripts/test.sh
 
+# No import cycle between the modules of any crate (the checker's self-test first).
+cycles:
+    python3 scripts/module_cycles.py --self-test
+    python3 scripts/module_cycles.py
+
 # Lints that must stay clean.
 lint:
     cargo fmt --all -- --check

@@ -11,7 +11,6 @@ use std::collections::{BTreeSet, HashMap};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Difference {
     /// In both, with other bytes, dtype or shape.
-    /// In both, with other bytes, dtype or shape.
     Changed {
         /// A's entry.
         a: Entry,

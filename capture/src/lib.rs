@@ -43,7 +43,7 @@ mod arm;
 pub mod compare;
 pub mod dtype;
 mod error;
-mod hashes;
+pub mod hashes;
 pub mod index;
 pub mod key;
 pub mod manifest;
@@ -56,6 +56,7 @@ mod session;
 mod spare;
 pub mod stage;
 pub mod tapfile;
+mod tree_dir;
 mod writer;
 
 pub use arm::{is_armed, tap, tap_ranked, wants};

@@ -1,23 +1,12 @@
-//! The manifest (`manifest.json`): what a complete tree holds, and the hashes
-//! that make two trees comparable without reading their tensors.
-//!
-//! Format 2 hashes, per directory, one line per tap in **byte order of the
-//! lines** (so the root does not depend on the order the taps were
-//! captured in): `stage \t layer \t pos_start \t pos_end \t slot \t dtype \t shape \t blake3 \n`
-//! (`-` for an absent layer or slot, shape as comma-separated dimensions).
-//! The root hash covers `dir \t dir_hash \n` for every directory in byte
-//! order of its name, then everything else in the manifest that steers a
-//! verdict: the selection, the run's precision, prompt tokens and switches,
-//! and the stage vocabulary. No time, host, path, argv or other run metadata
-//! enters a hash, so equal roots mean bitwise-equal tensors under equal keys,
-//! compared the same way. Each entry also carries the blake3 of its file's
-//! safetensors header, and the manifest its own blake3 (`manifest_blake3`),
-//! so a damaged header or manifest is refused even where nothing else
-//! would notice. Format 1 (capture-order lines, nothing but the entries in
-//! the root) is still read. docs/FORMAT.md is the normative description.
+//! The manifest (`manifest.json`): what a complete tree holds (its entries,
+//! how the run was made, the stage vocabulary), where each tap's file lies,
+//! the format's version and bounds, and the manifest's seal: its own blake3
+//! (`manifest_blake3`) over its bytes, so a damaged manifest is refused even
+//! where nothing else would notice. The hashes that make two trees
+//! comparable without reading their tensors are [`crate::hashes`]'s.
+//! docs/FORMAT.md is the normative description.
 
 use crate::dtype::DType;
-pub use crate::hashes::*;
 use crate::key::Key;
 use crate::stage::StageSpec;
 use serde::{Deserialize, Serialize};
@@ -220,25 +209,67 @@ impl Manifest {
             .iter()
             .fold(0u64, |t, e| t.saturating_add(e.bytes))
     }
+}
 
-    /// The directory and root hashes of this manifest's content, by the
-    /// definition of its major version (format 1 only hashed the entries,
-    /// in capture order).
-    pub fn hashes(&self) -> (BTreeMap<String, String>, String) {
-        match parse_version(&self.format_version) {
-            Some((1, _)) => tree_hashes_v1(&self.entries),
-            _ => tree_hashes(&self.entries, &self.verdict_inputs()),
-        }
-    }
+/// The `manifest_blake3` a writer puts down before sealing.
+pub const UNSEALED: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
-    /// What in this manifest, besides the entries, steers a verdict.
-    pub fn verdict_inputs(&self) -> VerdictInputs<'_> {
-        VerdictInputs {
-            selection: &self.selection,
-            run: &self.run,
-            stages: &self.stages,
+/// Where the 64 hex digits of the manifest's `manifest_blake3` lie in
+/// `json`: after the first `"manifest_blake3"` key, its colon and quote.
+pub(crate) fn seal_digits(json: &[u8]) -> Option<std::ops::Range<usize>> {
+    const KEY: &[u8] = b"\"manifest_blake3\"";
+    let mut i = memchr::memmem::find(json, KEY)? + KEY.len();
+    let skip_blank = |i: &mut usize| {
+        while json.get(*i).is_some_and(|c| c.is_ascii_whitespace()) {
+            *i += 1;
         }
+    };
+    skip_blank(&mut i);
+    (json.get(i) == Some(&b':')).then_some(())?;
+    i += 1;
+    skip_blank(&mut i);
+    (json.get(i) == Some(&b'"')).then_some(())?;
+    i += 1;
+    let digits = i..i + UNSEALED.len();
+    (json.get(digits.end) == Some(&b'"')).then_some(())?;
+    Some(digits)
+}
+
+/// The blake3 of `json` with its `manifest_blake3` digits read as zeros,
+/// or `None` when it has no such field.
+pub fn seal_of(json: &[u8]) -> Option<String> {
+    let digits = seal_digits(json)?;
+    let mut h = blake3::Hasher::new();
+    h.update(&json[..digits.start]);
+    h.update(UNSEALED.as_bytes());
+    h.update(&json[digits.end..]);
+    Some(h.finalize().to_hex().to_string())
+}
+
+/// Fills in the `manifest_blake3` of a manifest's bytes (written with any
+/// 64 characters there, normally [`UNSEALED`]). Returns false when `json`
+/// has no such field.
+pub fn seal(json: &mut [u8]) -> bool {
+    let (Some(digits), Some(hash)) = (seal_digits(json), seal_of(json)) else {
+        return false;
+    };
+    json[digits].copy_from_slice(hash.as_bytes());
+    true
+}
+
+/// Whether `json`'s `manifest_blake3` is its own blake3: `Err` names what
+/// is wrong (no field, or the hash it has).
+pub fn check_seal(json: &[u8]) -> Result<(), String> {
+    let digits = seal_digits(json).ok_or("no manifest_blake3 field (format 2 requires one)")?;
+    let stored = &json[digits];
+    let actual = seal_of(json).expect("the field was found");
+    if stored != actual.as_bytes() {
+        return Err(format!(
+            "its bytes hash to {actual}, its manifest_blake3 says {}: the manifest was edited or damaged",
+            String::from_utf8_lossy(stored)
+        ));
     }
+    Ok(())
 }
 
 /// The directory a key's file lives in: `L007` (per layer) or `global`.
@@ -264,7 +295,7 @@ fn push_dir_of_layer(p: &mut String, layer: Option<u32>) {
             if layer < 10 {
                 p.push('0');
             }
-            crate::hashes::push_decimal(p, u64::from(layer));
+            push_decimal(p, u64::from(layer));
         }
         None => p.push_str(GLOBAL_DIR),
     }
@@ -280,19 +311,35 @@ pub fn path_of(key: &Key) -> String {
     p.push('/');
     p.push_str(&key.stage);
     p.push_str(".p");
-    crate::hashes::push_decimal(&mut p, u64::from(key.pos.start));
+    push_decimal(&mut p, u64::from(key.pos.start));
     p.push('-');
-    crate::hashes::push_decimal(&mut p, u64::from(key.pos.end));
+    push_decimal(&mut p, u64::from(key.pos.end));
     if let Some(slot) = key.slot {
         p.push_str(".s");
-        crate::hashes::push_decimal(&mut p, u64::from(slot));
+        push_decimal(&mut p, u64::from(slot));
     }
     if let Some(rank) = key.rank {
         p.push_str(".r");
-        crate::hashes::push_decimal(&mut p, u64::from(rank));
+        push_decimal(&mut p, u64::from(rank));
     }
     p.push_str(".safetensors");
     p
+}
+
+/// Appends `v` in decimal: paths and hash lines are written piece by
+/// piece, without `format!`.
+pub(crate) fn push_decimal(out: &mut String, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.push_str(std::str::from_utf8(&digits[i..]).expect("ASCII digits"));
 }
 
 /// The largest layer index a key may have: far beyond any model, small
@@ -389,31 +436,6 @@ mod tests {
         assert_ne!(path_of(&k), formatted(&Key::new("x", Some(50), 0..1)));
     }
 
-    fn entry(stage: &str, layer: Option<u32>, hash: &str) -> Entry {
-        let key = Key::new(stage, layer, 0..2);
-        Entry {
-            path: path_of(&key),
-            key,
-            dtype: DType::F32,
-            shape: vec![2, 3],
-            blake3: hash.to_string(),
-            bytes: 24,
-            header_blake3: None,
-        }
-    }
-
-    fn hashes(entries: &[Entry]) -> (BTreeMap<String, String>, String) {
-        let run = RunInfo::default();
-        tree_hashes(
-            entries,
-            &VerdictInputs {
-                selection: "all",
-                run: &run,
-                stages: &[],
-            },
-        )
-    }
-
     #[test]
     fn paths() {
         assert_eq!(
@@ -437,112 +459,6 @@ mod tests {
     }
 
     #[test]
-    fn hashes_see_only_tensor_identity() {
-        let a = vec![
-            entry("attn_norm", Some(0), "aa"),
-            entry("logits", None, "bb"),
-        ];
-        let (dirs, root) = hashes(&a);
-        assert_eq!(dirs.len(), 2);
-        // Same content, other run metadata: same root (the run never enters).
-        assert_eq!(hashes(&a.clone()).1, root);
-        // A changed tensor changes its directory's hash and the root, not the other directory.
-        let mut b = a.clone();
-        b[1].blake3 = "cc".into();
-        let (dirs_b, root_b) = hashes(&b);
-        assert_ne!(root_b, root);
-        assert_eq!(dirs_b["L000"], dirs["L000"]);
-        assert_ne!(dirs_b["global"], dirs["global"]);
-        // Shape and dtype are part of the identity too.
-        let mut c = a.clone();
-        c[0].shape = vec![3, 2];
-        assert_ne!(hashes(&c).1, root);
-        let mut d = a.clone();
-        d[0].dtype = DType::I32;
-        assert_ne!(hashes(&d).1, root);
-        let mut e = a.clone();
-        e[0].key.slot = Some(0);
-        assert_ne!(hashes(&e).1, root);
-    }
-
-    #[test]
-    fn root_does_not_depend_on_capture_order() {
-        // A refactor that computes v before q and k taps them in another
-        // order: the same tensors must give the same root.
-        let a = vec![
-            entry("q_proj", Some(0), "aa"),
-            entry("k_proj", Some(0), "bb"),
-            entry("v_proj", Some(0), "cc"),
-            entry("logits", None, "dd"),
-        ];
-        let mut b = a.clone();
-        b.rotate_left(2);
-        assert_eq!(hashes(&b), hashes(&a));
-        // Format 1 hashed capture order: the defect this fixes.
-        assert_ne!(tree_hashes_v1(&b).1, tree_hashes_v1(&a).1);
-    }
-
-    #[test]
-    fn root_covers_what_steers_a_verdict() {
-        let a = vec![entry("attn_norm", Some(0), "aa")];
-        let run = RunInfo {
-            precision: "f32".into(),
-            prompt_tokens: vec![1, 2],
-            switches: [("fast".to_string(), "1".to_string())].into(),
-            host: "here".into(),
-            time: "2026-01-01T00:00:00Z".into(),
-            ..RunInfo::default()
-        };
-        let stages = [StageSpec::layer("attn_norm", &["post_ffn_residual@prev"])
-            .with_first_layer_inputs(&["embedding"])];
-        let root = |f: &dyn Fn(&mut RunInfo, &mut String, &mut Vec<StageSpec>)| {
-            let (mut run, mut selection, mut stages) =
-                (run.clone(), "all".to_string(), stages.to_vec());
-            f(&mut run, &mut selection, &mut stages);
-            let inputs = VerdictInputs {
-                selection: &selection,
-                run: &run,
-                stages: &stages,
-            };
-            tree_hashes(&a, &inputs).1
-        };
-        let base = root(&|_, _, _| {});
-        // Times, hosts, argv, revisions: not a verdict's business.
-        assert_eq!(root(&|r, _, _| r.host = "there".into()), base);
-        assert_eq!(
-            root(&|r, _, _| r.time = "2027-01-01T00:00:00Z".into()),
-            base
-        );
-        assert_eq!(root(&|r, _, _| r.git_rev = Some("abc".into())), base);
-        // Each of these changes what a verdict would say.
-        assert_ne!(root(&|r, _, _| r.precision = "q8".into()), base);
-        assert_ne!(root(&|r, _, _| r.prompt_tokens = vec![1, 3]), base);
-        assert_ne!(root(&|r, _, _| r.prompt_tokens = vec![12]), base);
-        assert_ne!(
-            root(&|r, _, _| {
-                r.switches.insert("fast".into(), "0".into());
-            }),
-            base
-        );
-        assert_ne!(root(&|_, s, _| *s = "stage=attn_*".into()), base);
-        assert_ne!(root(&|_, _, st| st[0].inputs.clear()), base);
-        assert_ne!(root(&|_, _, st| st[0].first_layer_inputs.clear()), base);
-        assert_ne!(
-            root(&|_, _, st| st[0].scope = crate::stage::Scope::Global),
-            base
-        );
-        // Length-prefixed strings: moving text between fields is seen.
-        assert_ne!(
-            root(&|r, _, _| {
-                r.switches = [("fa".to_string(), "st\t1".to_string())].into();
-            }),
-            root(&|r, _, _| {
-                r.switches = [("fa\tst".to_string(), "1".to_string())].into();
-            })
-        );
-    }
-
-    #[test]
     fn a_sealed_manifest_detects_any_change_to_its_bytes() {
         let mut json = format!(
             "{{\"format\":\"taptree\",\"manifest_blake3\": \"{UNSEALED}\",\"entries\":[{{}}]}}\n"
@@ -560,69 +476,6 @@ mod tests {
             assert!(check_seal(&json[..len]).is_err(), "cut at {len}");
         }
         assert!(check_seal(b"{\"format\":\"taptree\"}").is_err());
-    }
-
-    #[test]
-    fn directory_hashes_of_many_entries_equal_the_hash_of_the_whole_text() {
-        // Directories far larger than one hashing batch, their entries
-        // interleaved as a decode loop writes them.
-        let mut entries = Vec::new();
-        for p in 0..1000u32 {
-            for layer in [Some(0), Some(1), None] {
-                let key = Key::new("ffn_down", layer, p..p + 1);
-                entries.push(Entry {
-                    path: path_of(&key),
-                    key,
-                    dtype: DType::F32,
-                    shape: vec![1, 576],
-                    blake3: format!("{:064x}", p as u64 * 7 + layer.map_or(9, u64::from)),
-                    bytes: 576 * 4,
-                    header_blake3: None,
-                });
-            }
-        }
-        let (dirs, _) = hashes(&entries);
-        for layer in [Some(0), Some(1), None] {
-            let mut lines: Vec<String> = entries
-                .iter()
-                .filter(|e| e.key.layer == layer)
-                .map(|e| {
-                    let mut line = String::new();
-                    hash_line(&mut line, &e.key, e.dtype, &e.shape, &e.blake3);
-                    line
-                })
-                .collect();
-            lines.sort();
-            let text = format!("taptree dir v2\n{}", lines.concat());
-            assert!(text.len() > 3 * 16 * 1024);
-            let want = blake3::hash(text.as_bytes()).to_hex().to_string();
-            assert_eq!(dirs[&dir_of_layer(layer)], want);
-        }
-    }
-
-    #[test]
-    fn golden_root() {
-        // The hash definition is part of the format: a change here is a
-        // format change (bump the major version in FORMAT_VERSION and FORMAT.md).
-        let a = vec![
-            entry("attn_norm", Some(0), "aa"),
-            entry("logits", None, "bb"),
-        ];
-        let mut text = String::new();
-        hash_line(&mut text, &a[0].key, a[0].dtype, &a[0].shape, &a[0].blake3);
-        assert_eq!(text, "attn_norm\t0\t0\t2\t-\tF32\t2,3\taa\n");
-        let dir = blake3::hash(format!("taptree dir v2\n{text}").as_bytes()).to_hex();
-        assert_eq!(hashes(&a).0["L000"], dir.as_str());
-        let v1 = blake3::hash(format!("taptree dir v1\n{text}").as_bytes()).to_hex();
-        assert_eq!(tree_hashes_v1(&a).0["L000"], v1.as_str());
-        let global = hashes(&a).0["global"].clone();
-        let root = format!(
-            "taptree root v2\nL000\t{dir}\nglobal\t{global}\nselection\t3:all\nprecision\t0:\ntokens\t\n"
-        );
-        assert_eq!(
-            hashes(&a).1,
-            blake3::hash(root.as_bytes()).to_hex().as_str()
-        );
     }
 
     #[test]

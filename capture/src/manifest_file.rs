@@ -6,7 +6,6 @@ use crate::error::{Error, Result};
 use crate::manifest::{self, Entry, Manifest, FORMAT_MAJOR, FORMAT_MAJOR_OLDEST, MANIFEST_FILE};
 use crate::open::*;
 use crate::tapfile;
-use memmap2::Mmap;
 use std::collections::HashSet;
 use std::io::Read;
 use std::path::{Component, Path};
@@ -88,7 +87,7 @@ pub(crate) fn version_text(v: serde_json::Value) -> String {
 
 /// The manifest's bytes (at most `limit` of them); a missing manifest is an
 /// incomplete capture (or, in an empty directory, no tree at all).
-pub(crate) fn read_manifest(tree: &Path, limit: Option<usize>) -> Result<ManifestBytes> {
+pub(crate) fn read_manifest(tree: &Path, limit: Option<usize>) -> Result<FileBytes> {
     let path = tree.join(MANIFEST_FILE);
     if !std::fs::metadata(tree)
         .map_err(|e| Error::io(tree, e))?
@@ -99,27 +98,20 @@ pub(crate) fn read_manifest(tree: &Path, limit: Option<usize>) -> Result<Manifes
             reason: "not a directory (a tree is a directory holding manifest.json)".into(),
         });
     }
-    let read = |path: &Path| -> std::io::Result<ManifestBytes> {
+    let read = |path: &Path| -> std::io::Result<FileBytes> {
         let file = open_regular(path)?;
-        let mut bytes = Vec::new();
         match limit {
             Some(n) => {
+                let mut bytes = Vec::new();
                 file.take(n as u64).read_to_end(&mut bytes)?;
+                Ok(FileBytes::Read(bytes))
             }
-            None => {
-                // Mapped, not read: a copy of a manifest of many megabytes
-                // costs as much in fresh zeroed pages as its parse saves.
-                // SAFETY: read-only; a manifest is renamed into place whole
-                // and never written again.
-                if let Ok(map) = unsafe { Mmap::map(&file) } {
-                    return Ok(ManifestBytes::Mapped(map));
-                }
-                (&file).read_to_end(&mut bytes)?;
-            }
-        };
-        Ok(ManifestBytes::Read(bytes))
+            // Mapped, not read: a copy of a manifest of many megabytes
+            // costs as much in fresh zeroed pages as its parse saves.
+            None => map_or_read(&file, u64::MAX, false),
+        }
     };
-    check_manifest_link(tree, &path)?;
+    check_link_inside(tree, &path)?;
     match read(&path) {
         Ok(b) => Ok(b),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -137,40 +129,6 @@ pub(crate) fn read_manifest(tree: &Path, limit: Option<usize>) -> Result<Manifes
             })
         }
         Err(e) => Err(Error::io(&path, e)),
-    }
-}
-
-/// A manifest that is a link must resolve inside its tree: a tree's
-/// description is the tree's own.
-pub(crate) fn check_manifest_link(tree: &Path, path: &Path) -> Result<()> {
-    if !is_link(path) {
-        return Ok(());
-    }
-    let root = tree.canonicalize().map_err(|e| Error::io(tree, e))?;
-    let target = path.canonicalize().map_err(|e| Error::io(path, e))?;
-    if target.starts_with(&root) {
-        return Ok(());
-    }
-    Err(Error::BadManifest {
-        path: path.to_path_buf(),
-        reason: format!("a symlink to {}, outside the tree", target.display()),
-    })
-}
-
-/// A manifest's bytes: a prefix read, or the whole file mapped.
-pub(crate) enum ManifestBytes {
-    Read(Vec<u8>),
-    Mapped(Mmap),
-}
-
-impl std::ops::Deref for ManifestBytes {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        match self {
-            ManifestBytes::Read(b) => b,
-            ManifestBytes::Mapped(m) => m,
-        }
     }
 }
 
@@ -273,12 +231,20 @@ pub(crate) fn scan_head(prefix: &[u8]) -> HeadFields {
     fields
 }
 
-pub(crate) fn check_entries(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<()> {
+/// Checks every entry and the hashes against the root; returns the
+/// entries' total bytes (checked not to overflow).
+pub(crate) fn check_entries(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<u64> {
     // A large manifest is checked on every core first; only one that
     // fails is checked again entry by entry, for the first entry's error.
-    if m.entries.len() < PARALLEL_FROM || !entries_sound(tree, m) {
-        check_one_by_one(tree, manifest_path, m)?;
-    }
+    let sound = if m.entries.len() < PARALLEL_FROM {
+        None
+    } else {
+        entries_sound(tree, m)
+    };
+    let bytes = match sound {
+        Some(bytes) => bytes,
+        None => check_one_by_one(tree, manifest_path, m)?,
+    };
     let (dirs, root) = m.hashes();
     if dirs != m.dirs || root != m.root {
         return Err(Error::BadManifest {
@@ -289,17 +255,17 @@ pub(crate) fn check_entries(tree: &Path, manifest_path: &Path, m: &Manifest) -> 
             ),
         });
     }
-    Ok(())
+    Ok(bytes)
 }
 
 /// Below this many entries a manifest is checked on one thread.
 const PARALLEL_FROM: usize = 2048;
 
-/// Whether every entry passes [`check_one_by_one`]'s checks, found on
-/// every core: each entry's own checks ([`check_entry`]), the sums of
-/// positions and bytes, and no key twice (on a thread of its own
-/// meanwhile).
-fn entries_sound(tree: &Path, m: &Manifest) -> bool {
+/// The entries' total bytes if every entry passes [`check_one_by_one`]'s
+/// checks, found on every core: each entry's own checks ([`check_entry`]),
+/// the sums of positions and bytes, and no key twice (on a thread of its
+/// own meanwhile).
+fn entries_sound(tree: &Path, m: &Manifest) -> Option<u64> {
     use rayon::prelude::*;
     let (sums, unique) = rayon::join(
         || {
@@ -316,10 +282,9 @@ fn entries_sound(tree: &Path, m: &Manifest) -> bool {
             m.entries.iter().all(|e| keys.insert(&e.key))
         },
     );
-    unique
-        && sums.is_some_and(|(rows, bytes)| {
-            rows <= u64::from(manifest::MAX_POSITION) && bytes <= u128::from(u64::MAX)
-        })
+    let (rows, bytes) = sums.filter(|_| unique)?;
+    let bytes = u64::try_from(bytes).ok()?;
+    (rows <= u64::from(manifest::MAX_POSITION)).then_some(bytes)
 }
 
 /// One entry's own checks: its key's bounds, its path, its byte count
@@ -359,8 +324,9 @@ fn check_entry(tree: &Path, manifest_path: &Path, e: &Entry) -> Result<()> {
 }
 
 /// Each entry's own checks, the sums of positions and bytes, and no key
-/// twice, in entry order: the first problem is the error.
-fn check_one_by_one(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<()> {
+/// twice, in entry order: the first problem is the error. Returns the
+/// entries' total bytes.
+fn check_one_by_one(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<u64> {
     let mut keys = HashSet::with_capacity_and_hasher(m.entries.len(), KeyHasher::default());
     let mut total: u64 = 0;
     let mut rows: u64 = 0;
@@ -389,7 +355,7 @@ fn check_one_by_one(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<(
             });
         }
     }
-    Ok(())
+    Ok(total)
 }
 
 /// FNV-1a for the duplicate-key check of [`check_entries`]: keys are short,

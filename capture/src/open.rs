@@ -1,6 +1,10 @@
-//! Opening a tree's files without being fooled: no link followed, no FIFO,
-//! device or socket read, no read sized past what the file holds.
+//! Opening a tree's files without being fooled: no link followed (or, for
+//! the manifest and index, none leading out of the tree), no FIFO, device
+//! or socket read, no read sized past what the file holds; and a file's
+//! bytes mapped, or read where it cannot be mapped.
 
+use crate::error::{Error, Result};
+use memmap2::Mmap;
 use std::io::Read;
 use std::path::Path;
 
@@ -91,6 +95,95 @@ pub(crate) fn read_all(
             Ok(k) => n += k,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
+        }
+    }
+}
+
+/// A tree's manifest or index that is a link must resolve inside the
+/// tree: a tree's description is the tree's own.
+pub(crate) fn check_link_inside(tree: &Path, path: &Path) -> Result<()> {
+    if !is_link(path) {
+        return Ok(());
+    }
+    let root = tree.canonicalize().map_err(|e| Error::io(tree, e))?;
+    let target = path.canonicalize().map_err(|e| Error::io(path, e))?;
+    if target.starts_with(&root) {
+        return Ok(());
+    }
+    Err(Error::BadManifest {
+        path: path.to_path_buf(),
+        reason: format!("a symlink to {}, outside the tree", target.display()),
+    })
+}
+
+/// A file's bytes (a manifest's, an index's): read, or the whole file mapped.
+pub(crate) enum FileBytes {
+    Read(Vec<u8>),
+    Mapped(Mmap),
+}
+
+impl std::ops::Deref for FileBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            FileBytes::Read(b) => b,
+            FileBytes::Mapped(m) => m,
+        }
+    }
+}
+
+/// A regular file's bytes, mapped whole (a copy of many megabytes costs
+/// more than the checksum or parse over them), or, where mapping fails (a
+/// filesystem without mmap), its first `len` bytes read (`u64::MAX`: all
+/// of them; a file that shrank gives fewer, which the callers' size checks
+/// refuse). `populate`: the kernel maps every page at
+/// once rather than one fault at a time as one checksum walks them; not
+/// where several threads share the checksum (they fault their pages in
+/// side by side).
+pub(crate) fn map_or_read(
+    file: &std::fs::File,
+    len: u64,
+    populate: bool,
+) -> std::io::Result<FileBytes> {
+    let mut options = memmap2::MmapOptions::new();
+    if populate {
+        options.populate();
+    }
+    // SAFETY: read-only; a tree's manifest and index are renamed into
+    // place whole and never written again.
+    if let Ok(map) = unsafe { options.map(file) } {
+        return Ok(FileBytes::Mapped(map));
+    }
+    read_from_start(file, len).map(FileBytes::Read)
+}
+
+/// `len` bytes of `file` from its start (at most: a file that shrank
+/// gives fewer, which the callers' size checks refuse).
+pub(crate) fn read_from_start(mut file: &std::fs::File, len: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Seek;
+    file.seek(std::io::SeekFrom::Start(0))?;
+    let mut bytes = Vec::new();
+    file.take(len).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// procfs files cannot be mapped: the bytes are read instead.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_file_that_cannot_be_mapped_is_read() {
+        let file = std::fs::File::open("/proc/self/maps").unwrap();
+        // SAFETY: read-only, and expected to fail.
+        assert!(unsafe { memmap2::Mmap::map(&file) }.is_err());
+        for populate in [false, true] {
+            match map_or_read(&file, 1 << 20, populate).unwrap() {
+                FileBytes::Read(b) => assert!(!b.is_empty()),
+                FileBytes::Mapped(_) => panic!("a procfs file was mapped"),
+            }
         }
     }
 }

@@ -40,8 +40,8 @@ impl TreeReader {
         let manifest_path = path.join(MANIFEST_FILE);
         let bytes = read_manifest(&path, None)?;
         let (manifest, counts) = parse_manifest(&manifest_path, &bytes)?;
-        check_entries(&path, &manifest_path, &manifest)?;
-        let actual = (manifest.entries.len() as u64, manifest.bytes_of_entries());
+        let bytes_of_entries = check_entries(&path, &manifest_path, &manifest)?;
+        let actual = (manifest.entries.len() as u64, bytes_of_entries);
         if let (Some(taps), Some(bytes)) = counts {
             if (taps, bytes) != actual {
                 return Err(Error::BadManifest {

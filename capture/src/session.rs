@@ -19,6 +19,7 @@ use crate::manifest::{Manifest, RunInfo, FORMAT_VERSION, MARKER_FILE};
 use crate::out_dir::*;
 use crate::select::Selection;
 use crate::stage::StageSpec;
+use crate::tree_dir::{remove_tree, sibling};
 use crate::writer::{Active, Written};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

@@ -26,7 +26,7 @@
 use crate::error::{Error, Result};
 use crate::index::INDEX_FILE;
 use crate::manifest::MANIFEST_FILE;
-use crate::out_dir::{is_layer_dir, is_tree, remove_tree, sibling_named, tree_remains};
+use crate::tree_dir::{is_layer_dir, is_tree, remove_tree, sibling_named, tree_remains};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 

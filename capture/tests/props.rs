@@ -2,7 +2,8 @@
 //! never accepts a damaged file as the original; selections agree with their
 //! definition; hashes depend on exactly what the format says.
 
-use capture::manifest::{path_of, tree_hashes, VerdictInputs};
+use capture::hashes::{tree_hashes, VerdictInputs};
+use capture::manifest::path_of;
 use capture::tapfile::{encode_header, parse};
 use capture::{DType, Entry, Key, Selection};
 use proptest::prelude::*;

@@ -29,8 +29,8 @@ pub struct DiffReport {
     pub b: TreeInfo,
     /// The truth, if one was given.
     pub truth: Option<TreeInfo>,
-    /// The tolerance, as written (`cos>=0.999 & nmse<=1e-4`).
-    pub tolerance: String,
+    /// The tolerance (shown as written: `cos>=0.999 & nmse<=1e-4`).
+    pub tolerance: crate::tolerance::Tolerance,
     /// What the diff concluded.
     pub outcome: DiffOutcome,
     /// One row per (layer, stage), in forward order (empty when identical).
@@ -47,9 +47,9 @@ pub struct DiffReport {
     /// Rows ranked by error growth, largest jump first (indices into `rows`).
     pub growth_ranking: Vec<usize>,
     /// Keys (one per position) present in only one tree: never compared.
-    pub only_in_a: Vec<String>,
+    pub only_in_a: Vec<capture::Key>,
     /// Keys (one per position) present in B only.
-    pub only_in_b: Vec<String>,
+    pub only_in_b: Vec<capture::Key>,
     /// Where the two runs' input tokens part (greedy generation chose
     /// differently): positions from there on are not compared.
     pub inputs_split: Option<crate::inputs::InputSplit>,
@@ -63,13 +63,23 @@ pub struct DiffReport {
     pub notes: Vec<Note>,
 }
 
-/// Which tree: A or B.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which tree: A or B (serialized as `A` or `B`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Side {
     /// The reference.
     A,
     /// The tree compared with it.
     B,
+}
+
+impl Side {
+    /// `A` or `B`, as every renderer names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::A => "A",
+            Side::B => "B",
+        }
+    }
 }
 
 /// What the diff concluded; maps to the exit code 0, 1 or 2.

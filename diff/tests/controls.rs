@@ -25,7 +25,7 @@ fn perturbed_control_names_every_stage_exactly() {
                     slot: None,
                 };
                 let c = controls::perturbed(&a, &opts(), Some(&at)).unwrap();
-                assert!(c.passed, "{at:?}: {}", finding(&c.finding));
+                assert!(c.passed(), "{at:?}: {}", finding(&c.finding));
             }
         }
     }
@@ -73,7 +73,7 @@ fn self_and_default_perturbed_controls_pass_on_a_sound_tree() {
     let a = MemTree::new("a", taps(&Shape::default(), |_| {}));
     let all = controls::run(&a, &a, &opts(), None).unwrap();
     for c in &all {
-        assert!(c.passed, "{}: {}", c.name.as_str(), finding(&c.finding));
+        assert!(c.passed(), "{}: {}", c.name().as_str(), finding(&c.finding));
     }
     // Default PERTURBED target: the middle of the forward.
     let mid = controls::middle(&a).unwrap();

@@ -128,7 +128,7 @@ fn taps_cut_at_different_positions_are_matched_position_by_position() {
     t.key.pos.end = 3;
     t.values.truncate(2 * t.width);
     let r = diff::diff(&a, &MemTree::new("b", short), None, &opts()).unwrap();
-    assert_eq!(r.only_in_a, vec!["L1/ffn_gate@3".to_string()]);
+    assert_eq!(r.only_in_a, vec!["L1/ffn_gate@3".parse().unwrap()]);
     assert!(r.only_in_b.is_empty());
     assert_eq!(r.counts.positions, 48 * 4 - 1);
 }

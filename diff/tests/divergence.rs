@@ -128,15 +128,13 @@ fn degenerate_agreement_is_not_agreement() {
     assert_eq!(row.status, Status::Degenerate);
     assert_eq!(r.outcome, DiffOutcome::Inconclusive);
     let v = controls::fixture_validity(&[(Side::A, &a), (Side::B, &b)]).unwrap();
-    assert!(!v.passed);
-    assert_eq!(v.flagged.len(), 4 * 2);
-    assert_eq!(v.flagged[0].key.to_string(), "L1/v_proj@0");
+    assert!(!v.passed());
+    assert_eq!(v.flagged().len(), 4 * 2);
+    assert_eq!(v.flagged()[0].key.to_string(), "L1/v_proj@0");
     let clean = MemTree::new("c", taps(&Shape::default(), |_| {}));
-    assert!(
-        controls::fixture_validity(&[(Side::A, &clean)])
-            .unwrap()
-            .passed
-    );
+    assert!(controls::fixture_validity(&[(Side::A, &clean)])
+        .unwrap()
+        .passed());
 }
 
 #[test]
@@ -154,7 +152,7 @@ fn constant_and_nonfinite_taps_are_flagged() {
     );
     let v = controls::fixture_validity(&[(Side::A, &a)]).unwrap();
     let found: Vec<String> = v
-        .flagged
+        .flagged()
         .iter()
         .map(|f| format!("{} {}", f.key, f.what))
         .collect();

@@ -81,10 +81,7 @@ pub struct PosError {
 impl Row {
     /// `L3/ffn_down`, `logits`.
     pub fn name(&self) -> String {
-        match self.layer {
-            Some(l) => format!("L{l}/{}", self.stage),
-            None => self.stage.clone(),
-        }
+        capture::RowId::new(self.layer, self.stage.as_str()).to_string()
     }
 }
 

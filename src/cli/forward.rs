@@ -15,12 +15,11 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// The name `kernels::backend::open_tp` and the manifest use.
+    /// The name `kernels::backend::open_tp` and the manifest use: its
+    /// word in [`kernels::backend::BACKENDS`], in whose order the variants
+    /// are declared (a test holds them to it).
     pub fn name(self) -> &'static str {
-        match self {
-            Backend::Cpu => "cpu",
-            Backend::Cuda => "cuda",
-        }
+        kernels::backend::BACKENDS[self as usize]
     }
 }
 
@@ -58,7 +57,13 @@ impl PrecisionArg {
     /// The built-in forward's precision of that name, none for a dtype
     /// only a foreign engine computes in.
     pub fn builtin(self) -> Option<Precision> {
-        Precision::parse(self.name())
+        match self {
+            PrecisionArg::F32 => Some(Precision::F32),
+            PrecisionArg::Q8 => Some(Precision::Q8),
+            PrecisionArg::Llamacpp => Some(Precision::LlamaCpp),
+            PrecisionArg::F64 => Some(Precision::F64),
+            PrecisionArg::Bf16 | PrecisionArg::F16 => None,
+        }
     }
 }
 

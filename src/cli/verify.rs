@@ -2,7 +2,7 @@
 //! refactoring oracle: are two trees bitwise identical?).
 
 use crate::exit;
-use capture::{compare, Difference, TreeReader};
+use capture::{compare, Comparison, Difference, TreeReader};
 use std::path::PathBuf;
 
 /// Check a tree's integrity, or whether two trees are bitwise identical.
@@ -33,61 +33,104 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
     match args.trees.as_slice() {
-        [one] => integrity(one, args.json),
-        [a, b] => oracle(a, b, args.rehash, args.json),
+        [one] => {
+            present_integrity(&integrity(one)?, args.json)?;
+            Ok(exit::OK)
+        }
+        [a, b] => {
+            if !args.rehash && !args.json {
+                // Equal roots settle it from the manifests' heads alone (the
+                // JSON report counts from the whole manifests).
+                if let Some(head) = crate::trusted::identical_heads(a, b)? {
+                    crate::trusted::print_identical(&mut std::io::stdout().lock(), &head)?;
+                    return Ok(exit::OK);
+                }
+            }
+            let verdict = oracle(a, b, args.rehash)?;
+            present_oracle(&verdict, args.json)?;
+            Ok(if verdict.cmp.identical {
+                exit::OK
+            } else {
+                exit::DIVERGED
+            })
+        }
         _ => unreachable!("clap allows one or two trees"),
     }
 }
 
-fn integrity(path: &PathBuf, json: bool) -> anyhow::Result<u8> {
-    let tree = TreeReader::open(path)?;
-    let checked = tree.verify()?;
-    let unlisted = tree.unlisted()?;
-    if json {
-        let out = serde_json::json!({
-            "tree": path,
-            "ok": true,
-            "taps": checked.taps,
-            "bytes": checked.bytes,
-            "root": tree.root(),
-            "unlisted": unlisted,
-        });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    } else {
-        println!(
-            "ok: {} tensors, {} bytes rehashed, root {}",
-            checked.taps,
-            checked.bytes,
-            tree.root()
-        );
-        if !unlisted.is_empty() {
-            const SHOWN: usize = 5;
-            let more = match unlisted.len().saturating_sub(SHOWN) {
-                0 => String::new(),
-                n => format!(" and {n} more"),
-            };
-            println!(
-                "note: {} not in the manifest (not part of the tree, not checked): {}{more}",
-                match unlisted.len() {
-                    1 => "1 file is".to_string(),
-                    n => format!("{n} files are"),
-                },
-                unlisted[..unlisted.len().min(SHOWN)].join(", ")
-            );
-        }
-    }
-    Ok(exit::OK)
+/// One tree, every tensor file reread and rehashed against its manifest.
+struct Integrity<'a> {
+    tree: &'a PathBuf,
+    taps: usize,
+    bytes: u64,
+    root: String,
+    /// Files in the tree that its manifest does not list.
+    unlisted: Vec<String>,
 }
 
-fn oracle(a: &PathBuf, b: &PathBuf, rehash: bool, json: bool) -> anyhow::Result<u8> {
-    if !rehash && !json {
-        // Equal roots settle it from the manifests' heads alone (the JSON
-        // report counts from the whole manifests).
-        if let Some(head) = crate::trusted::identical_heads(a, b)? {
-            crate::trusted::print_identical(&mut std::io::stdout().lock(), &head)?;
-            return Ok(exit::OK);
-        }
+fn integrity(path: &PathBuf) -> anyhow::Result<Integrity<'_>> {
+    let tree = TreeReader::open(path)?;
+    let checked = tree.verify()?;
+    Ok(Integrity {
+        tree: path,
+        taps: checked.taps,
+        bytes: checked.bytes,
+        root: tree.root().to_string(),
+        unlisted: tree.unlisted()?,
+    })
+}
+
+fn present_integrity(v: &Integrity, json: bool) -> anyhow::Result<()> {
+    if json {
+        let out = serde_json::json!({
+            "tree": v.tree,
+            "ok": true,
+            "taps": v.taps,
+            "bytes": v.bytes,
+            "root": v.root,
+            "unlisted": v.unlisted,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
     }
+    println!(
+        "ok: {} tensors, {} bytes rehashed, root {}",
+        v.taps, v.bytes, v.root
+    );
+    if !v.unlisted.is_empty() {
+        const SHOWN: usize = 5;
+        let more = match v.unlisted.len().saturating_sub(SHOWN) {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
+        println!(
+            "note: {} not in the manifest (not part of the tree, not checked): {}{more}",
+            match v.unlisted.len() {
+                1 => "1 file is".to_string(),
+                n => format!("{n} files are"),
+            },
+            v.unlisted[..v.unlisted.len().min(SHOWN)].join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Two trees compared entry by entry (after each was rehashed whole, with
+/// `--rehash`).
+struct Oracle<'a> {
+    a: &'a PathBuf,
+    b: &'a PathBuf,
+    rehashed: bool,
+    taps: usize,
+    bytes: u64,
+    root_a: String,
+    root_b: String,
+    cmp: Comparison,
+    /// The first difference's tap files, in A and in B, where it has them.
+    files: (Option<PathBuf>, Option<PathBuf>),
+}
+
+fn oracle<'a>(a: &'a PathBuf, b: &'a PathBuf, rehash: bool) -> anyhow::Result<Oracle<'a>> {
     let ta = TreeReader::open(a)?;
     let tb = TreeReader::open(b)?;
     if rehash {
@@ -102,13 +145,29 @@ fn oracle(a: &PathBuf, b: &PathBuf, rehash: bool, json: bool) -> anyhow::Result<
         rb?;
     }
     let cmp = compare(&ta, &tb);
-    let taps = ta.entries().len();
-    let bytes = ta.manifest().bytes_of_entries();
-    let trust = if rehash {
-        "every tensor rehashed"
-    } else {
-        "manifests trusted; --rehash rereads every tensor"
+    let files = match &cmp.first {
+        Some(Difference::Changed { a: ea, b: eb }) => {
+            (Some(ta.file_path(ea)), Some(tb.file_path(eb)))
+        }
+        Some(Difference::Missing(e)) => (Some(ta.file_path(e)), None),
+        Some(Difference::Extra(e)) => (None, Some(tb.file_path(e))),
+        None => (None, None),
     };
+    Ok(Oracle {
+        a,
+        b,
+        rehashed: rehash,
+        taps: ta.entries().len(),
+        bytes: ta.manifest().bytes_of_entries(),
+        root_a: ta.root().to_string(),
+        root_b: tb.root().to_string(),
+        cmp,
+        files,
+    })
+}
+
+fn present_oracle(v: &Oracle, json: bool) -> anyhow::Result<()> {
+    let cmp = &v.cmp;
     if json {
         let first = cmp.first.as_ref().map(|d| {
             let (kind, ha, hb) = match d {
@@ -124,14 +183,14 @@ fn oracle(a: &PathBuf, b: &PathBuf, rehash: bool, json: bool) -> anyhow::Result<
             })
         });
         let out = serde_json::json!({
-            "a": a,
-            "b": b,
+            "a": v.a,
+            "b": v.b,
             "identical": cmp.identical,
-            "rehashed": rehash,
-            "taps": taps,
-            "bytes": bytes,
-            "root_a": ta.root(),
-            "root_b": tb.root(),
+            "rehashed": v.rehashed,
+            "taps": v.taps,
+            "bytes": v.bytes,
+            "root_a": v.root_a,
+            "root_b": v.root_b,
             "changed": cmp.changed,
             "missing": cmp.missing,
             "extra": cmp.extra,
@@ -140,15 +199,21 @@ fn oracle(a: &PathBuf, b: &PathBuf, rehash: bool, json: bool) -> anyhow::Result<
             "first": first,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
-    } else if cmp.identical {
+        return Ok(());
+    }
+    let trust = if v.rehashed {
+        "every tensor rehashed"
+    } else {
+        "manifests trusted; --rehash rereads every tensor"
+    };
+    if cmp.identical {
         println!(
-            "bitwise identical: {taps} tensors, {bytes} bytes, root {}",
-            ta.root()
+            "bitwise identical: {} tensors, {} bytes, root {}",
+            v.taps, v.bytes, v.root_a
         );
-        if ta.root() != tb.root() {
+        if v.root_a != v.root_b {
             println!("(the same tensors in another capture order: roots differ)");
         }
-        println!("({trust})");
     } else {
         let dirs = cmp.dirs_skipped + cmp.dirs_differing;
         println!(
@@ -157,22 +222,16 @@ fn oracle(a: &PathBuf, b: &PathBuf, rehash: bool, json: bool) -> anyhow::Result<
         );
         if let Some(first) = &cmp.first {
             println!("first difference in forward order: {}", describe(first));
-            match first {
-                Difference::Changed { a: ea, b: eb } => {
-                    println!("  A: {}", ta.file_path(ea).display());
-                    println!("  B: {}", tb.file_path(eb).display());
-                }
-                Difference::Missing(e) => println!("  A: {}", ta.file_path(e).display()),
-                Difference::Extra(e) => println!("  B: {}", tb.file_path(e).display()),
+            if let Some(p) = &v.files.0 {
+                println!("  A: {}", p.display());
+            }
+            if let Some(p) = &v.files.1 {
+                println!("  B: {}", p.display());
             }
         }
-        println!("({trust})");
     }
-    Ok(if cmp.identical {
-        exit::OK
-    } else {
-        exit::DIVERGED
-    })
+    println!("({trust})");
+    Ok(())
 }
 
 fn describe(d: &Difference) -> String {

@@ -60,6 +60,12 @@ pub const CHUNK: usize = 1 << 20;
 /// one shorter; none for empty `b`), so that several cores can share it.
 pub fn xxh3_chunked(b: &[u8]) -> [u8; 16] {
     let digests: Vec<[u8; 16]> = b.chunks(CHUNK).map(xxh3).collect();
+    fold_chunks(&digests)
+}
+
+/// The last step of [`xxh3_chunked`]: the checksum of the digests of a
+/// file's chunks, in order, however they were computed.
+pub(super) fn fold_chunks(digests: &[[u8; 16]]) -> [u8; 16] {
     xxh3(digests.as_flattened())
 }
 
@@ -201,25 +207,6 @@ impl IndexHead {
             return Err("its index does not point at the manifest's entries".into());
         }
         Ok(self.entries_at as usize..self.entries_end as usize)
-    }
-
-    /// Whether `json` is, to the checksum, the manifest this head was
-    /// written for: its size and the XXH3-128 of all its bytes.
-    pub fn check_whole_json(&self, json: &[u8]) -> std::result::Result<(), String> {
-        if json.len() as u64 != self.json_len {
-            return Err(format!(
-                "{} bytes, its index says {}: the manifest was truncated, appended to, edited or damaged",
-                json.len(),
-                self.json_len
-            ));
-        }
-        if checksum(self.major, self.minor, json) != self.json_xxh3 {
-            return Err(
-                "its bytes do not have the checksum its index records: the manifest was edited or damaged"
-                    .into(),
-            );
-        }
-        Ok(())
     }
 
     /// Whether this head describes the manifest whose bytes before its

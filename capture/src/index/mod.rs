@@ -58,10 +58,17 @@ fn bad_index(tree: &Path, reason: impl Into<String>) -> Error {
     }
 }
 
+fn bad_manifest(tree: &Path, reason: impl Into<String>) -> Error {
+    Error::BadManifest {
+        path: tree.join(MANIFEST_FILE),
+        reason: reason.into(),
+    }
+}
+
 /// Opens the index of the tree at `tree`: a regular file inside the tree.
 fn open_index(tree: &Path) -> Result<std::fs::File> {
     let path = tree.join(INDEX_FILE);
-    crate::manifest_file::check_manifest_link(tree, &path)?;
+    check_link_inside(tree, &path)?;
     open_regular(&path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             bad_index(
@@ -102,124 +109,70 @@ pub(crate) fn check_trusted(tree: &Path, version: &str, root: &str) -> Result<In
     let json_path = tree.join(MANIFEST_FILE);
     let json = open_regular(&json_path).map_err(|e| Error::io(&json_path, e))?;
     let json_len = json.metadata().map_err(|e| Error::io(&json_path, e))?.len();
-    let bad = |reason: String| Error::BadManifest {
-        path: json_path.clone(),
-        reason,
-    };
-    let span = head.entries_span(json_len).map_err(bad)?;
-    if chunked_rule(head.major, head.minor) {
-        check_chunked(tree, &head, [&file, &json], json_len, span)?;
-    } else {
-        check_whole(tree, &head, [&file, &json], [len, json_len], span)?;
+    let span = head
+        .entries_span(json_len)
+        .map_err(|r| bad_manifest(tree, r))?;
+    // The files are mapped only once their sizes are the ones recorded.
+    // Whole-file checksums (2.1) walk each file on one thread: the kernel
+    // maps every page at once. Chunked ones (2.3) fault their pages in on
+    // the threads that share them.
+    let populate = !chunked_rule(head.major, head.minor);
+    let index = map_or_read(&file, len, populate).map_err(|e| Error::io(&index_path, e))?;
+    let json = map_or_read(&json, json_len, populate).map_err(|e| Error::io(&json_path, e))?;
+    if index.len() as u64 != len || json.len() as u64 != json_len {
+        return Err(bad_manifest(tree, "changed size while it was read"));
     }
+    check_against_head(tree, &head, Some(&index[HEAD_LEN..]), &json, span)?;
     Ok(head)
 }
 
-/// A format 2.3 tree's checksums, over chunks several threads share, then
-/// its manifest's bytes outside the entries.
-fn check_chunked(
+/// Checks the manifest's bytes `json` (its size already the one `head`
+/// records, its entries at `span`) and, where given, the index's `body`
+/// against the index's head: the checksum of each (the body's first), then
+/// the manifest's bytes outside its entries and the `manifest_blake3` they
+/// hold ([`IndexHead::check_json`]).
+fn check_against_head(
     tree: &Path,
     head: &IndexHead,
-    [index, json]: [&std::fs::File; 2],
-    json_len: u64,
+    body: Option<&[u8]>,
+    json: &[u8],
     span: std::ops::Range<usize>,
 ) -> Result<()> {
-    let json_path = tree.join(MANIFEST_FILE);
-    let bad = |reason: &str| Error::BadManifest {
-        path: json_path.clone(),
-        reason: reason.into(),
-    };
-    let index_len = HEAD_LEN as u64 + head.body_len;
-    let index =
-        map_or_read(index, index_len, false).map_err(|e| Error::io(tree.join(INDEX_FILE), e))?;
-    let json = map_or_read(json, json_len, false).map_err(|e| Error::io(&json_path, e))?;
-    if index.len() as u64 != index_len || json.len() as u64 != json_len {
-        return Err(bad("changed size while it was read"));
-    }
-    let sums = sum::checksums_of(&[&index[HEAD_LEN..], &json[..]]);
-    if sums[0] != head.body_xxh3 {
+    let (body_sum, json_sum) = checksums(head, body, json);
+    if body_sum.is_some_and(|sum| sum != head.body_xxh3) {
         return Err(bad_index(
             tree,
             "its records do not have the checksum its head records: the index was edited or damaged",
         ));
     }
-    if sums[1] != head.json_xxh3 {
-        return Err(bad(
+    if json_sum != head.json_xxh3 {
+        return Err(bad_manifest(
+            tree,
             "its bytes do not have the checksum its index records: the manifest was edited or damaged",
         ));
     }
-    head.check_json(&json, &json[span.end..], json_len)
-        .map_err(|r| bad(&r))
+    head.check_json(json, &json[span.end..], json.len() as u64)
+        .map_err(|r| bad_manifest(tree, r))
 }
 
-/// A format 2.1 tree's checksums: each file's XXH3-128 whole, the two side
-/// by side.
-fn check_whole(
-    tree: &Path,
-    head: &IndexHead,
-    [file, json]: [&std::fs::File; 2],
-    [len, json_len]: [u64; 2],
-    span: std::ops::Range<usize>,
-) -> Result<()> {
-    let index_path = tree.join(INDEX_FILE);
-    let json_path = tree.join(MANIFEST_FILE);
-    let bad = |reason: String| Error::BadManifest {
-        path: json_path.clone(),
-        reason,
+/// The checksums of `body` (where given) and `json` under the rule of the
+/// head's version: a 2.3 tree's over chunks several threads share, a 2.1
+/// tree's each whole, the two side by side (the manifest's is three
+/// quarters of the work).
+fn checksums(head: &IndexHead, body: Option<&[u8]>, json: &[u8]) -> (Option<[u8; 16]>, [u8; 16]) {
+    let Some(body) = body else {
+        return (None, checksum(head.major, head.minor, json));
     };
-    // The files are mapped only once their sizes are the ones recorded.
-    let index = map_or_read(file, len, true).map_err(|e| Error::io(&index_path, e))?;
-    let json = map_or_read(json, json_len, true).map_err(|e| Error::io(&json_path, e))?;
-    // The two checksums side by side: the manifest's is three quarters of
-    // the work.
-    let (body_ok, json_ok) = std::thread::scope(|s| {
-        let body = s.spawn(|| index.get(HEAD_LEN..).map(xxh3) == Some(head.body_xxh3));
-        let json_ok = head.check_whole_json(&json);
-        (body.join().unwrap_or(false), json_ok)
-    });
-    if !body_ok {
-        return Err(bad_index(
-            tree,
-            "its records do not have the checksum its head records: the index was edited or damaged",
-        ));
+    if chunked_rule(head.major, head.minor) {
+        let sums = sum::checksums_of(&[body, json]);
+        return (Some(sums[0]), sums[1]);
     }
-    json_ok.map_err(bad)?;
-    head.check_json(&json, &json[span.end.min(json.len())..], json_len)
-        .map_err(bad)
-}
-
-/// A regular file's `len` bytes, mapped (a copy of many megabytes costs
-/// more than the checksum over them), or read where mapping fails (a
-/// filesystem without mmap). `populate`: the kernel maps every page at
-/// once rather than one fault at a time as one checksum walks them; not
-/// where several threads share the checksum (they fault their pages in
-/// side by side).
-fn map_or_read(
-    file: &std::fs::File,
-    len: u64,
-    populate: bool,
-) -> std::io::Result<crate::manifest_file::ManifestBytes> {
-    use crate::manifest_file::ManifestBytes;
-    let mut options = memmap2::MmapOptions::new();
-    if populate {
-        options.populate();
-    }
-    // SAFETY: read-only; a tree's manifest and index are renamed into
-    // place whole and never written again.
-    if let Ok(map) = unsafe { options.map(file) } {
-        return Ok(ManifestBytes::Mapped(map));
-    }
-    read_from_start(file, len).map(ManifestBytes::Read)
-}
-
-/// `len` bytes of `file` from its start (at most: a file that shrank
-/// gives fewer, which the callers' size checks refuse).
-fn read_from_start(mut file: &std::fs::File, len: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::Seek;
-    file.seek(std::io::SeekFrom::Start(0))?;
-    let mut bytes = Vec::new();
-    file.take(len).read_to_end(&mut bytes)?;
-    Ok(bytes)
+    std::thread::scope(|s| {
+        let body = s.spawn(|| xxh3(body));
+        let json = xxh3(json);
+        let body = body.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (Some(body), json)
+    })
 }
 
 fn check_version_and_root(tree: &Path, head: &IndexHead, version: &str, root: &str) -> Result<()> {
@@ -261,11 +214,6 @@ fn read_up_to(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize
 /// before its entries are parsed from `json`, and the entries are decoded
 /// from the index.
 pub(crate) fn open_manifest(tree: &Path, json: &[u8]) -> Result<Manifest> {
-    let json_path = tree.join(MANIFEST_FILE);
-    let bad_json = |reason: String| Error::BadManifest {
-        path: json_path.clone(),
-        reason,
-    };
     let file = open_index(tree)?;
     // Mapped, not read: a read into fresh zeroed pages (grown by doubling
     // past a guess at its size) cost more than decoding the records.
@@ -276,15 +224,15 @@ pub(crate) fn open_manifest(tree: &Path, json: &[u8]) -> Result<Manifest> {
         .len();
     let index = map_or_read(&file, len, true).map_err(|e| Error::io(&index_path, e))?;
     let head = IndexHead::parse(&index).map_err(|r| bad_index(tree, r))?;
-    let span = head.entries_span(json.len() as u64).map_err(bad_json)?;
-    head.check_whole_json(json).map_err(bad_json)?;
-    head.check_json(json, &json[span.end..], json.len() as u64)
-        .map_err(bad_json)?;
+    let span = head
+        .entries_span(json.len() as u64)
+        .map_err(|r| bad_manifest(tree, r))?;
+    check_against_head(tree, &head, None, json, span.clone())?;
     let mut text = json[..span.start].to_vec();
     text.extend_from_slice(b"[]");
     text.extend_from_slice(&json[span.end..]);
     let mut m: Manifest = serde_json::from_slice(&text)
-        .map_err(|e| bad_json(format!("its fields before the entries: {e}")))?;
+        .map_err(|e| bad_manifest(tree, format!("its fields before the entries: {e}")))?;
     check_version_and_root(tree, &head, &m.format_version, &m.root)?;
     m.entries = decode(&index, &head).map_err(|r| bad_index(tree, r))?;
     Ok(m)
@@ -328,7 +276,6 @@ pub fn reseal(index: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest_file::ManifestBytes;
 
     #[test]
     fn read_fallback_reads_from_the_start_after_the_head_was_read() {
@@ -341,20 +288,5 @@ mod tests {
         assert_eq!(read_up_to(&mut file, &mut head).unwrap(), 100);
         assert_eq!(read_from_start(&file, 1000).unwrap(), bytes);
         assert_eq!(read_from_start(&file, 10).unwrap(), bytes[..10]);
-    }
-
-    /// procfs files cannot be mapped: the bytes are read instead.
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn a_file_that_cannot_be_mapped_is_read() {
-        let file = std::fs::File::open("/proc/self/maps").unwrap();
-        // SAFETY: read-only, and expected to fail.
-        assert!(unsafe { memmap2::Mmap::map(&file) }.is_err());
-        for populate in [false, true] {
-            match map_or_read(&file, 1 << 20, populate).unwrap() {
-                ManifestBytes::Read(b) => assert!(!b.is_empty()),
-                ManifestBytes::Mapped(_) => panic!("a procfs file was mapped"),
-            }
-        }
     }
 }

@@ -4,7 +4,7 @@
 //! the files are not mapped populated, which the kernel would do on one
 //! core; reading them into buffers instead cost more here).
 
-use super::head::{xxh3, CHUNK};
+use super::head::{fold_chunks, xxh3, CHUNK};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The most threads one call uses by default: 33 MB of checksum is
@@ -59,7 +59,7 @@ pub(crate) fn checksums_of(parts: &[&[u8]]) -> Vec<[u8; 16]> {
     let mut at = 0;
     for p in parts {
         let n = p.len().div_ceil(CHUNK);
-        out.push(xxh3(digests[at..at + n].as_flattened()));
+        out.push(fold_chunks(&digests[at..at + n]));
         at += n;
     }
     out

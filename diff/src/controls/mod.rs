@@ -17,7 +17,7 @@ pub mod doubles;
 use crate::graph::StageGraph;
 use crate::metrics::compare;
 use crate::report::Side;
-use crate::report::{Control, ControlName, DiffReport, Finding, Flagged, Status};
+use crate::report::{Control, DiffReport, Finding, Flagged, Status};
 use crate::tree::Tree;
 use crate::walk::{self, Action, Change, Options, Visit};
 use crate::Error;
@@ -118,8 +118,6 @@ pub fn self_control(a: &dyn Tree, opts: &Options) -> Result<Control, Error> {
         .sum();
     let passed = check.not_equal.is_empty() && !check.one_sided && matched == positions;
     Ok(Control {
-        name: ControlName::SelfCheck,
-        passed,
         finding: if passed {
             Finding::SelfEqual { positions: matched }
         } else {
@@ -130,7 +128,6 @@ pub fn self_control(a: &dyn Tree, opts: &Options) -> Result<Control, Error> {
                 positions,
             }
         },
-        flagged: Vec::new(),
     })
 }
 
@@ -188,10 +185,7 @@ pub fn perturbed(a: &dyn Tree, opts: &Options, at: Option<&At>) -> Result<Contro
             Some(m) => m,
             None => {
                 return Ok(Control {
-                    name: ControlName::Perturbed,
-                    passed: false,
                     finding: Finding::NothingToPerturb,
-                    flagged: Vec::new(),
                 })
             }
         },
@@ -211,8 +205,6 @@ pub fn perturbed(a: &dyn Tree, opts: &Options, at: Option<&At>) -> Result<Contro
     let found = check.first_red;
     let passed = found.as_ref() == Some(&(key.id().row(), pos, key.slot)) && check.red == 1;
     Ok(Control {
-        name: ControlName::Perturbed,
-        passed,
         finding: match (found, passed) {
             (Some(_), true) => Finding::PlantedNamed { at },
             (Some((found, pos, _)), false) => Finding::PlantedMisnamed {
@@ -223,7 +215,6 @@ pub fn perturbed(a: &dyn Tree, opts: &Options, at: Option<&At>) -> Result<Contro
             },
             (None, _) => Finding::PlantedUnseen { at },
         },
-        flagged: Vec::new(),
     })
 }
 
@@ -259,18 +250,13 @@ pub fn fixture_validity(trees: &[(Side, &dyn Tree)]) -> Result<Control, Error> {
         rows += m.entries.iter().map(|e| e.key.rows() as u64).sum::<u64>();
         flagged.extend(found.into_iter().flatten());
     }
-    let finding = match flagged.first() {
-        None => Finding::FixturesValid { positions: rows },
-        Some(first) => Finding::FixturesDegenerate {
-            degenerate: flagged.len(),
+    let finding = if flagged.is_empty() {
+        Finding::FixturesValid { positions: rows }
+    } else {
+        Finding::FixturesDegenerate {
             positions: rows,
-            first: first.clone(),
-        },
+            flagged,
+        }
     };
-    Ok(Control {
-        name: ControlName::FixtureValidity,
-        passed: flagged.is_empty(),
-        finding,
-        flagged,
-    })
+    Ok(Control { finding })
 }

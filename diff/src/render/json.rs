@@ -6,10 +6,10 @@
 //! still counts them.
 
 use crate::inputs::InputSplit;
-use crate::metrics::{Degeneracy, Metrics};
+use crate::metrics::Metrics;
 use crate::report::{
-    Cause, Control, Counts, DiffOutcome, DiffReport, Growth, Position, Row, Status, TreeInfo,
-    TruthVerdict,
+    Cause, Control, Counts, DiffOutcome, DiffReport, Flagged, Growth, Position, Row, Status,
+    TreeInfo, TruthVerdict,
 };
 use crate::stat::StatReport;
 use serde::Serialize;
@@ -22,7 +22,7 @@ struct Json<'r> {
     b: &'r TreeInfo,
     #[serde(skip_serializing_if = "Option::is_none")]
     truth: Option<&'r TreeInfo>,
-    tolerance: &'r str,
+    tolerance: String,
     outcome: DiffOutcome,
     summary: String,
     rows: Vec<JsonRow<'r>>,
@@ -32,12 +32,12 @@ struct Json<'r> {
     first_inexact: Option<usize>,
     common_only: bool,
     growth_ranking: &'r [usize],
-    only_in_a: &'r [String],
-    only_in_b: &'r [String],
+    only_in_a: Vec<String>,
+    only_in_b: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     inputs_split: Option<&'r InputSplit>,
     counts: &'r Counts,
-    controls: Vec<JsonControl>,
+    controls: Vec<JsonControl<'r>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     notes: Vec<String>,
 }
@@ -89,41 +89,31 @@ impl<'r> JsonRow<'r> {
     }
 }
 
-/// A [`Control`] with its finding in words (`detail`).
+/// A [`Control`]: its name, verdict and flagged positions, and its
+/// finding in words (`detail`).
 #[derive(Serialize)]
-struct JsonControl {
+struct JsonControl<'r> {
     name: &'static str,
     passed: bool,
     detail: String,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    flagged: Vec<JsonFlagged>,
+    #[serde(skip_serializing_if = "<[Flagged]>::is_empty")]
+    flagged: &'r [Flagged],
 }
 
-/// A degenerate position: its tree and key as text.
-#[derive(Serialize)]
-struct JsonFlagged {
-    tree: &'static str,
-    key: String,
-    what: Degeneracy,
-}
-
-impl JsonControl {
-    fn new(c: &Control) -> JsonControl {
+impl<'r> JsonControl<'r> {
+    fn new(c: &'r Control) -> JsonControl<'r> {
         JsonControl {
-            name: c.name.as_str(),
-            passed: c.passed,
+            name: c.name().as_str(),
+            passed: c.passed(),
             detail: super::finding(&c.finding),
-            flagged: c
-                .flagged
-                .iter()
-                .map(|f| JsonFlagged {
-                    tree: super::side(f.tree),
-                    key: f.key.to_string(),
-                    what: f.what,
-                })
-                .collect(),
+            flagged: c.flagged(),
         }
     }
+}
+
+/// Keys as the schema writes them: `L1/ffn_gate@3`.
+fn keys(keys: &[capture::Key]) -> Vec<String> {
+    keys.iter().map(|k| k.to_string()).collect()
 }
 
 /// The report as JSON text.
@@ -144,7 +134,7 @@ pub fn write(report: &DiffReport, mut w: impl std::io::Write) -> std::io::Result
         a: &report.a,
         b: &report.b,
         truth: report.truth.as_ref(),
-        tolerance: &report.tolerance,
+        tolerance: report.tolerance.to_string(),
         outcome: report.outcome,
         summary: super::summary::summary(report),
         rows,
@@ -152,8 +142,8 @@ pub fn write(report: &DiffReport, mut w: impl std::io::Write) -> std::io::Result
         first_inexact: report.first_inexact,
         common_only: report.common_only,
         growth_ranking: &report.growth_ranking,
-        only_in_a: &report.only_in_a,
-        only_in_b: &report.only_in_b,
+        only_in_a: keys(&report.only_in_a),
+        only_in_b: keys(&report.only_in_b),
         inputs_split: report.inputs_split.as_ref(),
         counts: &report.counts,
         controls: report.controls.iter().map(JsonControl::new).collect(),

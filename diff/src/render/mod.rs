@@ -8,7 +8,7 @@ pub mod table;
 mod words;
 
 pub use summary::summary;
-pub use words::{finding, hint, note, reason, side};
+pub use words::{finding, hint, note, reason};
 
 /// A row's reasons in words, joined by `; `.
 fn reasons(r: &[crate::report::Reason]) -> String {

@@ -53,8 +53,8 @@ pub fn summary(report: &DiffReport) -> String {
             let failed: Vec<&str> = report
                 .controls
                 .iter()
-                .filter(|c| !c.passed)
-                .map(|c| c.name.as_str())
+                .filter(|c| !c.passed())
+                .map(|c| c.name().as_str())
                 .collect();
             format!(
                 "control {} failed: this comparison cannot be trusted",

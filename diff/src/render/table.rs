@@ -315,8 +315,13 @@ fn render_footer(out: &mut String, report: &DiffReport, p: &Paint) {
         );
     }
     if !report.only_in_a.is_empty() || !report.only_in_b.is_empty() {
-        let list = |v: &[String]| {
-            let mut s = v.iter().take(4).cloned().collect::<Vec<_>>().join(", ");
+        let list = |v: &[capture::Key]| {
+            let mut s = v
+                .iter()
+                .take(4)
+                .map(|k| k.to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
             if v.len() > 4 {
                 s.push_str(&format!(", ... ({} in all)", v.len()));
             }
@@ -373,7 +378,7 @@ fn truth_sentence(row: &Row, t: &crate::report::TruthVerdict) -> String {
 
 fn render_controls(out: &mut String, report: &DiffReport, p: &Paint) {
     for c in &report.controls {
-        let mark = if c.passed {
+        let mark = if c.passed() {
             p.green("passed")
         } else {
             p.red("FAILED")
@@ -381,14 +386,14 @@ fn render_controls(out: &mut String, report: &DiffReport, p: &Paint) {
         let _ = writeln!(
             out,
             "control {}: {mark}: {}",
-            c.name.as_str(),
+            c.name().as_str(),
             super::finding(&c.finding)
         );
-        for f in c.flagged.iter().take(8) {
-            let _ = writeln!(out, "  {} {} is {}", super::side(f.tree), f.key, f.what);
+        for f in c.flagged().iter().take(8) {
+            let _ = writeln!(out, "  {} {} is {}", f.tree.as_str(), f.key, f.what);
         }
-        if c.flagged.len() > 8 {
-            let _ = writeln!(out, "  ... {} flagged in all", c.flagged.len());
+        if c.flagged().len() > 8 {
+            let _ = writeln!(out, "  ... {} flagged in all", c.flagged().len());
         }
     }
 }

@@ -1,7 +1,6 @@
 //! The report's values in words, the same in the table, the JSON and the
 //! HTML: a row's reasons and layout hint, a control's finding, a note.
 
-use crate::report::Side;
 use crate::report::{Finding, LayoutHint, Note, PartialsLeftOut, Reason, ReduceFault};
 
 /// A row's reason in words.
@@ -37,14 +36,6 @@ pub fn reason(r: &Reason) -> String {
                 side(b)
             )
         }
-    }
-}
-
-/// `A` or `B`.
-pub fn side(s: Side) -> &'static str {
-    match s {
-        Side::A => "A",
-        Side::B => "B",
     }
 }
 
@@ -89,16 +80,16 @@ pub fn finding(f: &Finding) -> String {
         Finding::FixturesValid { positions } => {
             format!("{positions} tap positions checked: none all zero, all nonfinite or constant")
         }
-        Finding::FixturesDegenerate {
-            degenerate,
-            positions,
-            first,
-        } => format!(
-            "{degenerate} of {positions} tap positions degenerate (first: {} {} is {})",
-            side(first.tree),
-            first.key,
-            first.what
-        ),
+        Finding::FixturesDegenerate { positions, flagged } => {
+            let first = &flagged[0];
+            format!(
+                "{} of {positions} tap positions degenerate (first: {} {} is {})",
+                flagged.len(),
+                first.tree.as_str(),
+                first.key,
+                first.what
+            )
+        }
     }
 }
 
@@ -143,7 +134,7 @@ pub fn note(n: &Note) -> String {
                     ),
                 })
                 .collect();
-            format!("{row}: shards of {}: {}", side(*tree), parts.join("; "))
+            format!("{row}: shards of {}: {}", tree.as_str(), parts.join("; "))
         }
         Note::AllReduce {
             row,
@@ -169,7 +160,7 @@ pub fn note(n: &Note) -> String {
             };
             format!(
                 "{row} in {} ({taps} taps, positions {first}..{end}): {why}",
-                side(*tree)
+                tree.as_str()
             )
         }
     }

@@ -1,22 +1,58 @@
-//! A control's result, as values: which check, whether the comparator
-//! passed it, and what it found. [`crate::render::finding`] words the
-//! finding (the JSON's `detail`).
+//! A control's result, as values: what it found, from which follow which
+//! check it was, whether the comparator passed it, and the degenerate
+//! positions it flagged. [`crate::render::finding`] words the finding (the
+//! JSON's `detail`).
 
 use super::Side;
 use crate::metrics::Degeneracy;
 use capture::{Key, RowId};
+use serde::Serialize;
+
+/// A key serialized as the text its `Display` writes (`L1/v_proj@0`).
+fn as_text<S: serde::Serializer>(key: &Key, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(key)
+}
 
 /// A check of the comparator itself.
 #[derive(Debug, Clone)]
 pub struct Control {
-    /// Which control.
-    pub name: ControlName,
-    /// Whether the comparator passed it.
-    pub passed: bool,
     /// What was checked and found (the JSON's `detail`, in words).
     pub finding: Finding,
-    /// Degenerate taps found (FIXTURE VALIDITY).
-    pub flagged: Vec<Flagged>,
+}
+
+impl Control {
+    /// Which control it was.
+    pub fn name(&self) -> ControlName {
+        match self.finding {
+            Finding::SelfEqual { .. } | Finding::SelfDiffers { .. } => ControlName::SelfCheck,
+            Finding::NothingToPerturb
+            | Finding::PlantedNamed { .. }
+            | Finding::PlantedMisnamed { .. }
+            | Finding::PlantedUnseen { .. } => ControlName::Perturbed,
+            Finding::FixturesValid { .. } | Finding::FixturesDegenerate { .. } => {
+                ControlName::FixtureValidity
+            }
+        }
+    }
+
+    /// Whether the comparator passed it.
+    pub fn passed(&self) -> bool {
+        matches!(
+            self.finding,
+            Finding::SelfEqual { .. }
+                | Finding::PlantedNamed { .. }
+                | Finding::FixturesValid { .. }
+        )
+    }
+
+    /// The degenerate tap positions it found (FIXTURE VALIDITY), in the
+    /// order the trees and their entries were read.
+    pub fn flagged(&self) -> &[Flagged] {
+        match &self.finding {
+            Finding::FixturesDegenerate { flagged, .. } => flagged,
+            _ => &[],
+        }
+    }
 }
 
 /// The three controls.
@@ -88,24 +124,23 @@ pub enum Finding {
         /// Tap positions checked.
         positions: u64,
     },
-    /// FIXTURE VALIDITY failed: some positions are degenerate (the first
-    /// is the control's `flagged[0]`).
+    /// FIXTURE VALIDITY failed: some positions are degenerate.
     FixturesDegenerate {
-        /// How many.
-        degenerate: usize,
         /// Tap positions checked.
         positions: u64,
-        /// The first one.
-        first: Flagged,
+        /// The degenerate ones (at least one), in the order read.
+        flagged: Vec<Flagged>,
     },
 }
 
-/// A degenerate tap position.
-#[derive(Debug, Clone, PartialEq)]
+/// A degenerate tap position. Serialized as the JSON's `flagged` items:
+/// the tree as `A` or `B`, the key as text.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Flagged {
     /// The tree holding it (`A` or `B`).
     pub tree: Side,
     /// The position (a one-position key).
+    #[serde(serialize_with = "as_text")]
     pub key: Key,
     /// How it is degenerate.
     pub what: Degeneracy,

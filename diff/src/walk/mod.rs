@@ -332,6 +332,6 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.counts.positions, 2);
-        assert_eq!(r.only_in_a, vec!["L0/x@2".to_string()]);
+        assert_eq!(r.only_in_a, vec!["L0/x@2".parse().unwrap()]);
     }
 }

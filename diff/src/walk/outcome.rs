@@ -11,7 +11,7 @@ pub(crate) fn conclude(report: &mut DiffReport) {
         report.outcome = DiffOutcome::Unreadable;
         return;
     }
-    if report.controls.iter().any(|c| !c.passed) {
+    if report.controls.iter().any(|c| !c.passed()) {
         report.outcome = DiffOutcome::ControlFailed;
         return;
     }

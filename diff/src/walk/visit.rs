@@ -58,15 +58,15 @@ pub struct Walked {
 #[derive(Default)]
 pub struct Recorder {
     rows: Vec<Row>,
-    only_in_a: Vec<String>,
-    only_in_b: Vec<String>,
+    only_in_a: Vec<capture::Key>,
+    only_in_b: Vec<capture::Key>,
 }
 
 impl Visit for Recorder {
     fn visit(&mut self, change: Change<'_>) -> Action {
         match change {
-            Change::OnlyIn { side: Side::A, key } => self.only_in_a.push(key.to_string()),
-            Change::OnlyIn { side: Side::B, key } => self.only_in_b.push(key.to_string()),
+            Change::OnlyIn { side: Side::A, key } => self.only_in_a.push(key.to_key()),
+            Change::OnlyIn { side: Side::B, key } => self.only_in_b.push(key.to_key()),
             Change::Row(row) => self.rows.push(*row),
         }
         Action::Continue
@@ -97,7 +97,7 @@ impl Recorder {
             a: info(a),
             b: info(b),
             truth: truth.map(info),
-            tolerance: opts.tolerance.to_string(),
+            tolerance: opts.tolerance.clone(),
             outcome: DiffOutcome::Identical,
             first_divergence: divergence::first_divergence(&rows),
             first_inexact: divergence::first_inexact(&rows),

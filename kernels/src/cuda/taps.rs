@@ -9,7 +9,6 @@
 //! order the taps were made. So the GPU is never drained per tap, and a
 //! capture costs its copies and the writers' work, not a round trip each.
 
-use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -17,6 +16,7 @@ use cudarc::driver::{CudaEvent, CudaView, PinnedHostSlice};
 
 use super::device::Device;
 use super::CudaError;
+use capture::TapId;
 
 /// Buffers in the ring: how many taps may be in flight at once.
 const RING: usize = 8;
@@ -37,10 +37,7 @@ pub fn tap_copy_stats() -> (u64, Duration) {
 
 /// The identity of a copy in flight.
 struct Pending {
-    stage: &'static str,
-    layer: Option<u32>,
-    pos: Range<u32>,
-    slot: Option<u32>,
+    id: TapId<'static>,
     shape: [usize; 2],
 }
 
@@ -75,16 +72,13 @@ impl Default for TapRing {
 }
 
 impl TapRing {
-    /// Enqueues the copy of `view` (`[rows, width]`) for the capture, first
-    /// handing over the oldest copy if its slot is needed.
-    #[allow(clippy::too_many_arguments)]
+    /// Enqueues the copy of `view` (`[rows, width]`) as the tap `id` for
+    /// the capture, first handing over the oldest copy if its slot is
+    /// needed.
     pub fn tap(
         &mut self,
         dev: &Device,
-        stage: &'static str,
-        layer: Option<u32>,
-        pos: Range<u32>,
-        slot: Option<u32>,
+        id: TapId<'static>,
         view: &CudaView<f32>,
         width: usize,
     ) -> Result<(), CudaError> {
@@ -123,10 +117,7 @@ impl TapRing {
         copied.record(stream).map_err(record)?;
         TAP_COPY_BYTES.fetch_add((n * 4) as u64, Ordering::Relaxed);
         s.pending = Some(Pending {
-            stage,
-            layer,
-            pos,
-            slot,
+            id,
             shape: [n / width.max(1), width],
         });
         Ok(())
@@ -158,6 +149,14 @@ fn deliver(s: &mut Slot) -> Result<(), CudaError> {
         .as_slice()
         .map_err(|e| CudaError::driver("pinned tap buffer", e))?;
     let n = p.shape[0] * p.shape[1];
-    capture::tap(p.stage, p.layer, p.pos, p.slot, &p.shape, &host[..n]);
+    let id = p.id;
+    capture::tap(
+        id.stage,
+        id.layer,
+        id.start..id.end,
+        id.slot,
+        &p.shape,
+        &host[..n],
+    );
     Ok(())
 }

@@ -327,7 +327,7 @@ pub fn page(report: &DiffReport, ctx: &DiffContext) -> Page {
             ));
         }
     }
-    facts.push(("tolerance".into(), report.tolerance.clone()));
+    facts.push(("tolerance".into(), report.tolerance.to_string()));
     let mut notes: Vec<String> = Vec::new();
     if let Some(i) = report.first_divergence {
         let r = &report.rows[i];
@@ -341,8 +341,8 @@ pub fn page(report: &DiffReport, ctx: &DiffContext) -> Page {
     for c in &report.controls {
         notes.push(format!(
             "control {}: {} {}",
-            c.name.as_str(),
-            if c.passed { "passed" } else { "FAILED" },
+            c.name().as_str(),
+            if c.passed() { "passed" } else { "FAILED" },
             crate::render::finding(&c.finding)
         ));
     }

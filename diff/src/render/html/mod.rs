@@ -1,7 +1,7 @@
 //! The self-contained HTML reports: one file, inline CSS, SVG and script,
 //! nothing fetched.
 //!
-//! Every report is a [`Page`] ([`page`]): a headline, a chart of error
+//! Every report is a [`Page`] ([`page`], drawn by `draw`): a headline, a chart of error
 //! against depth ([`chart`]) with the first diverging op, the largest error
 //! growth and the largest local error marked, a layer × stage heatmap whose
 //! cells open a panel (the row's per-position strip, prefill and decode
@@ -16,6 +16,7 @@
 
 pub mod chart;
 pub mod diff_page;
+mod draw;
 pub mod page;
 
 pub use diff_page::DiffContext;

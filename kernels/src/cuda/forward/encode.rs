@@ -450,8 +450,8 @@ impl Taps<'_> {
                 continue;
             }
             let view = buf.slice(g.row * width..(g.row + g.rows) * width);
-            self.ring
-                .tap(self.dev, stage, layer, g.pos(), g.slot, &view, width)?;
+            let id = capture::TapId::new(stage, layer, g.pos(), g.slot);
+            self.ring.tap(self.dev, id, &view, width)?;
         }
         Ok(())
     }

@@ -9,7 +9,8 @@ use std::ops::Range;
 
 use cudarc::driver::CudaSlice;
 
-use super::step::{Half, RankCache, Scratch};
+use super::buffers::{RankCache, Scratch};
+use super::Half;
 use crate::cpu::tp::plan::RankPlan;
 use crate::cuda::device::Device;
 use crate::cuda::ops::{self, AttentionShape};

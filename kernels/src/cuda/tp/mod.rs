@@ -50,9 +50,11 @@ use crate::cuda::forward::Acts;
 use crate::cuda::CudaError;
 use crate::forward::{Forward, ForwardError, Precision};
 use crate::switches::{Switches, TpSkip};
+use buffers::RankCache;
 use model::{LlamaConfig, ModelWeights};
 use reduce::Reducer;
-use step::{Rank, RankCache};
+use step::Rank;
+use taps::At;
 use weights::RankWeights;
 
 /// The variable that picks where the ranks run: `nccl` (the default, one
@@ -79,6 +81,17 @@ impl TpDevices {
             ))),
         }
     }
+}
+
+/// What one rank's layer half reads besides its buffers.
+struct Half<'a> {
+    pub c: &'a LlamaConfig,
+    pub acts: Acts,
+    pub l: usize,
+    pub rank: usize,
+    pub group: usize,
+    pub start: usize,
+    pub at: &'a At,
 }
 
 /// The CUDA forward over `N` tensor-parallel ranks (see the module doc).

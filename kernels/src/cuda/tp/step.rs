@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 
-pub(super) use super::buffers::{RankCache, Scratch};
-pub(super) use super::taps::At;
+use super::buffers::{RankCache, Scratch};
+use super::taps::At;
 use super::weights::{RankLayer, RankWeights};
-use super::{Acts, CudaTpForward};
+use super::{CudaTpForward, Half};
 use crate::cpu::tp::plan::RankPlan;
 use crate::cpu::tp::{FFN_DOWN_PARTIAL, O_PROJ_PARTIAL};
 use crate::cuda::device::Device;
@@ -28,17 +28,6 @@ pub(super) struct Rank {
     pub plan: RankPlan,
     pub w: RankWeights,
     pub scratch: Option<Scratch>,
-}
-
-/// What one rank's layer half reads besides its buffers.
-pub(super) struct Half<'a> {
-    pub c: &'a LlamaConfig,
-    pub acts: Acts,
-    pub l: usize,
-    pub rank: usize,
-    pub group: usize,
-    pub start: usize,
-    pub at: &'a At,
 }
 
 impl Half<'_> {
