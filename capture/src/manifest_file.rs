@@ -277,14 +277,31 @@ fn entries_sound(tree: &Path, m: &Manifest) -> Option<u64> {
                 })
                 .try_reduce(|| (0, 0), |a, b| Some((a.0 + b.0, a.1 + b.1)))
         },
-        || {
-            let mut keys = HashSet::with_capacity_and_hasher(m.entries.len(), KeyHasher::default());
-            m.entries.iter().all(|e| keys.insert(&e.key))
-        },
+        || no_key_twice(&m.entries),
     );
     let (rows, bytes) = sums.filter(|_| unique)?;
     let bytes = u64::try_from(bytes).ok()?;
     (rows <= u64::from(manifest::MAX_POSITION)).then_some(bytes)
+}
+
+/// Whether no two entries have one key, found on every core: the keys'
+/// hashes sorted, and the keys of each run of equal hashes compared.
+fn no_key_twice(entries: &[Entry]) -> bool {
+    use rayon::prelude::*;
+    use std::hash::BuildHasher;
+    let mut hashed: Vec<(u64, usize)> = entries
+        .par_iter()
+        .enumerate()
+        .map(|(i, e)| (KeyHasher::default().hash_one(&e.key), i))
+        .collect();
+    hashed.par_sort_unstable();
+    hashed.chunk_by(|x, y| x.0 == y.0).all(|run| {
+        run.iter().enumerate().all(|(n, &(_, i))| {
+            run[n + 1..]
+                .iter()
+                .all(|&(_, j)| entries[i].key != entries[j].key)
+        })
+    })
 }
 
 /// One entry's own checks: its key's bounds, its path, its byte count

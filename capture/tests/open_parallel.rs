@@ -78,3 +78,26 @@ fn of_two_bad_records_the_first_is_named() {
     let err = TreeReader::open(&t).unwrap_err().to_string();
     assert!(err.contains("record 700: unknown dtype code"), "{err}");
 }
+
+#[test]
+fn a_key_twice_far_apart_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tree(dir.path());
+    // Entry 2890 given the key of entry 10 (same layer, stage and slot;
+    // positions 10..11): the two are 2,880 entries apart.
+    let text = std::fs::read_to_string(t.join("manifest.json")).unwrap();
+    let key_of = |n: u32| {
+        format!(
+            "\"layer\":{},\"pos\":{{\"start\":{n},\"end\":{}}}",
+            n % 40,
+            n + 1
+        )
+    };
+    assert!(text.contains(&key_of(10)) && text.contains(&key_of(2890)));
+    edit_nth(&t, &[(0, &key_of(2890), &key_of(10))]);
+    let err = TreeReader::open(&t).unwrap_err().to_string();
+    assert!(err.contains("L10/ffn_down@10 appears twice"), "{err}");
+    // Unedited, the same tree opens.
+    let dir = tempfile::tempdir().unwrap();
+    TreeReader::open(tree(dir.path())).unwrap();
+}

@@ -300,7 +300,11 @@ fn shard_notes(
 ) -> Result<Option<Note>, Error> {
     let find =
         |v: &dyn Tree, key: &capture::Key| v.manifest().entries.iter().position(|e| &e.key == key);
-    let mut worst: BTreeMap<(u32, u32, u32), f64> = BTreeMap::new();
+    // The row's shards grouped by the full tensor they are slices of, in
+    // order of first appearance: each full tensor is read once per view,
+    // however many shards slice it.
+    let mut fulls: Vec<(capture::Key, Vec<(u32, capture::Shard)>)> = Vec::new();
+    let mut at: HashMap<capture::Key, usize> = HashMap::new();
     for e in &tree.manifest().entries {
         let (Some(rank), Some(s)) = (e.key.rank, e.key.shard) else {
             continue;
@@ -309,25 +313,37 @@ fn shard_notes(
             continue;
         }
         let full = e.key.clone().with_rank(None, None);
-        let (Some(ia), Some(ib)) = (find(va, &full), find(vb, &full)) else {
+        match at.get(&full) {
+            Some(&i) => fulls[i].1.push((rank, s)),
+            None => {
+                at.insert(full.clone(), fulls.len());
+                fulls.push((full, vec![(rank, s)]));
+            }
+        }
+    }
+    let mut worst: BTreeMap<(u32, u32, u32), f64> = BTreeMap::new();
+    for (full, shards) in &fulls {
+        let (Some(ia), Some(ib)) = (find(va, full), find(vb, full)) else {
             continue;
         };
         let (xa, xb) = (values(va, ia)?, values(vb, ib)?);
         if xa.len() != xb.len() || xa.is_empty() {
             continue;
         }
-        let width = s.full as usize;
-        let mut m = 0f64;
-        for (ra, rb) in xa.chunks_exact(width).zip(xb.chunks_exact(width)) {
-            for c in s.start as usize..s.end as usize {
-                let d = (ra[c] - rb[c]).abs();
-                if d > m || d.is_nan() {
-                    m = if d.is_nan() { f64::INFINITY } else { d };
+        for &(rank, s) in shards {
+            let width = s.full as usize;
+            let mut m = 0f64;
+            for (ra, rb) in xa.chunks_exact(width).zip(xb.chunks_exact(width)) {
+                for c in s.start as usize..s.end as usize {
+                    let d = (ra[c] - rb[c]).abs();
+                    if d > m || d.is_nan() {
+                        m = if d.is_nan() { f64::INFINITY } else { d };
+                    }
                 }
             }
+            let w = worst.entry((rank, s.start, s.end)).or_insert(0.0);
+            *w = w.max(m);
         }
-        let w = worst.entry((rank, s.start, s.end)).or_insert(0.0);
-        *w = w.max(m);
     }
     if worst.is_empty() {
         return Ok(None);
@@ -348,6 +364,9 @@ fn shard_notes(
     }))
 }
 
+/// A partial sum's positions (start, end) and slot.
+type PartialsAt = (u32, u32, Option<u32>);
+
 /// Whether each all-reduced tap of the row in `tree` is the rank-order sum
 /// of its partial sums (`STAGE_partial`), in the tap's own dtype; if not,
 /// which one rank's partial sum is missing from it.
@@ -362,22 +381,23 @@ fn reduce_notes(
     let mut notes = Vec::new();
     // Per verdict: taps, first position, one past the last.
     let mut found: BTreeMap<ReduceFault, (usize, u32, u32)> = BTreeMap::new();
+    // The row's partial sums by (positions, slot), found in one pass over
+    // the entries rather than one per all-reduced tap.
+    let mut partials: HashMap<PartialsAt, Vec<(u32, usize)>> = HashMap::new();
+    for (j, p) in entries.iter().enumerate() {
+        if p.key.stage == partial_stage && p.key.layer == layer && p.key.shard.is_none() {
+            if let Some(r) = p.key.rank {
+                let k = (p.key.pos.start, p.key.pos.end, p.key.slot);
+                partials.entry(k).or_default().push((r, j));
+            }
+        }
+    }
     for (i, e) in entries.iter().enumerate() {
         if e.key.layer != layer || e.key.stage != stage || e.key.rank.is_some() {
             continue;
         }
-        let mut parts: Vec<(u32, usize)> = entries
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| {
-                p.key.stage == partial_stage
-                    && p.key.layer == layer
-                    && p.key.pos == e.key.pos
-                    && p.key.slot == e.key.slot
-                    && p.key.shard.is_none()
-            })
-            .filter_map(|(j, p)| p.key.rank.map(|r| (r, j)))
-            .collect();
+        let k = (e.key.pos.start, e.key.pos.end, e.key.slot);
+        let mut parts: Vec<(u32, usize)> = partials.get(&k).cloned().unwrap_or_default();
         if parts.is_empty() {
             continue;
         }

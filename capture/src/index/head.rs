@@ -58,8 +58,14 @@ pub const CHUNK: usize = 1 << 20;
 /// The format 2.3 checksum of `b`: XXH3-128 (canonical) of the
 /// concatenated XXH3-128 digests of its [`CHUNK`]-byte chunks (the last
 /// one shorter; none for empty `b`), so that several cores can share it.
+/// The chunks are hashed on every core (rayon) when there are several.
 pub fn xxh3_chunked(b: &[u8]) -> [u8; 16] {
-    let digests: Vec<[u8; 16]> = b.chunks(CHUNK).map(xxh3).collect();
+    use rayon::prelude::*;
+    let digests: Vec<[u8; 16]> = if b.len() > CHUNK {
+        b.par_chunks(CHUNK).map(xxh3).collect()
+    } else {
+        b.chunks(CHUNK).map(xxh3).collect()
+    };
     fold_chunks(&digests)
 }
 
@@ -263,5 +269,28 @@ mod tests {
             other[31] ^= 1;
             assert_ne!(super::hex(&h), super::hex(&other));
         }
+    }
+
+    /// The chunks hashed on every core give the digest of the definition:
+    /// XXH3-128 of the chunks' digests in order, for one chunk, a few, and
+    /// a last one shorter; a swap of two chunks changes it.
+    #[test]
+    fn chunks_hashed_on_every_core_are_taken_in_order() {
+        use super::{xxh3, xxh3_chunked, CHUNK};
+        let bytes: Vec<u8> = (0..5 * CHUNK + 123)
+            .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3])
+            .collect();
+        for len in [0, 10, CHUNK, CHUNK + 1, 3 * CHUNK, bytes.len()] {
+            let b = &bytes[..len];
+            let mut digests = Vec::new();
+            for c in b.chunks(CHUNK) {
+                digests.extend_from_slice(&xxh3(c));
+            }
+            assert_eq!(xxh3_chunked(b), xxh3(&digests), "{len} bytes");
+        }
+        let mut swapped = bytes.clone();
+        let (first, rest) = swapped.split_at_mut(CHUNK);
+        first.swap_with_slice(&mut rest[..CHUNK]);
+        assert_ne!(xxh3_chunked(&swapped), xxh3_chunked(&bytes));
     }
 }

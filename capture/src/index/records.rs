@@ -193,14 +193,32 @@ pub fn decode(index: &[u8], head: &IndexHead) -> std::result::Result<Vec<Entry>,
     // Records are independent: decoded on every core, in order. Should
     // any be bad, they are decoded again one by one, so that the error is
     // the first bad record's, as it always was.
+    // Each decoded straight into its place in the vector (a collect of
+    // results would gather pieces and copy them into place on one thread).
     if records.len() >= PARALLEL_FROM * RECORD_LEN {
         use rayon::prelude::*;
-        let all: std::result::Result<Vec<Entry>, String> = records
+        // A bad record leaves an empty entry in its place and is found again below.
+        let bad = std::sync::atomic::AtomicBool::new(false);
+        let mut all: Vec<Entry> = Vec::new();
+        records
             .par_chunks_exact(RECORD_LEN)
             .enumerate()
-            .map(one)
-            .collect();
-        if let Ok(all) = all {
+            .map(|r| {
+                one(r).unwrap_or_else(|_| {
+                    bad.store(true, std::sync::atomic::Ordering::Relaxed);
+                    Entry {
+                        key: Key::new(String::new(), None, 0..0),
+                        path: String::new(),
+                        dtype: DType::F32,
+                        shape: Vec::new(),
+                        blake3: String::new(),
+                        bytes: 0,
+                        header_blake3: None,
+                    }
+                })
+            })
+            .collect_into_vec(&mut all);
+        if !bad.into_inner() {
             return Ok(all);
         }
     }

@@ -124,12 +124,46 @@ pub fn render(report: &DiffReport) -> String {
 }
 
 /// [`render`] written to `w` as it is serialized (a large report is never
-/// held whole as text).
+/// held whole as text). The rows, most of a report's text, are written on
+/// every core, a batch of [`ROWS_AT_ONCE`] at a time, each at the depth it
+/// has in the document, and put in place of the empty list that the rest of
+/// the document is written with: the same bytes as one pass.
 pub fn write(report: &DiffReport, mut w: impl std::io::Write) -> std::io::Result<()> {
-    // Borrowed row by row, with only the positions that are kept: a clone
-    // of a large report is most of the time of a mostly-equal diff.
-    let rows = report.rows.iter().map(JsonRow::new).collect();
-    let json = Json {
+    let json = document(report);
+    let mut doc = Vec::new();
+    serde_json::to_writer_pretty(&mut doc, &json).map_err(std::io::Error::from)?;
+    // The first field at the top level named `rows` (a string's newlines
+    // are escaped, so no string holds this text).
+    const EMPTY: &[u8] = b"\n  \"rows\": []";
+    let at = doc
+        .windows(EMPTY.len())
+        .position(|t| t == EMPTY)
+        .filter(|_| !report.rows.is_empty());
+    let Some(at) = at else {
+        w.write_all(&doc)?;
+        return w.write_all(b"\n");
+    };
+    w.write_all(&doc[..at])?;
+    w.write_all(b"\n  \"rows\": [")?;
+    for (n, batch) in report.rows.chunks(ROWS_AT_ONCE).enumerate() {
+        use rayon::prelude::*;
+        let texts = batch
+            .par_iter()
+            .map(row_text)
+            .collect::<std::io::Result<Vec<Vec<u8>>>>()?;
+        for (i, text) in texts.iter().enumerate() {
+            w.write_all(if n == 0 && i == 0 { b"\n" } else { b",\n" })?;
+            w.write_all(text)?;
+        }
+    }
+    w.write_all(b"\n  ]")?;
+    w.write_all(&doc[at + EMPTY.len()..])?;
+    w.write_all(b"\n")
+}
+
+/// The report's document with its rows left out (an empty list).
+fn document(report: &DiffReport) -> Json<'_> {
+    Json {
         schema: report.schema,
         a: &report.a,
         b: &report.b,
@@ -137,7 +171,7 @@ pub fn write(report: &DiffReport, mut w: impl std::io::Write) -> std::io::Result
         tolerance: report.tolerance.to_string(),
         outcome: report.outcome,
         summary: super::summary::summary(report),
-        rows,
+        rows: Vec::new(),
         first_divergence: report.first_divergence,
         first_inexact: report.first_inexact,
         common_only: report.common_only,
@@ -148,9 +182,26 @@ pub fn write(report: &DiffReport, mut w: impl std::io::Write) -> std::io::Result
         counts: &report.counts,
         controls: report.controls.iter().map(JsonControl::new).collect(),
         notes: report.notes.iter().map(super::note).collect(),
-    };
-    serde_json::to_writer_pretty(&mut w, &json).map_err(std::io::Error::from)?;
-    w.write_all(b"\n")
+    }
+}
+
+/// How many rows are written on every core at once: enough to share, few
+/// enough that a batch of rows listing every position stays small.
+const ROWS_AT_ONCE: usize = 64;
+
+/// One row as the document holds it: pretty-printed, every line indented
+/// by the two levels of the `rows` list (4 spaces).
+fn row_text(row: &Row) -> std::io::Result<Vec<u8>> {
+    let mut flat = Vec::new();
+    serde_json::to_writer_pretty(&mut flat, &JsonRow::new(row)).map_err(std::io::Error::from)?;
+    let mut out = Vec::with_capacity(flat.len() + flat.len() / 4);
+    for line in flat.split(|&c| c == b'\n') {
+        out.extend_from_slice(b"    ");
+        out.extend_from_slice(line);
+        out.push(b'\n');
+    }
+    out.pop();
+    Ok(out)
 }
 
 /// A stat report as JSON text.
@@ -158,4 +209,111 @@ pub fn render_stat(stat: &StatReport) -> String {
     let mut s = serde_json::to_string_pretty(stat).expect("a stat report always serializes");
     s.push('\n');
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Acc;
+    use crate::report::{Counts, Position};
+
+    fn info(path: &str) -> TreeInfo {
+        TreeInfo {
+            path: path.into(),
+            root: "r".repeat(64),
+            taps: 3,
+            bytes: 24,
+            model: "m".into(),
+            backend: String::new(),
+            precision: "f32".into(),
+        }
+    }
+
+    /// A report of `n` rows of one to three positions each, a stage name
+    /// with a quote and a newline among them.
+    fn report(n: usize) -> DiffReport {
+        let rows = (0..n)
+            .map(|i| Row {
+                layer: (i % 3 != 0).then_some(i as u32),
+                stage: if i == 1 {
+                    "odd\"name\nhere".into()
+                } else {
+                    format!("s{i}")
+                },
+                status: Status::Pass,
+                reasons: Vec::new(),
+                cause: None,
+                worst: 0,
+                total: Acc::identical(8, 2).metrics(),
+                positions: (0..1 + i % 3)
+                    .map(|p| Position {
+                        pos: p as u32,
+                        slot: (p == 1).then_some(2),
+                        pass: true,
+                        metrics: if p == 0 {
+                            Acc::default()
+                        } else {
+                            Acc::identical(4, 1)
+                        }
+                        .metrics(),
+                    })
+                    .collect(),
+                equal: Vec::new(),
+                skipped: i % 2 == 0,
+                growth: None,
+                truth: None,
+                hint: None,
+                unreadable: None,
+            })
+            .collect();
+        DiffReport {
+            schema: crate::report::SCHEMA,
+            a: info("a\n\"rows\": []"),
+            b: info("b"),
+            truth: None,
+            tolerance: "cos>=0.999".into(),
+            outcome: DiffOutcome::WithinTolerance,
+            rows,
+            first_divergence: None,
+            first_inexact: None,
+            common_only: false,
+            growth_ranking: Vec::new(),
+            only_in_a: vec!["L1/x@0".into()],
+            only_in_b: Vec::new(),
+            inputs_split: None,
+            counts: Counts::default(),
+            controls: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// The document serialized in one pass, rows included.
+    fn one_pass(report: &DiffReport) -> String {
+        let mut json = document(report);
+        json.rows = report.rows.iter().map(JsonRow::new).collect();
+        let mut s = serde_json::to_string_pretty(&json).unwrap();
+        s.push('\n');
+        s
+    }
+
+    /// Rows written a batch at a time on every core and put in place are
+    /// the bytes of the one-pass document: no rows, one, a batch, a batch
+    /// and one, several batches.
+    #[test]
+    fn rows_written_on_every_core_are_the_one_pass_bytes() {
+        for n in [
+            0,
+            1,
+            2,
+            ROWS_AT_ONCE,
+            ROWS_AT_ONCE + 1,
+            3 * ROWS_AT_ONCE + 7,
+        ] {
+            let r = report(n);
+            let text = render(&r);
+            assert_eq!(text, one_pass(&r), "{n} rows");
+            let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(parsed["rows"].as_array().unwrap().len(), n);
+        }
+    }
 }

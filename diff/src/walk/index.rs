@@ -3,7 +3,7 @@
 
 use crate::tree::Tree;
 use crate::Error;
-use capture::{Entry, Manifest};
+use rayon::prelude::*;
 use std::collections::HashMap;
 
 /// One position of one tree: `(stage, layer, slot, pos)`.
@@ -58,67 +58,118 @@ impl Loc {
     }
 }
 
-/// The entries a tree contributes after the slot pick, keyed by their first
-/// position, in entry order. Numbering stages here, in entry order and one
-/// tree after the other, keeps stage numbers (and so the order of reported
-/// positions) independent of [`index`] running on both trees at once.
-pub(crate) fn picked(
-    tree: &dyn Tree,
-    pick: Option<Option<u32>>,
-    stages: &mut Stages,
-) -> Vec<(PosKey, usize)> {
-    let m = tree.manifest();
-    let mut order: Vec<(PosKey, usize)> = Vec::with_capacity(m.entries.len());
-    for (i, e) in m.entries.iter().enumerate() {
-        let slot = match pick {
-            Some(want) if e.key.slot != want => continue,
-            // Picked slots are paired with each other whatever their numbers.
-            Some(_) => None,
-            None => e.key.slot,
-        };
-        let key = (stages.id(&e.key.stage), e.key.layer, slot, e.key.pos.start);
-        order.push((key, i));
-    }
-    order
+/// One tap of one tree after the slot pick, as the merge needs it: the key
+/// of its first position, its number of positions, and its entry. Built
+/// once per tap (on every core) so that sorting and merging never go back
+/// to the entries.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Tap {
+    pub(crate) key: PosKey,
+    pub(crate) entry: u32,
+    pub(crate) rows: u32,
 }
 
-/// Sorts a tree's [`picked`] entries into key order and checks that they
+impl Tap {
+    pub(crate) fn entry(self) -> usize {
+        self.entry as usize
+    }
+}
+
+/// Entries taken a chunk at a time when numbering stages on every core.
+const CHUNK: usize = 1024;
+
+/// The taps a tree contributes after the slot pick, in entry order. Stages
+/// are numbered in order of first appearance, in entry order and one tree
+/// after the other, which keeps stage numbers (and so the order of reported
+/// positions) independent of [`index`] running on both trees at once. Each
+/// chunk of entries lists the stages it meets in its own order (on every
+/// core); the chunks' lists, taken in order, number the stages as one pass
+/// over the entries would.
+pub(crate) fn picked(tree: &dyn Tree, pick: Option<Option<u32>>, stages: &mut Stages) -> Vec<Tap> {
+    let m = tree.manifest();
+    let chunks: Vec<(Vec<&str>, Vec<Tap>)> = m
+        .entries
+        .par_chunks(CHUNK)
+        .enumerate()
+        .map(|(c, entries)| {
+            let mut names: Vec<&str> = Vec::new();
+            let mut taps = Vec::with_capacity(entries.len());
+            for (j, e) in entries.iter().enumerate() {
+                let slot = match pick {
+                    Some(want) if e.key.slot != want => continue,
+                    // Picked slots are paired with each other whatever their numbers.
+                    Some(_) => None,
+                    None => e.key.slot,
+                };
+                let stage = e.key.stage.as_str();
+                let local = match names.iter().rposition(|n| *n == stage) {
+                    Some(i) => i,
+                    None => {
+                        names.push(stage);
+                        names.len() - 1
+                    }
+                };
+                let entry = u32::try_from(c * CHUNK + j).expect("fewer than 2^32 taps");
+                taps.push(Tap {
+                    key: (local as u32, e.key.layer, slot, e.key.pos.start),
+                    entry,
+                    rows: e.key.rows(),
+                });
+            }
+            (names, taps)
+        })
+        .collect();
+    let ids: Vec<Vec<u32>> = chunks
+        .iter()
+        .map(|(names, _)| names.iter().map(|n| stages.id(n)).collect())
+        .collect();
+    let mut out = Vec::with_capacity(chunks.iter().map(|(_, t)| t.len()).sum());
+    for ((_, taps), ids) in chunks.into_iter().zip(&ids) {
+        out.extend(taps.into_iter().map(|mut t| {
+            t.key.0 = ids[t.key.0 as usize];
+            t
+        }));
+    }
+    out
+}
+
+/// Sorts a tree's [`picked`] taps into key order and checks that they
 /// hold one row per position and no position twice. The positions
 /// themselves are never listed: the merge walks whole taps, so a diff costs
 /// per tap, not per position, where the taps agree.
-pub(crate) fn index(
-    tree: &dyn Tree,
-    mut order: Vec<(PosKey, usize)>,
-) -> Result<Vec<(PosKey, usize)>, Error> {
+pub(crate) fn index(tree: &dyn Tree, mut order: Vec<Tap>) -> Result<Vec<Tap>, Error> {
     let m = tree.manifest();
-    order.sort_unstable();
-    for &(_, i) in &order {
-        let e = &m.entries[i];
-        let rows = e.key.rows() as usize;
-        if e.shape.first().copied() != Some(rows) && !(rows == 1 && e.shape.is_empty()) {
-            return Err(Error::BadRows {
-                path: tree.path().join(&e.path),
-                key: e.key.to_string(),
-                shape: e.shape.clone(),
-            });
-        }
+    order.par_sort_unstable();
+    let bad_rows = |t: &Tap| {
+        let e = &m.entries[t.entry()];
+        let rows = t.rows as usize;
+        e.shape.first().copied() != Some(rows) && !(rows == 1 && e.shape.is_empty())
+    };
+    // Checked on every core; the first bad tap in key order is the error.
+    if order.par_iter().any(bad_rows) {
+        let t = order.iter().find(|t| bad_rows(t)).expect("found above");
+        let e = &m.entries[t.entry()];
+        return Err(Error::BadRows {
+            path: tree.path().join(&e.path),
+            key: e.key.to_string(),
+            shape: e.shape.clone(),
+        });
     }
     // Sorted by first position, a tap overlaps an earlier one of its
     // (stage, layer, slot) exactly when it starts before the furthest end
     // seen so far; its first position is then held twice.
     let mut reach: Option<(Group, u32)> = None;
-    for &(k, i) in &order {
-        let e = &m.entries[i];
-        if e.key.rows() == 0 {
+    for t in &order {
+        if t.rows == 0 {
             continue;
         }
-        let end = e.key.pos.end;
+        let (k, end) = (t.key, t.key.3 + t.rows);
         match &mut reach {
             Some((g, furthest)) if *g == group(&k) => {
                 if k.3 < *furthest {
                     return Err(Error::DuplicatePosition {
                         path: tree.path().to_path_buf(),
-                        key: e.key.to_string(),
+                        key: m.entries[t.entry()].key.to_string(),
                         pos: k.3,
                     });
                 }
@@ -133,16 +184,14 @@ pub(crate) fn index(
 /// The positions of entries sorted by [`index`], in that order (the
 /// truth's index is looked up position by position).
 pub(crate) struct Positions<'a> {
-    entries: &'a [Entry],
-    order: std::slice::Iter<'a, (PosKey, usize)>,
-    current: Option<(PosKey, u32, u32)>,
+    order: std::slice::Iter<'a, Tap>,
+    current: Option<Tap>,
     row: u32,
 }
 
 impl<'a> Positions<'a> {
-    pub(crate) fn new(m: &'a Manifest, order: &'a [(PosKey, usize)]) -> Positions<'a> {
+    pub(crate) fn new(order: &'a [Tap]) -> Positions<'a> {
         Positions {
-            entries: &m.entries,
             order: order.iter(),
             current: None,
             row: 0,
@@ -155,17 +204,83 @@ impl Iterator for Positions<'_> {
 
     fn next(&mut self) -> Option<(PosKey, Loc)> {
         loop {
-            if let Some(((stage, layer, slot, start), entry, rows)) = self.current {
+            if let Some(Tap { key, entry, rows }) = self.current {
                 if self.row < rows {
                     let row = self.row;
                     self.row += 1;
+                    let (stage, layer, slot, start) = key;
                     return Some(((stage, layer, slot, start + row), Loc { entry, row }));
                 }
             }
-            let &(key, i) = self.order.next()?;
-            let entry = u32::try_from(i).expect("fewer than 2^32 taps");
-            self.current = Some((key, entry, self.entries[i].key.rows()));
+            self.current = Some(*self.order.next()?);
             self.row = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::walk::tests::{bare, Bare};
+    use capture::{DType, Entry, Key};
+
+    /// A tree of `n` taps, tap `i` of stage `stage(i)`, in slot `i % 2`.
+    fn tree(n: u32, stage: impl Fn(u32) -> &'static str) -> Bare {
+        let entries = (0..n)
+            .map(|i| {
+                let key = Key::new(stage(i), Some(0), i..i + 1).with_slot(Some(i % 2));
+                Entry {
+                    path: capture::manifest::path_of(&key),
+                    key,
+                    dtype: DType::F32,
+                    shape: vec![1, 2],
+                    blake3: String::new(),
+                    bytes: 8,
+                    header_blake3: None,
+                }
+            })
+            .collect();
+        bare("t", entries)
+    }
+
+    /// Stages are numbered as one pass over A's entries, then B's, would
+    /// number them (first appearance, after the slot pick), whatever chunk
+    /// of entries each first appears in.
+    #[test]
+    fn stages_are_numbered_in_order_of_first_appearance_across_chunks() {
+        let a = tree(3 * CHUNK as u32 + 5, |i| match i {
+            7 => "first_in_chunk_0",
+            1023 => "last_of_chunk_0",
+            1024 => "first_of_chunk_1",
+            1025 => "odd_first_of_chunk_1",
+            2050 => "first_of_chunk_1",
+            3074 => "in_chunk_3",
+            _ if i % 5 == 0 => "common",
+            _ => "other",
+        });
+        let b = tree(CHUNK as u32 + 10, |i| match i {
+            1030 => "only_b",
+            4 => "in_chunk_3",
+            _ => "common",
+        });
+        for pick in [None, Some(Some(1)), Some(Some(0))] {
+            let mut stages = Stages::default();
+            let (pa, pb) = (picked(&a, pick, &mut stages), picked(&b, pick, &mut stages));
+            // The definition: one pass, A then B.
+            let mut want = Stages::default();
+            for (t, taps) in [(&a, &pa), (&b, &pb)] {
+                let kept: Vec<(usize, &Entry)> = (t.manifest().entries.iter().enumerate())
+                    .filter(|(_, e)| pick.is_none_or(|want| e.key.slot == want))
+                    .collect();
+                assert_eq!(taps.len(), kept.len());
+                for (tap, (i, e)) in taps.iter().zip(kept) {
+                    assert_eq!(tap.entry(), i);
+                    assert_eq!(tap.key.0, want.id(&e.key.stage), "entry {i}, {pick:?}");
+                    assert_eq!(tap.key.2, if pick.is_some() { None } else { e.key.slot });
+                    assert_eq!((tap.key.3, tap.rows), (e.key.pos.start, 1));
+                }
+            }
+            assert_eq!(stages.names, want.names);
         }
     }
 }

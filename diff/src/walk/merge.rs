@@ -2,8 +2,7 @@
 //! time, into runs of positions both trees hold ([`Segment`]s), positions
 //! one tree holds alone, and positions past where the runs' inputs part.
 
-use super::index::{group, Loc, PosKey};
-use capture::{Entry, Manifest};
+use super::index::{group, Loc, PosKey, Tap};
 
 /// A run of matched positions held by one tap of each tree: positions
 /// `key.3 .. key.3 + len`, at rows `a.row ..` of A's tap and `b.row ..` of
@@ -39,15 +38,13 @@ pub(crate) struct Merged {
 /// The positions of a tree not yet merged, a tap at a time: the current
 /// tap's next position, its end, and where that position lives.
 struct Cursor<'a> {
-    entries: &'a [Entry],
-    order: std::slice::Iter<'a, (PosKey, usize)>,
+    order: std::slice::Iter<'a, Tap>,
     current: Option<(PosKey, u32, Loc)>,
 }
 
 impl<'a> Cursor<'a> {
-    fn new(m: &'a Manifest, order: &'a [(PosKey, usize)]) -> Cursor<'a> {
+    fn new(order: &'a [Tap]) -> Cursor<'a> {
         let mut c = Cursor {
-            entries: &m.entries,
             order: order.iter(),
             current: None,
         };
@@ -57,10 +54,8 @@ impl<'a> Cursor<'a> {
 
     fn pull(&mut self) -> Option<(PosKey, u32, Loc)> {
         loop {
-            let &(key, i) = self.order.next()?;
-            let rows = self.entries[i].key.rows();
+            let &Tap { key, entry, rows } = self.order.next()?;
             if rows > 0 {
-                let entry = u32::try_from(i).expect("fewer than 2^32 taps");
                 return Some((key, key.3 + rows, Loc { entry, row: 0 }));
             }
         }
@@ -82,15 +77,15 @@ impl<'a> Cursor<'a> {
 /// from which the inputs differ, if they do: matched positions from there
 /// on are counted, not compared, and lone ones are no news.
 pub(crate) fn merge(
-    (ma, oa): (&Manifest, &[(PosKey, usize)]),
-    (mb, ob): (&Manifest, &[(PosKey, usize)]),
+    oa: &[Tap],
+    ob: &[Tap],
     split_at: &mut dyn FnMut(Option<u32>) -> Option<u32>,
 ) -> Merged {
     let mut out = Merged {
         matched: Vec::with_capacity(oa.len().max(ob.len())),
         ..Merged::default()
     };
-    let (mut ca, mut cb) = (Cursor::new(ma, oa), Cursor::new(mb, ob));
+    let (mut ca, mut cb) = (Cursor::new(oa), Cursor::new(ob));
     loop {
         let (x, y) = (ca.current, cb.current);
         // The side whose next positions are only its own, and how many.

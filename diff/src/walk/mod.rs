@@ -95,8 +95,15 @@ pub fn walk(
     // Where the runs' input tokens part, per slot: later positions compute
     // different things and are not compared.
     let mut splits: HashMap<Option<u32>, Option<crate::inputs::InputSplit>> = HashMap::new();
+    // The merge asks once per tap, mostly of one slot: the last answer is kept.
+    let mut last: Option<(Option<u32>, Option<u32>)> = None;
     let mut split_at = |slot: Option<u32>| -> Option<u32> {
-        splits
+        if let Some((s, at)) = last {
+            if s == slot {
+                return at;
+            }
+        }
+        let at = splits
             .entry(slot)
             .or_insert_with(|| {
                 let (sa, sb) = match (opts.slot_a, opts.slot_b) {
@@ -108,9 +115,11 @@ pub fn walk(
             .as_ref()
             .map(|s| s.pos)
             // With `all_positions` the split is still reported, but nothing is cut.
-            .filter(|_| !opts.all_positions)
+            .filter(|_| !opts.all_positions);
+        last = Some((slot, at));
+        at
     };
-    let merged = merge::merge((ma, &oa), (mb, &ob), &mut split_at);
+    let merged = merge::merge(&oa, &ob, &mut split_at);
     let mut walked = Walked {
         inputs_split: splits
             .into_values()
@@ -191,7 +200,7 @@ fn truth_index<'t>(
 ) -> Result<read::Truth<'t>, Error> {
     let order = index::picked(t, None, stages);
     let order = index::index(t, order)?;
-    let index: HashMap<PosKey, index::Loc> = Positions::new(t.manifest(), &order).collect();
+    let index: HashMap<PosKey, index::Loc> = Positions::new(&order).collect();
     // A truth that generated other tokens than A is no truth from there on.
     let slots: BTreeSet<Option<u32>> = matched.iter().map(|s| s.key.2).collect();
     let split = slots
@@ -210,22 +219,31 @@ fn truth_index<'t>(
 /// The rows sorted into forward order, each red one's cause, layout hints
 /// and error growth set.
 fn in_forward_order(mut rows: Vec<Row>, ma: &Manifest, mb: &Manifest) -> Vec<Row> {
-    // Entries come in runs of one layer: only a change of layer is inserted.
-    let mut layers: BTreeSet<u32> = BTreeSet::new();
-    let mut last_layer = None;
-    for layer in ma
-        .entries
-        .iter()
-        .chain(&mb.entries)
-        .filter_map(|e| e.key.layer)
-    {
-        if last_layer != Some(layer) {
-            layers.insert(layer);
-            last_layer = Some(layer);
-        }
-    }
+    // Every layer either tree holds, found on every core (entries come in
+    // runs of one layer: only a change of layer is inserted).
+    let layers_of = |m: &Manifest| -> BTreeSet<u32> {
+        m.entries
+            .par_chunks(4096)
+            .map(|chunk| {
+                let (mut set, mut last) = (BTreeSet::new(), None);
+                for layer in chunk.iter().filter_map(|e| e.key.layer) {
+                    if last != Some(layer) {
+                        set.insert(layer);
+                        last = Some(layer);
+                    }
+                }
+                set
+            })
+            .reduce(BTreeSet::new, |mut x, y| {
+                x.extend(y);
+                x
+            })
+    };
+    let (mut layers, more) = rayon::join(|| layers_of(ma), || layers_of(mb));
+    layers.extend(more);
     let graph = StageGraph::new(&vocabulary(ma, mb), &layers);
-    rows.sort_by_key(|r| graph.order(r.layer, &r.stage));
+    // Each row's place computed once (a key per comparison built a string each time).
+    rows.sort_by_cached_key(|r| graph.order(r.layer, &r.stage));
     divergence::classify(&mut rows, &graph);
     crate::hints::layout(&mut rows, &graph);
     divergence::growth(&mut rows, &graph);
@@ -251,7 +269,8 @@ mod tests {
     use capture::{DType, Entry, Key, RunInfo};
     use std::path::{Path, PathBuf};
 
-    struct Bare(PathBuf, Manifest);
+    /// A tree held in memory whose tensors are never read.
+    pub(super) struct Bare(PathBuf, Manifest);
 
     impl Tree for Bare {
         fn path(&self) -> &Path {
@@ -263,6 +282,24 @@ mod tests {
         fn read(&self, _: usize) -> Result<Tensor, capture::Error> {
             unreachable!("no tensor is read before the indexes are checked")
         }
+    }
+
+    /// The tree `name` (its root too) of `entries`.
+    pub(super) fn bare(name: &str, entries: Vec<Entry>) -> Bare {
+        Bare(
+            PathBuf::from(name),
+            Manifest {
+                format: "taptree".into(),
+                format_version: capture::FORMAT_VERSION.into(),
+                root: name.into(),
+                manifest_blake3: None,
+                run: RunInfo::default(),
+                selection: "all".into(),
+                stages: Vec::new(),
+                dirs: Default::default(),
+                entries,
+            },
+        )
     }
 
     fn tree(name: &str, taps: &[(u32, u32, usize)]) -> Bare {
@@ -281,20 +318,7 @@ mod tests {
                 }
             })
             .collect();
-        Bare(
-            PathBuf::from(name),
-            Manifest {
-                format: "taptree".into(),
-                format_version: capture::FORMAT_VERSION.into(),
-                root: name.into(),
-                manifest_blake3: None,
-                run: RunInfo::default(),
-                selection: "all".into(),
-                stages: Vec::new(),
-                dirs: Default::default(),
-                entries,
-            },
-        )
+        bare(name, entries)
     }
 
     #[test]

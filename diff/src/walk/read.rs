@@ -98,33 +98,50 @@ pub(crate) fn read(
             && (ea.blake3 == eb.blake3
                 || (!picking && ea.key == eb.key && equal_dirs.contains(ea.dir().as_str())))
     };
-    // Each segment judged from the manifests: equal by hash, not
-    // comparable, or to be read (`to_read`: segment, why not comparable).
+    // Each segment judged from the manifests (on every core): equal by
+    // hash, to be read (and why it is not comparable, if it is not), or
+    // not comparable at all.
+    enum Judged {
+        Skipped(u64),
+        Read(Option<Reason>),
+        Apart(Reason),
+    }
+    let judged: Vec<Judged> = matched
+        .par_iter()
+        .map(|seg| {
+            let (ea, eb) = (&ma.entries[seg.a.entry()], &mb.entries[seg.b.entry()]);
+            match mismatch(ea, eb) {
+                // Same element count per row: the metrics still say something.
+                Some(why) if row_elems(ea) == row_elems(eb) => Judged::Read(Some(why)),
+                Some(why) => Judged::Apart(why),
+                None if equal_by_hash(ea, eb) => Judged::Skipped(row_elems(ea) as u64),
+                None => Judged::Read(None),
+            }
+        })
+        .collect();
+    // `to_read`: segment, why not comparable.
     let mut states: Vec<Option<SegState>> = Vec::with_capacity(matched.len());
     let mut to_read: Vec<(usize, Option<Reason>)> = Vec::new();
     let mut skipped_taps = vec![false; ma.entries.len()];
     let mut compared_taps = vec![false; ma.entries.len()];
-    for (i, seg) in matched.iter().enumerate() {
-        let (ea, eb) = (&ma.entries[seg.a.entry()], &mb.entries[seg.b.entry()]);
-        if let Some(why) = mismatch(ea, eb) {
-            compared_taps[seg.a.entry()] = true;
-            // Same element count per row: the metrics still say something.
-            if row_elems(ea) == row_elems(eb) {
-                to_read.push((i, Some(why)));
+    for (i, (seg, judged)) in matched.iter().zip(judged).enumerate() {
+        match judged {
+            Judged::Skipped(n) => {
+                skipped_taps[seg.a.entry()] = true;
+                states.push(Some(SegState::Skipped(n)));
+            }
+            Judged::Read(why) => {
+                compared_taps[seg.a.entry()] = true;
+                to_read.push((i, why));
                 states.push(None);
-            } else {
+            }
+            Judged::Apart(why) => {
+                compared_taps[seg.a.entry()] = true;
                 states.push(Some(SegState::Compared {
                     mismatch: Some(why),
                     results: (0..seg.len).map(|_| Acc::default()).collect(),
                 }));
             }
-        } else if equal_by_hash(ea, eb) {
-            skipped_taps[seg.a.entry()] = true;
-            states.push(Some(SegState::Skipped(row_elems(ea) as u64)));
-        } else {
-            compared_taps[seg.a.entry()] = true;
-            to_read.push((i, None));
-            states.push(None);
         }
     }
     // Two taps overlap in one run of positions: each pair is one segment,

@@ -126,7 +126,14 @@ fn info(tree: &dyn Tree) -> TreeInfo {
         path: tree.path().display().to_string(),
         root: m.root.clone(),
         taps: m.entries.len(),
-        bytes: m.bytes_of_entries(),
+        // `Manifest::bytes_of_entries`, summed on every core.
+        bytes: {
+            use rayon::prelude::*;
+            m.entries
+                .par_iter()
+                .map(|e| e.bytes)
+                .reduce(|| 0, u64::saturating_add)
+        },
         model: m.run.model.clone(),
         backend: m.run.backend.clone(),
         precision: m.run.precision.clone(),
