@@ -2,11 +2,13 @@
 //! row and weight row, bit for bit, whatever grouping the inner loops use
 //! (four activation rows against one or two weight rows, one activation row
 //! against four weight rows, remainders): the f32 order is eight lanes,
-//! `mul` then `add`, lanes summed pairwise ([`matmul::dot`]), and the q8 order
+//! `mul` then `add`, lanes summed pairwise ([`rows::dot`]), and the q8 order
 //! is that dot per 32-block, scaled and added block after block.
 
-use kernels::cpu::matmul::{self, matmul, Act, Matrix};
-use kernels::cpu::qmatrix::QMatrix;
+use kernels::cpu::matmul::{matmul, matmul_with_mins, Act};
+use kernels::cpu::qmatrix::{Matrix, QMatrix};
+use kernels::cpu::quant_row::quantize_row;
+use kernels::cpu::rows;
 use model::quant::quantize_q4_1;
 use model::GgmlType;
 
@@ -47,16 +49,16 @@ fn weight(rows: usize, cols: usize) -> (QMatrix, Matrix) {
 
 /// The q8 reference: `sum_b d_b * dot(q_b, w_b)`, blocks in order.
 fn q8_dot(x: &[f32], w: &[f32]) -> f32 {
-    let qr = matmul::quantize_row(x, 32);
+    let qr = quantize_row(x, 32);
     let mut acc = 0f32;
     for (b, d) in qr.d.iter().enumerate() {
         let s = b * 32..(b + 1) * 32;
-        acc += *d * matmul::dot(&qr.q[s.clone()], &w[s]);
+        acc += *d * rows::dot(&qr.q[s.clone()], &w[s]);
     }
     acc
 }
 
-/// The same terms as [`matmul::dot`], summed in plain index order.
+/// The same terms as [`rows::dot`], summed in plain index order.
 fn dot_in_index_order(x: &[f32], w: &[f32]) -> f32 {
     x.iter().zip(w).fold(0f32, |acc, (a, b)| acc + a * b)
 }
@@ -71,7 +73,7 @@ fn every_output_is_the_reference_dot() {
         let x = seq(n * cols, 10 + n as u64, 2.0);
         let row = |r: usize| &x[r * cols..(r + 1) * cols];
         for (act, reference) in [
-            (Act::Float, matmul::dot::<f32> as fn(&[f32], &[f32]) -> f32),
+            (Act::Float, rows::dot::<f32> as fn(&[f32], &[f32]) -> f32),
             (Act::Q8, q8_dot),
         ] {
             let yq = matmul(&x, n, &q, act);
@@ -86,6 +88,51 @@ fn every_output_is_the_reference_dot() {
             }
         }
     }
+}
+
+/// Q4_1's per-block minimums of `q`'s rows, `[rows, cols / 32]`.
+fn q4_1_mins(q: &QMatrix) -> Vec<f32> {
+    q.bytes
+        .chunks_exact(20)
+        .map(|b| half::f16::from_le_bytes([b[2], b[3]]).to_f32())
+        .collect()
+}
+
+#[test]
+fn the_q8_min_term_follows_the_block_dots_block_by_block() {
+    // `sum_b d_b * dot(q_b, w_b)`, then `+ m_b * s_err_b` for each block in
+    // order (one f32 `mul` and `add` each), at every grouping of rows.
+    let (rows, cols) = (11, 96);
+    let (q, m) = weight(rows, cols);
+    let mins = q4_1_mins(&q);
+    let nb = cols / 32;
+    for n in 1..=9 {
+        let x = seq(n * cols, 40 + n as u64, 2.0);
+        let yq = matmul_with_mins(&x, n, &q, Some(&mins), Act::Q8);
+        let ym = matmul_with_mins(&x, n, &m, Some(&mins), Act::Q8);
+        for r in 0..n {
+            let xr = &x[r * cols..(r + 1) * cols];
+            let e = quantize_row(xr, 32).s_err;
+            for o in 0..rows {
+                let mut want = q8_dot(xr, m.row(o));
+                for (mb, eb) in mins[o * nb..][..nb].iter().zip(&e) {
+                    want += mb * eb;
+                }
+                let at = format!("n {n} row {r} feature {o}");
+                assert_eq!(
+                    yq[r * rows + o].to_bits(),
+                    want.to_bits(),
+                    "quantized, {at}"
+                );
+                assert_eq!(ym[r * rows + o].to_bits(), want.to_bits(), "dense, {at}");
+            }
+        }
+    }
+    // And the term is there: without the minimums the outputs move.
+    let x = seq(5 * cols, 45, 2.0);
+    let with = matmul_with_mins(&x, 5, &q, Some(&mins), Act::Q8);
+    let without = matmul_with_mins(&x, 5, &q, None, Act::Q8);
+    assert_ne!(with, without);
 }
 
 #[test]

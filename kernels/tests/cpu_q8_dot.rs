@@ -10,7 +10,8 @@
 //! inside the int8 error they both model.
 
 use half::f16;
-use kernels::cpu::matmul::{matmul, matmul_with_mins, Act, Matrix};
+use kernels::cpu::matmul::{matmul, matmul_with_mins, Act};
+use kernels::cpu::qmatrix::Matrix;
 use model::quant::{quantize_q4_1, quantize_q8_0, quantize_row_q8_k, BlockQ8K};
 use model::{GgmlType, QTensor};
 

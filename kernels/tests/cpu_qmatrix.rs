@@ -2,10 +2,11 @@
 //! the same matmuls over the weights dequantized to f32, in every activation
 //! mode and at every grouping the inner loops use (one to nine activation
 //! rows; weight row counts that leave a remainder of the groups of four and
-//! of the 16-row chunks), and with activations quantized once and shared.
+//! of the 16-row chunks), and in the one-region group the forward runs
+//! q/k/v and gate/up through.
 
-use kernels::cpu::matmul::{matmul_with_mins, Act, Linear, Matrix, Quantized};
-use kernels::cpu::qmatrix::{QMatrix, Weight};
+use kernels::cpu::matmul::{apply_group, matmul_with_mins, Act, Linear};
+use kernels::cpu::qmatrix::{Matrix, QMatrix, Weight};
 use model::quant::{quantize_q4_1, quantize_q8_0};
 use model::GgmlType;
 
@@ -107,25 +108,49 @@ fn a_changed_weight_block_changes_the_result() {
     assert_eq!(bits(&a[1..]), bits(&b[1..]));
 }
 
+/// As the forward runs q/k/v and gate/up: one `apply_group` over weights
+/// held in their blocks (the activations quantized once, one parallel
+/// region), each output the bits of its dequantized twin applied alone.
 #[test]
-fn activations_quantized_once_give_the_same_bits() {
-    let (q1, _) = pair(GgmlType::Q4_1, 20, 64, 7);
-    let (q2, _) = pair(GgmlType::Q4_1, 12, 64, 8);
-    let lin = |q: QMatrix| Linear {
-        mins: Some(q4_1_mins(&q.bytes)),
-        m: Weight::Quant(q),
+fn a_group_on_the_blocks_gives_each_dequantized_matmul_alone() {
+    let lin = |w: Weight, mins: &[f32]| Linear {
+        mins: Some(mins.to_vec()),
+        m: w,
         bias: None,
     };
-    let (l1, l2) = (lin(q1), lin(q2));
-    for n in [1, 5] {
-        let x = seq(n * 64, 11, 3.0);
+    let (q1, m1) = pair(GgmlType::Q4_1, 20, 64, 7);
+    let (q2, m2) = pair(GgmlType::Q4_1, 12, 64, 8);
+    let (mins1, mins2) = (q4_1_mins(&q1.bytes), q4_1_mins(&q2.bytes));
+    let group = [
+        lin(Weight::Quant(q1), &mins1),
+        lin(Weight::Quant(q2), &mins2),
+    ];
+    let twins = [
+        lin(Weight::Dense(m1), &mins1),
+        lin(Weight::Dense(m2), &mins2),
+    ];
+    for n in [1, 2, 5, 9] {
+        let x = seq(n * 64, 11 + n as u64, 3.0);
         for act in [Act::Float, Act::Q8, Act::LlamaCpp] {
-            let shared = Quantized::for_weights(&x, n, act, &[&l1, &l2]);
-            for l in [&l1, &l2] {
-                let alone = l.apply(&x, n, act);
-                let with = l.apply_shared(&x, n, act, Some(&shared));
-                assert_eq!(bits(&alone), bits(&with), "n {n} {act:?}");
+            let ys = apply_group(&[&group[0], &group[1]], &x, n, act);
+            for (y, twin) in ys.iter().zip(&twins) {
+                let alone = twin.apply(&x, n, act);
+                assert_eq!(bits(y), bits(&alone), "n {n} {act:?}");
             }
         }
+    }
+    // The comparison can fail: a flipped nibble in the second weight's
+    // first block moves its first row's outputs, and only those.
+    let mut bad = group.clone();
+    if let Weight::Quant(q) = &mut bad[1].m {
+        q.bytes[4] ^= 0x10;
+    }
+    let x = seq(64, 12, 3.0);
+    for act in [Act::Float, Act::Q8] {
+        let ys = apply_group(&[&bad[0], &bad[1]], &x, 1, act);
+        assert_eq!(bits(&ys[0]), bits(&twins[0].apply(&x, 1, act)), "{act:?}");
+        let alone = twins[1].apply(&x, 1, act);
+        assert_ne!(bits(&ys[1][..1]), bits(&alone[..1]), "{act:?}");
+        assert_eq!(bits(&ys[1][1..]), bits(&alone[1..]), "{act:?}");
     }
 }

@@ -8,7 +8,8 @@ mod cuda_kernels_support;
 
 use cuda_kernels_support::*;
 
-use kernels::cpu::matmul::{matmul as cpu_matmul, matmul_with_mins, quantize_row, Act};
+use kernels::cpu::matmul::{matmul as cpu_matmul, matmul_with_mins, Act};
+use kernels::cpu::quant_row::quantize_row;
 use kernels::cuda::ops::{self, DeviceMatrix, QuantizedActs};
 use kernels::cuda::q8::{self, Q8Dot};
 use model::GgmlType;

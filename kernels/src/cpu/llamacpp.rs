@@ -47,7 +47,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::attention::Heads;
-use super::matmul::QuantRow;
+use super::quant_row::QuantRow;
 use super::Real;
 
 /// Rounds to f16 and back, round-to-nearest-even (F16C's `vcvtps2ph` with
@@ -59,10 +59,10 @@ pub fn f16_round<T: Real>(v: T) -> T {
 
 /// Quantizes `x` per block of `block` as llama.cpp's AVX2
 /// `quantize_row_q8_0`/`quantize_row_q8_1` do (see the module doc); blocks
-/// of any other size take `q8`'s rule ([`super::matmul::quantize_row`]).
+/// of any other size take `q8`'s rule ([`super::quant_row::quantize_row`]).
 pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
     if block != 32 {
-        return super::matmul::quantize_row(x, block);
+        return super::quant_row::quantize_row(x, block);
     }
     assert!(
         x.len() % block == 0,
@@ -484,7 +484,7 @@ mod tests {
         x[3] = 0.5;
         let g = quantize_row(&x, 32);
         assert_eq!(&g.q[..4], &[127.0, 2.0, -4.0, 0.0]);
-        let r = super::super::matmul::quantize_row(&x, 32);
+        let r = super::super::quant_row::quantize_row(&x, 32);
         assert_eq!(&r.q[..4], &[127.0, 3.0, -4.0, 1.0]);
         assert_eq!(g.d[0], 1.0);
     }

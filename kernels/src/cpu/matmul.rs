@@ -1,7 +1,7 @@
 //! `y = x W^T` over rows of activations, in float or with activations
 //! quantized to int8 per block (the `q8` mode).
 //!
-//! Weights are read through [`WeightRows`]: held as f32 ([`Matrix`]) or in
+//! Weights are read through [`WeightRows`]: held as f32 (`super::qmatrix::Matrix`) or in
 //! their quantized blocks (`super::qmatrix::QMatrix`), dequantized a few rows at a
 //! time ([`super::rows`] has the inner loops). rayon splits the work over
 //! output features, and each dot product runs in one fixed order, so the
@@ -27,23 +27,10 @@
 //! France?".
 
 use super::qmatrix::{Weight, WeightRows};
+use super::quant_row::{quantize_row, QuantRow};
 use super::rows::{fill_chunk, Job};
 use super::Real;
 use rayon::prelude::*;
-
-/// A weight matrix `[rows, cols]` = `[out_features, in_features]`, dequantized.
-#[derive(Debug, Clone)]
-pub struct Matrix {
-    /// Output features.
-    pub rows: usize,
-    /// Input features.
-    pub cols: usize,
-    /// Row-major `[rows, cols]` values.
-    pub data: Vec<f32>,
-    /// Block size of the source format; 1 for float formats, whose matmuls
-    /// llama.cpp runs without quantizing the activations.
-    pub block: usize,
-}
 
 /// A matmul's weight: the dequantized matrix and, for Q4_1, its per-block
 /// minimums (`[rows, cols / 32]`), for the one term of llama.cpp's q8 dot
@@ -61,18 +48,7 @@ pub struct Linear {
 impl Linear {
     /// `x W^T (+ bias)` for `n` rows of `x`.
     pub fn apply<T: Real>(&self, x: &[T], n: usize, act: Act) -> Vec<T> {
-        self.apply_shared(x, n, act, None)
-    }
-
-    /// [`Self::apply`], with `x` already quantized in `shared` when it fits.
-    pub fn apply_shared<T: Real>(
-        &self,
-        x: &[T],
-        n: usize,
-        act: Act,
-        shared: Option<&Quantized<T>>,
-    ) -> Vec<T> {
-        let mut y = matmul_shared(x, n, &self.m, self.mins.as_deref(), act, shared);
+        let mut y = matmul_with_mins(x, n, &self.m, self.mins.as_deref(), act);
         self.add_bias(&mut y);
         y
     }
@@ -89,13 +65,6 @@ impl Linear {
     }
 }
 
-impl Matrix {
-    /// Row `r` (`cols` values).
-    pub fn row(&self, r: usize) -> &[f32] {
-        &self.data[r * self.cols..(r + 1) * self.cols]
-    }
-}
-
 /// How activations enter a matmul.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Act {
@@ -108,150 +77,10 @@ pub enum Act {
     LlamaCpp,
 }
 
-/// Dot product in a fixed order: eight independent lanes (so the compiler
-/// vectorizes without reassociating) summed pairwise at the end.
-#[inline(always)]
-pub fn dot<T: Real>(a: &[T], w: &[f32]) -> T {
-    debug_assert_eq!(a.len(), w.len());
-    let mut acc = [T::ZERO; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        let a8 = &a[c * 8..c * 8 + 8];
-        let w8 = &w[c * 8..c * 8 + 8];
-        for j in 0..8 {
-            acc[j] += a8[j] * T::from_f32(w8[j]);
-        }
-    }
-    for i in chunks * 8..a.len() {
-        acc[i % 8] += a[i] * T::from_f32(w[i]);
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
-}
-
-/// [`dot`] of four activation rows against one weight row, each row's sum in
-/// exactly [`dot`]'s order (so a batched prefill equals one-row decode bit for
-/// bit), with the weight loaded once for the four.
-#[inline(always)]
-pub fn dot4<T: Real>(a: [&[T]; 4], w: &[f32]) -> [T; 4] {
-    let mut acc = [[T::ZERO; 8]; 4];
-    let chunks = w.len() / 8;
-    for c in 0..chunks {
-        let w8 = &w[c * 8..c * 8 + 8];
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            let a8 = &a[r][c * 8..c * 8 + 8];
-            for j in 0..8 {
-                acc_r[j] += a8[j] * T::from_f32(w8[j]);
-            }
-        }
-    }
-    for i in chunks * 8..w.len() {
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            acc_r[i % 8] += a[r][i] * T::from_f32(w[i]);
-        }
-    }
-    acc.map(|l| ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])))
-}
-
-/// An activation row quantized per block: integer values (held as `T`, so the
-/// block dot reuses [`dot`] exactly), one scale per block, and for 32-blocks
-/// the rounding of `block_q8_1`'s f16 sum `s = d * sum(q)` against
-/// `f16(d) * sum(q)` (what a Q4_1 dot's min term sees).
-#[derive(Debug, Clone)]
-pub struct QuantRow<T> {
-    /// The quantized values, held as `T` (integers).
-    pub q: Vec<T>,
-    /// One scale per block: a value is `q * d`.
-    pub d: Vec<T>,
-    /// Per block: `block_q8_1`'s f16 sum `s` minus `f16(d) * sum(q)` for
-    /// 32-blocks, 0 for other block sizes.
-    pub s_err: Vec<T>,
-}
-
-/// Quantizes `x` to int8 per block of `block` elements, in f32 as llama.cpp
-/// does for the weight's dot product: `quantize_row_q8_0`/`q8_1` for 32-blocks
-/// (`d = amax / 127` stored as f16, `q = round(x / d)`), and for 256-blocks
-/// (K-quant weights) `quantize_row_q8_K` through
-/// [`model::quant::quantize_row_q8_k`] (`d = -max / 127` in f32, round half
-/// to even).
-pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
-    assert!(
-        block > 0 && x.len() % block == 0,
-        "row of {} is not a multiple of block {block}",
-        x.len()
-    );
-    if block == 256 {
-        let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
-        let blocks = model::quant::quantize_row_q8_k(&xf).expect("whole blocks, checked above");
-        return QuantRow {
-            q: blocks
-                .iter()
-                .flat_map(|b| b.qs.iter().map(|&v| T::from_f32(v as f32)))
-                .collect(),
-            d: blocks.iter().map(|b| T::from_f32(b.d)).collect(),
-            s_err: vec![T::ZERO; blocks.len()],
-        };
-    }
-    let mut q = Vec::with_capacity(x.len());
-    let mut d = Vec::with_capacity(x.len() / block);
-    let mut s_err = Vec::with_capacity(x.len() / block);
-    for b in x.chunks_exact(block) {
-        let amax = b.iter().fold(0.0f32, |m, v| m.max(v.to_f32().abs()));
-        let scale = amax / 127.0;
-        let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
-        let mut sum = 0i32;
-        for v in b {
-            let r = (v.to_f32() * inv).round().clamp(-127.0, 127.0);
-            sum += r as i32;
-            q.push(T::from_f32(r));
-        }
-        // block_q8_0/q8_1 store the scale as f16, block_q8_K as f32; the
-        // quantized values above use the unrounded scale, as llama.cpp does.
-        if block == 32 {
-            let stored = half::f16::from_f32(scale).to_f32();
-            let s = half::f16::from_f32(sum as f32 * scale).to_f32();
-            d.push(T::from_f32(stored));
-            s_err.push(T::from_f64(s as f64 - stored as f64 * sum as f64));
-        } else {
-            d.push(T::from_f32(scale));
-            s_err.push(T::ZERO);
-        }
-    }
-    QuantRow { q, d, s_err }
-}
-
 /// `y[r, o] = sum_k x[r, k] * w[o, k]` for `n` rows of `x` (`[n, w.cols]`).
 /// Returns `[n, w.rows]`.
 pub fn matmul<T: Real, W: WeightRows>(x: &[T], n: usize, w: &W, act: Act) -> Vec<T> {
     matmul_with_mins(x, n, w, None, act)
-}
-
-/// Activation rows quantized once for several matmuls that read the same
-/// input with the same block size and activation handling (q, k and v; gate
-/// and up): quantizing is deterministic, so sharing it changes no bit.
-#[derive(Debug, Clone)]
-pub struct Quantized<T> {
-    block: usize,
-    act: Act,
-    rows: Vec<QuantRow<T>>,
-}
-
-impl<T: Real> Quantized<T> {
-    /// Quantizes `x` (`n` rows) for `weights` when they all quantize it the
-    /// same way; otherwise holds nothing and each matmul quantizes its own.
-    pub fn for_weights(x: &[T], n: usize, act: Act, weights: &[&Linear]) -> Quantized<T> {
-        let block = weights.first().map_or(1, |l| l.m.block());
-        let shared = weights.iter().all(|l| l.m.block() == block);
-        let rows = if shared && act != Act::Float && block > 1 {
-            quantize_rows(x, n, block, act)
-        } else {
-            Vec::new()
-        };
-        Quantized { block, act, rows }
-    }
-
-    fn fits(&self, block: usize, act: Act) -> Option<&[QuantRow<T>]> {
-        (!self.rows.is_empty() && self.block == block && self.act == act).then_some(&self.rows[..])
-    }
 }
 
 /// `n` rows of `x` quantized per block of `block`, as `act` says.
@@ -281,32 +110,16 @@ pub fn matmul_with_mins<T: Real, W: WeightRows>(
     mins: Option<&[f32]>,
     act: Act,
 ) -> Vec<T> {
-    matmul_shared(x, n, w, mins, act, None)
-}
-
-/// [`matmul_with_mins`], taking the quantized activations from `shared` when
-/// they were quantized for this weight's block size.
-fn matmul_shared<T: Real, W: WeightRows>(
-    x: &[T],
-    n: usize,
-    w: &W,
-    mins: Option<&[f32]>,
-    act: Act,
-    shared: Option<&Quantized<T>>,
-) -> Vec<T> {
     let (cols, block) = (w.cols(), w.block());
     assert_eq!(x.len(), n * cols, "matmul input is not [{n}, {cols}]");
-    let quantized = act != Act::Float && block > 1;
-    let own: Vec<QuantRow<T>>;
-    let q = match shared.and_then(|s| s.fits(block, act)) {
-        Some(q) if quantized => Some(q),
-        _ if quantized => {
-            own = quantize_rows(x, n, block, act);
-            Some(&own[..])
-        }
-        _ => None,
+    let own = (act != Act::Float && block > 1).then(|| quantize_rows(x, n, block, act));
+    let job = Job {
+        x,
+        n,
+        w,
+        mins,
+        q: own.as_deref(),
     };
-    let job = Job { x, n, w, mins, q };
     run_jobs(&[job]).pop().expect("one output per job")
 }
 
@@ -410,6 +223,8 @@ fn chunk_rows(rows: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use super::super::qmatrix::Matrix;
+    use super::super::rows::{dot, dot4};
     use super::*;
 
     fn seq(n: usize, seed: u32) -> Vec<f32> {

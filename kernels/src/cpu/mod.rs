@@ -19,10 +19,12 @@ pub mod llamacpp_gemma;
 pub mod matmul;
 pub mod norm;
 pub mod qmatrix;
+pub mod quant_row;
 pub mod residual;
 pub mod rope;
 pub mod rows;
 mod rows_avx;
+mod rows_avx512;
 pub mod tp;
 pub mod weights;
 

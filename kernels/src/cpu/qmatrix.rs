@@ -8,7 +8,6 @@
 //! format), so matmuls over a [`QMatrix`] equal those over its dequantized
 //! [`Matrix`] exactly.
 
-use super::matmul::Matrix;
 use model::quant::{self, GgmlType};
 use model::TensorBytes;
 
@@ -38,6 +37,27 @@ impl QMatrix {
     #[inline(always)]
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         dequantize_blocks(self.ty, self.row_bytes(r), out);
+    }
+}
+
+/// A weight matrix `[rows, cols]` = `[out_features, in_features]`, dequantized.
+#[derive(Debug, Clone)]
+pub struct Matrix {
+    /// Output features.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+    /// Row-major `[rows, cols]` values.
+    pub data: Vec<f32>,
+    /// Block size of the source format; 1 for float formats, whose matmuls
+    /// llama.cpp runs without quantizing the activations.
+    pub block: usize,
+}
+
+impl Matrix {
+    /// Row `r` (`cols` values).
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
     }
 }
 

@@ -1,7 +1,7 @@
 //! The matmul's inner loops: a chunk of output features against every
 //! activation row, in float or on q8 activations.
 //!
-//! Every output is the same sum in the same order as [`super::matmul::dot`] (eight lanes,
+//! Every output is the same sum in the same order as [`dot`] (eight lanes,
 //! summed pairwise at the end) whatever the grouping: four activation rows
 //! share one weight row ([`dot4`], prefill), or one activation row meets four
 //! weight rows ([`dot_w4`], decode), so that four independent chains keep
@@ -13,8 +13,8 @@
 //! order (no FMA contraction: Rust never fuses), so the two give the same
 //! bits; only the vector width differs.
 
-use super::matmul::{dot4, QuantRow};
 use super::qmatrix::WeightRows;
+use super::quant_row::QuantRow;
 use super::Real;
 use model::quant::GgmlType;
 
@@ -47,7 +47,51 @@ unsafe fn fill_chunk_avx2<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize,
     chunk_body(job, first, out)
 }
 
-/// [`super::matmul::dot`] of one activation row against four weight rows, each sum in
+/// Dot product in a fixed order: eight independent lanes (so the compiler
+/// vectorizes without reassociating) summed pairwise at the end.
+#[inline(always)]
+pub fn dot<T: Real>(a: &[T], w: &[f32]) -> T {
+    debug_assert_eq!(a.len(), w.len());
+    let mut acc = [T::ZERO; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        let a8 = &a[c * 8..c * 8 + 8];
+        let w8 = &w[c * 8..c * 8 + 8];
+        for j in 0..8 {
+            acc[j] += a8[j] * T::from_f32(w8[j]);
+        }
+    }
+    for i in chunks * 8..a.len() {
+        acc[i % 8] += a[i] * T::from_f32(w[i]);
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}
+
+/// [`dot`] of four activation rows against one weight row, each row's sum in
+/// exactly [`dot`]'s order (so a batched prefill equals one-row decode bit for
+/// bit), with the weight loaded once for the four.
+#[inline(always)]
+pub fn dot4<T: Real>(a: [&[T]; 4], w: &[f32]) -> [T; 4] {
+    let mut acc = [[T::ZERO; 8]; 4];
+    let chunks = w.len() / 8;
+    for c in 0..chunks {
+        let w8 = &w[c * 8..c * 8 + 8];
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let a8 = &a[r][c * 8..c * 8 + 8];
+            for j in 0..8 {
+                acc_r[j] += a8[j] * T::from_f32(w8[j]);
+            }
+        }
+    }
+    for i in chunks * 8..w.len() {
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            acc_r[i % 8] += a[r][i] * T::from_f32(w[i]);
+        }
+    }
+    acc.map(|l| ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])))
+}
+
+/// [`dot`] of one activation row against four weight rows, each sum in
 /// exactly that order, with the activation loaded once for the four.
 #[inline(always)]
 pub fn dot_w4<T: Real>(a: &[T], w: [&[f32]; 4]) -> [T; 4] {
@@ -129,11 +173,19 @@ fn fused_group<T: Real, W: WeightRows>(job: &Job<T, W>, o0: usize, out: &mut [T]
             None => return false,
         }
     }
+    let nb = cols / job.w.block();
     for (r, y) in ys.iter_mut().enumerate().take(n) {
-        for (j, yj) in y.iter_mut().enumerate() {
-            if let Some(q) = job.q {
-                add_min_term(job.mins, o0 + j, cols / job.w.block(), &q[r], yj);
-            }
+        if let (Some(q), Some(mins)) = (job.q, job.mins) {
+            let m4 = [0, 1, 2, 3].map(|j| &mins[(o0 + j) * nb..][..nb]);
+            *y = T::min_terms_w4_fast(*y, m4, &q[r].s_err).unwrap_or_else(|| {
+                let mut y = *y;
+                for (j, yj) in y.iter_mut().enumerate() {
+                    add_min_term(job.mins, o0 + j, nb, &q[r], yj);
+                }
+                y
+            });
+        }
+        for (j, yj) in y.iter().enumerate() {
             out[j * n + r] = *yj;
         }
     }
@@ -190,6 +242,20 @@ pub trait Dots: Sized + Copy {
     fn q8_w4_fast(_q: &[Self], _d: &[Self], _w: [&[f32]; 4], _b: usize) -> Option<[Self; 4]> {
         None
     }
+    /// Q4_1's min terms (per block `b` in order, `acc[t][r] += m[t][b] *
+    /// e[r][b]`) of four rows' sums against two weight rows, or `None`.
+    fn min_terms4x2_fast(
+        _acc: [[Self; 4]; 2],
+        _m: [&[f32]; 2],
+        _e: [&[Self]; 4],
+    ) -> Option<[[Self; 4]; 2]> {
+        None
+    }
+    /// Q4_1's min terms (`acc[j] += m[j][b] * e[b]`) of one row's sums
+    /// against four weight rows, or `None`.
+    fn min_terms_w4_fast(_acc: [Self; 4], _m: [&[f32]; 4], _e: &[Self]) -> Option<[Self; 4]> {
+        None
+    }
     /// [`dot_w4`] on four rows of blocks of `ty`, dequantized in registers.
     fn dot_w4_blocks_fast(_a: &[Self], _ty: GgmlType, _w: [&[u8]; 4]) -> Option<[Self; 4]> {
         None
@@ -225,8 +291,14 @@ impl Dots for f32 {
     fn dot4x2_fast(a: [&[f32]; 4], w: [&[f32]; 2]) -> Option<[[f32; 4]; 2]> {
         let len = w[0].len();
         let ok = avx(len) && w[1].len() == len && a.iter().all(|r| r.len() >= len);
-        // SAFETY: AVX checked by `avx`, lengths just above.
-        ok.then(|| unsafe { super::rows_avx::dot4x2(a, w) })
+        // SAFETY: AVX checked by `avx` (AVX-512F by `enabled`), lengths just above.
+        ok.then(|| unsafe {
+            if super::rows_avx512::enabled() {
+                super::rows_avx512::dot4x2(a, w)
+            } else {
+                super::rows_avx::dot4x2(a, w)
+            }
+        })
     }
     #[inline(always)]
     fn q8_rows4x2_fast(
@@ -242,7 +314,13 @@ impl Dots for f32 {
             && q.iter().all(|r| r.len() >= len)
             && d.iter().all(|r| r.len() >= len / b);
         // SAFETY: as above.
-        ok.then(|| unsafe { super::rows_avx::q8_rows4x2(q, d, w, b) })
+        ok.then(|| unsafe {
+            if super::rows_avx512::enabled() {
+                super::rows_avx512::q8_rows4x2(q, d, w, b)
+            } else {
+                super::rows_avx::q8_rows4x2(q, d, w, b)
+            }
+        })
     }
     #[inline(always)]
     fn dot_w4_fast(a: &[f32], w: [&[f32]; 4]) -> Option<[f32; 4]> {
@@ -269,16 +347,50 @@ impl Dots for f32 {
         ok.then(|| unsafe { super::rows_avx::q8_w4(q, d, w, b) })
     }
     #[inline(always)]
+    fn min_terms4x2_fast(
+        acc: [[f32; 4]; 2],
+        m: [&[f32]; 2],
+        e: [&[f32]; 4],
+    ) -> Option<[[f32; 4]; 2]> {
+        let nb = m[0].len();
+        let ok = avx(8) && m[1].len() == nb && e.iter().all(|r| r.len() >= nb);
+        // SAFETY: AVX checked by `avx`, lengths just above.
+        ok.then(|| unsafe { super::rows_avx::min_terms4x2(acc, m, e) })
+    }
+    #[inline(always)]
+    fn min_terms_w4_fast(acc: [f32; 4], m: [&[f32]; 4], e: &[f32]) -> Option<[f32; 4]> {
+        let ok = avx(8) && m.iter().all(|r| r.len() >= e.len());
+        // SAFETY: AVX checked by `avx`, lengths just above.
+        ok.then(|| unsafe { super::rows_avx::min_terms_w4(acc, m, e) })
+    }
+    #[inline(always)]
     fn dot_w4_blocks_fast(a: &[f32], ty: GgmlType, w: [&[u8]; 4]) -> Option<[f32; 4]> {
-        let ok = fused(ty, a.len(), w);
-        // SAFETY: AVX2, F16C and FMA checked by `fused`, with the lengths.
-        ok.then(|| unsafe { super::rows_avx::dot_w4_blocks(ty, a, w) })
+        if !fused(ty, a.len(), w) {
+            return None;
+        }
+        // SAFETY: AVX2, F16C and FMA checked by `fused`, with the lengths;
+        // AVX-512F by `enabled`.
+        Some(unsafe {
+            if super::rows_avx512::enabled() {
+                super::rows_avx512::dot_w4_blocks(ty, a, w)
+            } else {
+                super::rows_avx::dot_w4_blocks(ty, a, w)
+            }
+        })
     }
     #[inline(always)]
     fn q8_w4_blocks_fast(q: &[f32], d: &[f32], ty: GgmlType, w: [&[u8]; 4]) -> Option<[f32; 4]> {
-        let ok = fused(ty, q.len(), w) && d.len() >= q.len() / 32;
+        if !(fused(ty, q.len(), w) && d.len() >= q.len() / 32) {
+            return None;
+        }
         // SAFETY: as above, and a scale per block.
-        ok.then(|| unsafe { super::rows_avx::q8_w4_blocks(ty, q, d, w) })
+        Some(unsafe {
+            if super::rows_avx512::enabled() {
+                super::rows_avx512::q8_w4_blocks(ty, q, d, w)
+            } else {
+                super::rows_avx::q8_w4_blocks(ty, q, d, w)
+            }
+        })
     }
 }
 
@@ -394,9 +506,17 @@ fn q8_group<T: Real, W: WeightRows>(
                 }
                 acc
             };
+            let mut mins_added = false;
             let mut accs = if pair {
                 let w2 = [wr[j], wr[j + 1]];
-                T::q8_rows4x2_fast(qv, dv, w2, block).unwrap_or_else(|| w2.map(portable))
+                let y = T::q8_rows4x2_fast(qv, dv, w2, block).unwrap_or_else(|| w2.map(portable));
+                // The min terms of the eight sums at once, where there is a loop for it.
+                let m2 = job
+                    .mins
+                    .map(|mins| [o0 + j, o0 + j + 1].map(|o| &mins[o * nb..][..nb]));
+                let fast = m2.and_then(|m2| T::min_terms4x2_fast(y, m2, qs.map(|x| &x.s_err[..])));
+                mins_added = fast.is_some();
+                fast.unwrap_or(y)
             } else {
                 let y = T::q8_rows4_fast(qv, dv, wr[j], block).unwrap_or_else(|| portable(wr[j]));
                 [y, y]
@@ -405,7 +525,9 @@ fn q8_group<T: Real, W: WeightRows>(
             for (t, acc) in accs.iter_mut().enumerate().take(if pair { 2 } else { 1 }) {
                 let o_out = &mut out[(j + t) * n + r..][..m];
                 for ((a, qr), y) in acc.iter_mut().zip(qs).zip(o_out) {
-                    min_term(o0 + j + t, qr, a);
+                    if !mins_added {
+                        min_term(o0 + j + t, qr, a);
+                    }
                     *y = *a;
                 }
             }

@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx")]
-unsafe fn reduce4(acc: [__m256; 4]) -> __m128 {
+pub(super) unsafe fn reduce4(acc: [__m256; 4]) -> __m128 {
     // No closure here: a closure would not carry this function's features.
     let u0 = _mm_add_ps(
         _mm256_castps256_ps128(acc[0]),
@@ -37,7 +37,90 @@ unsafe fn reduce4(acc: [__m256; 4]) -> __m128 {
     _mm_hadd_ps(_mm_hadd_ps(u0, u1), _mm_hadd_ps(u2, u3))
 }
 
-/// `[dot(a[r], w); 4]` (see [`super::matmul::dot4`]); lengths a multiple of 8.
+/// The sums of two sets of four 8-lane accumulators as one register,
+/// `a`'s four rows in the low half and `b`'s in the high: per row exactly
+/// [`reduce4`]'s additions, with half the shuffles of two [`reduce4`]s.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx")]
+pub(super) unsafe fn reduce8(a: [__m256; 4], b: [__m256; 4]) -> __m256 {
+    let u0 = fold_halves(a[0], b[0]);
+    let u1 = fold_halves(a[1], b[1]);
+    let u2 = fold_halves(a[2], b[2]);
+    let u3 = fold_halves(a[3], b[3]);
+    _mm256_hadd_ps(_mm256_hadd_ps(u0, u1), _mm256_hadd_ps(u2, u3))
+}
+
+/// `[a.lo + a.hi | b.lo + b.hi]` (128-bit halves): [`reduce4`]'s first step
+/// for two accumulators at once.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx")]
+unsafe fn fold_halves(a: __m256, b: __m256) -> __m256 {
+    _mm256_add_ps(
+        _mm256_permute2f128_ps(a, b, 0x20),
+        _mm256_permute2f128_ps(a, b, 0x31),
+    )
+}
+
+/// `total + [d4 | d4] * sums`: each lane's block term, `mul` then `add`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx")]
+pub(super) unsafe fn add_scaled(total: __m256, d: [&[f32]; 4], b: usize, sums: __m256) -> __m256 {
+    let d4 = _mm_setr_ps(d[0][b], d[1][b], d[2][b], d[3][b]);
+    _mm256_add_ps(total, _mm256_mul_ps(_mm256_set_m128(d4, d4), sums))
+}
+
+/// The two halves of `v` as two rows of four.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx")]
+pub(super) unsafe fn split(v: __m256) -> [[f32; 4]; 2] {
+    let mut out = [[0f32; 4]; 2];
+    _mm_storeu_ps(out[0].as_mut_ptr(), _mm256_castps256_ps128(v));
+    _mm_storeu_ps(out[1].as_mut_ptr(), _mm256_extractf128_ps(v, 1));
+    out
+}
+
+/// Q4_1's min term (see [`super::matmul`]) added to four activation rows'
+/// sums against two weight rows: `acc[t][r] += m[t][b] * e[r][b]` for each
+/// block `b` in order, `mul` then `add`, as `rows::add_min_term` does one
+/// output at a time.
+///
+/// # Safety
+/// The CPU must support AVX; `m[0]` and `m[1]` as long as each `e[r]` or shorter.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+pub unsafe fn min_terms4x2(acc: [[f32; 4]; 2], m: [&[f32]; 2], e: [&[f32]; 4]) -> [[f32; 4]; 2] {
+    let mut t = _mm256_set_m128(_mm_loadu_ps(acc[1].as_ptr()), _mm_loadu_ps(acc[0].as_ptr()));
+    for (b, (&m0, &m1)) in m[0].iter().zip(m[1]).enumerate() {
+        let e4 = _mm_setr_ps(e[0][b], e[1][b], e[2][b], e[3][b]);
+        let mv = _mm256_set_m128(_mm_set1_ps(m1), _mm_set1_ps(m0));
+        t = _mm256_add_ps(t, _mm256_mul_ps(mv, _mm256_set_m128(e4, e4)));
+    }
+    split(t)
+}
+
+/// Q4_1's min term added to one activation row's sums against four weight
+/// rows: `acc[j] += m[j][b] * e[b]` for each block `b` in order.
+///
+/// # Safety
+/// The CPU must support AVX; each `m[j]` at least as long as `e`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+pub unsafe fn min_terms_w4(acc: [f32; 4], m: [&[f32]; 4], e: &[f32]) -> [f32; 4] {
+    let mut t = _mm_loadu_ps(acc.as_ptr());
+    for (b, &eb) in e.iter().enumerate() {
+        let m4 = _mm_setr_ps(m[0][b], m[1][b], m[2][b], m[3][b]);
+        t = _mm_add_ps(t, _mm_mul_ps(m4, _mm_set1_ps(eb)));
+    }
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), t);
+    out
+}
+
+/// `[dot(a[r], w); 4]` (see [`super::rows::dot4`]); lengths a multiple of 8.
 ///
 /// # Safety
 /// The CPU must support AVX; every slice at least `w.len()` long.
@@ -78,10 +161,7 @@ pub unsafe fn dot4x2(a: [&[f32]; 4], w: [&[f32]; 2]) -> [[f32; 4]; 2] {
             acc1[r] = _mm256_add_ps(acc1[r], _mm256_mul_ps(av, w1));
         }
     }
-    let mut out = [[0f32; 4]; 2];
-    _mm_storeu_ps(out[0].as_mut_ptr(), reduce4(acc0));
-    _mm_storeu_ps(out[1].as_mut_ptr(), reduce4(acc1));
-    out
+    split(reduce8(acc0, acc1))
 }
 
 /// [`q8_rows4`] against two weight rows at once, as [`dot4x2`] is to
@@ -97,7 +177,8 @@ pub unsafe fn q8_rows4x2(
     w: [&[f32]; 2],
     block: usize,
 ) -> [[f32; 4]; 2] {
-    let mut total = [_mm_setzero_ps(); 2];
+    // Both weight rows' four sums in one register: [w0's | w1's].
+    let mut total = _mm256_setzero_ps();
     let blocks = w[0].chunks_exact(block).zip(w[1].chunks_exact(block));
     for (b, (w0b, w1b)) in blocks.enumerate() {
         let mut acc0 = [_mm256_setzero_ps(); 4];
@@ -111,14 +192,9 @@ pub unsafe fn q8_rows4x2(
                 acc1[r] = _mm256_add_ps(acc1[r], _mm256_mul_ps(qv, w1));
             }
         }
-        let dv = _mm_setr_ps(d[0][b], d[1][b], d[2][b], d[3][b]);
-        total[0] = _mm_add_ps(total[0], _mm_mul_ps(dv, reduce4(acc0)));
-        total[1] = _mm_add_ps(total[1], _mm_mul_ps(dv, reduce4(acc1)));
+        total = add_scaled(total, d, b, reduce8(acc0, acc1));
     }
-    let mut out = [[0f32; 4]; 2];
-    _mm_storeu_ps(out[0].as_mut_ptr(), total[0]);
-    _mm_storeu_ps(out[1].as_mut_ptr(), total[1]);
-    out
+    split(total)
 }
 
 /// `[dot(a, w[j]); 4]` (see [`super::rows::dot_w4`]); lengths a multiple of 8.
@@ -260,12 +336,15 @@ unsafe fn load32(p: *const f32) -> [__m256; 4] {
     ]
 }
 
+/// `block_weights`' constant for Q4_0 (its GGML type id).
 #[cfg(target_arch = "x86_64")]
-const Q4_0: u32 = 2;
+pub(super) const Q4_0: u32 = 2;
+/// The constant for Q4_1.
 #[cfg(target_arch = "x86_64")]
-const Q4_1: u32 = 3;
+pub(super) const Q4_1: u32 = 3;
+/// The constant for Q8_0.
 #[cfg(target_arch = "x86_64")]
-const Q8_0: u32 = 8;
+pub(super) const Q8_0: u32 = 8;
 
 /// Whether [`dequantize`] and the fused dots take `ty`.
 pub fn fused_type(ty: model::quant::GgmlType) -> bool {

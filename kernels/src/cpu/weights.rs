@@ -3,8 +3,8 @@
 //! where read), float ones and norms as f32, each matrix remembering its
 //! source block size for the q8 path.
 
-use super::matmul::{matmul_with_mins, Act, Linear, Matrix};
-use super::qmatrix::{QMatrix, Weight};
+use super::matmul::{matmul_with_mins, Act, Linear};
+use super::qmatrix::{Matrix, QMatrix, Weight};
 use super::Real;
 use crate::forward::ForwardError;
 use model::quant::GgmlType;

@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use kernels::cpu::matmul::{matmul as cpu_matmul, Act, Matrix};
+use kernels::cpu::matmul::{matmul as cpu_matmul, Act};
+use kernels::cpu::qmatrix::Matrix;
 use kernels::cuda::device::{driver_present, Device};
 use kernels::cuda::ops::{self, DeviceMatrix};
 use model::{GgmlType, QTensor};

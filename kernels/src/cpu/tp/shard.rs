@@ -3,8 +3,8 @@
 //! [`Linear`] in place of their format (quantized blocks stay blocks), so a
 //! rank's matmul reads exactly the weights the full matmul reads there.
 
-use super::super::matmul::{Linear, Matrix};
-use super::super::qmatrix::{QMatrix, Weight};
+use super::super::matmul::Linear;
+use super::super::qmatrix::{Matrix, QMatrix, Weight};
 use super::super::weights::DenseLayer;
 use super::plan::RankPlan;
 use model::quant::GgmlType;

@@ -1,0 +1,495 @@
+//! Loops of [`super::rows_avx`] on 512-bit registers: decode's (one
+//! activation row against four weight rows read from their Q4_0, Q4_1 or
+//! Q8_0 blocks) and prefill's (four activation rows against two weight rows), for x86_64 CPUs with AVX-512F (checked at run time by
+//! [`enabled`]).
+//!
+//! Same bits as the AVX2 loops: a 512-bit register carries two weight rows'
+//! eight-lane accumulators side by side (row `2p` in the low half, `2p + 1`
+//! in the high), so every lane sees the same products in the same order as
+//! its AVX2 twin; the weights are dequantized by the same expressions
+//! (exact integer conversions, then `mul`, or for Q4_1 one FMA whose product
+//! is exact), and the halves are summed by the AVX2 loops' own reduction.
+//! `TAPTREE_CPU_AVX512=0` keeps a CPU that has AVX-512 on the AVX2 loops
+//! (to compare the two).
+
+#[cfg(target_arch = "x86_64")]
+use super::rows_avx::{add_scaled, reduce4, reduce8, split, Q4_0, Q4_1, Q8_0};
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Whether the loops here run: the CPU has AVX-512F (with AVX2, F16C and
+/// FMA for the rest of the block arithmetic) and `TAPTREE_CPU_AVX512` is
+/// not `0`. Decided once per process.
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        let off = std::env::var("TAPTREE_CPU_AVX512").is_ok_and(|v| v == "0");
+        !off && supported()
+    })
+}
+
+/// Whether this CPU can run the loops here (whatever the variable says).
+pub fn supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("f16c")
+            && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Calls `$f::<TY>($args)` for `$ty`'s constant (Q4_0, Q4_1 or Q8_0).
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_type {
+    ($ty:expr, $f:ident($($arg:expr),*)) => {
+        match $ty {
+            model::quant::GgmlType::Q4_1 => $f::<Q4_1>($($arg),*),
+            model::quant::GgmlType::Q4_0 => $f::<Q4_0>($($arg),*),
+            model::quant::GgmlType::Q8_0 => $f::<Q8_0>($($arg),*),
+            t => unreachable!("{t} has no fused kernel; the caller checks `fused_type`"),
+        }
+    };
+}
+
+/// The 32 weights of one block of row A (at `a`) and of row B (at `b`) as
+/// four vectors, vector `k` holding A's weights `8k..8k + 8` in its low half
+/// and B's in its high half: per lane the expressions of
+/// `rows_avx::block_weights`.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2 and F16C; `a` and `b` each point at
+/// one whole block of `TY`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx2,f16c,fma")]
+unsafe fn block_weights2<const TY: u32>(a: *const u8, b: *const u8) -> [__m512; 4] {
+    // [d_A, m_A, d_B, m_B] (Q4_1's minimum follows its scale), exact f16 to f32.
+    let ha = (a as *const i32).read_unaligned();
+    let hb = (b as *const i32).read_unaligned();
+    let h = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_setr_epi32(ha, hb, 0, 0)));
+    // Lanes of h: 0 = A's d, 1 = A's m, 2 = B's d, 3 = B's m.
+    let d = _mm512_permutexvar_ps(halves(0, 2), h);
+    // Four groups of eight bytes per row: [A's bytes | B's bytes] per group.
+    let (a_lo, a_hi, b_lo, b_hi) = if TY == Q8_0 {
+        (
+            _mm_loadu_si128(a.add(2) as *const __m128i),
+            _mm_loadu_si128(a.add(18) as *const __m128i),
+            _mm_loadu_si128(b.add(2) as *const __m128i),
+            _mm_loadu_si128(b.add(18) as *const __m128i),
+        )
+    } else {
+        let off = if TY == Q4_1 { 4 } else { 2 };
+        let mask = _mm_set1_epi8(0x0F);
+        let va = _mm_loadu_si128(a.add(off) as *const __m128i);
+        let vb = _mm_loadu_si128(b.add(off) as *const __m128i);
+        (
+            _mm_and_si128(va, mask),
+            _mm_and_si128(_mm_srli_epi16(va, 4), mask),
+            _mm_and_si128(vb, mask),
+            _mm_and_si128(_mm_srli_epi16(vb, 4), mask),
+        )
+    };
+    let groups = [
+        _mm_unpacklo_epi64(a_lo, b_lo),
+        _mm_unpackhi_epi64(a_lo, b_lo),
+        _mm_unpacklo_epi64(a_hi, b_hi),
+        _mm_unpackhi_epi64(a_hi, b_hi),
+    ];
+    let mut w = [_mm512_setzero_ps(); 4];
+    if TY == Q4_1 {
+        let m = _mm512_permutexvar_ps(halves(1, 3), h);
+        for (wk, g) in w.iter_mut().zip(groups) {
+            let f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(g));
+            // `f * d` is exact, as in the AVX2 loop: one rounding of `f * d + m`.
+            *wk = _mm512_fmadd_ps(f, d, m);
+        }
+    } else if TY == Q4_0 {
+        for (wk, g) in w.iter_mut().zip(groups) {
+            let i = _mm512_sub_epi32(_mm512_cvtepu8_epi32(g), _mm512_set1_epi32(8));
+            *wk = _mm512_mul_ps(_mm512_cvtepi32_ps(i), d);
+        }
+    } else {
+        for (wk, g) in w.iter_mut().zip(groups) {
+            *wk = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(g)), d);
+        }
+    }
+    w
+}
+
+/// Lane index `lo` in the low eight lanes, `hi` in the high eight.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn halves(lo: i32, hi: i32) -> __m512i {
+    _mm512_set_epi32(
+        hi, hi, hi, hi, hi, hi, hi, hi, lo, lo, lo, lo, lo, lo, lo, lo,
+    )
+}
+
+/// Four vectors of eight from `p`, each in both halves of a register.
+///
+/// # Safety
+/// The CPU must support AVX-512F; 32 floats readable at `p`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load32_twice(p: *const f32) -> [__m512; 4] {
+    [
+        both_halves(p),
+        both_halves(p.add(8)),
+        both_halves(p.add(16)),
+        both_halves(p.add(24)),
+    ]
+}
+
+/// Eight floats at `p` in both halves of a 512-bit register.
+///
+/// # Safety
+/// The CPU must support AVX-512F; 8 floats readable at `p`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn both_halves(p: *const f32) -> __m512 {
+    _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(p as *const f64)))
+}
+
+/// The four rows' sums of two two-row accumulators, in the AVX2 loops' order.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn reduce_pairs(acc: [__m512; 2]) -> __m128 {
+    reduce4([
+        _mm512_castps512_ps256(acc[0]),
+        high(acc[0]),
+        _mm512_castps512_ps256(acc[1]),
+        high(acc[1]),
+    ])
+}
+
+/// The high eight lanes of `v`.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn high(v: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))
+}
+
+/// `rows_avx::dot_w4_blocks` on 512-bit registers: the same bits.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2, F16C and FMA; `a.len()` a multiple
+/// of 32 and each `w[j]` that many weights of whole blocks of `ty`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,f16c,fma")]
+pub unsafe fn dot_w4_blocks(ty: model::quant::GgmlType, a: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
+    by_type!(ty, dot_w4_ty(ty.type_size(), a, w))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,f16c,fma")]
+unsafe fn dot_w4_ty<const TY: u32>(ts: usize, a: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
+    let mut acc = [_mm512_setzero_ps(); 2];
+    for blk in 0..a.len() / 32 {
+        let av = load32_twice(a.as_ptr().add(32 * blk));
+        for (pair, acc_p) in acc.iter_mut().enumerate() {
+            let wv = block_weights2::<TY>(
+                w[2 * pair].as_ptr().add(ts * blk),
+                w[2 * pair + 1].as_ptr().add(ts * blk),
+            );
+            for (x, y) in av.iter().zip(wv) {
+                *acc_p = _mm512_add_ps(*acc_p, _mm512_mul_ps(*x, y));
+            }
+        }
+    }
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), reduce_pairs(acc));
+    out
+}
+
+/// `rows_avx::q8_w4_blocks` on 512-bit registers: the same bits.
+///
+/// # Safety
+/// As [`dot_w4_blocks`], with `q` for `a` and `d` holding `q.len() / 32` scales.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,f16c,fma")]
+pub unsafe fn q8_w4_blocks(
+    ty: model::quant::GgmlType,
+    q: &[f32],
+    d: &[f32],
+    w: [&[u8]; 4],
+) -> [f32; 4] {
+    by_type!(ty, q8_w4_ty(ty.type_size(), q, d, w))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,f16c,fma")]
+unsafe fn q8_w4_ty<const TY: u32>(ts: usize, q: &[f32], d: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
+    let mut total = _mm_setzero_ps();
+    for (blk, &db) in d.iter().enumerate().take(q.len() / 32) {
+        let qv = load32_twice(q.as_ptr().add(32 * blk));
+        let mut acc = [_mm512_setzero_ps(); 2];
+        for (pair, acc_p) in acc.iter_mut().enumerate() {
+            let wv = block_weights2::<TY>(
+                w[2 * pair].as_ptr().add(ts * blk),
+                w[2 * pair + 1].as_ptr().add(ts * blk),
+            );
+            for (x, y) in qv.iter().zip(wv) {
+                *acc_p = _mm512_add_ps(*acc_p, _mm512_mul_ps(*x, y));
+            }
+        }
+        total = _mm_add_ps(total, _mm_mul_ps(_mm_set1_ps(db), reduce_pairs(acc)));
+    }
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), total);
+    out
+}
+
+/// Two weight rows' eight floats at `c` side by side: `w0`'s in the low
+/// half, `w1`'s in the high.
+///
+/// # Safety
+/// The CPU must support AVX-512F; 8 floats readable at each pointer.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn pair(w0: *const f32, w1: *const f32) -> __m512 {
+    let lo = _mm512_castps256_ps512(_mm256_loadu_ps(w0));
+    _mm512_castpd_ps(_mm512_insertf64x4(
+        _mm512_castps_pd(lo),
+        _mm256_loadu_pd(w1 as *const f64),
+        1,
+    ))
+}
+
+/// The eight sums of four two-row accumulators (activation row `r`'s
+/// sums against two weight rows in `acc[r]`), as the AVX2 loops sum them:
+/// `[first weight row's four | second's four]`.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn reduce_pairs4(acc: &[__m512; 4]) -> __m256 {
+    let lo = [
+        _mm512_castps512_ps256(acc[0]),
+        _mm512_castps512_ps256(acc[1]),
+        _mm512_castps512_ps256(acc[2]),
+        _mm512_castps512_ps256(acc[3]),
+    ];
+    reduce8(lo, [high(acc[0]), high(acc[1]), high(acc[2]), high(acc[3])])
+}
+
+/// `rows_avx::dot4x2` (four activation rows against two weight rows) on
+/// 512-bit registers, activation row `r`'s two sums in one register: the
+/// same bits.
+///
+/// # Safety
+/// The CPU must support AVX-512F; both weight rows the same length, a
+/// multiple of 8, and every activation row at least that long.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub unsafe fn dot4x2(a: [&[f32]; 4], w: [&[f32]; 2]) -> [[f32; 4]; 2] {
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for c in (0..w[0].len()).step_by(8) {
+        let wv = pair(w[0].as_ptr().add(c), w[1].as_ptr().add(c));
+        for (acc_r, a_r) in acc.iter_mut().zip(a) {
+            let av = both_halves(a_r.as_ptr().add(c));
+            *acc_r = _mm512_add_ps(*acc_r, _mm512_mul_ps(av, wv));
+        }
+    }
+    split(reduce_pairs4(&acc))
+}
+
+/// `rows_avx::q8_rows4x2` (four q8 rows against two weight rows, blocks of
+/// `block`) on 512-bit registers: the same bits.
+///
+/// # Safety
+/// As [`dot4x2`], with `block` a multiple of 8 dividing the length, `q[r]`
+/// as long as the weight rows and `d[r]` holding a scale per block.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub unsafe fn q8_rows4x2(
+    q: [&[f32]; 4],
+    d: [&[f32]; 4],
+    w: [&[f32]; 2],
+    block: usize,
+) -> [[f32; 4]; 2] {
+    let mut total = _mm256_setzero_ps();
+    let blocks = w[0].chunks_exact(block).zip(w[1].chunks_exact(block));
+    for (b, (w0b, w1b)) in blocks.enumerate() {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for c in (0..block).step_by(8) {
+            let wv = pair(w0b.as_ptr().add(c), w1b.as_ptr().add(c));
+            for (acc_r, q_r) in acc.iter_mut().zip(q) {
+                let qv = both_halves(q_r.as_ptr().add(b * block + c));
+                *acc_r = _mm512_add_ps(*acc_r, _mm512_mul_ps(qv, wv));
+            }
+        }
+        total = add_scaled(total, d, b, reduce_pairs4(&acc));
+    }
+    split(total)
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use model::quant::GgmlType;
+
+    /// A deterministic stream of u32s.
+    fn stream(seed: u64) -> impl FnMut() -> u32 {
+        let mut s = seed;
+        move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 32) as u32
+        }
+    }
+
+    /// `rows` rows of `len` weights in random blocks of `ty`: random bytes,
+    /// with finite f16 scales (and minimums) of both signs, some subnormal.
+    fn blocks(ty: GgmlType, rows: usize, len: usize, seed: u64) -> Vec<Vec<u8>> {
+        let mut next = stream(seed);
+        let mut f16 = move || {
+            let v = next();
+            let x = match v % 8 {
+                0 => (v >> 8) as f32 * 1e-12, // subnormal f16
+                _ => ((v >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 0.1,
+            };
+            half::f16::from_f32(x).to_le_bytes()
+        };
+        let mut byte = stream(seed ^ 0xABCD);
+        (0..rows)
+            .map(|_| {
+                let mut row = Vec::new();
+                for _ in 0..len / 32 {
+                    let start = row.len();
+                    row.extend(f16());
+                    if ty == GgmlType::Q4_1 {
+                        row.extend(f16());
+                    }
+                    while row.len() - start < ty.type_size() {
+                        row.push(byte() as u8);
+                    }
+                }
+                row
+            })
+            .collect()
+    }
+
+    fn acts(len: usize, seed: u64, ints: bool) -> Vec<f32> {
+        let mut next = stream(seed);
+        (0..len)
+            .map(|_| {
+                let v = next();
+                if ints {
+                    (v % 255) as f32 - 127.0
+                } else {
+                    ((v >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 4.0
+                }
+            })
+            .collect()
+    }
+
+    fn rows4<T>(w: &[Vec<T>]) -> [&[T]; 4] {
+        [&w[0][..], &w[1][..], &w[2][..], &w[3][..]]
+    }
+
+    fn bits(v: [f32; 4]) -> [u32; 4] {
+        v.map(f32::to_bits)
+    }
+
+    #[test]
+    fn the_512_bit_loops_give_the_avx2_bits() {
+        if !supported() {
+            eprintln!("skipped: this CPU has no AVX-512F (the AVX2 loops run instead)");
+            assert!(
+                !enabled(),
+                "the 512-bit loops are never chosen without AVX-512F"
+            );
+            return;
+        }
+        for ty in [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0] {
+            for (i, len) in [32, 64, 576, 1536].into_iter().enumerate() {
+                let w = blocks(ty, 4, len, 7 + i as u64);
+                let wr = rows4(&w);
+                let a = acts(len, 11 + i as u64, false);
+                let q = acts(len, 13 + i as u64, true);
+                let d = acts(len / 32, 17 + i as u64, false);
+                // SAFETY: AVX-512F (and with it AVX2; F16C and FMA on every
+                // such CPU) checked above; whole blocks of `len` weights.
+                unsafe {
+                    let want = super::super::rows_avx::dot_w4_blocks(ty, &a, wr);
+                    let got = dot_w4_blocks(ty, &a, wr);
+                    assert_eq!(bits(got), bits(want), "{ty} f32 len {len}");
+                    let want = super::super::rows_avx::q8_w4_blocks(ty, &q, &d, wr);
+                    let got = q8_w4_blocks(ty, &q, &d, wr);
+                    assert_eq!(bits(got), bits(want), "{ty} q8 len {len}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_changed_weight_moves_only_its_row() {
+        if !supported() {
+            eprintln!("skipped: this CPU has no AVX-512F");
+            return;
+        }
+        for ty in [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0] {
+            let w = blocks(ty, 4, 64, 3);
+            let mut bad = w.clone();
+            // A weight byte of row 1's second block: rows A and B share a register.
+            bad[1][ty.type_size() + ty.type_size() - 1] ^= 0x11;
+            let a = acts(64, 5, false);
+            // SAFETY: as above.
+            let (x, y) = unsafe {
+                (
+                    dot_w4_blocks(ty, &a, rows4(&w)),
+                    dot_w4_blocks(ty, &a, rows4(&bad)),
+                )
+            };
+            assert_ne!(x[1].to_bits(), y[1].to_bits(), "{ty}");
+            assert_eq!(
+                [x[0], x[2], x[3]].map(f32::to_bits),
+                [y[0], y[2], y[3]].map(f32::to_bits)
+            );
+        }
+    }
+
+    #[test]
+    fn the_512_bit_prefill_loops_give_the_avx2_bits() {
+        if !supported() {
+            eprintln!("skipped: this CPU has no AVX-512F (the AVX2 loops run instead)");
+            return;
+        }
+        for (i, len) in [32, 64, 576, 1536].into_iter().enumerate() {
+            let s = 100 * i as u64;
+            let a: Vec<Vec<f32>> = (0..4).map(|r| acts(len, s + r, false)).collect();
+            let q: Vec<Vec<f32>> = (0..4).map(|r| acts(len, s + 10 + r, true)).collect();
+            let d: Vec<Vec<f32>> = (0..4).map(|r| acts(len / 32, s + 20 + r, false)).collect();
+            let w: Vec<Vec<f32>> = (0..2).map(|r| acts(len, s + 30 + r, false)).collect();
+            let (a, q, d, w) = (rows4(&a), rows4(&q), rows4(&d), [&w[0][..], &w[1][..]]);
+            let b = |v: [[f32; 4]; 2]| v.map(bits);
+            // SAFETY: AVX-512F checked above; lengths as each loop needs.
+            unsafe {
+                let want = super::super::rows_avx::dot4x2(a, w);
+                assert_eq!(b(dot4x2(a, w)), b(want), "f32 len {len}");
+                let want = super::super::rows_avx::q8_rows4x2(q, d, w, 32);
+                assert_eq!(b(q8_rows4x2(q, d, w, 32)), b(want), "q8 len {len}");
+            }
+        }
+    }
+}
