@@ -45,6 +45,10 @@ cargo run --release --quiet -p fetch --example fetch_model gemma3-270m
 (cd python && python3 -m pytest -q tests)
 
 cargo test --workspace --release
+# No import cycle between the modules of any crate (docs/ARCHITECTURE.md);
+# the checker first shows it finds the cycles it plants.
+python3 scripts/module_cycles.py --self-test
+python3 scripts/module_cycles.py
 
 # The CUDA forward builds without a CUDA toolkit (cudarc loads the driver at
 # run time): build it, and run its tests, which skip without a GPU except the
