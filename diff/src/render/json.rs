@@ -125,7 +125,7 @@ pub fn render(report: &DiffReport) -> String {
 
 /// [`render`] written to `w` as it is serialized (a large report is never
 /// held whole as text). The rows, most of a report's text, are written on
-/// every core, a batch of [`ROWS_AT_ONCE`] at a time, each at the depth it
+/// every core, a batch of `ROWS_AT_ONCE` (64) at a time, each at the depth it
 /// has in the document, and put in place of the empty list that the rest of
 /// the document is written with: the same bytes as one pass.
 pub fn write(report: &DiffReport, mut w: impl std::io::Write) -> std::io::Result<()> {
