@@ -23,6 +23,10 @@ use std::process::{Command, ExitCode};
 /// The full command's file name, beside this one.
 const FULL: &str = "taptree-full";
 
+/// The variable that carries this build's id to the full command, which
+/// refuses to run under a front of another build (build.rs).
+const BUILD_VAR: &str = "TAPTREE_FRONT_BUILD";
+
 fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().collect();
     if let Some((a, b)) = trusted_verify(&args) {
@@ -62,12 +66,16 @@ fn hand_over(args: &[OsString]) -> ExitCode {
         }
     };
     let mut cmd = Command::new(&full);
-    cmd.args(&args[1..]);
+    cmd.args(args.iter().skip(1))
+        .env(BUILD_VAR, env!("TAPTREE_BUILD_ID"));
     #[cfg(unix)]
     {
         use std::os::unix::process::CommandExt;
+        if let Some(arg0) = args.first() {
+            cmd.arg0(arg0);
+        }
         // Only returns on failure.
-        let e = cmd.arg0(&args[0]).exec();
+        let e = cmd.exec();
         let _ = writeln!(
             io::stderr(),
             "taptree: could not start {}: {e}",

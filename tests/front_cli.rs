@@ -107,3 +107,25 @@ fn a_front_without_the_full_command_says_what_is_missing() {
         );
     }
 }
+
+#[test]
+fn a_full_command_of_another_build_than_its_front_refuses() {
+    let (_dir, a, _) = two_trees(0.0);
+    // Started by its own front: the ids agree (every test above).
+    // Started with another build's id, as a front rebuilt alone would
+    // start an older full command: exit 2, saying so, nothing done.
+    let o = Command::new(FULL)
+        .args(["ls".as_ref(), a.as_os_str()])
+        .env("TAPTREE_FRONT_BUILD", "another-build")
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{out}{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains("another build")
+            && err.contains("another-build")
+            && err.contains("build both"),
+        "{err}"
+    );
+}
