@@ -43,7 +43,12 @@ impl KernelArgs {
         self
     }
 
-    /// A device buffer's address.
+    /// A device buffer's address, for reading or writing. The guard cudarc
+    /// returns is dropped at once and no event is recorded for a write:
+    /// sound only because `Device::new` turns cudarc's event tracking off
+    /// and every launch and copy of a device goes through its one stream,
+    /// so stream order alone orders them. A second stream would need the
+    /// guards kept until the launch, and `device_ptr_mut` for outputs.
     pub(crate) fn buf<T>(&mut self, dev: &Device, b: &impl DevicePtr<T>) -> &mut Self {
         let (p, _sync) = b.device_ptr(dev.stream());
         self.val(&p)
