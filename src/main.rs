@@ -7,7 +7,6 @@ mod bisect;
 mod cli;
 mod drift;
 mod exit;
-mod start;
 mod trusted;
 
 use std::process::ExitCode;
@@ -18,7 +17,7 @@ fn main() -> ExitCode {
         eprintln!("taptree: {e}");
         return ExitCode::from(exit::COULD_NOT_COMPARE);
     }
-    let args = start::parse();
+    let args = <cli::Cli as clap::Parser>::parse();
     match cli::run(args) {
         Ok(code) => ExitCode::from(code),
         Err(err) if is_broken_pipe(&err) => ExitCode::from(exit::OK),
