@@ -203,11 +203,14 @@ impl<'a> ManifestOut<'a> {
 
 impl Manifest {
     /// Total tensor bytes of the entries (saturating: an opened tree's
-    /// total was checked not to overflow).
+    /// total was checked not to overflow), summed on every core (a
+    /// saturating sum is the same in any order).
     pub fn bytes_of_entries(&self) -> u64 {
+        use rayon::prelude::*;
         self.entries
-            .iter()
-            .fold(0u64, |t, e| t.saturating_add(e.bytes))
+            .par_iter()
+            .map(|e| e.bytes)
+            .reduce(|| 0, u64::saturating_add)
     }
 }
 

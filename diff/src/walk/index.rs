@@ -146,8 +146,7 @@ pub(crate) fn index(tree: &dyn Tree, mut order: Vec<Tap>) -> Result<Vec<Tap>, Er
         e.shape.first().copied() != Some(rows) && !(rows == 1 && e.shape.is_empty())
     };
     // Checked on every core; the first bad tap in key order is the error.
-    if order.par_iter().any(bad_rows) {
-        let t = order.iter().find(|t| bad_rows(t)).expect("found above");
+    if let Some(t) = order.par_iter().find_first(|t| bad_rows(t)) {
         let e = &m.entries[t.entry()];
         return Err(Error::BadRows {
             path: tree.path().join(&e.path),

@@ -126,14 +126,7 @@ fn info(tree: &dyn Tree) -> TreeInfo {
         path: tree.path().display().to_string(),
         root: m.root.clone(),
         taps: m.entries.len(),
-        // `Manifest::bytes_of_entries`, summed on every core.
-        bytes: {
-            use rayon::prelude::*;
-            m.entries
-                .par_iter()
-                .map(|e| e.bytes)
-                .reduce(|| 0, u64::saturating_add)
-        },
+        bytes: m.bytes_of_entries(),
         model: m.run.model.clone(),
         backend: m.run.backend.clone(),
         precision: m.run.precision.clone(),

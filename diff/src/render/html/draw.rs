@@ -70,14 +70,15 @@ impl Page {
         h.push_str("<ul class=\"marks\">");
         for m in &self.markers {
             let r = &self.rows[m.row];
+            let name = esc(&r.name());
             let _ = write!(
                 h,
                 "<li><span class=\"swatch\" style=\"background:{}\"></span>{}: <a href=\"#row={}\" data-row=\"{}\">{}</a> ({} {})</li>",
                 m.kind.color(),
                 esc(&m.label),
-                esc(&r.name()),
+                name,
                 m.row,
-                esc(&r.name()),
+                name,
                 esc(&self.value_name),
                 num(r.value)
             );
@@ -88,13 +89,14 @@ impl Page {
     fn cell(&self, h: &mut String, i: usize) {
         let r = &self.rows[i];
         let marked = self.markers.iter().any(|m| m.row == i);
+        let name = esc(&r.name());
         let _ = write!(
             h,
             "<td{} data-row=\"{i}\" data-name=\"{}\" style=\"background:{}\" title=\"{} {} {}\"></td>",
             if marked { " class=\"mark\"" } else { "" },
-            esc(&r.name()),
+            name,
             color(r.verdict, r.value),
-            esc(&r.name()),
+            name,
             r.verdict.label(),
             num(r.value)
         );

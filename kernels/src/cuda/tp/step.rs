@@ -368,7 +368,7 @@ impl CudaTpForward {
             &self.ranks[0].scratch.as_ref().expect("allocated").x,
             d,
         )?;
-        let devs: Vec<Arc<Device>> = self.ranks.iter().map(|r| r.dev.clone()).collect();
+        let devs = self.rank_devices();
         let (acts, group) = (self.acts, self.plan.group);
         for l in 0..c.n_layer {
             let la = c.family.attention(l, c.rope_base);
