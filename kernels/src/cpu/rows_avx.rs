@@ -363,6 +363,7 @@ macro_rules! by_type {
         }
     };
 }
+pub(super) use by_type;
 
 /// Dequantizes whole Q4_0, Q4_1 or Q8_0 blocks as
 /// [`super::qmatrix::dequantize_blocks`] does, eight weights at a time

@@ -13,7 +13,7 @@
 //! (to compare the two).
 
 #[cfg(target_arch = "x86_64")]
-use super::rows_avx::{add_scaled, reduce4, reduce8, split, Q4_0, Q4_1, Q8_0};
+use super::rows_avx::{add_scaled, by_type, reduce4, reduce8, split, Q4_0, Q4_1, Q8_0};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -41,19 +41,6 @@ pub fn supported() -> bool {
     {
         false
     }
-}
-
-/// Calls `$f::<TY>($args)` for `$ty`'s constant (Q4_0, Q4_1 or Q8_0).
-#[cfg(target_arch = "x86_64")]
-macro_rules! by_type {
-    ($ty:expr, $f:ident($($arg:expr),*)) => {
-        match $ty {
-            model::quant::GgmlType::Q4_1 => $f::<Q4_1>($($arg),*),
-            model::quant::GgmlType::Q4_0 => $f::<Q4_0>($($arg),*),
-            model::quant::GgmlType::Q8_0 => $f::<Q8_0>($($arg),*),
-            t => unreachable!("{t} has no fused kernel; the caller checks `fused_type`"),
-        }
-    };
 }
 
 /// The 32 weights of one block of row A (at `a`) and of row B (at `b`) as
