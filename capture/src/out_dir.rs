@@ -180,12 +180,7 @@ pub(crate) fn recover_siblings(out: &Path) -> Result<()> {
             continue;
         };
         let path = item.path();
-        let is_dir = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir());
-        if pid == std::process::id()
-            || running(pid)
-            || !is_dir
-            || !(is_tree(&path) || tree_remains(&path))
-        {
+        if pid == std::process::id() || running(pid) || !is_tree_dir(&path) {
             continue;
         }
         let modified = std::fs::symlink_metadata(&path)

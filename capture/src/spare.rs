@@ -26,7 +26,7 @@
 use crate::error::{Error, Result};
 use crate::index::INDEX_FILE;
 use crate::manifest::MANIFEST_FILE;
-use crate::tree_dir::{is_layer_dir, is_tree, remove_tree, sibling_named, tree_remains};
+use crate::tree_dir::{is_layer_dir, is_tree_dir, remove_tree, sibling_named, tree_remains};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
@@ -38,11 +38,6 @@ pub(crate) fn enabled() -> bool {
 /// `.NAME.taptree-spare` beside `out`.
 pub(crate) fn path(out: &Path) -> PathBuf {
     sibling_named(out, "spare".into())
-}
-
-/// A directory that is a tree or what is left of one.
-fn is_spare(dir: &Path) -> bool {
-    std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) && (is_tree(dir) || tree_remains(dir))
 }
 
 /// Moves `out`'s spare to `staging` (which must not exist) and makes it an
@@ -76,7 +71,7 @@ pub(crate) fn take(out: &Path, staging: &Path) -> Result<bool> {
 /// before.
 pub(crate) fn keep(old: &Path, out: &Path) -> Result<()> {
     let spare = path(out);
-    if is_spare(&spare) {
+    if is_tree_dir(&spare) {
         remove_tree(&spare).map_err(|e| Error::io(&spare, e))?;
     }
     if !enabled() || !room_beside(old) {
@@ -166,7 +161,7 @@ pub(crate) fn remove_stale(staging: &Path, kept: &HashSet<&str>) -> Result<()> {
 /// tree: its spare must not outlive it).
 pub(crate) fn drop_orphan(out: &Path) -> Result<()> {
     let spare = path(out);
-    if std::fs::symlink_metadata(out).is_err() && is_spare(&spare) {
+    if std::fs::symlink_metadata(out).is_err() && is_tree_dir(&spare) {
         remove_tree(&spare).map_err(|e| Error::io(&spare, e))?;
     }
     Ok(())

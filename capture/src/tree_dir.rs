@@ -13,6 +13,11 @@ pub(crate) fn is_tree(dir: &Path) -> bool {
     dir.join(MARKER_FILE).is_file() || dir.join(MANIFEST_FILE).is_file()
 }
 
+/// A directory (not a link to one) that is a tree or what is left of one.
+pub(crate) fn is_tree_dir(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) && (is_tree(dir) || tree_remains(dir))
+}
+
 /// Whether a tree's subdirectory of this name holds tap files: `global`
 /// or `L` and a layer number.
 pub(crate) fn is_layer_dir(name: &str) -> bool {
