@@ -54,43 +54,48 @@ pub fn attention_windowed<T: Real>(
     let kv_width = n_head_kv * head_dim;
     let group = n_head / n_head_kv;
     let scale = T::from_f64(1.0 / (head_dim as f64).sqrt());
+    let _p = super::profile::op(super::profile::Op::Attention);
     let mut out = vec![T::ZERO; n * q_width];
-    out.par_chunks_mut(head_dim)
-        .enumerate()
-        .for_each_init(Vec::new, |scores, (i, o)| {
-            let (r, h) = (i / n_head, i % n_head);
-            let kvh = h / group;
-            let qh = &q[r * q_width + h * head_dim..][..head_dim];
-            let seen = start + r + 1;
-            let first = window.map_or(0, |w| seen.saturating_sub(w));
-            scores.clear();
-            let mut max = T::from_f64(f64::NEG_INFINITY);
-            for t in first..seen {
-                let kh = &k[t * kv_width + kvh * head_dim..][..head_dim];
-                let mut s = T::ZERO;
-                for (a, b) in qh.iter().zip(kh) {
-                    s += *a * *b;
-                }
-                let s = s * scale;
-                if s > max {
-                    max = s;
-                }
-                scores.push(s);
-            }
-            let mut sum = T::ZERO;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            let inv = T::ONE / sum;
-            for (t, p) in (first..seen).zip(scores.iter()) {
-                let p = *p * inv;
-                let vh = &v[t * kv_width + kvh * head_dim..][..head_dim];
-                for (acc, x) in o.iter_mut().zip(vh) {
-                    *acc += p * *x;
-                }
-            }
-        });
+    super::profile::region(|| {
+        out.par_chunks_mut(head_dim)
+            .enumerate()
+            .for_each_init(Vec::new, |scores, (i, o)| {
+                super::profile::task(|| {
+                    let (r, h) = (i / n_head, i % n_head);
+                    let kvh = h / group;
+                    let qh = &q[r * q_width + h * head_dim..][..head_dim];
+                    let seen = start + r + 1;
+                    let first = window.map_or(0, |w| seen.saturating_sub(w));
+                    scores.clear();
+                    let mut max = T::from_f64(f64::NEG_INFINITY);
+                    for t in first..seen {
+                        let kh = &k[t * kv_width + kvh * head_dim..][..head_dim];
+                        let mut s = T::ZERO;
+                        for (a, b) in qh.iter().zip(kh) {
+                            s += *a * *b;
+                        }
+                        let s = s * scale;
+                        if s > max {
+                            max = s;
+                        }
+                        scores.push(s);
+                    }
+                    let mut sum = T::ZERO;
+                    for s in scores.iter_mut() {
+                        *s = (*s - max).exp();
+                        sum += *s;
+                    }
+                    let inv = T::ONE / sum;
+                    for (t, p) in (first..seen).zip(scores.iter()) {
+                        let p = *p * inv;
+                        let vh = &v[t * kv_width + kvh * head_dim..][..head_dim];
+                        for (acc, x) in o.iter_mut().zip(vh) {
+                            *acc += p * *x;
+                        }
+                    }
+                })
+            })
+    });
     out
 }
 
