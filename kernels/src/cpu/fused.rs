@@ -12,9 +12,8 @@ use super::matmul::{quantizer, Act, QuantRows};
 use super::norm::norm_row;
 use super::profile::{self, Op};
 use super::quant_row::QuantRow;
-use super::Real;
+use super::{team, Real};
 use model::FfnActivation;
-use rayon::prelude::*;
 
 /// Below this many elements (a decode step's rows) a pass stays in the
 /// calling thread, as `par_rows` does.
@@ -47,7 +46,7 @@ pub fn add_norm_quantize<T: Real>(
     }
     let quantize = quantizer::<T>(act);
     let mut h = vec![T::ZERO; x.len()];
-    let body = |(r, (xr, hr)): (usize, (&mut [T], &mut [T]))| {
+    let body = |r: usize, xr: &mut [T], hr: &mut [T]| {
         if let Some(a) = add {
             for (xi, yi) in xr.iter_mut().zip(&a[r * d..(r + 1) * d]) {
                 *xi += *yi;
@@ -58,17 +57,15 @@ pub fn add_norm_quantize<T: Real>(
     };
     let rows: Vec<Vec<QuantRow<T>>> = if x.len() >= PAR_MIN && x.len() > d {
         profile::region(|| {
-            x.par_chunks_mut(d)
-                .zip(h.par_chunks_mut(d))
-                .enumerate()
-                .map(|a| profile::task(|| body(a)))
-                .collect()
+            team::chunks2_map(x, d, &mut h, d, |r, xr, hr| {
+                profile::task(|| body(r, xr, hr))
+            })
         })
     } else {
         x.chunks_mut(d)
             .zip(h.chunks_mut(d))
             .enumerate()
-            .map(body)
+            .map(|(r, (xr, hr))| body(r, xr, hr))
             .collect()
     };
     Prepared {
@@ -91,23 +88,17 @@ pub fn gated_quantize<T: Real>(
     assert_eq!(g.len(), u.len(), "gate and up shapes");
     let quantize = quantizer::<T>(q_act);
     let mut h = vec![T::ZERO; g.len()];
-    let body = |((hr, gr), ur): ((&mut [T], &[T]), &[T])| {
+    let body = |r: usize, hr: &mut [T]| {
+        let (gr, ur) = (&g[r * width..][..width], &u[r * width..][..width]);
         gated_into(act, gr, ur, hr);
         blocks.iter().map(|&b| quantize(hr, b)).collect::<Vec<_>>()
     };
     let rows: Vec<Vec<QuantRow<T>>> = if g.len() >= PAR_MIN && g.len() > width {
-        profile::region(|| {
-            h.par_chunks_mut(width)
-                .zip(g.par_chunks(width))
-                .zip(u.par_chunks(width))
-                .map(|a| profile::task(|| body(a)))
-                .collect()
-        })
+        profile::region(|| team::chunks_map(&mut h, width, |r, hr| profile::task(|| body(r, hr))))
     } else {
         h.chunks_mut(width)
-            .zip(g.chunks(width))
-            .zip(u.chunks(width))
-            .map(body)
+            .enumerate()
+            .map(|(r, hr)| body(r, hr))
             .collect()
     };
     Prepared {

@@ -30,7 +30,6 @@ use super::qmatrix::{Weight, WeightRows};
 use super::quant_row::{quantize_row, QuantRow};
 use super::rows::{fill_chunk, Job};
 use super::Real;
-use rayon::prelude::*;
 
 /// A matmul's weight: the dequantized matrix and, for Q4_1, its per-block
 /// minimums (`[rows, cols / 32]`), for the one term of llama.cpp's q8 dot
@@ -121,10 +120,12 @@ pub(crate) fn quantize_rows<T: Real>(
     }
     // Rows are independent: a prefill's are quantized on rayon's threads.
     if n > 1 {
+        let w = x.len() / n;
+        let mut rows = vec![(); n];
         return super::profile::region(|| {
-            x.par_chunks_exact(x.len() / n)
-                .map(|r| super::profile::task(|| quantize(r, block)))
-                .collect()
+            super::team::chunks_map(&mut rows, 1, |r, _| {
+                super::profile::task(|| quantize(&x[r * w..(r + 1) * w], block))
+            })
         });
     }
     vec![quantize(x, block)]
@@ -221,9 +222,9 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The jobs' matmuls as one parallel region: tasks of [`chunk_rows`] output
-/// features of one job each, written straight into `[n, rows]` (no
-/// transposed copy, no second region).
+/// The jobs' matmuls as one parallel region (on [`super::team`]): tasks of
+/// [`chunk_rows`] output features of one job each, written straight into
+/// `[n, rows]` (no transposed copy, no second region).
 fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
     let n = jobs.first().map_or(0, |j| j.n);
     let total: usize = jobs.iter().map(|j| j.w.rows()).sum();
@@ -239,27 +240,25 @@ fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
         .flat_map(|(i, j)| (0..j.w.rows()).step_by(chunk).map(move |f| (i, f)))
         .collect();
     super::profile::region(|| {
-        tasks
-            .par_iter()
-            .for_each_init(Vec::new, |buf, &(i, first)| {
-                super::profile::task(|| {
-                    let rows = jobs[i].w.rows();
-                    let k = chunk.min(rows - first);
-                    buf.clear();
-                    buf.resize(k * n, T::ZERO);
-                    // Output features in the outer loop: weight rows stay in cache
-                    // while they meet every activation row; `buf` is `[k, n]`.
-                    SCRATCH.with(|s| fill_chunk(&jobs[i], first, buf, &mut s.borrow_mut()));
-                    let out = &outs[i];
-                    for (o, col) in buf.chunks_exact(n).enumerate() {
-                        for (r, v) in col.iter().enumerate() {
-                            // SAFETY: in bounds (r < n, first + o < rows); this task
-                            // alone writes features first..first + k of output i.
-                            unsafe { *out.0.add(r * rows + first + o) = *v };
-                        }
+        super::team::for_each(tasks.len(), &|t| {
+            super::profile::task(|| {
+                let (i, first) = tasks[t];
+                let rows = jobs[i].w.rows();
+                let k = chunk.min(rows - first);
+                // Output features in the outer loop: weight rows stay in cache
+                // while they meet every activation row; `buf` is `[k, n]`.
+                let mut buf = vec![T::ZERO; k * n];
+                SCRATCH.with(|s| fill_chunk(&jobs[i], first, &mut buf, &mut s.borrow_mut()));
+                let out = &outs[i];
+                for (o, col) in buf.chunks_exact(n).enumerate() {
+                    for (r, v) in col.iter().enumerate() {
+                        // SAFETY: in bounds (r < n, first + o < rows); this task
+                        // alone writes features first..first + k of output i.
+                        unsafe { *out.0.add(r * rows + first + o) = *v };
                     }
-                })
+                }
             })
+        })
     });
     ys
 }

@@ -27,6 +27,7 @@ pub mod rope;
 pub mod rows;
 mod rows_avx;
 mod rows_avx512;
+mod team;
 pub mod tp;
 pub mod weights;
 
@@ -135,7 +136,6 @@ pub(crate) fn par_rows<T: Real, U: Send, F>(y: &mut [U], x: &[T], width: usize, 
 where
     F: Fn(&[T], &mut [U]) + Sync,
 {
-    use rayon::prelude::*;
     const PAR_MIN: usize = 4096;
     if width == 0 {
         return;
@@ -144,9 +144,9 @@ where
     let out_width = y.len() / rows.max(1);
     if rows > 1 && x.len() >= PAR_MIN {
         profile::region(|| {
-            y.par_chunks_mut(out_width)
-                .zip(x.par_chunks(width))
-                .for_each(|(o, r)| profile::task(|| f(r, o)))
+            team::chunks_map(y, out_width, |i, o| {
+                profile::task(|| f(&x[i * width..(i + 1) * width], o))
+            })
         });
     } else {
         y.chunks_mut(out_width.max(1))

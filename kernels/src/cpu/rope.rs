@@ -94,24 +94,22 @@ pub fn rope_pair_with<T: Real>(
     kv_width: usize,
     table: &RopeTable<T>,
 ) {
-    use rayon::prelude::*;
     let _p = super::profile::op(super::profile::Op::Rope);
-    let rotate = |(r, (qr, kr)): (usize, (&mut [T], &mut [T]))| {
+    let rotate = |r: usize, qr: &mut [T], kr: &mut [T]| {
         rotate_row(style, qr, table.row(r));
         rotate_row(style, kr, table.row(r));
     };
     if q.len() + k.len() > 4096 && q.len() > q_width {
         super::profile::region(|| {
-            q.par_chunks_mut(q_width)
-                .zip(k.par_chunks_mut(kv_width))
-                .enumerate()
-                .for_each(|a| super::profile::task(|| rotate(a)))
+            super::team::chunks2_map(q, q_width, k, kv_width, |r, qr, kr| {
+                super::profile::task(|| rotate(r, qr, kr))
+            })
         });
     } else {
         q.chunks_mut(q_width)
             .zip(k.chunks_mut(kv_width))
             .enumerate()
-            .for_each(rotate);
+            .for_each(|(r, (qr, kr))| rotate(r, qr, kr));
     }
 }
 
