@@ -56,7 +56,7 @@ pub fn attention_windowed<T: Real>(
     let _p = super::profile::op(super::profile::Op::Attention);
     let mut out = vec![T::ZERO; n * q_width];
     super::profile::region(|| {
-        super::team::chunks_map(&mut out, head_dim, |i, o| {
+        super::par::chunks_map(&mut out, head_dim, |i, o| {
             super::profile::task(|| {
                 let mut scores = Vec::with_capacity(start + n);
                 let (r, h) = (i / n_head, i % n_head);

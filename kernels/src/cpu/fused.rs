@@ -12,7 +12,7 @@ use super::matmul::{quantizer, Act, QuantRows};
 use super::norm::norm_row;
 use super::profile::{self, Op};
 use super::quant_row::QuantRow;
-use super::{team, Real};
+use super::{par, Real};
 use model::FfnActivation;
 
 /// Below this many elements (a decode step's rows) a pass stays in the
@@ -57,7 +57,7 @@ pub fn add_norm_quantize<T: Real>(
     };
     let rows: Vec<Vec<QuantRow<T>>> = if x.len() >= PAR_MIN && x.len() > d {
         profile::region(|| {
-            team::chunks2_map(x, d, &mut h, d, |r, xr, hr| {
+            par::chunks2_map(x, d, &mut h, d, |r, xr, hr| {
                 profile::task(|| body(r, xr, hr))
             })
         })
@@ -94,7 +94,7 @@ pub fn gated_quantize<T: Real>(
         blocks.iter().map(|&b| quantize(hr, b)).collect::<Vec<_>>()
     };
     let rows: Vec<Vec<QuantRow<T>>> = if g.len() >= PAR_MIN && g.len() > width {
-        profile::region(|| team::chunks_map(&mut h, width, |r, hr| profile::task(|| body(r, hr))))
+        profile::region(|| par::chunks_map(&mut h, width, |r, hr| profile::task(|| body(r, hr))))
     } else {
         h.chunks_mut(width)
             .enumerate()

@@ -123,7 +123,7 @@ pub(crate) fn quantize_rows<T: Real>(
         let w = x.len() / n;
         let mut rows = vec![(); n];
         return super::profile::region(|| {
-            super::team::chunks_map(&mut rows, 1, |r, _| {
+            super::par::chunks_map(&mut rows, 1, |r, _| {
                 super::profile::task(|| quantize(&x[r * w..(r + 1) * w], block))
             })
         });
@@ -222,7 +222,7 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The jobs' matmuls as one parallel region (on [`super::team`]): tasks of
+/// The jobs' matmuls as one parallel region (through [`super::par`]): tasks of
 /// [`chunk_rows`] output features of one job each, written straight into
 /// `[n, rows]` (no transposed copy, no second region).
 fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
@@ -240,7 +240,7 @@ fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
         .flat_map(|(i, j)| (0..j.w.rows()).step_by(chunk).map(move |f| (i, f)))
         .collect();
     super::profile::region(|| {
-        super::team::for_each(tasks.len(), &|t| {
+        super::par::for_each(tasks.len(), &|t| {
             super::profile::task(|| {
                 let (i, first) = tasks[t];
                 let rows = jobs[i].w.rows();

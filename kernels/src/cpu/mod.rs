@@ -19,6 +19,7 @@ pub mod llamacpp;
 pub mod llamacpp_gemma;
 pub mod matmul;
 pub mod norm;
+mod par;
 pub(crate) mod profile;
 pub mod qmatrix;
 pub mod quant_row;
@@ -27,7 +28,6 @@ pub mod rope;
 pub mod rows;
 mod rows_avx;
 mod rows_avx512;
-mod team;
 pub mod tp;
 pub mod weights;
 
@@ -144,7 +144,7 @@ where
     let out_width = y.len() / rows.max(1);
     if rows > 1 && x.len() >= PAR_MIN {
         profile::region(|| {
-            team::chunks_map(y, out_width, |i, o| {
+            par::chunks_map(y, out_width, |i, o| {
                 profile::task(|| f(&x[i * width..(i + 1) * width], o))
             })
         });

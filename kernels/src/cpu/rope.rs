@@ -101,7 +101,7 @@ pub fn rope_pair_with<T: Real>(
     };
     if q.len() + k.len() > 4096 && q.len() > q_width {
         super::profile::region(|| {
-            super::team::chunks2_map(q, q_width, k, kv_width, |r, qr, kr| {
+            super::par::chunks2_map(q, q_width, k, kv_width, |r, qr, kr| {
                 super::profile::task(|| rotate(r, qr, kr))
             })
         });
