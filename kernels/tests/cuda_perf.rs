@@ -245,6 +245,34 @@ fn kernel_figures() {
         line += &format!(" embedding {t:.1}");
         println!("{line}");
     }
+    // The logits with their norm at one row, as the fused pass runs them:
+    // one block per 16 logits against the streamed grid (100 replays of one
+    // graph: the 28 MB matrix may sit in L2, unlike in a real step).
+    let nv = norm.as_view();
+    let n = || {
+        Some(ops::Norm {
+            weight: &nv,
+            eps: 1e-5,
+        })
+    };
+    let mut line =
+        "logits 49152x576 Q8_0 with the output norm, 1 row, graphed (us/call):".to_string();
+    for per_sm in [0usize, 1, 2, 4, 8] {
+        let t = per_call_graph_us(dev, &mut || {
+            ops::matmul_streamed(
+                dev,
+                emb,
+                &x.slice(..d),
+                n(),
+                &mut y.slice_mut(..vocab),
+                1,
+                per_sm,
+            )
+            .unwrap()
+        });
+        line += &format!(" {per_sm} blocks/SM {t:.1};");
+    }
+    println!("{line} (0: one block per 16 logits)");
     let t = per_call_us(dev, &mut || {
         ops::upload(dev, &[1u32]).unwrap();
     });
@@ -294,21 +322,30 @@ fn gpu_figures() {
     let mut reference: Option<Vec<blake3::Hash>> = None;
     let (off, start, late) = (EarlyLaunch::Off, EarlyLaunch::AtStart, EarlyLaunch::Late);
     let after_wait = EarlyLaunch::AfterWait;
+    // (graphs, fused, early launch, the step's copies in its graph, the
+    // logits' blocks per SM: 0 for one block per 16 logits).
     let configs = [
-        (false, false, off),
-        (true, false, off),
-        (false, true, off),
-        (true, true, off),
-        (false, true, late),
-        (true, true, start),
-        (true, true, late),
-        (false, true, after_wait),
-        (true, true, after_wait),
+        (false, false, off, true, 4),
+        (true, false, off, true, 4),
+        (false, true, off, true, 4),
+        (true, true, off, true, 4),
+        (false, true, late, true, 4),
+        (true, true, start, true, 4),
+        (true, true, late, false, 0),
+        (true, true, late, true, 0),
+        (true, true, late, false, 4),
+        (true, true, late, true, 2),
+        (true, true, late, true, 8),
+        (true, true, late, true, 4),
+        (false, true, after_wait, true, 4),
+        (true, true, after_wait, true, 4),
     ];
-    for (graphs, fused, early) in configs {
+    for (graphs, fused, early, copies, logits_blocks) in configs {
         fwd.set_graphs(graphs);
         fwd.set_fused(fused);
         fwd.set_early_launch(early);
+        fwd.set_graph_copies(copies);
+        fwd.set_logits_blocks_per_sm(logits_blocks);
         let mut decode = Vec::new();
         for round in 0..5 {
             fwd.reset();
@@ -336,7 +373,7 @@ fn gpu_figures() {
             }
         }
         println!(
-            "decode at 128..192, disarmed, m=1, {}, {}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
+            "decode at 128..192, disarmed, m=1, {}, {}{}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
             if graphs {
                 "CUDA graph"
             } else {
@@ -348,6 +385,12 @@ fn gpu_figures() {
                 EarlyLaunch::AtStart => ", early launch at start",
                 EarlyLaunch::AfterWait => ", early launch after the wait",
                 EarlyLaunch::Late => ", early launch late",
+            },
+            match (graphs && copies, fused) {
+                (true, true) => format!(", copies in the graph, logits {logits_blocks} blocks/SM"),
+                (false, true) => format!(", logits {logits_blocks} blocks/SM"),
+                (true, false) => ", copies in the graph".to_string(),
+                (false, false) => String::new(),
             },
             median(decode)
         );

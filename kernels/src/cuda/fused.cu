@@ -197,6 +197,57 @@ extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, co
     }
 }
 
+// The logits' matmul: FUSED_PLAIN without a residual (y0 = norm(x) W0^T),
+// each output by the same chain of operations as matmul_fused's, so the
+// same bits, from a grid of a few blocks per SM instead of one block per
+// FUSED_OUTS outputs (3,072 blocks, two waves and the norm computed 3,072
+// times for a 49,152-word vocabulary). A block normalizes its rows once,
+// then takes groups of FUSED_OUTS weight rows g = blockIdx.x, g +
+// gridDim.x, ... through two shared-memory buffers: the next group's copy
+// runs under the current group's products. Only the first group's weights
+// are read before `pdl_wait`.
+extern "C" __global__ void matmul_streamed(const u8* w, int type, int n, const float* x,
+                                           const float* norm_w, float eps, float* y, int rows,
+                                           int in, int trigger_at) {
+    extern __shared__ __align__(16) u8 smem[];
+    __shared__ double scratch[NORM_THREADS / 32];
+    __shared__ float res[ROWS_PER_PASS][FUSED_OUTS];
+    if (trigger_at == 0) pdl_launch_dependents();
+    int lane = threadIdx.x & 31, j = lane & 7;
+    int slot = (threadIdx.x >> 5) * OUTS_PER_WARP + (lane >> 3);
+    int r0 = blockIdx.y * ROWS_PER_PASS;
+    int nr = min(ROWS_PER_PASS, rows - r0);
+    size_t rb = row_bytes_of(type, in);
+    size_t buf = ((size_t)FUSED_OUTS * rb + 15) & ~(size_t)15;
+    float* xs = (float*)(smem + 2 * buf);
+    int groups = (n + FUSED_OUTS - 1) / FUSED_OUTS;
+    int g = blockIdx.x;
+    if (g < groups)
+        stage_bytes_async(smem, w + (size_t)g * FUSED_OUTS * rb,
+                          (size_t)min(FUSED_OUTS, n - g * FUSED_OUTS) * rb);
+    pdl_wait();
+    if (trigger_at == 1) pdl_launch_dependents();
+    stage_input(xs, x, r0, nr, in, norm_w, eps, scratch);
+    for (int it = 0; g < groups; g += gridDim.x, ++it) {
+        // This group's copy done and every thread past the products of the
+        // group before, whose buffer the next copy reuses.
+        copy_async_wait_all();
+        __syncthreads();
+        int next = g + gridDim.x;
+        if (next < groups)
+            stage_bytes_async(smem + ((it + 1) & 1) * buf, w + (size_t)next * FUSED_OUTS * rb,
+                              (size_t)min(FUSED_OUTS, n - next * FUSED_OUTS) * rb);
+        int first = g * FUSED_OUTS, cnt = min(FUSED_OUTS, n - first);
+        bool live = slot < cnt;
+        const u8* wr = smem + (it & 1) * buf + (size_t)(live ? slot : 0) * rb;
+        slot_outputs_any(type, wr, xs, nr, in, j, live, slot, res);
+        // res[k][slot] was written by this very lane (j == 0).
+        if (j == 0 && live)
+            for (int k = 0; k < nr; ++k) y[(size_t)(r0 + k) * n + first + slot] = res[k][slot];
+    }
+    if (trigger_at == 2) pdl_launch_dependents();
+}
+
 // RoPE's cosines and sines for `rows` rows at positions pos[r], head_dim / 2
 // pairs each: cs[2 (r half + i)] and cs[2 (r half + i) + 1], as
 // `rope_cos_sin` gives them. One launch per forward serves every layer that
