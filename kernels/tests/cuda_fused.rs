@@ -97,7 +97,10 @@ fn fused_forward_equals_unfused() {
             // logits from one block per 16 (or from one block per SM).
             let mut other = open(&dev, &w, true);
             other.set_graph_copies(false);
-            other.set_logits_blocks_per_sm(if early == EarlyLaunch::Off { 0 } else { 1 });
+            other.set_logits_streaming(ops::Streaming {
+                blocks_per_sm: if early == EarlyLaunch::Off { 0 } else { 1 },
+                stages: 2,
+            });
             for prompt in [&PROMPT[..], &long[..]] {
                 plain.reset();
                 fused.reset();
@@ -243,7 +246,11 @@ fn streamed_logits_equal_the_plain_launches() {
                 )
                 .unwrap();
                 ops::matmul_f32(dev, &w, &h.as_view(), &mut want.as_view_mut(), rows).unwrap();
-                for per_sm in [1usize, 4] {
+                for (blocks_per_sm, stages) in [(1usize, 2usize), (1, 3), (1, 4), (4, 4)] {
+                    let how = ops::Streaming {
+                        blocks_per_sm,
+                        stages,
+                    };
                     let mut y = up(&vec![f32::NAN; rows * n]);
                     let norm = Some(ops::Norm {
                         weight: &nw.as_view(),
@@ -256,10 +263,10 @@ fn streamed_logits_equal_the_plain_launches() {
                         norm,
                         &mut y.as_view_mut(),
                         rows,
-                        per_sm,
+                        how,
                     )
                     .unwrap();
-                    ks::assert_bitwise(&format!("{what}, {per_sm} per SM"), &get(&y), &get(&want));
+                    ks::assert_bitwise(&format!("{what}, {how:?}"), &get(&y), &get(&want));
                 }
                 // Control: another norm weight must move the logits.
                 let nw2: Vec<f32> = (0..cols).map(|i| if i == 3 { 2.0 } else { 1.0 }).collect();
@@ -269,7 +276,11 @@ fn streamed_logits_equal_the_plain_launches() {
                     weight: &nw2.as_view(),
                     eps: 1e-5,
                 });
-                ops::matmul_streamed(dev, &w, &x.as_view(), norm, &mut y.as_view_mut(), rows, 4)
+                let how = ops::Streaming {
+                    blocks_per_sm: 4,
+                    stages: 4,
+                };
+                ops::matmul_streamed(dev, &w, &x.as_view(), norm, &mut y.as_view_mut(), rows, how)
                     .unwrap();
                 assert!(
                     get(&y) != get(&want),

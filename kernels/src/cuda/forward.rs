@@ -149,9 +149,9 @@ pub struct CudaForward {
     step_host: Option<PinnedHostSlice<u32>>,
     /// Whether a decode graph holds its step's copies (`graph.rs`).
     graph_copies: bool,
-    /// Blocks per SM of the fused pass's logits matmul
-    /// ([`ops::matmul_streamed`]); 0 for one block per 16 logits.
-    logits_blocks_per_sm: usize,
+    /// How the fused pass's logits matmul is spread
+    /// ([`ops::matmul_streamed`]).
+    logits: ops::Streaming,
     /// RoPE's base where every layer rotates with the same one: the fused
     /// pass then computes the cosines and sines once per forward.
     shared_rope_base: Option<f32>,
@@ -169,8 +169,11 @@ pub struct CudaForward {
     fused_runs: u64,
 }
 
-/// The fused pass's logits matmul's blocks per SM, unless set otherwise.
-const LOGITS_BLOCKS_PER_SM: usize = 4;
+/// How the fused pass's logits matmul is spread, unless set otherwise.
+const LOGITS: ops::Streaming = ops::Streaming {
+    blocks_per_sm: 4,
+    stages: 4,
+};
 
 /// RoPE's base where every layer of `c` rotates with the same one.
 fn shared_rope_base(c: &LlamaConfig) -> Option<f32> {
@@ -258,10 +261,7 @@ impl CudaForward {
                 std::env::var("TAPTREE_CUDA_GRAPH_COPIES").as_deref(),
                 Ok("0" | "off")
             ),
-            logits_blocks_per_sm: std::env::var("TAPTREE_CUDA_LOGITS_BLOCKS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(LOGITS_BLOCKS_PER_SM),
+            logits: LOGITS,
             shared_rope_base: shared_rope_base(c),
             graphs: !matches!(
                 std::env::var("TAPTREE_CUDA_GRAPHS").as_deref(),
@@ -318,12 +318,12 @@ impl CudaForward {
         self.graph = None;
     }
 
-    /// How many blocks per SM the fused pass's logits matmul runs
-    /// ([`ops::matmul_streamed`]; `TAPTREE_CUDA_LOGITS_BLOCKS` sets the
-    /// start), 0 for one block per 16 logits ([`ops::matmul_fused`]).
-    /// Every choice gives the same bits.
-    pub fn set_logits_blocks_per_sm(&mut self, blocks: usize) {
-        self.logits_blocks_per_sm = blocks;
+    /// How the fused pass's logits matmul is spread
+    /// ([`ops::matmul_streamed`]: 4 blocks per SM, 4 stages unless set;
+    /// 0 blocks for one block per 16 logits, [`ops::matmul_fused`]). Every
+    /// choice gives the same bits.
+    pub fn set_logits_streaming(&mut self, how: ops::Streaming) {
+        self.logits = how;
         self.graph = None;
     }
 

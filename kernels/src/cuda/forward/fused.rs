@@ -174,7 +174,7 @@ impl CudaForward {
             }),
             &mut sc.logits.slice_mut(..rows * c.vocab_size),
             rows,
-            self.logits_blocks_per_sm,
+            self.logits,
         )
     }
 }
