@@ -170,9 +170,11 @@ pub struct CudaForward {
 }
 
 /// How the fused pass's logits matmul is spread, unless set otherwise.
+/// (4 blocks per SM, 2 stages: 19.0 us against 24.3 for one block per 16
+/// logits on an H200; more stages or blocks did not help, docs/PERFORMANCE.md.)
 const LOGITS: ops::Streaming = ops::Streaming {
     blocks_per_sm: 4,
-    stages: 4,
+    stages: 2,
 };
 
 /// RoPE's base where every layer of `c` rotates with the same one.
@@ -319,7 +321,7 @@ impl CudaForward {
     }
 
     /// How the fused pass's logits matmul is spread
-    /// ([`ops::matmul_streamed`]: 4 blocks per SM, 4 stages unless set;
+    /// ([`ops::matmul_streamed`]: 4 blocks per SM, 2 stages unless set;
     /// 0 blocks for one block per 16 logits, [`ops::matmul_fused`]). Every
     /// choice gives the same bits.
     pub fn set_logits_streaming(&mut self, how: ops::Streaming) {
