@@ -217,8 +217,8 @@ pub(crate) fn open_manifest(tree: &Path, json: &[u8]) -> Result<Manifest> {
     let file = open_index(tree)?;
     // Mapped, not read: a read into fresh zeroed pages (grown by doubling
     // past a guess at its size) cost more than decoding the records. No
-    // `stat` for its length: a map takes the file whole, and so does the
-    // read where it cannot map; the head's sizes are checked after.
+    // `stat` here for its length: the map finds it, the read where it
+    // cannot map takes the file whole; the head's sizes are checked after.
     let index_path = tree.join(INDEX_FILE);
     let index = map_or_read(&file, u64::MAX, true).map_err(|e| Error::io(&index_path, e))?;
     let head = IndexHead::parse(&index).map_err(|r| bad_index(tree, r))?;
