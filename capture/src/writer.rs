@@ -84,11 +84,13 @@ pub(crate) struct Written {
 }
 
 impl Active {
-    /// Starts `threads` writers into `dir`.
+    /// Starts `threads` writers into `dir`; `fresh`: `dir` was created
+    /// empty for this capture (not a recycled spare holding old files).
     pub fn start(
         dir: PathBuf,
         selection: Selection,
         threads: usize,
+        fresh: bool,
     ) -> (Arc<Active>, Vec<JoinHandle<Written>>) {
         let (tx, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
@@ -104,7 +106,7 @@ impl Active {
                 let dir = dir.clone();
                 std::thread::Builder::new()
                     .name(format!("taptree-writer-{i}"))
-                    .spawn(move || write_loop(&dir, &rx, &budget))
+                    .spawn(move || write_loop(&dir, &rx, &budget, fresh))
                     .expect("spawning a writer thread")
             })
             .collect();
@@ -252,7 +254,7 @@ pub(crate) fn check_shard(shard: Shard, shape: &[usize]) -> Result<(), String> {
     Ok(())
 }
 
-fn write_loop(dir: &Path, rx: &Mutex<Receiver<Job>>, budget: &Budget) -> Written {
+fn write_loop(dir: &Path, rx: &Mutex<Receiver<Job>>, budget: &Budget, fresh: bool) -> Written {
     let mut out = Written {
         entries: Vec::new(),
         errors: Vec::new(),
@@ -266,7 +268,7 @@ fn write_loop(dir: &Path, rx: &Mutex<Receiver<Job>>, budget: &Budget) -> Written
         };
         let len = job.data.len() as u64;
         let seq = job.seq;
-        match write_one(dir, &job, &mut made_dirs) {
+        match write_one(dir, &job, &mut made_dirs, fresh) {
             Ok(entry) => out.entries.push((seq, entry)),
             Err(e) => out.errors.push((seq, e)),
         }
@@ -275,7 +277,12 @@ fn write_loop(dir: &Path, rx: &Mutex<Receiver<Job>>, budget: &Budget) -> Written
     }
 }
 
-fn write_one(dir: &Path, job: &Job, made_dirs: &mut HashSet<String>) -> Result<Entry, Error> {
+fn write_one(
+    dir: &Path,
+    job: &Job,
+    made_dirs: &mut HashSet<String>,
+    fresh: bool,
+) -> Result<Entry, Error> {
     let rel = manifest::path_of(&job.key);
     // `path_of` is always `dir_of(key)/NAME`.
     let sub = rel.split_once('/').map_or("", |(d, _)| d);
@@ -290,7 +297,11 @@ fn write_one(dir: &Path, job: &Job, made_dirs: &mut HashSet<String>) -> Result<E
     let header = tapfile::encode_header(&job.key, job.dtype, &job.shape, job.data.len());
     add_nanos(0, t);
     let t = std::time::Instant::now();
-    let (mut file, old_len) = open_over(&path).map_err(|e| Error::io(&path, e))?;
+    let opened = match fresh {
+        true => create_new(&path),
+        false => open_over(&path),
+    };
+    let (mut file, old_len) = opened.map_err(|e| Error::io(&path, e))?;
     let len = (header.len() + job.data.len()) as u64;
     file.write_all(&header)
         .and_then(|_| file.write_all(&job.data))
@@ -343,6 +354,22 @@ fn open_over(path: &Path) -> std::io::Result<(File, u64)> {
         }
     }
     Ok((file, meta.len()))
+}
+
+/// Creates `path` in a directory made empty for this capture: `O_EXCL`, so
+/// no link is followed and no file already there is opened, and no `stat`
+/// (what [`open_over`] pays per tap for a recycled spare's old files). Should
+/// a file be there after all, it goes through [`open_over`].
+fn create_new(path: &Path) -> std::io::Result<(File, u64)> {
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+    {
+        Ok(file) => Ok((file, 0)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => open_over(path),
+        Err(e) => Err(e),
+    }
 }
 
 /// Starts writing `file`'s dirty pages to disk now, without waiting for
