@@ -110,7 +110,13 @@ pub(crate) fn prepare_out(out: &Path, force: bool) -> Result<Option<(PathBuf, bo
     recover_siblings(out)?;
     match std::fs::symlink_metadata(out) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+            // The parents as needed, then `out` itself exclusively: a path
+            // that appears meanwhile (a link, another process's directory)
+            // fails the capture rather than being written into as fresh.
+            if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+            }
+            std::fs::create_dir(out).map_err(|e| Error::io(out, e))?;
             write_marker(out)?;
             Ok(None)
         }

@@ -211,7 +211,8 @@ impl Active {
     }
 }
 
-/// Taps from this size on are copied out on every core.
+/// The pieces a large tap is copied in: a tap of two pieces or more is
+/// copied on rayon's threads.
 const PARALLEL_COPY: usize = 1 << 20;
 
 /// The tap's bytes, copied for the writers. A large tap (a prefill's logits:
@@ -288,7 +289,7 @@ fn write_one(
     let sub = rel.split_once('/').map_or("", |(d, _)| d);
     if !made_dirs.contains(sub) {
         let d = dir.join(sub);
-        std::fs::create_dir_all(&d).map_err(|e| Error::io(&d, e))?;
+        make_subdir(&d).map_err(|e| Error::io(&d, e))?;
         made_dirs.insert(sub.to_string());
     }
     let path = dir.join(&rel);
@@ -358,8 +359,9 @@ fn open_over(path: &Path) -> std::io::Result<(File, u64)> {
 
 /// Creates `path` in a directory made empty for this capture: `O_EXCL`, so
 /// no link is followed and no file already there is opened, and no `stat`
-/// (what [`open_over`] pays per tap for a recycled spare's old files). Should
-/// a file be there after all, it goes through [`open_over`].
+/// (what [`open_over`] pays per tap for a recycled spare's old files). A
+/// file there after all is a tap written twice or another process's: it is
+/// left alone and the capture fails, naming it.
 fn create_new(path: &Path) -> std::io::Result<(File, u64)> {
     match std::fs::OpenOptions::new()
         .write(true)
@@ -367,8 +369,30 @@ fn create_new(path: &Path) -> std::io::Result<(File, u64)> {
         .open(path)
     {
         Ok(file) => Ok((file, 0)),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => open_over(path),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(std::io::Error::new(
+            e.kind(),
+            "already there in a directory this capture made empty: its key was tapped twice, \
+             or another process writes into the directory; the file was left alone",
+        )),
         Err(e) => Err(e),
+    }
+}
+
+/// Makes a tap directory (`global`, `L007`, ...) in the tree being written:
+/// one already there (another writer thread's, or a recycled spare's) is
+/// used only if it is a real directory, never through a symbolic link.
+fn make_subdir(d: &Path) -> std::io::Result<()> {
+    match std::fs::create_dir(d) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            match std::fs::symlink_metadata(d)?.is_dir() {
+                true => Ok(()),
+                false => Err(std::io::Error::new(
+                    e.kind(),
+                    "not a directory (a link or a file is there); it was left alone",
+                )),
+            }
+        }
+        other => other,
     }
 }
 
@@ -463,13 +487,43 @@ mod tests {
 
     #[test]
     fn a_large_tap_is_copied_byte_for_byte() {
-        // Past the parallel threshold, with a ragged last piece.
+        // On four threads whatever the host, so the parallel path runs; at
+        // the threshold, either side of it, and with a ragged last piece.
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().unwrap();
         let n = 3 * PARALLEL_COPY + 12_345;
         let src: Vec<u8> = (0..n).map(|i| (i * 7 + i / 4096) as u8).collect();
-        assert_eq!(copy_out(&src), src);
-        let mut other = src.clone();
-        other[2 * PARALLEL_COPY + 1] ^= 1;
-        assert_ne!(copy_out(&other), src, "a changed byte must show");
-        assert_eq!(copy_out(&src[..100]), &src[..100]);
+        pool.install(|| {
+            for len in [100, 2 * PARALLEL_COPY - 1, 2 * PARALLEL_COPY, 2 * PARALLEL_COPY + 1, n] {
+                assert_eq!(copy_out(&src[..len]), &src[..len], "{len} bytes");
+            }
+            let mut other = src.clone();
+            other[2 * PARALLEL_COPY + 1] ^= 1;
+            assert_ne!(copy_out(&other), src, "a changed byte must show");
+        });
+    }
+
+    #[test]
+    fn a_file_in_a_fresh_directory_is_never_written_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.safetensors");
+        std::fs::write(&path, b"someone else's").unwrap();
+        let err = create_new(&path).unwrap_err();
+        assert!(err.to_string().contains("left alone"), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"someone else's");
+        assert!(create_new(&dir.path().join("new.safetensors")).is_ok());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_tap_directory_is_never_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), dir.path().join("L000")).unwrap();
+        let err = make_subdir(&dir.path().join("L000")).unwrap_err();
+        assert!(err.to_string().contains("not a directory"), "{err}");
+        std::fs::create_dir(dir.path().join("L001")).unwrap();
+        make_subdir(&dir.path().join("L001")).unwrap();
+        make_subdir(&dir.path().join("global")).unwrap();
+        assert!(dir.path().join("global").is_dir());
     }
 }

@@ -19,7 +19,7 @@ use crate::{divergence, Error};
 use capture::{Manifest, TapId};
 use index::{PosKey, Positions, Stages};
 use rayon::prelude::*;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 pub use visit::{Action, Change, Recorder, Side, Visit, Walked};
 
 /// A row: (layer, stage name).
@@ -93,23 +93,20 @@ pub fn walk(
     let (oa, ob) = rayon::join(|| index::index(a, pa), || index::index(b, pb));
     let (oa, ob) = (oa?, ob?);
     // Where the runs' input tokens part, per slot: later positions compute
-    // different things and are not compared. The merge asks once per tap,
-    // of a few slots: a short list searched from the slot added last.
-    let mut splits: Vec<(Option<u32>, Option<crate::inputs::InputSplit>)> = Vec::new();
+    // different things and are not compared. The merge asks once per tap;
+    // an ordered map keeps each question logarithmic however many slots a
+    // (possibly hostile) tree holds.
+    let mut splits: BTreeMap<Option<u32>, Option<crate::inputs::InputSplit>> = BTreeMap::new();
     let mut split_at = |slot: Option<u32>| -> Option<u32> {
-        let i = match splits.iter().rposition(|(s, _)| *s == slot) {
-            Some(i) => i,
-            None => {
+        splits
+            .entry(slot)
+            .or_insert_with(|| {
                 let (sa, sb) = match (opts.slot_a, opts.slot_b) {
                     (None, None) => (slot, slot),
                     (pa, pb) => (pa.flatten(), pb.flatten()),
                 };
-                splits.push((slot, crate::inputs::split(&ma.run, &mb.run, sa, sb)));
-                splits.len() - 1
-            }
-        };
-        splits[i]
-            .1
+                crate::inputs::split(&ma.run, &mb.run, sa, sb)
+            })
             .as_ref()
             .map(|s| s.pos)
             // With `all_positions` the split is still reported, but nothing is cut.
@@ -117,9 +114,7 @@ pub fn walk(
     };
     let merged = merge::merge(&oa, &ob, &mut split_at);
     let mut walked = Walked {
-        inputs_split: (splits.into_iter())
-            .filter_map(|(_, split)| split)
-            .min_by_key(|s| (s.pos, s.slot)),
+        inputs_split: (splits.into_values().flatten()).min_by_key(|s| (s.pos, s.slot)),
         ..Walked::default()
     };
     let lone = (merged.only_in_a.iter().map(|k| (Side::A, k)))
