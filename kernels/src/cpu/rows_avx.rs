@@ -362,6 +362,21 @@ pub(super) const Q4_1: u32 = 3;
 #[cfg(target_arch = "x86_64")]
 pub(super) const Q8_0: u32 = 8;
 
+/// Whether this CPU runs the block loops here ([`dequantize`], the fused
+/// dots): AVX2, F16C and FMA.
+pub fn block_loops() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("f16c")
+            && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Whether [`dequantize`] and the fused dots take `ty`.
 pub fn fused_type(ty: model::quant::GgmlType) -> bool {
     use model::quant::GgmlType;

@@ -35,9 +35,7 @@ pub fn supported() -> bool {
     {
         std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("f16c")
-            && std::arch::is_x86_feature_detected!("fma")
+            && super::rows_avx::block_loops()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -255,8 +253,29 @@ pub unsafe fn q8_w4_blocks(
 unsafe fn q8_w4_ty<const TY: u32>(ts: usize, q: &[f32], d: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
     let nb = (q.len() / 32).min(d.len());
     let mut total = _mm_setzero_ps();
-    // Two blocks' sums reduced in one register, as the AVX2 loop does.
     let mut blk = 0;
+    if nb >= 4 {
+        // Four blocks' sixteen sums reduced in one register; row r's running
+        // total in lane 0 of quarter r, each block's term added in order.
+        let mut t = _mm512_setzero_ps();
+        while blk + 4 <= nb {
+            let s = reduce_blocks4([
+                block_sums_w4::<TY>(ts, q, w, blk),
+                block_sums_w4::<TY>(ts, q, w, blk + 1),
+                block_sums_w4::<TY>(ts, q, w, blk + 2),
+                block_sums_w4::<TY>(ts, q, w, blk + 3),
+            ]);
+            let p = _mm512_mul_ps(_mm512_broadcast_f32x4(_mm_loadu_ps(d.as_ptr().add(blk))), s);
+            t = _mm512_mask_add_ps(t, FIRST_OF_QUARTERS, t, p);
+            t = _mm512_mask_add_ps(t, FIRST_OF_QUARTERS, t, _mm512_permute_ps::<1>(p));
+            t = _mm512_mask_add_ps(t, FIRST_OF_QUARTERS, t, _mm512_permute_ps::<2>(p));
+            t = _mm512_mask_add_ps(t, FIRST_OF_QUARTERS, t, _mm512_permute_ps::<3>(p));
+            blk += 4;
+        }
+        let firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+        total = _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, t));
+    }
+    // Two blocks' sums reduced in one register, as the AVX2 loop does.
     while blk + 2 <= nb {
         let s = reduce8(
             rows_of(block_sums_w4::<TY>(ts, q, w, blk)),
@@ -275,6 +294,61 @@ unsafe fn q8_w4_ty<const TY: u32>(ts: usize, q: &[f32], d: &[f32], w: [&[u8]; 4]
     let mut out = [0f32; 4];
     _mm_storeu_ps(out.as_mut_ptr(), total);
     out
+}
+
+/// Lane 0 of each 128-bit quarter.
+#[cfg(target_arch = "x86_64")]
+const FIRST_OF_QUARTERS: __mmask16 = 0x1111;
+
+/// The sums of four blocks' accumulators (`acc[b]`: block `b`'s rows 0 and 1,
+/// then 2 and 3, as [`block_sums_w4`] gives them) as one register: quarter
+/// `r` holds row `r`'s four block sums, lane `b` block `b`'s, each the
+/// additions of the AVX2 loops' reduction (`((l0 + l4) + (l1 + l5)) +
+/// ((l2 + l6) + (l3 + l7))`), in 21 operations where two [`reduce8`]s
+/// and their extractions take 50 (a 256-bit `hadd` is three).
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn reduce_blocks4(acc: [[__m512; 2]; 4]) -> __m512 {
+    // Per block: quarter r = row r's `l_j + l_{j+4}`, j = 0..4.
+    let u0 = fold_quarters(acc[0][0], acc[0][1]);
+    let u1 = fold_quarters(acc[1][0], acc[1][1]);
+    let u2 = fold_quarters(acc[2][0], acc[2][1]);
+    let u3 = fold_quarters(acc[3][0], acc[3][1]);
+    hadd_quarters(hadd_quarters(u0, u1), hadd_quarters(u2, u3))
+}
+
+/// `[x.q0 + x.q1, x.q2 + x.q3, y.q0 + y.q1, y.q2 + y.q3]` (128-bit quarters):
+/// for two two-row registers, each row's low four lanes plus its high four.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn fold_quarters(x: __m512, y: __m512) -> __m512 {
+    _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+        _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+    )
+}
+
+/// `_mm_hadd_ps` in each 128-bit quarter: `[a0 + a1, a2 + a3, b0 + b1,
+/// b2 + b3]`.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn hadd_quarters(a: __m512, b: __m512) -> __m512 {
+    _mm512_add_ps(
+        _mm512_shuffle_ps::<0b10_00_10_00>(a, b),
+        _mm512_shuffle_ps::<0b11_01_11_01>(a, b),
+    )
 }
 
 /// The eight-lane sums of block `blk` of `q` against the four weight rows,
@@ -529,7 +603,10 @@ mod tests {
             return;
         }
         for ty in [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0] {
-            for (i, len) in [32, 64, 96, 576, 1536].into_iter().enumerate() {
+            for (i, len) in [32, 64, 96, 128, 160, 224, 576, 1536]
+                .into_iter()
+                .enumerate()
+            {
                 let w = blocks(ty, 4, len, 7 + i as u64);
                 let wr = rows4(&w);
                 let a = acts(len, 11 + i as u64, false);
