@@ -300,12 +300,13 @@ unsafe fn q8_w4_ty<const TY: u32>(ts: usize, q: &[f32], d: &[f32], w: [&[u8]; 4]
 #[cfg(target_arch = "x86_64")]
 const FIRST_OF_QUARTERS: __mmask16 = 0x1111;
 
-/// The sums of four blocks' accumulators (`acc[b]`: block `b`'s rows 0 and 1,
-/// then 2 and 3, as [`block_sums_w4`] gives them) as one register: quarter
-/// `r` holds row `r`'s four block sums, lane `b` block `b`'s, each the
+/// Sixteen eight-lane sums at once: `acc[i]` is two two-row registers
+/// `[x, y]`, and lane `i` of quarter `q` of the result is the sum of row `q`
+/// of `[x.lo, x.hi, y.lo, y.hi]` (for decode's [`block_sums_w4`] of block
+/// `i`: quarter `r` holds row `r`'s sums, lane `i` block `i`'s). Each is the
 /// additions of the AVX2 loops' reduction (`((l0 + l4) + (l1 + l5)) +
-/// ((l2 + l6) + (l3 + l7))`), in 21 operations where two [`reduce8`]s
-/// and their extractions take 50 (a 256-bit `hadd` is three).
+/// ((l2 + l6) + (l3 + l7))`), in 21 operations where two [`reduce8`]s with
+/// their extractions take 50 (a 256-bit `hadd` is three).
 ///
 /// # Safety
 /// The CPU must support AVX-512F.
@@ -468,26 +469,78 @@ pub unsafe fn q8_rows4x2(
     w: [&[f32]; 2],
     block: usize,
 ) -> [[f32; 4]; 2] {
-    let mut total = _mm256_setzero_ps();
-    let blocks = w[0].chunks_exact(block).zip(w[1].chunks_exact(block));
-    for (b, (w0b, w1b)) in blocks.enumerate() {
-        // Each block sum starts from its first product (`rows_avx`'s
-        // "First products": the same output bits).
-        let wv = pair(w0b.as_ptr(), w1b.as_ptr());
-        let mut acc = [_mm512_setzero_ps(); 4];
-        for (acc_r, q_r) in acc.iter_mut().zip(q) {
-            *acc_r = _mm512_mul_ps(both_halves(q_r.as_ptr().add(b * block)), wv);
+    let nb = w[0].len() / block;
+    let mut b = 0;
+    let mut out = [[0f32; 4]; 2];
+    if nb >= 2 {
+        // Two blocks' sixteen sums reduced in one register
+        // ([`reduce_blocks4`]): quarter 0 holds (activation row, weight row)
+        // (0, 0), (2, 0) of block b, then of block b + 1; quarter 1 the same
+        // rows against weight row 1; quarters 2 and 3 activation rows 1 and
+        // 3. The running totals sit in lanes 0 and 1 of each quarter, each
+        // block's terms added in order.
+        let mut t = _mm512_setzero_ps();
+        while b + 2 <= nb {
+            let (x, y) = (
+                rows4x2_block(q, w, block, b),
+                rows4x2_block(q, w, block, b + 1),
+            );
+            let s = reduce_blocks4([[x[0], x[1]], [x[2], x[3]], [y[0], y[1]], [y[2], y[3]]]);
+            let d02 = _mm_setr_ps(d[0][b], d[2][b], d[0][b + 1], d[2][b + 1]);
+            let d13 = _mm_setr_ps(d[1][b], d[3][b], d[1][b + 1], d[3][b + 1]);
+            let dv = _mm512_insertf64x4::<1>(
+                _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set_m128(d02, d02))),
+                _mm256_castps_pd(_mm256_set_m128(d13, d13)),
+            );
+            let p = _mm512_mul_ps(_mm512_castpd_ps(dv), s);
+            t = _mm512_mask_add_ps(t, FIRST_TWO_OF_QUARTERS, t, p);
+            t = _mm512_mask_add_ps(t, FIRST_TWO_OF_QUARTERS, t, _mm512_permute_ps::<0b1110>(p));
+            b += 2;
         }
-        for c in (8..block).step_by(8) {
-            let wv = pair(w0b.as_ptr().add(c), w1b.as_ptr().add(c));
-            for (acc_r, q_r) in acc.iter_mut().zip(q) {
-                let qv = both_halves(q_r.as_ptr().add(b * block + c));
-                *acc_r = _mm512_add_ps(*acc_r, _mm512_mul_ps(qv, wv));
+        let mut lanes = [0f32; 16];
+        _mm512_storeu_ps(lanes.as_mut_ptr(), t);
+        for (k, out_k) in out.iter_mut().enumerate() {
+            for (r, o) in out_k.iter_mut().enumerate() {
+                *o = lanes[4 * (2 * (r % 2) + k) + r / 2];
             }
         }
-        total = add_scaled(total, d, b, reduce_pairs4(&acc));
+    }
+    let mut total = _mm256_set_m128(_mm_loadu_ps(out[1].as_ptr()), _mm_loadu_ps(out[0].as_ptr()));
+    while b < nb {
+        total = add_scaled(total, d, b, reduce_pairs4(&rows4x2_block(q, w, block, b)));
+        b += 1;
     }
     split(total)
+}
+
+/// Lanes 0 and 1 of each 128-bit quarter.
+#[cfg(target_arch = "x86_64")]
+const FIRST_TWO_OF_QUARTERS: __mmask16 = 0x3333;
+
+/// Block `b`'s eight-lane sums of four q8 rows against two weight rows, row
+/// `r`'s pair in `acc[r]`, each started from its first product (`rows_avx`'s
+/// "First products": the same output bits).
+///
+/// # Safety
+/// As [`q8_rows4x2`]; block `b` whole in every row.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn rows4x2_block(q: [&[f32]; 4], w: [&[f32]; 2], block: usize, b: usize) -> [__m512; 4] {
+    let (w0b, w1b) = (w[0].as_ptr().add(b * block), w[1].as_ptr().add(b * block));
+    let wv = pair(w0b, w1b);
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for (acc_r, q_r) in acc.iter_mut().zip(q) {
+        *acc_r = _mm512_mul_ps(both_halves(q_r.as_ptr().add(b * block)), wv);
+    }
+    for c in (8..block).step_by(8) {
+        let wv = pair(w0b.add(c), w1b.add(c));
+        for (acc_r, q_r) in acc.iter_mut().zip(q) {
+            let qv = both_halves(q_r.as_ptr().add(b * block + c));
+            *acc_r = _mm512_add_ps(*acc_r, _mm512_mul_ps(qv, wv));
+        }
+    }
+    acc
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
@@ -659,7 +712,7 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX-512F and BW (the AVX2 loops run instead)");
             return;
         }
-        for (i, len) in [32, 64, 576, 1536].into_iter().enumerate() {
+        for (i, len) in [32, 64, 96, 160, 576, 1536].into_iter().enumerate() {
             let s = 100 * i as u64;
             let a: Vec<Vec<f32>> = (0..4).map(|r| acts(len, s + r, false)).collect();
             let q: Vec<Vec<f32>> = (0..4).map(|r| acts(len, s + 10 + r, true)).collect();
