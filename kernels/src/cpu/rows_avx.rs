@@ -336,16 +336,22 @@ unsafe fn block_weights<const TY: u32>(b: *const u8) -> [__m256; 4] {
     w
 }
 
-/// Asks for the bytes at `off` of the weight row four rows after `w_j` (the
-/// same block of the next group of four, where the rows lie one after
-/// another as a [`super::qmatrix::QMatrix`]'s do) to be on their way into
-/// the cache: a decode reads each weight once, so its loops otherwise wait
-/// on memory at every new group. A hint only: it reads nothing, cannot
-/// fault, and an address past the matrix is harmless.
+/// How many weight rows ahead [`prefetch_ahead`] reaches: two groups
+/// of four (on the H200 host's Xeon, 8 and 4 rows ahead were within each
+/// other's noise, both a third faster than no prefetch; docs/PERFORMANCE.md).
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_ROWS: usize = 8;
+
+/// Asks for the bytes at `off` of the weight row [`PREFETCH_ROWS`] rows
+/// after `w_j` (the same block of a later group of four, where the rows lie
+/// one after another as a [`super::qmatrix::QMatrix`]'s do) to be on their
+/// way into the cache: a decode reads each weight once, so its loops
+/// otherwise wait on memory at every new group. A hint only: it reads
+/// nothing, cannot fault, and an address past the matrix is harmless.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(super) fn prefetch_next_group(w_j: &[u8], off: usize) {
-    let p = w_j.as_ptr().wrapping_add(4 * w_j.len() + off);
+pub(super) fn prefetch_ahead(w_j: &[u8], off: usize) {
+    let p = w_j.as_ptr().wrapping_add(PREFETCH_ROWS * w_j.len() + off);
     // SAFETY: a prefetch neither reads into the program nor faults, and
     // `wrapping_add` forms the address without asserting it in bounds.
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
@@ -456,7 +462,7 @@ unsafe fn dot_w4_ty<const TY: u32>(ts: usize, a: &[f32], w: [&[u8]; 4]) -> [f32;
     for blk in 0..a.len() / 32 {
         let av = load32(a.as_ptr().add(32 * blk));
         for (acc_j, w_j) in acc.iter_mut().zip(w) {
-            prefetch_next_group(w_j, ts * blk);
+            prefetch_ahead(w_j, ts * blk);
             let wv = block_weights::<TY>(w_j.as_ptr().add(ts * blk));
             for (x, y) in av.iter().zip(wv) {
                 *acc_j = _mm256_add_ps(*acc_j, _mm256_mul_ps(*x, y));
@@ -529,7 +535,7 @@ unsafe fn block_sums_w4<const TY: u32>(
     let qv = load32(q.as_ptr().add(32 * blk));
     let mut acc = [_mm256_setzero_ps(); 4];
     for (acc_j, w_j) in acc.iter_mut().zip(w) {
-        prefetch_next_group(w_j, ts * blk);
+        prefetch_ahead(w_j, ts * blk);
         let wv = block_weights::<TY>(w_j.as_ptr().add(ts * blk));
         let mut s = _mm256_mul_ps(qv[0], wv[0]);
         for k in 1..4 {

@@ -15,7 +15,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::rows_avx::{
-    add_scaled, by_type, prefetch_next_group, reduce4, reduce8, split, Q4_0, Q4_1, Q8_0,
+    add_scaled, by_type, prefetch_ahead, reduce4, reduce8, split, Q4_0, Q4_1, Q8_0,
 };
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -221,8 +221,8 @@ unsafe fn dot_w4_ty<const TY: u32>(ts: usize, a: &[f32], w: [&[u8]; 4]) -> [f32;
     for blk in 0..a.len() / 32 {
         let av = load32_twice(a.as_ptr().add(32 * blk));
         for (pair, acc_p) in acc.iter_mut().enumerate() {
-            prefetch_next_group(w[2 * pair], ts * blk);
-            prefetch_next_group(w[2 * pair + 1], ts * blk);
+            prefetch_ahead(w[2 * pair], ts * blk);
+            prefetch_ahead(w[2 * pair + 1], ts * blk);
             let wv = block_weights2::<TY>(
                 w[2 * pair].as_ptr().add(ts * blk),
                 w[2 * pair + 1].as_ptr().add(ts * blk),
@@ -373,8 +373,8 @@ unsafe fn block_sums_w4<const TY: u32>(
     let qv = load32_twice(q.as_ptr().add(32 * blk));
     let mut acc = [_mm512_setzero_ps(); 2];
     for (pair, acc_p) in acc.iter_mut().enumerate() {
-        prefetch_next_group(w[2 * pair], ts * blk);
-        prefetch_next_group(w[2 * pair + 1], ts * blk);
+        prefetch_ahead(w[2 * pair], ts * blk);
+        prefetch_ahead(w[2 * pair + 1], ts * blk);
         let wv = block_weights2::<TY>(
             w[2 * pair].as_ptr().add(ts * blk),
             w[2 * pair + 1].as_ptr().add(ts * blk),
