@@ -4,6 +4,9 @@
 #
 #   TAPTREE=path/to/taptree CUDA_PERF=path/to/cuda_perf MODEL=model.gguf scripts/gpu_bench.sh
 #
+# BACKEND=cpu times the CPU forward's armed capture the same way (no GPU, no
+# cuda_perf; any taptree build): `BACKEND=cpu MODEL=model.gguf scripts/gpu_bench.sh`.
+#
 # TAPTREE is taptree built with --features cuda, CUDA_PERF the cuda_perf test
 # executable (`cargo test --release --features cuda -p kernels --test
 # cuda_perf --no-run`; scripts/gpu_matrix.sh --bundle packs both; CUDA_PERF=none
@@ -25,7 +28,12 @@
 set -uo pipefail
 
 TAPTREE=${TAPTREE:-taptree}
-CUDA_PERF=${CUDA_PERF:-cuda_perf}
+BACKEND=${BACKEND:-cuda}
+if [[ $BACKEND == cpu ]]; then
+    CUDA_PERF=${CUDA_PERF:-none}
+else
+    CUDA_PERF=${CUDA_PERF:-cuda_perf}
+fi
 MODEL=${MODEL:?MODEL=path to the GGUF}
 ROUNDS=${ROUNDS:-5}
 WORK=${WORK:-$(mktemp -d)}
@@ -33,8 +41,12 @@ mkdir -p "$WORK"
 PROMPT=${PROMPT:-What is the capital of France?}
 GEN=${GEN:-16}
 
-echo "taptree: $TAPTREE; cuda_perf: $CUDA_PERF; model: $MODEL; rounds: $ROUNDS"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1
+echo "taptree: $TAPTREE; backend: $BACKEND; cuda_perf: $CUDA_PERF; model: $MODEL; rounds: $ROUNDS"
+if [[ $BACKEND == cpu ]]; then
+    echo "cpu: $(nproc) threads; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
+else
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1
+fi
 
 if [[ $CUDA_PERF != none ]]; then
     echo "=== cuda_perf"
@@ -64,7 +76,7 @@ timed() {
 e2e() {
     local label=$1
     echo "=== armed capture end to end, $label: full tree vs logits only ($ROUNDS rounds, interleaved)"
-    local base=("$TAPTREE" capture --model "$MODEL" --backend cuda --chat "$PROMPT" --gen "$GEN")
+    local base=("$TAPTREE" capture --model "$MODEL" --backend "$BACKEND" --chat "$PROMPT" --gen "$GEN")
     local force=(--force)
     [[ ${FRESH:-0} == 1 ]] && force=()
     local tag=""

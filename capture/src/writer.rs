@@ -342,16 +342,21 @@ fn start_writeback(file: &File) {
 }
 
 /// How many threads [`make_durable`] syncs from: `TAPTREE_SYNC_THREADS`
-/// when it is a positive number, else the cores, at most 8. A thread waiting
-/// in `fdatasync` costs no CPU; more of them let a journaling filesystem
-/// commit more files per journal flush.
+/// when it is a positive number, else [`SYNC_THREADS`] whatever the cores.
+/// A thread waiting in `fdatasync` costs no CPU; more of them let a
+/// journaling filesystem commit more files per journal flush.
 pub(crate) fn sync_threads() -> usize {
     std::env::var("TAPTREE_SYNC_THREADS")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|&n| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get().min(8)))
+        .unwrap_or(SYNC_THREADS)
 }
+
+/// The syncing threads by default: not tied to the cores, since they wait
+/// rather than compute (on two cores, two threads left a capture's end
+/// three times longer than sixteen; docs/PERFORMANCE.md).
+const SYNC_THREADS: usize = 16;
 
 /// Makes the tap files `files` (relative to `dir`) durable, with their
 /// names: each file `fdatasync`ed (its writeback, started when it was

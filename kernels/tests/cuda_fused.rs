@@ -93,13 +93,29 @@ fn fused_forward_equals_unfused() {
         for (name, w) in models() {
             let name = format!("{name}, early launch {early:?}");
             let (mut plain, mut fused) = (open(&dev, &w, false), open(&dev, &w, true));
+            // The other forms of the step: its copies outside the graph, the
+            // logits from one block per 16 (or from one block per SM).
+            let mut other = open(&dev, &w, true);
+            other.set_graph_copies(false);
+            other.set_logits_streaming(ops::Streaming {
+                blocks_per_sm: if early == EarlyLaunch::Off { 0 } else { 1 },
+                stages: 2,
+            });
             for prompt in [&PROMPT[..], &long[..]] {
                 plain.reset();
                 fused.reset();
+                other.reset();
+                let want = plain.forward(None, prompt, 0).unwrap();
                 assert_eq!(
-                    plain.forward(None, prompt, 0).unwrap(),
+                    want,
                     fused.forward(None, prompt, 0).unwrap(),
                     "{name}: prefill of {} tokens",
+                    prompt.len()
+                );
+                assert_eq!(
+                    want,
+                    other.forward(None, prompt, 0).unwrap(),
+                    "{name}: prefill of {} tokens, the other form",
                     prompt.len()
                 );
             }
@@ -111,6 +127,11 @@ fn fused_forward_equals_unfused() {
                 let a = plain.forward(None, &t, pos).unwrap();
                 let b = fused.forward(None, &t, pos).unwrap();
                 assert_eq!(a, b, "{name}: decode step {i} (position {pos})");
+                let c = other.forward(None, &t, pos).unwrap();
+                assert_eq!(
+                    a, c,
+                    "{name}: decode step {i} (position {pos}), the other form"
+                );
                 assert_ne!(b, last, "{name}: step {i} repeated the previous step");
                 last = b;
             }
@@ -186,6 +207,90 @@ fn fusion_stays_off_where_it_does_not_hold() {
 /// f16, an output count with a tail block, positions near the end of a long
 /// cache (RoPE's angle in f64). The control: the same comparison between
 /// the fused output and the unfused one without its residual must fail.
+/// The logits' streamed matmul against rms_norm then matmul_f32: vocabularies
+/// with a tail group (97), whole groups (48) and more groups than the grid
+/// (4099 at one block per SM on a small grid: each block takes many), one
+/// row and nine (two row passes), several weight types.
+#[test]
+fn streamed_logits_equal_the_plain_launches() {
+    let Some(dev) = ks::gpu() else {
+        return;
+    };
+    let dev = &*dev;
+    let mut rng = ks::Rng(9);
+    let up = |v: &[f32]| ops::upload(dev, v).unwrap();
+    let get = |b: &cudarc::driver::CudaSlice<f32>| ops::download(dev, &b.as_view()).unwrap();
+    for (ty, cols) in [
+        (GgmlType::Q8_0, 576),
+        (GgmlType::Q4_1, 64),
+        (GgmlType::Q6_K, 256),
+        (GgmlType::F16, 72),
+    ] {
+        for n in [97usize, 48, 4099] {
+            let w = DeviceMatrix::upload(dev, &ks::weight(&mut rng, ty, n, cols, 0.5)).unwrap();
+            for rows in [1usize, 9] {
+                let what = format!("{ty} {n}x{cols} rows {rows}");
+                let x: Vec<f32> = (0..rows * cols).map(|_| rng.f32()).collect();
+                let x = up(&x);
+                let nw: Vec<f32> = (0..cols).map(|_| 1.0 + 0.2 * rng.f32()).collect();
+                let nw = up(&nw);
+                let mut h = up(&vec![0.0; rows * cols]);
+                let mut want = up(&vec![0.0; rows * n]);
+                ops::rms_norm(
+                    dev,
+                    &x.as_view(),
+                    &nw.as_view(),
+                    &mut h.as_view_mut(),
+                    rows,
+                    1e-5,
+                )
+                .unwrap();
+                ops::matmul_f32(dev, &w, &h.as_view(), &mut want.as_view_mut(), rows).unwrap();
+                for (blocks_per_sm, stages) in [(1usize, 2usize), (1, 3), (1, 4), (4, 4)] {
+                    let how = ops::Streaming {
+                        blocks_per_sm,
+                        stages,
+                    };
+                    let mut y = up(&vec![f32::NAN; rows * n]);
+                    let norm = Some(ops::Norm {
+                        weight: &nw.as_view(),
+                        eps: 1e-5,
+                    });
+                    ops::matmul_streamed(
+                        dev,
+                        &w,
+                        &x.as_view(),
+                        norm,
+                        &mut y.as_view_mut(),
+                        rows,
+                        how,
+                    )
+                    .unwrap();
+                    ks::assert_bitwise(&format!("{what}, {how:?}"), &get(&y), &get(&want));
+                }
+                // Control: another norm weight must move the logits.
+                let nw2: Vec<f32> = (0..cols).map(|i| if i == 3 { 2.0 } else { 1.0 }).collect();
+                let nw2 = up(&nw2);
+                let mut y = up(&vec![0.0; rows * n]);
+                let norm = Some(ops::Norm {
+                    weight: &nw2.as_view(),
+                    eps: 1e-5,
+                });
+                let how = ops::Streaming {
+                    blocks_per_sm: 4,
+                    stages: 4,
+                };
+                ops::matmul_streamed(dev, &w, &x.as_view(), norm, &mut y.as_view_mut(), rows, how)
+                    .unwrap();
+                assert!(
+                    get(&y) != get(&want),
+                    "{what}: control: the norm weight changed nothing"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn fused_launches_equal_the_unfused_ones() {
     let Some(dev) = ks::gpu() else {

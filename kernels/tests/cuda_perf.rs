@@ -245,6 +245,38 @@ fn kernel_figures() {
         line += &format!(" embedding {t:.1}");
         println!("{line}");
     }
+    // The logits with their norm at one row, as the fused pass runs them:
+    // one block per 16 logits against the streamed grid (100 replays of one
+    // graph: the 28 MB matrix may sit in L2, unlike in a real step).
+    let nv = norm.as_view();
+    let n = || {
+        Some(ops::Norm {
+            weight: &nv,
+            eps: 1e-5,
+        })
+    };
+    let mut line =
+        "logits 49152x576 Q8_0 with the output norm, 1 row, graphed (us/call):".to_string();
+    for (blocks_per_sm, stages) in [(0, 2), (4, 2), (2, 4), (4, 3), (4, 4), (8, 2), (8, 3)] {
+        let how = ops::Streaming {
+            blocks_per_sm,
+            stages,
+        };
+        let t = per_call_graph_us(dev, &mut || {
+            ops::matmul_streamed(
+                dev,
+                emb,
+                &x.slice(..d),
+                n(),
+                &mut y.slice_mut(..vocab),
+                1,
+                how,
+            )
+            .unwrap()
+        });
+        line += &format!(" {blocks_per_sm}x{stages} {t:.1};");
+    }
+    println!("{line} (blocks/SM x stages; 0: one block per 16 logits)");
     let t = per_call_us(dev, &mut || {
         ops::upload(dev, &[1u32]).unwrap();
     });
@@ -294,21 +326,34 @@ fn gpu_figures() {
     let mut reference: Option<Vec<blake3::Hash>> = None;
     let (off, start, late) = (EarlyLaunch::Off, EarlyLaunch::AtStart, EarlyLaunch::Late);
     let after_wait = EarlyLaunch::AfterWait;
+    // (graphs, fused, early launch, the step's copies in its graph, the
+    // logits' blocks per SM (0: one block per 16 logits) and stages).
     let configs = [
-        (false, false, off),
-        (true, false, off),
-        (false, true, off),
-        (true, true, off),
-        (false, true, late),
-        (true, true, start),
-        (true, true, late),
-        (false, true, after_wait),
-        (true, true, after_wait),
+        (false, false, off, true, (4, 4)),
+        (true, false, off, true, (4, 4)),
+        (false, true, off, true, (4, 4)),
+        (true, true, off, true, (4, 4)),
+        (false, true, late, true, (4, 4)),
+        (true, true, start, true, (4, 4)),
+        (true, true, late, false, (0, 2)),
+        (true, true, late, true, (0, 2)),
+        (true, true, late, false, (4, 4)),
+        (true, true, late, true, (4, 2)),
+        (true, true, late, true, (2, 4)),
+        (true, true, late, true, (8, 3)),
+        (true, true, late, true, (4, 4)),
+        (false, true, after_wait, true, (4, 4)),
+        (true, true, after_wait, true, (4, 4)),
     ];
-    for (graphs, fused, early) in configs {
+    for (graphs, fused, early, copies, (blocks_per_sm, stages)) in configs {
         fwd.set_graphs(graphs);
         fwd.set_fused(fused);
         fwd.set_early_launch(early);
+        fwd.set_graph_copies(copies);
+        fwd.set_logits_streaming(ops::Streaming {
+            blocks_per_sm,
+            stages,
+        });
         let mut decode = Vec::new();
         for round in 0..5 {
             fwd.reset();
@@ -336,7 +381,7 @@ fn gpu_figures() {
             }
         }
         println!(
-            "decode at 128..192, disarmed, m=1, {}, {}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
+            "decode at 128..192, disarmed, m=1, {}, {}{}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
             if graphs {
                 "CUDA graph"
             } else {
@@ -349,9 +394,40 @@ fn gpu_figures() {
                 EarlyLaunch::AfterWait => ", early launch after the wait",
                 EarlyLaunch::Late => ", early launch late",
             },
+            match (graphs && copies, fused) {
+                (true, true) => format!(
+                    ", copies in the graph, logits {blocks_per_sm} blocks/SM x {stages} stages"
+                ),
+                (false, true) => format!(", logits {blocks_per_sm} blocks/SM x {stages} stages"),
+                (true, false) => ", copies in the graph".to_string(),
+                (false, false) => String::new(),
+            },
             median(decode)
         );
     }
+
+    // The host's own share of a step: the returned logits copied out of the
+    // page-locked buffer into a new Vec (as each step does), alone.
+    // SAFETY: page-locked memory, written below before it is read.
+    let mut pinned = unsafe {
+        dev.context()
+            .alloc_pinned_with_flags::<f32>(vocab as usize, 0)
+            .unwrap()
+    };
+    pinned.as_mut_slice().unwrap().fill(1.0);
+    let src = pinned.as_slice().unwrap();
+    let mut copies = Vec::new();
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        for _ in 0..steps {
+            std::hint::black_box(src.to_vec());
+        }
+        copies.push(secs(t0.elapsed()) * 1e6 / steps as f64);
+    }
+    println!(
+        "a step's logits from page-locked memory into a new Vec, host alone: {:.1} us (median of 5 rounds of {steps})",
+        median(copies)
+    );
 
     // Batched decode, disarmed: m = 4 slots per forward.
     let m = 4;

@@ -301,6 +301,27 @@ __device__ __forceinline__ void copy_async_wait_all() {
 #endif
 }
 
+// Closes the group of this thread's `copy16_async` copies issued since the
+// last one; `copy_async_wait_groups(n)` waits until at most n groups are
+// still in flight (n of 0 to 3). Nothing before sm_80, whose copies are
+// plain. They move data only: no sum depends on them.
+__device__ __forceinline__ void copy_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void copy_async_wait_groups(int n) {
+#if __CUDA_ARCH__ >= 800
+    switch (n) {
+        case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+        case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+        case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+        default: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+    }
+#endif
+}
+
 // `stage_bytes` through `copy16_async` where both ends and the length are
 // 16-byte aligned (the copy then completes at `copy_async_wait_all`), else
 // `stage_bytes` itself.

@@ -105,6 +105,8 @@ pub struct Device {
     has_early: bool,
     /// How the kernels written for it are launched (an [`EarlyLaunch`]).
     early: AtomicU8,
+    /// Its streaming multiprocessors.
+    sms: usize,
 }
 
 /// Whether the fused pass's kernels start before the kernel ahead of them
@@ -190,6 +192,11 @@ impl Device {
             .compute_capability()
             .map_err(|e| CudaError::driver("query compute capability", e))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| CudaError::driver("query multiprocessor count", e))?;
         // A stream of our own, not the legacy default one: only a created
         // stream can be captured into a CUDA graph (the decode step's).
         let stream = ctx
@@ -210,6 +217,7 @@ impl Device {
             modules: Mutex::new(HashMap::new()),
             has_early,
             early: AtomicU8::new(early as u8),
+            sms: sms.max(1) as usize,
         }))
     }
 
@@ -234,6 +242,11 @@ impl Device {
             EarlyLaunch::Off
         };
         self.early.store(mode as u8, Ordering::Relaxed);
+    }
+
+    /// How many streaming multiprocessors it has.
+    pub fn sm_count(&self) -> usize {
+        self.sms
     }
 
     /// The stream every launch and copy of this device goes through.

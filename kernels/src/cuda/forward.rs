@@ -27,9 +27,10 @@ use model::{LlamaConfig, ModelWeights, QTensor};
 
 pub(crate) mod encode;
 mod fused;
+mod graph;
 mod setup;
 
-pub(crate) use setup::{check_model, Acts};
+pub(crate) use setup::{check_model, kv_capacity, Acts};
 
 /// A captured decode step and what it was captured against.
 struct DecodeGraph {
@@ -41,6 +42,8 @@ struct DecodeGraph {
 struct GraphKey {
     slot: Option<u32>,
     generation: u64,
+    /// Whether the step's uploads and the logits' copy are in the graph.
+    copies: bool,
 }
 
 struct LayerOnDevice {
@@ -141,6 +144,17 @@ pub struct CudaForward {
     /// A page-locked buffer of one row of logits, which each run's logits
     /// are copied through (into pageable memory the driver stages the copy).
     logits_host: Option<PinnedHostSlice<f32>>,
+    /// A page-locked token and position, a decode graph's inputs
+    /// (`graph.rs`).
+    step_host: Option<PinnedHostSlice<u32>>,
+    /// Whether a decode graph holds its step's copies (`graph.rs`).
+    graph_copies: bool,
+    /// How the fused pass's logits matmul is spread
+    /// ([`ops::matmul_streamed`]).
+    logits: ops::Streaming,
+    /// RoPE's base where every layer rotates with the same one: the fused
+    /// pass then computes the cosines and sines once per forward.
+    shared_rope_base: Option<f32>,
     /// Whether a single sequence's untapped decode step runs as a CUDA graph.
     graphs: bool,
     /// Whether an untapped forward of one sequence runs fused (`fused.rs`).
@@ -153,6 +167,23 @@ pub struct CudaForward {
     replays: u64,
     /// Runs made fused so far (graph replays of a fused step included).
     fused_runs: u64,
+}
+
+/// How the fused pass's logits matmul is spread, unless set otherwise.
+/// (4 blocks per SM, 2 stages: 19.0 us against 24.3 for one block per 16
+/// logits on an H200; more stages or blocks did not help, docs/PERFORMANCE.md.)
+const LOGITS: ops::Streaming = ops::Streaming {
+    blocks_per_sm: 4,
+    stages: 2,
+};
+
+/// RoPE's base where every layer of `c` rotates with the same one.
+fn shared_rope_base(c: &LlamaConfig) -> Option<f32> {
+    let mut bases = (0..c.n_layer).map(|l| c.family.attention(l, c.rope_base).rope_base);
+    let first = bases.next()?;
+    bases
+        .all(|b| b.to_bits() == first.to_bits())
+        .then_some(first)
 }
 
 /// A norm weight as f32 on the device.
@@ -227,6 +258,13 @@ impl CudaForward {
             scratch: None,
             ring: TapRing::default(),
             logits_host: None,
+            step_host: None,
+            graph_copies: !matches!(
+                std::env::var("TAPTREE_CUDA_GRAPH_COPIES").as_deref(),
+                Ok("0" | "off")
+            ),
+            logits: LOGITS,
+            shared_rope_base: shared_rope_base(c),
             graphs: !matches!(
                 std::env::var("TAPTREE_CUDA_GRAPHS").as_deref(),
                 Ok("0" | "off")
@@ -270,6 +308,24 @@ impl CudaForward {
     /// on it.
     pub fn set_early_launch(&mut self, mode: super::device::EarlyLaunch) {
         self.dev.set_early_launch(mode);
+        self.graph = None;
+    }
+
+    /// Puts a decode step's token and position uploads and its logits'
+    /// download inside its CUDA graph (the default;
+    /// `TAPTREE_CUDA_GRAPH_COPIES=0` starts with it off), or leaves them
+    /// calls of their own. Either way the results are the same bits.
+    pub fn set_graph_copies(&mut self, on: bool) {
+        self.graph_copies = on;
+        self.graph = None;
+    }
+
+    /// How the fused pass's logits matmul is spread
+    /// ([`ops::matmul_streamed`]: 4 blocks per SM, 2 stages unless set;
+    /// 0 blocks for one block per 16 logits, [`ops::matmul_fused`]). Every
+    /// choice gives the same bits.
+    pub fn set_logits_streaming(&mut self, how: ops::Streaming) {
+        self.logits = how;
         self.graph = None;
     }
 
@@ -356,10 +412,7 @@ impl CudaForward {
             }
             return Ok(());
         }
-        let capacity = needed
-            .next_power_of_two()
-            .max(64)
-            .min(c.context_length.max(needed));
+        let capacity = kv_capacity(c, needed);
         let s = self.dev.stream().clone();
         let alloc = || {
             s.alloc_zeros::<f32>(c.n_layer * capacity * kvw)
@@ -399,19 +452,25 @@ impl CudaForward {
         }
         self.ensure_scratch(rows)?;
         let positions: Vec<u32> = groups.iter().flat_map(|g| g.pos()).collect();
-        let sc = self.scratch.as_mut().expect("scratch allocated above");
-        let s = self.dev.stream();
-        let up = |e| CudaError::driver("copy tokens to device", e);
-        s.memcpy_htod(tokens, &mut sc.tok.slice_mut(..rows))
-            .map_err(up)?;
-        s.memcpy_htod(&positions, &mut sc.pos.slice_mut(..rows))
-            .map_err(up)?;
         if self.fusable(groups, rows) {
             self.fused_runs += 1;
         }
         let graphable = self.graphs && groups.len() == 1 && rows == 1 && !capture::is_armed();
+        let copies = graphable && self.graph_copies;
+        if copies {
+            self.ensure_host_buffers()?;
+            self.set_step_inputs(tokens[0], positions[0])?;
+        } else {
+            let sc = self.scratch.as_mut().expect("scratch allocated above");
+            let s = self.dev.stream();
+            let up = |e| CudaError::driver("copy tokens to device", e);
+            s.memcpy_htod(tokens, &mut sc.tok.slice_mut(..rows))
+                .map_err(up)?;
+            s.memcpy_htod(&positions, &mut sc.pos.slice_mut(..rows))
+                .map_err(up)?;
+        }
         if graphable {
-            self.replay_decode(groups)?;
+            self.replay_decode(groups, copies)?;
         } else {
             self.encode(groups, rows, false)?;
         }
@@ -421,65 +480,13 @@ impl CudaForward {
             }
         }
         self.ring.drain()?;
+        if copies {
+            return Ok(vec![self.graph_logits()?]);
+        }
         groups
             .iter()
             .map(|g| self.logits_of(g.row + g.rows - 1))
             .collect()
-    }
-
-    /// Row `row`'s logits, copied to the host through `logits_host`.
-    fn logits_of(&mut self, row: usize) -> Result<Vec<f32>, CudaError> {
-        let vocab = self.config.vocab_size;
-        let pin = |e| CudaError::driver("page-locked logits buffer", e);
-        if self.logits_host.as_ref().is_none_or(|p| p.len() != vocab) {
-            // SAFETY: page-locked memory of `vocab` floats, read only after
-            // the copy below has written all of them.
-            let p = unsafe { self.dev.context().alloc_pinned_with_flags::<f32>(vocab, 0) }
-                .map_err(pin)?;
-            self.logits_host = Some(p);
-        }
-        let host = self.logits_host.as_mut().expect("allocated above");
-        let host = host.as_mut_slice().map_err(pin)?;
-        let sc = self.scratch.as_ref().expect("allocated");
-        let s = self.dev.stream();
-        s.memcpy_dtoh(&sc.logits.slice(row * vocab..(row + 1) * vocab), host)
-            .map_err(|e| CudaError::driver("copy logits to host", e))?;
-        s.synchronize()
-            .map_err(|e| CudaError::driver("synchronize", e))?;
-        Ok(host.to_vec())
-    }
-
-    /// The decode step of one sequence through the CUDA graph of its slot,
-    /// captured on first use and again whenever a buffer it names was
-    /// reallocated. The graph holds exactly the launches [`Self::encode`]
-    /// makes, with the token and position read from device buffers, so a
-    /// replay computes what the eager launches would, bit for bit.
-    fn replay_decode(&mut self, groups: &[Group]) -> Result<(), CudaError> {
-        let key = GraphKey {
-            slot: groups[0].slot,
-            generation: self.generation,
-        };
-        if self.graph.as_ref().is_none_or(|g| g.key != key) {
-            self.graph = None;
-            let s = self.dev.stream().clone();
-            let mode = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-            s.begin_capture(mode)
-                .map_err(|e| CudaError::driver("begin graph capture", e))?;
-            let encoded = self.encode(groups, 1, true);
-            // Always end the capture, so a failed encode leaves the stream usable.
-            let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
-            encoded?;
-            let graph = graph
-                .map_err(|e| CudaError::driver("end graph capture", e))?
-                .ok_or_else(|| CudaError::Shape("graph capture recorded nothing".into()))?;
-            self.graph = Some(DecodeGraph { key, graph });
-        }
-        let g = self.graph.as_ref().expect("captured above");
-        g.graph
-            .launch()
-            .map_err(|e| CudaError::driver("launch decode graph", e))?;
-        self.replays += 1;
-        Ok(())
     }
 }
 

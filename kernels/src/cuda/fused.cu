@@ -197,6 +197,64 @@ extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, co
     }
 }
 
+// The logits' matmul: FUSED_PLAIN without a residual (y0 = norm(x) W0^T),
+// each output by the same chain of operations as matmul_fused's, so the
+// same bits, from a grid of a few blocks per SM instead of one block per
+// FUSED_OUTS outputs (3,072 blocks, two waves and the norm computed 3,072
+// times for a 49,152-word vocabulary). A block normalizes its rows once,
+// then takes groups of FUSED_OUTS weight rows g = blockIdx.x, g +
+// gridDim.x, ... through `stages` shared-memory buffers (2 to 4): the
+// copies of the next stages - 1 groups run under the current group's
+// products. Only weights are read before `pdl_wait`.
+__device__ __forceinline__ void stage_group(u8* dst, const u8* w, int g, int groups, int n,
+                                            size_t rb) {
+    if (g < groups)
+        stage_bytes_async(dst, w + (size_t)g * FUSED_OUTS * rb,
+                          (size_t)min(FUSED_OUTS, n - g * FUSED_OUTS) * rb);
+    // Empty groups too, so that group `it` is always the it-th committed.
+    copy_async_commit();
+}
+
+extern "C" __global__ void matmul_streamed(const u8* w, int type, int n, const float* x,
+                                           const float* norm_w, float eps, float* y, int rows,
+                                           int in, int stages, int trigger_at) {
+    extern __shared__ __align__(16) u8 smem[];
+    __shared__ double scratch[NORM_THREADS / 32];
+    __shared__ float res[ROWS_PER_PASS][FUSED_OUTS];
+    if (trigger_at == 0) pdl_launch_dependents();
+    int lane = threadIdx.x & 31, j = lane & 7;
+    int slot = (threadIdx.x >> 5) * OUTS_PER_WARP + (lane >> 3);
+    int r0 = blockIdx.y * ROWS_PER_PASS;
+    int nr = min(ROWS_PER_PASS, rows - r0);
+    size_t rb = row_bytes_of(type, in);
+    size_t buf = ((size_t)FUSED_OUTS * rb + 15) & ~(size_t)15;
+    float* xs = (float*)(smem + stages * buf);
+    int groups = (n + FUSED_OUTS - 1) / FUSED_OUTS;
+    for (int s = 0; s < stages - 1; ++s)
+        stage_group(smem + s * buf, w, blockIdx.x + s * gridDim.x, groups, n, rb);
+    pdl_wait();
+    if (trigger_at == 1) pdl_launch_dependents();
+    stage_input(xs, x, r0, nr, in, norm_w, eps, scratch);
+    int it = 0;
+    for (int g = blockIdx.x; g < groups; g += gridDim.x, ++it) {
+        // This group's copy done and every thread past the products of the
+        // group before, whose buffer the next copy reuses.
+        copy_async_wait_groups(stages - 2);
+        __syncthreads();
+        stage_group(smem + ((it + stages - 1) % stages) * buf, w,
+                    g + (stages - 1) * gridDim.x, groups, n, rb);
+        int first = g * FUSED_OUTS, cnt = min(FUSED_OUTS, n - first);
+        bool live = slot < cnt;
+        const u8* wr = smem + (it % stages) * buf + (size_t)(live ? slot : 0) * rb;
+        slot_outputs_any(type, wr, xs, nr, in, j, live, slot, res);
+        // res[k][slot] was written by this very lane (j == 0).
+        if (j == 0 && live)
+            for (int k = 0; k < nr; ++k) y[(size_t)(r0 + k) * n + first + slot] = res[k][slot];
+    }
+    copy_async_wait_groups(0);
+    if (trigger_at == 2) pdl_launch_dependents();
+}
+
 // RoPE's cosines and sines for `rows` rows at positions pos[r], head_dim / 2
 // pairs each: cs[2 (r half + i)] and cs[2 (r half + i) + 1], as
 // `rope_cos_sin` gives them. One launch per forward serves every layer that

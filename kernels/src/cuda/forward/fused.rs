@@ -9,7 +9,8 @@
 //! the weights of the layer's three matmuls after it); o_proj and the residual add
 //! ([`ops::matmul_fused`]); ffn_norm, gate/up and SwiGLU
 //! ([`ops::gate_up_swiglu`]); ffn_down and the residual add. The output
-//! norm runs inside the logits' matmul. The intermediate tensors the taps
+//! norm runs inside the logits' matmul
+//! ([`ops::matmul_streamed`]: a few blocks per SM, each normalizing once). The intermediate tensors the taps
 //! name (a norm's output, q/k/v before RoPE, gate and up, o_proj and
 //! ffn_down before their adds) are never written, so an armed forward runs
 //! unfused (`encode.rs`), as do the forms this pass does not cover: several
@@ -81,9 +82,14 @@ impl CudaForward {
         } else {
             g.start_pos + g.rows
         };
-        let shared_base = rope_table_once(&dev, &c, w.layers.len(), &mut sc.rope, &pos, rows)?;
+        // RoPE's cosines and sines once for every layer, where they share
+        // a base (else each launch computes its own).
+        if let Some(base) = self.shared_rope_base {
+            let table = &mut sc.rope.slice_mut(..rows * c.head_dim);
+            ops::rope_table(&dev, &pos, table, rows, c.head_dim, base)?;
+        }
         let table = sc.rope.slice(..rows * c.head_dim);
-        let table = shared_base.then_some(&table);
+        let table = self.shared_rope_base.is_some().then_some(&table);
         for (l, lw) in w.layers.iter().enumerate() {
             let la = c.family.attention(l, c.rope_base);
             let layer = l * cache.capacity * kvw..(l + 1) * cache.capacity * kvw;
@@ -158,7 +164,7 @@ impl CudaForward {
             )?;
         }
         let output_norm = w.output_norm.as_view();
-        ops::matmul_fused(
+        ops::matmul_streamed(
             &dev,
             w.output(),
             &sc.x.slice(..rows * d),
@@ -166,37 +172,9 @@ impl CudaForward {
                 weight: &output_norm,
                 eps: c.rms_eps,
             }),
-            None,
             &mut sc.logits.slice_mut(..rows * c.vocab_size),
             rows,
+            self.logits,
         )
     }
-}
-
-/// RoPE's cosines and sines for `rows` positions, written once for every
-/// layer into the scratch's table where the layers share one base; whether
-/// they do (else each launch computes its own).
-fn rope_table_once(
-    dev: &crate::cuda::device::Device,
-    c: &model::LlamaConfig,
-    layers: usize,
-    rope: &mut cudarc::driver::CudaSlice<f32>,
-    pos: &cudarc::driver::CudaView<'_, u32>,
-    rows: usize,
-) -> Result<bool, CudaError> {
-    let bases: Vec<f32> = (0..layers)
-        .map(|l| c.family.attention(l, c.rope_base).rope_base)
-        .collect();
-    let shared_base = !bases.is_empty() && bases.iter().all(|b| b.to_bits() == bases[0].to_bits());
-    if shared_base {
-        ops::rope_table(
-            dev,
-            pos,
-            &mut rope.slice_mut(..rows * c.head_dim),
-            rows,
-            c.head_dim,
-            bases[0],
-        )?;
-    }
-    Ok(shared_base)
 }

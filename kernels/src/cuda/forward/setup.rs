@@ -68,3 +68,13 @@ pub(crate) fn check_model(weights: &ModelWeights) -> Result<(), ForwardError> {
     }
     Ok(())
 }
+
+/// The capacity a sequence's KV cache grows to when it must hold `needed`
+/// positions (both forwards): the next power of two, at least 64, never
+/// past the model's context (unless `needed` is).
+pub(crate) fn kv_capacity(c: &model::LlamaConfig, needed: usize) -> usize {
+    needed
+        .next_power_of_two()
+        .max(64)
+        .min(c.context_length.max(needed))
+}

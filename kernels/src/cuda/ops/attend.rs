@@ -3,7 +3,7 @@
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::launch::{launch, trigger_at, KernelArgs};
-use super::{check, grid, launch_err, upload, DeviceMatrix};
+use super::{check, grid, launch_err, raise_shared, upload, DeviceMatrix};
 use crate::cuda::device::{Device, Family};
 use crate::cuda::CudaError;
 use model::RopeStyle;
@@ -173,34 +173,11 @@ pub fn attention_at(
     window: Option<usize>,
     max_keys: usize,
 ) -> Result<(), CudaError> {
-    if window == Some(0) {
-        return Err(CudaError::Shape(
-            "attention: a window of 0 positions".into(),
-        ));
-    }
-    if s.n_kv == 0 || s.n_head % s.n_kv != 0 {
-        return Err(CudaError::Shape(format!(
-            "attention: {} query heads do not group over {} kv heads",
-            s.n_head, s.n_kv
-        )));
-    }
-    let width = s.n_head * s.head_dim;
-    let keys = max_keys.max(s.pos0 + s.rows);
-    check("attention q", q.len(), s.rows * width)?;
-    check("attention out", out.len(), s.rows * width)?;
-    check("attention k", k.len(), keys * s.n_kv * s.head_dim)?;
-    check("attention v", v.len(), keys * s.n_kv * s.head_dim)?;
-    check("attention pos", pos.len(), 1)?;
-    let shared = (window.map_or(keys, |w| w.min(keys)) * 4) as u32;
+    let keys = check_attention(q, k, v, out, pos, s, window, max_keys)?;
+    let shared = window.map_or(keys, |w| w.min(keys)) * 4;
     let f = dev.function(Family::Attention, "attention")?;
-    // Past 48 KiB (with the kernel's few static bytes) a block must opt in.
-    if shared > 44 * 1024 {
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            shared as i32,
-        )
-        .map_err(|e| CudaError::driver("attention: raise shared memory", e))?;
-    }
+    raise_shared(&f, shared, "attention")?;
+    let shared = shared as u32;
     // As the CPU: the scale rounded once from f64.
     let scale = (1.0 / (s.head_dim as f64).sqrt()) as f32;
     let (nh, nkv, hd) = (s.n_head as i32, s.n_kv as i32, s.head_dim as i32);
@@ -226,6 +203,40 @@ pub fn attention_at(
     // row fit the dynamic shared memory requested.
     unsafe { b.launch(cfg) }.map_err(launch_err("attention"))?;
     Ok(())
+}
+
+/// The checks of both attention launches: the window, the heads'
+/// grouping and every buffer's length; the keys the cache must hold.
+#[allow(clippy::too_many_arguments)]
+fn check_attention(
+    q: &CudaView<f32>,
+    k: &CudaView<f32>,
+    v: &CudaView<f32>,
+    out: &CudaViewMut<f32>,
+    pos: &CudaView<u32>,
+    s: AttentionShape,
+    window: Option<usize>,
+    max_keys: usize,
+) -> Result<usize, CudaError> {
+    if window == Some(0) {
+        return Err(CudaError::Shape(
+            "attention: a window of 0 positions".into(),
+        ));
+    }
+    if s.n_kv == 0 || s.n_head % s.n_kv != 0 {
+        return Err(CudaError::Shape(format!(
+            "attention: {} query heads do not group over {} kv heads",
+            s.n_head, s.n_kv
+        )));
+    }
+    let width = s.n_head * s.head_dim;
+    let keys = max_keys.max(s.pos0 + s.rows);
+    check("attention q", q.len(), s.rows * width)?;
+    check("attention out", out.len(), s.rows * width)?;
+    check("attention k", k.len(), keys * s.n_kv * s.head_dim)?;
+    check("attention v", v.len(), keys * s.n_kv * s.head_dim)?;
+    check("attention pos", pos.len(), 1)?;
+    Ok(keys)
 }
 
 /// Values staged per block of [`attention_split_at`], at most: 32 KiB.
@@ -282,31 +293,12 @@ pub fn attention_split_at(
     if s.head_dim % ds != 0 || kv_stride % 4 != 0 || !aligned(vp) || window == Some(0) {
         return attention_at(dev, q, k, v, out, pos, s, window, max_keys);
     }
-    if s.n_kv == 0 || s.n_head % s.n_kv != 0 {
-        return Err(CudaError::Shape(format!(
-            "attention: {} query heads do not group over {} kv heads",
-            s.n_head, s.n_kv
-        )));
-    }
-    let width = s.n_head * s.head_dim;
-    let keys = max_keys.max(s.pos0 + s.rows);
-    check("attention q", q.len(), s.rows * width)?;
-    check("attention out", out.len(), s.rows * width)?;
-    check("attention k", k.len(), keys * kv_stride)?;
-    check("attention v", v.len(), keys * kv_stride)?;
-    check("attention pos", pos.len(), 1)?;
+    let keys = check_attention(q, k, v, out, pos, s, window, max_keys)?;
     let seen = window.map_or(keys, |w| w.min(keys));
     let chunk = seen.min(SPLIT_VALUE_FLOATS / ds);
     let shared = (seen.div_ceil(4) * 4 + chunk * ds) * 4;
     let f = dev.function(Family::Attention, "attention_split")?;
-    // Past 48 KiB (with the kernel's few static bytes) a block must opt in.
-    if shared > 44 * 1024 {
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            shared as i32,
-        )
-        .map_err(|e| CudaError::driver("attention_split: raise shared memory", e))?;
-    }
+    raise_shared(&f, shared, "attention_split")?;
     let scale = (1.0 / (s.head_dim as f64).sqrt()) as f32;
     let (nh, nkv, hd) = (s.n_head as i32, s.n_kv as i32, s.head_dim as i32);
     let win = window.map_or(0, |w| w.min(i32::MAX as usize) as i32);

@@ -68,6 +68,79 @@ pub fn matmul_fused(
     f.launch(dev, x, norm, resid, [Some(y), None, None], None, 0, 0.0)
 }
 
+/// How [`matmul_streamed`] spreads a wide matrix: blocks per SM, and
+/// groups of 16 weight rows each block has in shared memory at once (its
+/// copies run that many groups minus one ahead of its products).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Streaming {
+    /// Blocks per SM; 0 runs [`matmul_fused`] instead.
+    pub blocks_per_sm: usize,
+    /// Weight groups in flight per block, 2 to 4.
+    pub stages: usize,
+}
+
+/// [`matmul_fused`] without a residual, for a wide matrix (the logits):
+/// the same bits, from a few blocks per SM that each normalize `x` once
+/// and stream their share of `W`'s rows through shared memory (fused.cu,
+/// `matmul_streamed`), where [`matmul_fused`] has a block, and a norm, per
+/// 16 rows. Where the weight buffers and `x` do not fit a block's shared
+/// memory, or with `blocks_per_sm` 0, it is [`matmul_fused`].
+pub fn matmul_streamed(
+    dev: &Device,
+    w: &DeviceMatrix,
+    x: &CudaView<f32>,
+    norm: Option<Norm>,
+    y: &mut CudaViewMut<f32>,
+    rows: usize,
+    how: Streaming,
+) -> Result<(), CudaError> {
+    let cols = w.cols;
+    let buf = (MATMUL_F32_OUTS * w.ggml_type.row_bytes(cols)).div_ceil(16) * 16;
+    let stages = how.stages.clamp(2, 4);
+    let shared = stages * buf + x_bytes(cols, rows);
+    if how.blocks_per_sm == 0 || shared > MATMUL_MAX_STAGED {
+        return matmul_fused(dev, w, x, norm, None, y, rows);
+    }
+    check(
+        &format!("matmul_streamed {} y", w.name),
+        y.len(),
+        rows * w.rows,
+    )?;
+    check("matmul_streamed x", x.len(), rows * cols)?;
+    if let Some(n) = &norm {
+        check("matmul_streamed norm weight", n.weight.len(), cols)?;
+    }
+    let f = dev.function(Family::Fused, "matmul_streamed")?;
+    raise_shared(&f, shared, "matmul_streamed")?;
+    let (ty, n, r, c) = (
+        w.ggml_type.id() as i32,
+        w.rows as i32,
+        rows as i32,
+        cols as i32,
+    );
+    let eps = norm.map_or(0.0, |n| n.eps);
+    let mut a = KernelArgs::default();
+    a.buf(dev, &w.data).val(&ty).val(&n).buf(dev, x);
+    match &norm {
+        Some(n) => a.buf(dev, n.weight),
+        None => a.null(),
+    };
+    a.val(&eps).buf(dev, &*y).val(&r).val(&c);
+    a.val(&(stages as i32)).val(&trigger_at(dev));
+    let groups = w.rows.div_ceil(MATMUL_F32_OUTS);
+    let blocks = groups.min(dev.sm_count() * how.blocks_per_sm).max(1);
+    let cfg = LaunchConfig {
+        grid_dim: (blocks as u32, rows.div_ceil(8) as u32, 1),
+        block_dim: (MATMUL_F32_OUTS as u32 / 4 * 32, 1, 1),
+        shared_mem_bytes: shared as u32,
+    };
+    // SAFETY: W holds rows x cols of its type (checked at upload), x and
+    // the norm weight what the shapes read, y what they write (checked
+    // above); shared memory holds `stages` groups of weight rows and 8
+    // rows of x. The kernel reads only its weights before `pdl_wait`.
+    unsafe { launch(dev, &f, cfg, &mut a, true, "matmul_streamed") }
+}
+
 /// `s = swiglu(norm(x) Wg^T, norm(x) Wu^T)`: the FFN's gate, up and gated
 /// product in one launch, `s` `[rows, Wg.rows]`.
 pub fn gate_up_swiglu(

@@ -17,19 +17,47 @@ use cudarc::driver::{CudaFunction, DevicePtr, DeviceRepr, LaunchConfig};
 use crate::cuda::device::{Device, EarlyLaunch};
 use crate::cuda::CudaError;
 
+/// The most 8-byte words a kernel's arguments take here.
+const ARG_WORDS: usize = 48;
+/// The most arguments a kernel takes here.
+const ARGS: usize = 32;
+
 /// A kernel's arguments in order, each held by value (in 8-byte words, so
 /// every argument is aligned as the driver reads it) until the launch has
-/// copied them.
-#[derive(Default)]
+/// copied them: inline, so an eager launch allocates nothing for them.
 pub(crate) struct KernelArgs {
-    words: Vec<Box<[u64]>>,
+    words: [u64; ARG_WORDS],
+    used: usize,
+    /// Where each argument starts in `words`.
+    starts: [usize; ARGS],
+    count: usize,
+}
+
+impl Default for KernelArgs {
+    fn default() -> Self {
+        KernelArgs {
+            words: [0; ARG_WORDS],
+            used: 0,
+            starts: [0; ARGS],
+            count: 0,
+        }
+    }
 }
 
 impl KernelArgs {
     /// A plain value argument (an integer, a float, a `#[repr(C)]` struct).
+    ///
+    /// # Panics
+    /// Past [`ARGS`] arguments or [`ARG_WORDS`] words: a kernel of this
+    /// crate that needs more must raise them.
     pub(crate) fn val<T: DeviceRepr>(&mut self, v: &T) -> &mut Self {
         let size = std::mem::size_of::<T>();
-        let mut w = vec![0u64; size.div_ceil(8).max(1)].into_boxed_slice();
+        let n = size.div_ceil(8).max(1);
+        assert!(
+            self.count < ARGS && self.used + n <= ARG_WORDS,
+            "kernel arguments past {ARGS} or {ARG_WORDS} words"
+        );
+        let w = &mut self.words[self.used..self.used + n];
         // SAFETY: `w` holds at least `size` bytes, and T is plain data
         // (DeviceRepr: passed to kernels by its bytes).
         unsafe {
@@ -39,7 +67,9 @@ impl KernelArgs {
                 size,
             )
         };
-        self.words.push(w);
+        self.starts[self.count] = self.used;
+        self.count += 1;
+        self.used += n;
         self
     }
 
@@ -89,11 +119,12 @@ pub(crate) unsafe fn launch(
 ) -> Result<(), CudaError> {
     let err = |e| CudaError::driver(&format!("launch {name}"), e);
     dev.context().bind_to_thread().map_err(err)?;
-    let mut ptrs: Vec<*mut c_void> = args
-        .words
-        .iter_mut()
-        .map(|w| w.as_mut_ptr().cast::<c_void>())
-        .collect();
+    let base = args.words.as_mut_ptr();
+    let mut ptrs = [std::ptr::null_mut::<c_void>(); ARGS];
+    for (p, &at) in ptrs.iter_mut().zip(&args.starts[..args.count]) {
+        // SAFETY: `at` is below `used` <= ARG_WORDS: inside `words`.
+        *p = unsafe { base.add(at) }.cast::<c_void>();
+    }
     // SAFETY: an all-zero attribute is a valid plain C struct; its id and
     // value are set below.
     let mut attr: CUlaunchAttribute = unsafe { std::mem::zeroed() };

@@ -123,15 +123,27 @@ impl Reducer {
                     acc.as_mut().expect("allocated"),
                     tmp.as_mut().expect("allocated"),
                 );
-                let mut order = (0..bufs.len()).filter(|r| Some(*r) != skip);
+                let order: Vec<usize> = (0..bufs.len()).filter(|r| Some(*r) != skip).collect();
                 let copy = |e| CudaError::driver("all-reduce copy", e);
-                match order.next() {
-                    Some(first) => s
-                        .memcpy_dtod(&bufs[first].slice(..n), &mut a.slice_mut(..n))
-                        .map_err(copy)?,
-                    None => s.memset_zeros(&mut a.slice_mut(..n)).map_err(copy)?,
-                }
-                for r in order {
+                // The first add reads the first two ranks' buffers; a lone
+                // rank is copied, none gives zeros.
+                let rest = match order[..] {
+                    [] => {
+                        s.memset_zeros(&mut a.slice_mut(..n)).map_err(copy)?;
+                        &order[..0]
+                    }
+                    [only] => {
+                        s.memcpy_dtod(&bufs[only].slice(..n), &mut a.slice_mut(..n))
+                            .map_err(copy)?;
+                        &order[..0]
+                    }
+                    [p0, p1, ..] => {
+                        let (x, y) = (bufs[p0].slice(..n), bufs[p1].slice(..n));
+                        ops::add(dev, &x, &y, &mut a.slice_mut(..n), n)?;
+                        &order[2..]
+                    }
+                };
+                for &r in rest {
                     ops::add(
                         dev,
                         &a.slice(..n),

@@ -308,10 +308,7 @@ impl CudaTpForward {
             None => true,
         };
         if grow {
-            let capacity = needed
-                .next_power_of_two()
-                .max(64)
-                .min(c.context_length.max(needed));
+            let capacity = crate::cuda::forward::kv_capacity(c, needed);
             let old = self.caches.remove(&slot);
             let mut fresh = Vec::with_capacity(self.ranks.len());
             for (i, rank) in self.ranks.iter().enumerate() {
