@@ -396,7 +396,7 @@ impl Dots for f32 {
             return None;
         }
         // SAFETY: AVX2, F16C and FMA checked by `fused`, with the lengths;
-        // AVX-512F by `enabled`.
+        // AVX-512F and BW by `enabled`.
         Some(unsafe { widest!(dot_w4_blocks(ty, a, w)) })
     }
     #[inline(always)]
