@@ -1,10 +1,11 @@
-//! The CPU forward on a seeded synthetic model: determinism, prefill/decode
-//! agreement, slots, precision modes, bad input.
+//! The CPU forward on seeded synthetic models: determinism (on any thread
+//! count), prefill/decode agreement, slots, precision modes, bad input.
 
 use kernels::cpu::CpuForward;
 use kernels::generate::{greedy, greedy_batch};
 use kernels::switches::{ActPrecision, Family, Switches};
 use kernels::{Forward, ForwardError, Precision};
+use model::quant::{quantize_q4_1, quantize_q8_0};
 use model::{GgmlType, LayerWeights, LlamaConfig, ModelWeights, QTensor};
 
 /// SplitMix64: a tiny seeded generator, so the model is the same everywhere.
@@ -310,4 +311,144 @@ fn bad_input_is_refused_before_running() {
         f.decode_batch(&[1, 2], &[0]),
         Err(ForwardError::Unsupported(_))
     ));
+}
+
+// The same bits on 1, 2 and 3 threads, on a model and prompt large enough
+// that every op runs its parallel path (the row passes need 4,096
+// elements): Q4_1 matrices, a Q8_0 embedding, in f32, q8 and f64, over a
+// prefill and the decode step after it.
+
+fn q_tensor(name: &str, shape: [usize; 2], ty: GgmlType, rng: &mut Rng) -> QTensor {
+    let x: Vec<f32> = (0..shape[0] * shape[1]).map(|_| 0.2 * rng.next()).collect();
+    let data = match ty {
+        GgmlType::Q4_1 => quantize_q4_1(&x).unwrap(),
+        GgmlType::Q8_0 => quantize_q8_0(&x).unwrap(),
+        _ => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    };
+    QTensor {
+        name: name.into(),
+        ggml_type: ty,
+        // [rows, cols], as `QTensor::rows` and `cols` read it.
+        shape: shape.to_vec(),
+        data: data.into(),
+    }
+}
+
+fn q_norm(name: &str, d: usize, rng: &mut Rng) -> QTensor {
+    let x: Vec<f32> = (0..d).map(|_| 1.0 + 0.1 * rng.next()).collect();
+    QTensor {
+        name: name.into(),
+        ggml_type: GgmlType::F32,
+        shape: vec![d],
+        data: x
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into(),
+    }
+}
+
+/// Two layers, 128 wide, GQA (4 query heads over 2 KV heads), tied output.
+fn wide_q4_model() -> ModelWeights {
+    let config = LlamaConfig {
+        arch: "llama".into(),
+        n_layer: 2,
+        n_embd: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 32,
+        n_ff: 256,
+        vocab_size: 160,
+        rope_base: 10000.0,
+        rms_eps: 1e-5,
+        context_length: 64,
+        family: model::ModelFamily::llama(),
+    };
+    let (d, kv, ff) = (config.n_embd, 64, config.n_ff);
+    let mut rng = Rng(11);
+    let q4 = GgmlType::Q4_1;
+    let layers = (0..config.n_layer)
+        .map(|i| {
+            let name = |t: &str| format!("blk.{i}.{t}.weight");
+            LayerWeights {
+                attn_norm: q_norm(&name("attn_norm"), d, &mut rng),
+                wq: q_tensor(&name("attn_q"), [d, d], q4, &mut rng),
+                wk: q_tensor(&name("attn_k"), [kv, d], q4, &mut rng),
+                wv: q_tensor(&name("attn_v"), [kv, d], q4, &mut rng),
+                wo: q_tensor(&name("attn_output"), [d, d], q4, &mut rng),
+                ffn_norm: q_norm(&name("ffn_norm"), d, &mut rng),
+                w_gate: q_tensor(&name("ffn_gate"), [ff, d], q4, &mut rng),
+                w_up: q_tensor(&name("ffn_up"), [ff, d], q4, &mut rng),
+                w_down: q_tensor(&name("ffn_down"), [d, ff], q4, &mut rng),
+                bq: None,
+                bk: None,
+                bv: None,
+                extra_norms: Default::default(),
+            }
+        })
+        .collect();
+    let token_embd = q_tensor(
+        "token_embd.weight",
+        [config.vocab_size, d],
+        GgmlType::Q8_0,
+        &mut rng,
+    );
+    let output_norm = q_norm("output_norm.weight", d, &mut rng);
+    ModelWeights {
+        config,
+        token_embd,
+        layers,
+        output_norm,
+        output: None,
+    }
+}
+
+/// 40 rows: 40 × 128 = 5,120 elements, past the row passes' 4,096.
+fn wide_prompt() -> Vec<u32> {
+    (0..40u32).map(|i| (i * 37 + 5) % 160).collect()
+}
+
+/// The prefill's last logits and the next decode step's, as bits, computed
+/// on a pool of `threads`.
+fn run_on(w: &ModelWeights, p: Precision, tokens: &[u32], threads: usize) -> Vec<u32> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        let mut f = CpuForward::new(w, p, &Switches::none()).unwrap();
+        let mut out = f.forward(None, tokens, 0).unwrap();
+        out.extend(f.forward(None, &[7], tokens.len()).unwrap());
+        out.iter().map(|v| v.to_bits()).collect()
+    })
+}
+
+#[test]
+fn every_precision_gives_the_same_bits_on_1_2_and_3_threads() {
+    let (w, tokens) = (wide_q4_model(), wide_prompt());
+    for p in [Precision::F32, Precision::Q8, Precision::F64] {
+        let one = run_on(&w, p, &tokens, 1);
+        assert!(
+            one.iter().all(|b| f32::from_bits(*b).is_finite()),
+            "{p}: finite"
+        );
+        for threads in [2, 3] {
+            assert_eq!(
+                one,
+                run_on(&w, p, &tokens, threads),
+                "{p} on {threads} threads"
+            );
+        }
+        // The comparison sees a difference where there is one: the same
+        // prompt with its first token changed moves the last row's logits
+        // (through attention), on any thread count.
+        let mut other = tokens.clone();
+        other[0] = (other[0] + 1) % 160;
+        assert_ne!(one, run_on(&w, p, &other, 2), "{p}: a changed token");
+    }
+    // q8 and f32 differ on quantized weights (the q8 path ran).
+    assert_ne!(
+        run_on(&w, Precision::F32, &tokens, 2),
+        run_on(&w, Precision::Q8, &tokens, 2)
+    );
 }

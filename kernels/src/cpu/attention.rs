@@ -1,7 +1,6 @@
 //! Causal grouped-query attention over a KV cache: `softmax(q k^T / sqrt(d)) v`.
 
 use super::Real;
-use rayon::prelude::*;
 
 /// Head counts and sizes of one attention layer.
 #[derive(Debug, Clone, Copy)]
@@ -21,7 +20,7 @@ pub struct Heads {
 /// `h / (n_head / n_head_kv)`.
 ///
 /// Each (row, head) is one task with its own sequential reductions, so the
-/// result does not depend on how rayon schedules them.
+/// result does not depend on which thread runs it.
 pub fn attention<T: Real>(
     q: &[T],
     n: usize,
@@ -54,43 +53,47 @@ pub fn attention_windowed<T: Real>(
     let kv_width = n_head_kv * head_dim;
     let group = n_head / n_head_kv;
     let scale = T::from_f64(1.0 / (head_dim as f64).sqrt());
+    let _p = super::profile::op(super::profile::Op::Attention);
     let mut out = vec![T::ZERO; n * q_width];
-    out.par_chunks_mut(head_dim)
-        .enumerate()
-        .for_each_init(Vec::new, |scores, (i, o)| {
-            let (r, h) = (i / n_head, i % n_head);
-            let kvh = h / group;
-            let qh = &q[r * q_width + h * head_dim..][..head_dim];
-            let seen = start + r + 1;
-            let first = window.map_or(0, |w| seen.saturating_sub(w));
-            scores.clear();
-            let mut max = T::from_f64(f64::NEG_INFINITY);
-            for t in first..seen {
-                let kh = &k[t * kv_width + kvh * head_dim..][..head_dim];
-                let mut s = T::ZERO;
-                for (a, b) in qh.iter().zip(kh) {
-                    s += *a * *b;
+    super::profile::region(|| {
+        super::par::chunks_map(&mut out, head_dim, |i, o| {
+            super::profile::task(|| {
+                let mut scores = Vec::with_capacity(start + n);
+                let (r, h) = (i / n_head, i % n_head);
+                let kvh = h / group;
+                let qh = &q[r * q_width + h * head_dim..][..head_dim];
+                let seen = start + r + 1;
+                let first = window.map_or(0, |w| seen.saturating_sub(w));
+                scores.clear();
+                let mut max = T::from_f64(f64::NEG_INFINITY);
+                for t in first..seen {
+                    let kh = &k[t * kv_width + kvh * head_dim..][..head_dim];
+                    let mut s = T::ZERO;
+                    for (a, b) in qh.iter().zip(kh) {
+                        s += *a * *b;
+                    }
+                    let s = s * scale;
+                    if s > max {
+                        max = s;
+                    }
+                    scores.push(s);
                 }
-                let s = s * scale;
-                if s > max {
-                    max = s;
+                let mut sum = T::ZERO;
+                for s in scores.iter_mut() {
+                    *s = (*s - max).exp();
+                    sum += *s;
                 }
-                scores.push(s);
-            }
-            let mut sum = T::ZERO;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            let inv = T::ONE / sum;
-            for (t, p) in (first..seen).zip(scores.iter()) {
-                let p = *p * inv;
-                let vh = &v[t * kv_width + kvh * head_dim..][..head_dim];
-                for (acc, x) in o.iter_mut().zip(vh) {
-                    *acc += p * *x;
+                let inv = T::ONE / sum;
+                for (t, p) in (first..seen).zip(scores.iter()) {
+                    let p = *p * inv;
+                    let vh = &v[t * kv_width + kvh * head_dim..][..head_dim];
+                    for (acc, x) in o.iter_mut().zip(vh) {
+                        *acc += p * *x;
+                    }
                 }
-            }
-        });
+            })
+        })
+    });
     out
 }
 

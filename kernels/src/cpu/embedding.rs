@@ -7,6 +7,7 @@ use super::Real;
 /// when the table is held quantized). Ids are checked by the caller before
 /// anything runs.
 pub fn embed<T: Real, W: WeightRows>(table: &W, tokens: &[u32]) -> Vec<T> {
+    let _p = super::profile::op(super::profile::Op::Embed);
     let mut x = Vec::with_capacity(tokens.len() * table.cols());
     let mut buf = vec![0f32; table.cols()];
     for &t in tokens {

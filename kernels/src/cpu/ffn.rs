@@ -15,12 +15,30 @@ pub fn gated<T: Real>(act: FfnActivation, gate: &[T], up: &[T]) -> Vec<T> {
 /// `gelu_tanh(g) * u` with PyTorch's `gelu(approximate="tanh")`:
 /// `0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))`.
 pub fn geglu<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
+    elementwise(gate, up, gelu_mul)
+}
+
+#[inline(always)]
+fn gelu_mul<T: Real>(g: T, u: T) -> T {
     let k = T::from_f64((2.0 / std::f64::consts::PI).sqrt());
     let c = T::from_f64(0.044715);
     let half = T::from_f64(0.5);
-    elementwise(gate, up, |g, u| {
-        (half * g * (T::ONE + (k * (g + c * g * g * g)).tanh())) * u
-    })
+    (half * g * (T::ONE + (k * (g + c * g * g * g)).tanh())) * u
+}
+
+#[inline(always)]
+fn silu_mul<T: Real>(g: T, u: T) -> T {
+    (g / (T::ONE + (-g).exp())) * u
+}
+
+/// [`gated`] of one row into `out`, element by element as [`gated`] computes it.
+#[inline]
+pub(crate) fn gated_into<T: Real>(act: FfnActivation, gate: &[T], up: &[T], out: &mut [T]) {
+    let pairs = out.iter_mut().zip(gate).zip(up);
+    match act {
+        FfnActivation::Silu => pairs.for_each(|((o, g), u)| *o = silu_mul(*g, *u)),
+        FfnActivation::GeluTanh => pairs.for_each(|((o, g), u)| *o = gelu_mul(*g, *u)),
+    }
 }
 
 /// `f(g, u)` for each pair, in parallel over blocks of elements when there
@@ -29,6 +47,7 @@ pub fn geglu<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
 fn elementwise<T: Real>(gate: &[T], up: &[T], f: impl Fn(T, T) -> T + Sync) -> Vec<T> {
     use rayon::prelude::*;
     const BLOCK: usize = 4096;
+    let _p = super::profile::op(super::profile::Op::Gated);
     let mut y = vec![T::ZERO; gate.len()];
     let body = |((o, g), u): ((&mut [T], &[T]), &[T])| {
         for ((o, g), u) in o.iter_mut().zip(g).zip(u) {
@@ -36,10 +55,12 @@ fn elementwise<T: Real>(gate: &[T], up: &[T], f: impl Fn(T, T) -> T + Sync) -> V
         }
     };
     if gate.len() > BLOCK {
-        y.par_chunks_mut(BLOCK)
-            .zip(gate.par_chunks(BLOCK))
-            .zip(up.par_chunks(BLOCK))
-            .for_each(body);
+        super::profile::region(|| {
+            y.par_chunks_mut(BLOCK)
+                .zip(gate.par_chunks(BLOCK))
+                .zip(up.par_chunks(BLOCK))
+                .for_each(|c| super::profile::task(|| body(c)))
+        });
     } else {
         body(((&mut y[..], gate), up));
     }
@@ -48,7 +69,7 @@ fn elementwise<T: Real>(gate: &[T], up: &[T], f: impl Fn(T, T) -> T + Sync) -> V
 
 /// `silu(g) * u = g / (1 + exp(-g)) * u`, elementwise.
 pub fn swiglu<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
-    elementwise(gate, up, |g, u| (g / (T::ONE + (-g).exp())) * u)
+    elementwise(gate, up, silu_mul)
 }
 
 #[cfg(test)]

@@ -8,15 +8,14 @@ use std::sync::Arc;
 
 use super::attention::{attention_windowed, Heads};
 use super::embedding::{embed, scale_embedding};
-use super::ffn::gated;
+use super::fused::{add_norm_quantize, gated_quantize, Prepared};
 use super::llamacpp;
 use super::llamacpp_gemma;
-use super::matmul::{apply_group, Act};
+use super::matmul::{apply_group_quantized, quant_blocks, quantize_rows, Act, Linear};
 use super::norm::rms_norm;
-use super::residual::add_residual;
-use super::rope::{rope_with, RopeTable};
+use super::rope::{rope_pair_with, RopeTable};
 use super::weights::{DenseLayer, DenseWeights};
-use super::{tap, Real};
+use super::{profile, tap, Real};
 use crate::forward::{Forward, ForwardError, Precision};
 use crate::stages as st;
 use crate::switches::{ActPrecision, Family, Switches};
@@ -231,6 +230,28 @@ impl Step<'_> {
     fn tap<T: Real>(&self, stage: &str, layer: Option<u32>, width: usize, data: &[T]) {
         tap(stage, layer, self.pos.clone(), self.slot, width, data);
     }
+
+    /// `x += add` (tapped as its stage and layer) when given, then the norm
+    /// of `x` by `w` (tapped as `norm`), quantized for the matmuls `next`
+    /// under `act`: one row pass ([`add_norm_quantize`]).
+    fn residual_norm<T: Real>(
+        &self,
+        x: &mut [T],
+        add: Option<(&[T], &str, Option<u32>)>,
+        w: &[f32],
+        norm: (&str, Option<u32>),
+        next: &[&Linear],
+        act: Act,
+    ) -> Prepared<T> {
+        let d = self.cfg.n_embd;
+        let blocks = quant_blocks(next, act);
+        let p = add_norm_quantize(x, add.map(|a| a.0), w, self.cfg.rms_eps, &blocks, act);
+        if let Some((_, stage, layer)) = add {
+            self.tap(stage, layer, d, x);
+        }
+        self.tap(norm.0, norm.1, d, &p.h);
+        p
+    }
 }
 
 impl<T: Real> Engine<T> {
@@ -248,6 +269,7 @@ impl<T: Real> Engine<T> {
         start: usize,
     ) -> Vec<f32> {
         let (n, d) = (tokens.len(), cfg.n_embd);
+        let account = profile::Forward::start(n);
         let s = Step {
             cfg,
             acts,
@@ -270,25 +292,58 @@ impl<T: Real> Engine<T> {
         }
         s.tap(st::EMBEDDING, None, d, &x);
 
+        // Each residual add runs in the row pass of the norm after it: the
+        // FFN's output waits here for the next layer's attention norm (or
+        // the final norm).
+        let mut pending: Option<(Vec<T>, Option<u32>)> = None;
         for (l, lw) in w.layers.iter().enumerate() {
             let li = Some(l as u32);
-            let o = attention_block(&s, l, lw, &x, cache, &mut rope_tables);
-            add_residual(&mut x, &o);
-            s.tap(st::POST_ATTN_RESIDUAL, li, d, &x);
-            let dn = ffn_block(&s, l, lw, &x);
-            add_residual(&mut x, &dn);
-            s.tap(st::POST_FFN_RESIDUAL, li, d, &x);
+            let attn = [&lw.wq, &lw.wk, &lw.wv];
+            let add = pending.take();
+            let add = add
+                .as_ref()
+                .map(|(v, l)| (&v[..], st::POST_FFN_RESIDUAL, *l));
+            let h = s.residual_norm(
+                &mut x,
+                add,
+                &lw.attn_norm,
+                (st::ATTN_NORM, li),
+                &attn,
+                acts.attn,
+            );
+            let o = attention_block(&s, l, lw, h, cache, &mut rope_tables);
+            let ffn = [&lw.w_gate, &lw.w_up];
+            let add = Some((&o[..], st::POST_ATTN_RESIDUAL, li));
+            let h = s.residual_norm(
+                &mut x,
+                add,
+                &lw.ffn_norm,
+                (st::FFN_NORM, li),
+                &ffn,
+                acts.ffn_up,
+            );
+            pending = Some((ffn_block(&s, l, lw, h), li));
         }
         cache.len = start + n;
 
-        let h = rms_norm(&x, &w.output_norm, cfg.rms_eps);
-        s.tap(st::FINAL_NORM, None, d, &h);
-        let logits = w.logits(&h, n, acts.logits);
+        let add = pending
+            .as_ref()
+            .map(|(v, l)| (&v[..], st::POST_FFN_RESIDUAL, *l));
+        let norm = (st::FINAL_NORM, None);
+        let h = s
+            .residual_norm(&mut x, add, &w.output_norm, norm, &[], acts.logits)
+            .h;
+        let logits = {
+            let _p = profile::op(profile::Op::Logits);
+            w.logits(&h, n, acts.logits)
+        };
         s.tap(st::LOGITS, None, cfg.vocab_size, &logits);
-        logits[(n - 1) * cfg.vocab_size..]
+        let last = logits[(n - 1) * cfg.vocab_size..]
             .iter()
             .map(|v| v.to_f32())
-            .collect()
+            .collect();
+        account.done();
+        last
     }
 }
 
@@ -299,7 +354,7 @@ fn attention_block<T: Real>(
     s: &Step,
     l: usize,
     lw: &DenseLayer,
-    x: &[T],
+    h: Prepared<T>,
     cache: &mut KvCache<T>,
     rope_tables: &mut Vec<RopeTable<T>>,
 ) -> Vec<T> {
@@ -313,11 +368,11 @@ fn attention_block<T: Real>(
         head_dim: cfg.head_dim,
     };
     let la = fam.attention(l, cfg.rope_base);
-    let h = rms_norm(x, &lw.attn_norm, cfg.rms_eps);
-    s.tap(st::ATTN_NORM, li, cfg.n_embd, &h);
-    let [mut q, mut k, v]: [Vec<T>; 3] = apply_group(&[&lw.wq, &lw.wk, &lw.wv], &h, n, act)
-        .try_into()
-        .expect("three outputs");
+    let [mut q, mut k, v]: [Vec<T>; 3] =
+        apply_group_quantized(&[&lw.wq, &lw.wk, &lw.wv], &h.h, n, act, &h.qs)
+            .try_into()
+            .expect("three outputs");
+    drop(h);
     s.tap(st::Q_PROJ, li, q_width, &q);
     s.tap(st::K_PROJ, li, kv_width, &k);
     s.tap(st::V_PROJ, li, kv_width, &v);
@@ -333,13 +388,17 @@ fn attention_block<T: Real>(
         rope_tables.push(RopeTable::new(start, n, cfg.head_dim, la.rope_base));
     }
     let table = rope_tables.iter().find(|t| t.fits(start, la.rope_base));
-    let rope = |x: &mut [T], width: usize| match (ops, table) {
-        (Ops::Reference, Some(table)) => rope_with(fam.rope, x, width, table),
-        _ => llamacpp_gemma::rope_styled(fam.rope, x, width, start, cfg.head_dim, la.rope_base),
-    };
-    rope(&mut q, q_width);
+    match (ops, table) {
+        (Ops::Reference, Some(table)) => {
+            rope_pair_with(fam.rope, &mut q, q_width, &mut k, kv_width, table);
+        }
+        _ => {
+            let (hd, base) = (cfg.head_dim, la.rope_base);
+            llamacpp_gemma::rope_styled(fam.rope, &mut q, q_width, start, hd, base);
+            llamacpp_gemma::rope_styled(fam.rope, &mut k, kv_width, start, hd, base);
+        }
+    }
     s.tap(st::Q_ROPE, li, q_width, &q);
-    rope(&mut k, kv_width);
     s.tap(st::K_ROPE, li, kv_width, &k);
 
     let a = if let Ops::LlamaCpp { flash_attn } = ops {
@@ -369,23 +428,34 @@ fn attention_block<T: Real>(
 
 /// Layer `l`'s feed-forward half, from its norm to `ffn_down` (and the
 /// family's post-FFN norm): what the residual adds.
-fn ffn_block<T: Real>(s: &Step, l: usize, lw: &DenseLayer, x: &[T]) -> Vec<T> {
+fn ffn_block<T: Real>(s: &Step, l: usize, lw: &DenseLayer, h: Prepared<T>) -> Vec<T> {
     let (cfg, n, li, d) = (s.cfg, s.n(), Some(l as u32), s.cfg.n_embd);
     let fam = &cfg.family;
-    let h = rms_norm(x, &lw.ffn_norm, cfg.rms_eps);
-    s.tap(st::FFN_NORM, li, d, &h);
     let up = s.acts.ffn_up;
-    let [g, u]: [Vec<T>; 2] = apply_group(&[&lw.w_gate, &lw.w_up], &h, n, up)
+    let [g, u]: [Vec<T>; 2] = apply_group_quantized(&[&lw.w_gate, &lw.w_up], &h.h, n, up, &h.qs)
         .try_into()
         .expect("two outputs");
+    drop(h);
     s.tap(st::FFN_GATE, li, cfg.n_ff, &g);
     s.tap(st::FFN_UP, li, cfg.n_ff, &u);
+    let (down, act) = ([&lw.w_down], s.acts.ffn_down);
     let gu = match s.ops {
-        Ops::LlamaCpp { .. } => llamacpp_gemma::gated(fam.ffn, &g, &u),
-        Ops::Reference => gated(fam.ffn, &g, &u),
+        Ops::LlamaCpp { .. } => {
+            let gu = llamacpp_gemma::gated(fam.ffn, &g, &u);
+            let qs = quant_blocks(&down, act)
+                .into_iter()
+                .map(|b| (b, quantize_rows(&gu, n, b, act)))
+                .collect();
+            Prepared { h: gu, qs }
+        }
+        // The gated product and its quantization in one row pass.
+        Ops::Reference => gated_quantize(fam.ffn, &g, &u, cfg.n_ff, &quant_blocks(&down, act), act),
     };
-    s.tap(st::gated_stage(fam.ffn), li, cfg.n_ff, &gu);
-    let mut dn = lw.w_down.apply(&gu, n, s.acts.ffn_down);
+    drop((g, u));
+    s.tap(st::gated_stage(fam.ffn), li, cfg.n_ff, &gu.h);
+    let [mut dn]: [Vec<T>; 1] = apply_group_quantized(&down, &gu.h, n, act, &gu.qs)
+        .try_into()
+        .expect("one output");
     s.tap(st::FFN_DOWN, li, d, &dn);
     if let Some(pn) = &lw.post_ffn_norm {
         dn = rms_norm(&dn, pn, cfg.rms_eps);
@@ -415,10 +485,17 @@ impl Forward for CpuForward {
     ) -> Result<Vec<f32>, ForwardError> {
         self.check(slot, tokens, start_pos)?;
         let (cfg, w, acts) = (&self.config, &*self.weights, self.acts);
-        Ok(match &mut self.engine {
+        let engine = &mut self.engine;
+        // On one of rayon's threads (`scope` runs its body there; in place
+        // when called from one): each parallel region then forks and joins
+        // from a worker, which takes its own share and steals while it
+        // waits, instead of handing every region to the pool and sleeping
+        // until it is woken (two thread wake-ups per region, some 300 in a
+        // prefill).
+        Ok(rayon::scope(|_| match engine {
             EngineOf::F32(e) => e.run(cfg, w, acts, slot, tokens, start_pos),
             EngineOf::F64(e) => e.run(cfg, w, acts, slot, tokens, start_pos),
-        })
+        }))
     }
 
     /// Runs the slots' decode steps one after another: each slot's taps carry

@@ -30,7 +30,6 @@ use super::qmatrix::{Weight, WeightRows};
 use super::quant_row::{quantize_row, QuantRow};
 use super::rows::{fill_chunk, Job};
 use super::Real;
-use rayon::prelude::*;
 
 /// A matmul's weight: the dequantized matrix and, for Q4_1, its per-block
 /// minimums (`[rows, cols / 32]`), for the one term of llama.cpp's q8 dot
@@ -83,21 +82,51 @@ pub fn matmul<T: Real, W: WeightRows>(x: &[T], n: usize, w: &W, act: Act) -> Vec
     matmul_with_mins(x, n, w, None, act)
 }
 
-/// `n` rows of `x` quantized per block of `block`, as `act` says.
-fn quantize_rows<T: Real>(x: &[T], n: usize, block: usize, act: Act) -> Vec<QuantRow<T>> {
-    let quantize = match act {
+/// How `act` quantizes one activation row per block.
+pub(crate) fn quantizer<T: Real>(act: Act) -> fn(&[T], usize) -> QuantRow<T> {
+    match act {
         Act::LlamaCpp => super::llamacpp::quantize_row::<T>,
         Act::Float | Act::Q8 => quantize_row::<T>,
-    };
+    }
+}
+
+/// Activation rows quantized per block size, for the matmuls that read them.
+pub type QuantRows<T> = Vec<(usize, Vec<QuantRow<T>>)>;
+
+/// The block sizes whose quantized activation rows the matmuls `ls` read
+/// under `act` (none for float activations or float weights), each once.
+pub fn quant_blocks(ls: &[&Linear], act: Act) -> Vec<usize> {
+    let mut blocks = Vec::new();
+    for l in ls {
+        let b = l.m.block();
+        if act != Act::Float && b > 1 && !blocks.contains(&b) {
+            blocks.push(b);
+        }
+    }
+    blocks
+}
+
+/// `n` rows of `x` quantized per block of `block`, as `act` says.
+pub(crate) fn quantize_rows<T: Real>(
+    x: &[T],
+    n: usize,
+    block: usize,
+    act: Act,
+) -> Vec<QuantRow<T>> {
+    let _p = super::profile::op(super::profile::Op::Quantize);
+    let quantize = quantizer::<T>(act);
     if n == 0 {
         return Vec::new();
     }
     // Rows are independent: a prefill's are quantized on rayon's threads.
     if n > 1 {
-        return x
-            .par_chunks_exact(x.len() / n)
-            .map(|r| quantize(r, block))
-            .collect();
+        let w = x.len() / n;
+        let mut rows = vec![(); n];
+        return super::profile::region(|| {
+            super::par::chunks_map(&mut rows, 1, |r, _| {
+                super::profile::task(|| quantize(&x[r * w..(r + 1) * w], block))
+            })
+        });
     }
     vec![quantize(x, block)]
 }
@@ -110,6 +139,7 @@ pub fn matmul_with_mins<T: Real, W: WeightRows>(
     mins: Option<&[f32]>,
     act: Act,
 ) -> Vec<T> {
+    let _p = super::profile::op(super::profile::Op::Matmul);
     let (cols, block) = (w.cols(), w.block());
     assert_eq!(x.len(), n * cols, "matmul input is not [{n}, {cols}]");
     let own = (act != Act::Float && block > 1).then(|| quantize_rows(x, n, block, act));
@@ -129,13 +159,26 @@ pub fn matmul_with_mins<T: Real, W: WeightRows>(
 /// for bit what [`Linear::apply`] gives (every output is one dot product in
 /// one order, whatever task computes it).
 pub fn apply_group<T: Real>(ls: &[&Linear], x: &[T], n: usize, act: Act) -> Vec<Vec<T>> {
+    let _p = super::profile::op(super::profile::Op::Matmul);
+    let qs: QuantRows<T> = quant_blocks(ls, act)
+        .into_iter()
+        .map(|b| (b, quantize_rows(x, n, b, act)))
+        .collect();
+    apply_group_quantized(ls, x, n, act, &qs)
+}
+
+/// [`apply_group`] with the activations already quantized per block size
+/// ([`quant_blocks`] says which; `qs` must hold each, rows as [`quantizer`]
+/// gives them), so a row pass before the matmuls can quantize them.
+pub fn apply_group_quantized<T: Real>(
+    ls: &[&Linear],
+    x: &[T],
+    n: usize,
+    act: Act,
+    qs: &QuantRows<T>,
+) -> Vec<Vec<T>> {
+    let _p = super::profile::op(super::profile::Op::Matmul);
     let quantized = |l: &Linear| act != Act::Float && l.m.block() > 1;
-    let mut qs: Vec<(usize, Vec<QuantRow<T>>)> = Vec::new();
-    for l in ls.iter().filter(|l| quantized(l)) {
-        if !qs.iter().any(|(b, _)| *b == l.m.block()) {
-            qs.push((l.m.block(), quantize_rows(x, n, l.m.block(), act)));
-        }
-    }
     let jobs: Vec<_> = ls
         .iter()
         .map(|l| {
@@ -147,7 +190,9 @@ pub fn apply_group<T: Real>(ls: &[&Linear], x: &[T], n: usize, act: Act) -> Vec<
             );
             let q = quantized(l).then(|| {
                 let rows = qs.iter().find(|(b, _)| *b == l.m.block());
-                &rows.expect("quantized above").1[..]
+                let rows = &rows.expect("the quantized rows of every block size").1[..];
+                assert_eq!(rows.len(), n, "quantized rows");
+                rows
             });
             Job {
                 x,
@@ -171,9 +216,15 @@ struct Scatter<T>(*mut T);
 // the outputs until the region has joined.
 unsafe impl<T: Send> Sync for Scatter<T> {}
 
-/// The jobs' matmuls as one parallel region: tasks of [`chunk_rows`] output
-/// features of one job each, written straight into `[n, rows]` (no
-/// transposed copy, no second region).
+thread_local! {
+    /// Each thread's buffer of dequantized weight rows, kept from task to
+    /// task and region to region (see [`fill_chunk`]).
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The jobs' matmuls as one parallel region (through [`super::par`]): tasks of
+/// [`chunk_rows`] output features of one job each, written straight into
+/// `[n, rows]` (no transposed copy, no second region).
 fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
     let n = jobs.first().map_or(0, |j| j.n);
     let total: usize = jobs.iter().map(|j| j.w.rows()).sum();
@@ -188,25 +239,27 @@ fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
         .enumerate()
         .flat_map(|(i, j)| (0..j.w.rows()).step_by(chunk).map(move |f| (i, f)))
         .collect();
-    tasks
-        .par_iter()
-        .for_each_init(Vec::new, |buf, &(i, first)| {
-            let rows = jobs[i].w.rows();
-            let k = chunk.min(rows - first);
-            buf.clear();
-            buf.resize(k * n, T::ZERO);
-            // Output features in the outer loop: weight rows stay in cache
-            // while they meet every activation row; `buf` is `[k, n]`.
-            fill_chunk(&jobs[i], first, buf);
-            let out = &outs[i];
-            for (o, col) in buf.chunks_exact(n).enumerate() {
-                for (r, v) in col.iter().enumerate() {
-                    // SAFETY: in bounds (r < n, first + o < rows); this task
-                    // alone writes features first..first + k of output i.
-                    unsafe { *out.0.add(r * rows + first + o) = *v };
+    super::profile::region(|| {
+        super::par::for_each(tasks.len(), &|t| {
+            super::profile::task(|| {
+                let (i, first) = tasks[t];
+                let rows = jobs[i].w.rows();
+                let k = chunk.min(rows - first);
+                // Output features in the outer loop: weight rows stay in cache
+                // while they meet every activation row; `buf` is `[k, n]`.
+                let mut buf = vec![T::ZERO; k * n];
+                SCRATCH.with(|s| fill_chunk(&jobs[i], first, &mut buf, &mut s.borrow_mut()));
+                let out = &outs[i];
+                for (o, col) in buf.chunks_exact(n).enumerate() {
+                    for (r, v) in col.iter().enumerate() {
+                        // SAFETY: in bounds (r < n, first + o < rows); this task
+                        // alone writes features first..first + k of output i.
+                        unsafe { *out.0.add(r * rows + first + o) = *v };
+                    }
                 }
-            }
-        });
+            })
+        })
+    });
     ys
 }
 

@@ -14,10 +14,13 @@ pub mod attention;
 pub mod embedding;
 pub mod ffn;
 pub mod forward;
+pub mod fused;
 pub mod llamacpp;
 pub mod llamacpp_gemma;
 pub mod matmul;
 pub mod norm;
+mod par;
+pub(crate) mod profile;
 pub mod qmatrix;
 pub mod quant_row;
 pub mod residual;
@@ -133,7 +136,6 @@ pub(crate) fn par_rows<T: Real, U: Send, F>(y: &mut [U], x: &[T], width: usize, 
 where
     F: Fn(&[T], &mut [U]) + Sync,
 {
-    use rayon::prelude::*;
     const PAR_MIN: usize = 4096;
     if width == 0 {
         return;
@@ -141,9 +143,11 @@ where
     let rows = x.len() / width;
     let out_width = y.len() / rows.max(1);
     if rows > 1 && x.len() >= PAR_MIN {
-        y.par_chunks_mut(out_width)
-            .zip(x.par_chunks(width))
-            .for_each(|(o, r)| f(r, o));
+        profile::region(|| {
+            par::chunks_map(y, out_width, |i, o| {
+                profile::task(|| f(&x[i * width..(i + 1) * width], o))
+            })
+        });
     } else {
         y.chunks_mut(out_width.max(1))
             .zip(x.chunks(width))
@@ -165,6 +169,7 @@ pub(crate) fn tap<T: Real>(
     data: &[T],
 ) {
     if capture::is_armed() {
+        let _p = profile::op(profile::Op::Tap);
         let rows = pos.len();
         debug_assert_eq!(rows * width, data.len(), "{stage}: tap shape");
         capture::tap(stage, layer, pos, slot, &[rows, width], data);

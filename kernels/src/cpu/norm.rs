@@ -9,17 +9,22 @@ use super::Real;
 /// Rows are independent: a prefill's rows run in parallel (see
 /// `par_rows`), each in the same order as alone.
 pub fn rms_norm<T: Real>(x: &[T], w: &[f32], eps: f32) -> Vec<T> {
+    let _p = super::profile::op(super::profile::Op::Norm);
     let width = w.len();
     let mut y = vec![T::ZERO; x.len()];
-    super::par_rows(&mut y, x, width, |row, out| {
-        let sum: f64 = row.iter().map(|v| v.to_f64() * v.to_f64()).sum();
-        let mean = T::from_f64(sum / width as f64);
-        let scale = T::ONE / (mean + T::from_f32(eps)).sqrt();
-        for ((o, v), g) in out.iter_mut().zip(row).zip(w) {
-            *o = (*v * scale) * T::from_f32(*g);
-        }
-    });
+    super::par_rows(&mut y, x, width, |row, out| norm_row(row, w, eps, out));
     y
+}
+
+/// One row of [`rms_norm`]: `out = row / sqrt(mean(row^2) + eps) * w`.
+#[inline]
+pub(crate) fn norm_row<T: Real>(row: &[T], w: &[f32], eps: f32, out: &mut [T]) {
+    let sum: f64 = row.iter().map(|v| v.to_f64() * v.to_f64()).sum();
+    let mean = T::from_f64(sum / w.len() as f64);
+    let scale = T::ONE / (mean + T::from_f32(eps)).sqrt();
+    for ((o, v), g) in out.iter_mut().zip(row).zip(w) {
+        *o = (*v * scale) * T::from_f32(*g);
+    }
 }
 
 #[cfg(test)]

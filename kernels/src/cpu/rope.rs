@@ -70,12 +70,46 @@ impl<T: Real> RopeTable<T> {
 /// pairing dimensions as `style` says.
 pub fn rope_with<T: Real>(style: RopeStyle, x: &mut [T], width: usize, table: &RopeTable<T>) {
     use rayon::prelude::*;
+    let _p = super::profile::op(super::profile::Op::Rope);
     let rotate = |(r, row): (usize, &mut [T])| rotate_row(style, row, table.row(r));
     // Rows are independent: a prefill's run on rayon's threads.
     if x.len() > 4096 {
-        x.par_chunks_mut(width).enumerate().for_each(rotate);
+        super::profile::region(|| {
+            x.par_chunks_mut(width)
+                .enumerate()
+                .for_each(|a| super::profile::task(|| rotate(a)))
+        });
     } else {
         x.chunks_mut(width).enumerate().for_each(rotate);
+    }
+}
+
+/// [`rope_with`] of `q` (`[n, q_width]`) and `k` (`[n, kv_width]`) at once:
+/// one parallel region over the rows (each row of each the same rotation).
+pub fn rope_pair_with<T: Real>(
+    style: RopeStyle,
+    q: &mut [T],
+    q_width: usize,
+    k: &mut [T],
+    kv_width: usize,
+    table: &RopeTable<T>,
+) {
+    let _p = super::profile::op(super::profile::Op::Rope);
+    let rotate = |r: usize, qr: &mut [T], kr: &mut [T]| {
+        rotate_row(style, qr, table.row(r));
+        rotate_row(style, kr, table.row(r));
+    };
+    if q.len() + k.len() > 4096 && q.len() > q_width {
+        super::profile::region(|| {
+            super::par::chunks2_map(q, q_width, k, kv_width, |r, qr, kr| {
+                super::profile::task(|| rotate(r, qr, kr))
+            })
+        });
+    } else {
+        q.chunks_mut(q_width)
+            .zip(k.chunks_mut(kv_width))
+            .enumerate()
+            .for_each(|(r, (qr, kr))| rotate(r, qr, kr));
     }
 }
 

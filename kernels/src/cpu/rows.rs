@@ -29,22 +29,33 @@ pub(crate) struct Job<'a, T, W> {
     pub q: Option<&'a [QuantRow<T>]>,
 }
 
-/// Fills `out` (`[k, n]`, transposed) with output features `first..first + k`.
-pub(crate) fn fill_chunk<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [T]) {
+/// Fills `out` (`[k, n]`, transposed) with output features `first..first + k`;
+/// `scratch` holds dequantized weight rows (a worker's, reused across tasks).
+pub(crate) fn fill_chunk<T: Real, W: WeightRows>(
+    job: &Job<T, W>,
+    first: usize,
+    out: &mut [T],
+    scratch: &mut Vec<f32>,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { fill_chunk_avx2(job, first, out) };
+            return unsafe { fill_chunk_avx2(job, first, out, scratch) };
         }
     }
-    chunk_body(job, first, out)
+    chunk_body(job, first, out, scratch)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn fill_chunk_avx2<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [T]) {
-    chunk_body(job, first, out)
+unsafe fn fill_chunk_avx2<T: Real, W: WeightRows>(
+    job: &Job<T, W>,
+    first: usize,
+    out: &mut [T],
+    scratch: &mut Vec<f32>,
+) {
+    chunk_body(job, first, out, scratch)
 }
 
 /// Dot product in a fixed order: eight independent lanes (so the compiler
@@ -115,12 +126,19 @@ pub fn dot_w4<T: Real>(a: &[T], w: [&[f32]; 4]) -> [T; 4] {
 }
 
 #[inline(always)]
-fn chunk_body<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [T]) {
+fn chunk_body<T: Real, W: WeightRows>(
+    job: &Job<T, W>,
+    first: usize,
+    out: &mut [T],
+    buf: &mut Vec<f32>,
+) {
     let (n, cols) = (job.n, job.w.cols());
     let k = out.len() / n;
-    // Filled only where rows are dequantized to memory (a decode's fused
-    // groups never are): zeroing it per task had cost 5% of a decode.
-    let mut buf = Vec::new();
+    // Grown only where rows are dequantized to memory (a decode's fused
+    // groups never are) and never shrunk or zeroed again: a worker carries
+    // it from task to task (allocating and zeroing it per task had cost 5%
+    // of a decode, and a prefill on many threads runs many small tasks).
+    // Only rows `row_in` just wrote are read from it.
     let mut i = 0;
     while i < k {
         if n < 4 && k - i >= 4 && fused_group(job, first + i, &mut out[i * n..(i + 4) * n]) {
@@ -128,8 +146,10 @@ fn chunk_body<T: Real, W: WeightRows>(job: &Job<T, W>, first: usize, out: &mut [
             continue;
         }
         let g = (k - i).min(4);
-        buf.resize(4 * cols, 0f32);
-        let mut parts = buf.chunks_exact_mut(cols);
+        if buf.len() < 4 * cols {
+            buf.resize(4 * cols, 0f32);
+        }
+        let mut parts = buf[..4 * cols].chunks_exact_mut(cols);
         let mut wr: [&[f32]; 4] = [&[]; 4];
         for (j, slot) in wr.iter_mut().enumerate().take(g) {
             *slot = job

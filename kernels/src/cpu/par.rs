@@ -1,0 +1,79 @@
+//! The forward's parallel regions over rows or tasks by index, on rayon's
+//! threads: each task writes its own rows of the outputs (through raw
+//! pointers at disjoint offsets) and returns a value, collected in order.
+//! Which thread runs a task never changes what it computes.
+
+/// Runs `f(i)` for every `i` in `0..n`, each once, on rayon's threads (in
+/// this thread when there is one), and returns when all are done.
+pub(crate) fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
+    use rayon::prelude::*;
+    if n <= 1 {
+        return (0..n).for_each(f);
+    }
+    (0..n).into_par_iter().for_each(f)
+}
+
+/// A raw pointer that tasks use at disjoint offsets.
+struct Ptr<T>(*mut T);
+// SAFETY: every use below gives each task its own elements, and nothing
+// reads them until `for_each` has returned.
+unsafe impl<T: Send> Sync for Ptr<T> {}
+
+impl<T> Ptr<T> {
+    /// The pointer plus `i` (a method, so that closures capture the `Ptr`).
+    ///
+    /// # Safety
+    /// `i` must stay within the allocation.
+    unsafe fn at(&self, i: usize) -> *mut T {
+        // SAFETY: the caller's promise.
+        unsafe { self.0.add(i) }
+    }
+}
+
+/// `f(i, row i of a, row i of b)` for every row (`a` in rows of `wa`, `b`
+/// of `wb`, as many of each), in parallel; the results in row order.
+pub(crate) fn chunks2_map<A: Send, B: Send, R: Send>(
+    a: &mut [A],
+    wa: usize,
+    b: &mut [B],
+    wb: usize,
+    f: impl Fn(usize, &mut [A], &mut [B]) -> R + Sync,
+) -> Vec<R> {
+    let n = a.len() / wa.max(1);
+    assert!(
+        a.len() == n * wa && b.len() == n * wb,
+        "rows of {wa} and {wb}"
+    );
+    let mut out: Vec<Option<R>> = (0..n).map(|_| None).collect();
+    let (pa, pb, po) = (
+        Ptr(a.as_mut_ptr()),
+        Ptr(b.as_mut_ptr()),
+        Ptr(out.as_mut_ptr()),
+    );
+    for_each(n, &|i| {
+        // SAFETY: in bounds (i < n rows of each); task i alone touches
+        // row i of a, b and out.
+        let (ai, bi) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(pa.at(i * wa), wa),
+                std::slice::from_raw_parts_mut(pb.at(i * wb), wb),
+            )
+        };
+        let r = f(i, ai, bi);
+        // SAFETY: as above.
+        unsafe { *po.at(i) = Some(r) };
+    });
+    out.into_iter().map(|r| r.expect("every row ran")).collect()
+}
+
+/// `f(i, row i of a)` for every row of `a` (rows of `w`), in parallel; the
+/// results in row order.
+pub(crate) fn chunks_map<A: Send, R: Send>(
+    a: &mut [A],
+    w: usize,
+    f: impl Fn(usize, &mut [A]) -> R + Sync,
+) -> Vec<R> {
+    let n = a.len() / w.max(1);
+    let mut none: Vec<()> = vec![(); n];
+    chunks2_map(a, w, &mut none, 1, |i, ai, _| f(i, ai))
+}

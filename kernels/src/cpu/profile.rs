@@ -1,0 +1,264 @@
+//! `TAPTREE_CPU_PROFILE=1`: a wall-clock account of the CPU forward by op
+//! kind, printed to stderr after each forward of more than one row
+//! (`TAPTREE_CPU_PROFILE=all`: after every forward).
+//!
+//! For each kind: its calls and wall time in the forward's thread (time in
+//! a nested kind counts for the inner one only), the parallel regions it
+//! opened and their wall time, the serial rest (wall minus regions), and
+//! the tasks' own time summed over threads (`busy`), so that `busy / (region
+//! wall × threads)` says how much of the threads' time in the regions went
+//! to work rather than to forking, joining, stealing and waiting for the
+//! last task. Off (the variable unset), every hook is one load of a flag
+//! that is set once; nothing is timed. One forward at a time is accounted:
+//! forwards run at once (tensor-parallel ranks on threads) mix their
+//! figures.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// The op kinds accounted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// Outside any op: the layer loop, the KV cache, what is not below.
+    Other,
+    /// Embedding lookup.
+    Embed,
+    /// RMSNorm (and what a fused row pass does with it).
+    Norm,
+    /// Activation quantization of the q8 path.
+    Quantize,
+    /// Matmuls of the layers.
+    Matmul,
+    /// The output (logits) matmul.
+    Logits,
+    /// RoPE.
+    Rope,
+    /// Attention.
+    Attention,
+    /// The gated FFN product.
+    Gated,
+    /// Residual adds.
+    Residual,
+    /// Taps (copies and hashing when armed and selected).
+    Tap,
+}
+
+const KINDS: [Op; 11] = [
+    Op::Other,
+    Op::Embed,
+    Op::Norm,
+    Op::Quantize,
+    Op::Matmul,
+    Op::Logits,
+    Op::Rope,
+    Op::Attention,
+    Op::Gated,
+    Op::Residual,
+    Op::Tap,
+];
+
+/// Per kind: calls, exclusive wall ns, regions, region wall ns, task ns.
+struct Account {
+    calls: [AtomicU64; 11],
+    wall: [AtomicU64; 11],
+    regions: [AtomicU64; 11],
+    region_wall: [AtomicU64; 11],
+    busy: [AtomicU64; 11],
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const ZERO: AtomicU64 = AtomicU64::new(0);
+static ACCOUNT: Account = Account {
+    calls: [ZERO; 11],
+    wall: [ZERO; 11],
+    regions: [ZERO; 11],
+    region_wall: [ZERO; 11],
+    busy: [ZERO; 11],
+};
+/// The kind the forward's thread is in (what a region and its tasks count for).
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+
+/// 0: off, 1: forwards of more than one row, 2: every forward.
+fn level() -> u8 {
+    static LEVEL: OnceLock<u8> = OnceLock::new();
+    *LEVEL.get_or_init(|| match std::env::var("TAPTREE_CPU_PROFILE").as_deref() {
+        Ok("1") => 1,
+        Ok("all") => 2,
+        _ => 0,
+    })
+}
+
+#[inline(always)]
+fn on() -> bool {
+    level() != 0
+}
+
+fn ns(t: Instant) -> u64 {
+    t.elapsed().as_nanos() as u64
+}
+
+/// Times the forward's thread in `op` until dropped (see [`op`]).
+pub(crate) struct OpGuard {
+    start: Option<(Instant, usize)>,
+    op: usize,
+}
+
+/// Counts the time until the guard drops for `op`, and not for the kind
+/// it interrupts.
+#[inline(always)]
+pub(crate) fn op(op: Op) -> OpGuard {
+    if !on() {
+        return OpGuard { start: None, op: 0 };
+    }
+    // What the logits matmul calls (quantization, the matmul) is the logits'.
+    let prev = CURRENT.load(Relaxed);
+    let op = if prev == Op::Logits as usize {
+        prev
+    } else {
+        op as usize
+    };
+    CURRENT.store(op, Relaxed);
+    ACCOUNT.calls[op].fetch_add(1, Relaxed);
+    OpGuard {
+        start: Some((Instant::now(), prev)),
+        op,
+    }
+}
+
+impl Drop for OpGuard {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if let Some((t, prev)) = self.start {
+            let d = ns(t);
+            ACCOUNT.wall[self.op].fetch_add(d, Relaxed);
+            // Exclusive time: the interrupted kind gives this span back.
+            ACCOUNT.wall[prev].fetch_sub(d, Relaxed);
+            CURRENT.store(prev, Relaxed);
+        }
+    }
+}
+
+/// Runs the parallel region `f`, counting it for the current kind.
+#[inline(always)]
+pub(crate) fn region<R>(f: impl FnOnce() -> R) -> R {
+    if !on() {
+        return f();
+    }
+    let t = Instant::now();
+    let r = f();
+    let k = CURRENT.load(Relaxed);
+    ACCOUNT.regions[k].fetch_add(1, Relaxed);
+    ACCOUNT.region_wall[k].fetch_add(ns(t), Relaxed);
+    r
+}
+
+/// Runs one task of a region, counting its time as work.
+#[inline(always)]
+pub(crate) fn task<R>(f: impl FnOnce() -> R) -> R {
+    if !on() {
+        return f();
+    }
+    let t = Instant::now();
+    let r = f();
+    ACCOUNT.busy[CURRENT.load(Relaxed)].fetch_add(ns(t), Relaxed);
+    r
+}
+
+/// Starts the account of one forward of `rows` rows: call [`Forward::done`].
+pub(crate) struct Forward {
+    start: Option<Instant>,
+    rows: usize,
+}
+
+impl Forward {
+    /// Clears the account and starts the forward's clock.
+    pub(crate) fn start(rows: usize) -> Forward {
+        if !on() {
+            return Forward { start: None, rows };
+        }
+        let a = &ACCOUNT;
+        for v in [&a.calls, &a.wall, &a.regions, &a.region_wall, &a.busy] {
+            v.iter().for_each(|x| x.store(0, Relaxed));
+        }
+        CURRENT.store(Op::Other as usize, Relaxed);
+        Forward {
+            start: Some(Instant::now()),
+            rows,
+        }
+    }
+
+    /// Prints the account (when asked for one of this many rows).
+    pub(crate) fn done(self) {
+        let Some(t) = self.start else { return };
+        let total = ns(t);
+        // `Other` holds the forward's wall minus every op's.
+        ACCOUNT.wall[Op::Other as usize].fetch_add(total, Relaxed);
+        if self.rows > 1 || level() == 2 {
+            eprint!("{}", report(total, self.rows));
+        }
+    }
+}
+
+fn report(total: u64, rows: usize) -> String {
+    let threads = rayon::current_num_threads();
+    let ms = |v: u64| v as f64 / 1e6;
+    let get = |v: &[AtomicU64; 11], k: usize| v[k].load(Relaxed);
+    let mut s = format!(
+        "cpu profile: forward of {rows} rows on {threads} threads, {:.3} ms\n\
+         {:<10} {:>6} {:>9} {:>9} {:>7} {:>9} {:>9} {:>6}\n",
+        ms(total),
+        "op",
+        "calls",
+        "wall ms",
+        "serial ms",
+        "regions",
+        "region ms",
+        "busy ms",
+        "util"
+    );
+    let (mut serial, mut regions, mut region_wall, mut busy) = (0u64, 0u64, 0u64, 0u64);
+    for (k, op) in KINDS.iter().enumerate() {
+        let (w, rw, b) = (
+            get(&ACCOUNT.wall, k),
+            get(&ACCOUNT.region_wall, k),
+            get(&ACCOUNT.busy, k),
+        );
+        let r = get(&ACCOUNT.regions, k);
+        let ser = w.saturating_sub(rw);
+        serial += ser;
+        regions += r;
+        region_wall += rw;
+        busy += b;
+        s += &format!(
+            "{:<10} {:>6} {:>9.3} {:>9.3} {:>7} {:>9.3} {:>9.3} {:>5.0}%\n",
+            format!("{op:?}").to_lowercase(),
+            get(&ACCOUNT.calls, k),
+            ms(w),
+            ms(ser),
+            r,
+            ms(rw),
+            ms(b),
+            util(b, rw, threads)
+        );
+    }
+    s += &format!(
+        "{:<10} {:>6} {:>9.3} {:>9.3} {:>7} {:>9.3} {:>9.3} {:>5.0}%\n",
+        "total",
+        "",
+        ms(total),
+        ms(serial),
+        regions,
+        ms(region_wall),
+        ms(busy),
+        util(busy, region_wall, threads)
+    );
+    s
+}
+
+fn util(busy: u64, wall: u64, threads: usize) -> f64 {
+    if wall == 0 {
+        return 0.0;
+    }
+    100.0 * busy as f64 / (wall as f64 * threads as f64)
+}
