@@ -91,7 +91,7 @@ impl Capture {
         let threads = std::thread::available_parallelism()
             .map_or(2, |n| n.get())
             .clamp(1, 4);
-        let (active, writers) = Active::start(dir, opts.selection, threads);
+        let (active, writers) = Active::start(dir, opts.selection, threads, !recycled);
         let mut capture = Capture {
             active: Arc::clone(&active),
             writers,

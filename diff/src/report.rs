@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 mod control;
 mod notes;
 
+pub(crate) use control::KeyText;
 pub use control::{Control, ControlName, Finding, Flagged};
 pub use notes::{Note, PartialsLeftOut, ReduceFault, ShardDiff};
 

@@ -123,6 +123,37 @@ fn tile(path: &Path, entries: &[Entry], mut parts: Vec<usize>) -> Result<Vec<usi
     Ok(parts)
 }
 
+/// Items of shards grouped by the full tensor they are slices of (the
+/// shard's key without rank and shard), groups in order of first item.
+struct ByFull<T> {
+    at: HashMap<capture::Key, usize>,
+    list: Vec<(capture::Key, Vec<T>)>,
+}
+
+impl<T> Default for ByFull<T> {
+    fn default() -> Self {
+        ByFull {
+            at: HashMap::new(),
+            list: Vec::new(),
+        }
+    }
+}
+
+impl<T> ByFull<T> {
+    /// Adds `item` to the group of the full tensor of shard `key`; returns
+    /// that full tensor's key when its group is new.
+    fn add(&mut self, key: &capture::Key, item: T) -> Option<&capture::Key> {
+        let full = key.clone().with_rank(None, None);
+        if let Some(&g) = self.at.get(&full) {
+            self.list[g].1.push(item);
+            return None;
+        }
+        self.at.insert(full.clone(), self.list.len());
+        self.list.push((full, vec![item]));
+        self.list.last().map(|(k, _)| k)
+    }
+}
+
 impl<'t> Unsharded<'t> {
     /// The view of `inner`; `keep_partials` keeps the ranked taps without a
     /// shard as rows of their own (`stage.rN`), else leaves them out.
@@ -132,8 +163,7 @@ impl<'t> Unsharded<'t> {
         manifest.entries = Vec::with_capacity(src.entries.len());
         let mut source = Vec::with_capacity(src.entries.len());
         // Shards grouped by the key they stand for, in order of first shard.
-        let mut groups: HashMap<capture::Key, usize> = HashMap::new();
-        let mut shard_groups: Vec<Vec<usize>> = Vec::new();
+        let mut groups: ByFull<usize> = ByFull::default();
         let mut rank_stages: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         for (i, e) in src.entries.iter().enumerate() {
             match (e.key.rank, e.key.shard) {
@@ -142,20 +172,14 @@ impl<'t> Unsharded<'t> {
                     source.push(Source::Entry(i));
                 }
                 (_, Some(_)) => {
-                    let full = e.key.clone().with_rank(None, None);
-                    match groups.get(&full) {
-                        Some(&g) => shard_groups[g].push(i),
-                        None => {
-                            groups.insert(full.clone(), shard_groups.len());
-                            shard_groups.push(vec![i]);
-                            let mut entry = e.clone();
-                            entry.key = full;
-                            manifest.entries.push(entry);
-                            source.push(Source::Shards {
-                                axis: 0,
-                                parts: Vec::new(),
-                            });
-                        }
+                    if let Some(full) = groups.add(&e.key, i) {
+                        let mut entry = e.clone();
+                        entry.key = full.clone();
+                        manifest.entries.push(entry);
+                        source.push(Source::Shards {
+                            axis: 0,
+                            parts: Vec::new(),
+                        });
                     }
                 }
                 (Some(rank), None) if keep_partials => {
@@ -179,7 +203,7 @@ impl<'t> Unsharded<'t> {
             let Source::Shards { axis, parts } = s else {
                 continue;
             };
-            let tiled = tile(path, &src.entries, std::mem::take(&mut shard_groups[g]))?;
+            let tiled = tile(path, &src.entries, std::mem::take(&mut groups.list[g].1))?;
             g += 1;
             let shard = src.entries[tiled[0]].key.shard.expect("a shard");
             *axis = shard.axis as usize;
@@ -303,8 +327,7 @@ fn shard_notes(
     // The row's shards grouped by the full tensor they are slices of, in
     // order of first appearance: each full tensor is read once per view,
     // however many shards slice it.
-    let mut fulls: Vec<(capture::Key, Vec<(u32, capture::Shard)>)> = Vec::new();
-    let mut at: HashMap<capture::Key, usize> = HashMap::new();
+    let mut fulls: ByFull<(u32, capture::Shard)> = ByFull::default();
     for e in &tree.manifest().entries {
         let (Some(rank), Some(s)) = (e.key.rank, e.key.shard) else {
             continue;
@@ -312,17 +335,10 @@ fn shard_notes(
         if e.key.layer != layer || e.key.stage != stage || s.axis != 1 {
             continue;
         }
-        let full = e.key.clone().with_rank(None, None);
-        match at.get(&full) {
-            Some(&i) => fulls[i].1.push((rank, s)),
-            None => {
-                at.insert(full.clone(), fulls.len());
-                fulls.push((full, vec![(rank, s)]));
-            }
-        }
+        fulls.add(&e.key, (rank, s));
     }
     let mut worst: BTreeMap<(u32, u32, u32), f64> = BTreeMap::new();
-    for (full, shards) in &fulls {
+    for (full, shards) in &fulls.list {
         let (Some(ia), Some(ib)) = (find(va, full), find(vb, full)) else {
             continue;
         };

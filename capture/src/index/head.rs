@@ -111,13 +111,22 @@ pub(crate) fn hex32(s: &str) -> Option<[u8; 32]> {
 }
 
 pub(crate) fn hex(h: &[u8; 32]) -> String {
-    // By table, into one allocation: decoding an index writes two of these
-    // per entry, and going through `blake3::Hash::to_hex` cost twice this.
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    // By table, a byte's two digits at once, into one allocation: decoding
+    // an index writes two of these per entry, and going through
+    // `blake3::Hash::to_hex` cost twice a digit-at-a-time table.
+    const PAIRS: [[u8; 2]; 256] = {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut t = [[0u8; 2]; 256];
+        let mut b = 0;
+        while b < 256 {
+            t[b] = [DIGITS[b >> 4], DIGITS[b & 15]];
+            b += 1;
+        }
+        t
+    };
     let mut out = [0u8; 64];
     for (pair, &b) in out.chunks_exact_mut(2).zip(h) {
-        pair[0] = DIGITS[usize::from(b >> 4)];
-        pair[1] = DIGITS[usize::from(b & 15)];
+        pair.copy_from_slice(&PAIRS[usize::from(b)]);
     }
     std::str::from_utf8(&out).expect("hex digits").to_owned()
 }

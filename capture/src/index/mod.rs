@@ -216,13 +216,11 @@ fn read_up_to(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize
 pub(crate) fn open_manifest(tree: &Path, json: &[u8]) -> Result<Manifest> {
     let file = open_index(tree)?;
     // Mapped, not read: a read into fresh zeroed pages (grown by doubling
-    // past a guess at its size) cost more than decoding the records.
+    // past a guess at its size) cost more than decoding the records. No
+    // `stat` here for its length: the map finds it, the read where it
+    // cannot map takes the file whole; the head's sizes are checked after.
     let index_path = tree.join(INDEX_FILE);
-    let len = file
-        .metadata()
-        .map_err(|e| Error::io(&index_path, e))?
-        .len();
-    let index = map_or_read(&file, len, true).map_err(|e| Error::io(&index_path, e))?;
+    let index = map_or_read(&file, u64::MAX, true).map_err(|e| Error::io(&index_path, e))?;
     let head = IndexHead::parse(&index).map_err(|r| bad_index(tree, r))?;
     let span = head
         .entries_span(json.len() as u64)

@@ -190,22 +190,22 @@ pub fn decode(index: &[u8], head: &IndexHead) -> std::result::Result<Vec<Entry>,
         return Err("its head counts another number of strings than it holds".into());
     }
     let one = |(n, r): (usize, &[u8])| record(n, r, dims, &strings);
-    // Records are independent: decoded on every core, in order. Should
-    // any be bad, they are decoded again one by one, so that the error is
-    // the first bad record's, as it always was.
-    // Each decoded straight into its place in the vector (a collect of
-    // results would gather pieces and copy them into place on one thread).
+    // Records are independent: decoded on every core, in order, each
+    // straight into its place in the vector (a collect of results would
+    // gather pieces and copy them into place on one thread). A bad record
+    // leaves an empty entry in its place and lowers `first_bad` to its
+    // number: the error is the first bad record's, as on one thread.
     if records.len() >= PARALLEL_FROM * RECORD_LEN {
         use rayon::prelude::*;
-        // A bad record leaves an empty entry in its place and is found again below.
-        let bad = std::sync::atomic::AtomicBool::new(false);
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let first_bad = AtomicUsize::new(usize::MAX);
         let mut all: Vec<Entry> = Vec::new();
         records
             .par_chunks_exact(RECORD_LEN)
             .enumerate()
-            .map(|r| {
-                one(r).unwrap_or_else(|_| {
-                    bad.store(true, std::sync::atomic::Ordering::Relaxed);
+            .map(|(n, r)| {
+                one((n, r)).unwrap_or_else(|_| {
+                    first_bad.fetch_min(n, Ordering::Relaxed);
                     Entry {
                         key: Key::new(String::new(), None, 0..0),
                         path: String::new(),
@@ -218,9 +218,12 @@ pub fn decode(index: &[u8], head: &IndexHead) -> std::result::Result<Vec<Entry>,
                 })
             })
             .collect_into_vec(&mut all);
-        if !bad.into_inner() {
-            return Ok(all);
-        }
+        return match first_bad.into_inner() {
+            usize::MAX => Ok(all),
+            n => Err(one((n, &records[n * RECORD_LEN..(n + 1) * RECORD_LEN]))
+                .err()
+                .unwrap_or_else(|| format!("record {n}: bad"))),
+        };
     }
     let mut out = Vec::with_capacity(head.taps as usize);
     for r in records.chunks_exact(RECORD_LEN).enumerate() {

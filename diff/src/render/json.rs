@@ -32,8 +32,8 @@ struct Json<'r> {
     first_inexact: Option<usize>,
     common_only: bool,
     growth_ranking: &'r [usize],
-    only_in_a: Vec<String>,
-    only_in_b: Vec<String>,
+    only_in_a: Keys<'r>,
+    only_in_b: Keys<'r>,
     #[serde(skip_serializing_if = "Option::is_none")]
     inputs_split: Option<&'r InputSplit>,
     counts: &'r Counts,
@@ -111,9 +111,14 @@ impl<'r> JsonControl<'r> {
     }
 }
 
-/// Keys as the schema writes them: `L1/ffn_gate@3`.
-fn keys(keys: &[capture::Key]) -> Vec<String> {
-    keys.iter().map(|k| k.to_string()).collect()
+/// Keys as the schema writes them (`L1/ffn_gate@3`), each written
+/// straight into the output rather than first into a `String` of its own.
+struct Keys<'r>(&'r [capture::Key]);
+
+impl Serialize for Keys<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(crate::report::KeyText))
+    }
 }
 
 /// The report as JSON text.
@@ -176,8 +181,8 @@ fn document(report: &DiffReport) -> Json<'_> {
         first_inexact: report.first_inexact,
         common_only: report.common_only,
         growth_ranking: &report.growth_ranking,
-        only_in_a: keys(&report.only_in_a),
-        only_in_b: keys(&report.only_in_b),
+        only_in_a: Keys(&report.only_in_a),
+        only_in_b: Keys(&report.only_in_b),
         inputs_split: report.inputs_split.as_ref(),
         counts: &report.counts,
         controls: report.controls.iter().map(JsonControl::new).collect(),

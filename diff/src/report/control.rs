@@ -13,6 +13,16 @@ fn as_text<S: serde::Serializer>(key: &Key, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(key)
 }
 
+/// A key that serializes as the text its `Display` writes (`L1/v_proj@0`),
+/// written straight into the output.
+pub(crate) struct KeyText<'k>(pub(crate) &'k Key);
+
+impl Serialize for KeyText<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        as_text(self.0, s)
+    }
+}
+
 /// A check of the comparator itself.
 #[derive(Debug, Clone)]
 pub struct Control {

@@ -93,37 +93,32 @@ pub fn walk(
     let (oa, ob) = rayon::join(|| index::index(a, pa), || index::index(b, pb));
     let (oa, ob) = (oa?, ob?);
     // Where the runs' input tokens part, per slot: later positions compute
-    // different things and are not compared.
-    let mut splits: HashMap<Option<u32>, Option<crate::inputs::InputSplit>> = HashMap::new();
-    // The merge asks once per tap, mostly of one slot: the last answer is kept.
-    let mut last: Option<(Option<u32>, Option<u32>)> = None;
+    // different things and are not compared. The merge asks once per tap,
+    // of a few slots: a short list searched from the slot added last.
+    let mut splits: Vec<(Option<u32>, Option<crate::inputs::InputSplit>)> = Vec::new();
     let mut split_at = |slot: Option<u32>| -> Option<u32> {
-        if let Some((s, at)) = last {
-            if s == slot {
-                return at;
-            }
-        }
-        let at = splits
-            .entry(slot)
-            .or_insert_with(|| {
+        let i = match splits.iter().rposition(|(s, _)| *s == slot) {
+            Some(i) => i,
+            None => {
                 let (sa, sb) = match (opts.slot_a, opts.slot_b) {
                     (None, None) => (slot, slot),
                     (pa, pb) => (pa.flatten(), pb.flatten()),
                 };
-                crate::inputs::split(&ma.run, &mb.run, sa, sb)
-            })
+                splits.push((slot, crate::inputs::split(&ma.run, &mb.run, sa, sb)));
+                splits.len() - 1
+            }
+        };
+        splits[i]
+            .1
             .as_ref()
             .map(|s| s.pos)
             // With `all_positions` the split is still reported, but nothing is cut.
-            .filter(|_| !opts.all_positions);
-        last = Some((slot, at));
-        at
+            .filter(|_| !opts.all_positions)
     };
     let merged = merge::merge(&oa, &ob, &mut split_at);
     let mut walked = Walked {
-        inputs_split: splits
-            .into_values()
-            .flatten()
+        inputs_split: (splits.into_iter())
+            .filter_map(|(_, split)| split)
             .min_by_key(|s| (s.pos, s.slot)),
         ..Walked::default()
     };
