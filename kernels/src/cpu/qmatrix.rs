@@ -183,12 +183,7 @@ pub fn dequantize_blocks(ty: GgmlType, data: &[u8], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         let simd = super::rows_avx::fused_type(ty);
-        if simd
-            && data.len() == ty.row_bytes(out.len())
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("f16c")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
+        if simd && data.len() == ty.row_bytes(out.len()) && super::rows_avx::block_loops() {
             // SAFETY: AVX2, F16C and FMA checked, whole blocks of `ty` filling `out`.
             unsafe { super::rows_avx::dequantize(ty, data, out) };
             return;

@@ -222,6 +222,32 @@ fn add_min_term<T: Real>(mins: Option<&[f32]>, o: usize, nb: usize, qr: &QuantRo
     }
 }
 
+/// Q4_1's min terms added to four q8 rows' sums against output features `o`
+/// and `o + 1` (`y[t][r]`), eight at once where there is a loop for it,
+/// else one by one ([`add_min_term`]): the same bits.
+#[inline(always)]
+fn min_terms4x2<T: Real>(
+    mins: Option<&[f32]>,
+    o: usize,
+    nb: usize,
+    qs: [&QuantRow<T>; 4],
+    y: [[T; 4]; 2],
+) -> [[T; 4]; 2] {
+    let Some(all) = mins else {
+        return y;
+    };
+    let m2 = [o, o + 1].map(|o| &all[o * nb..][..nb]);
+    T::min_terms4x2_fast(y, m2, qs.map(|x| &x.s_err[..])).unwrap_or_else(|| {
+        let mut y = y;
+        for (t, yt) in y.iter_mut().enumerate() {
+            for (a, qr) in yt.iter_mut().zip(qs) {
+                add_min_term(mins, o + t, nb, qr, a);
+            }
+        }
+        y
+    })
+}
+
 /// Vector fast paths of the inner loops, for the element types that have
 /// them (f32 on x86_64 with AVX: `rows_avx`); `None` sends the
 /// caller to the portable loop, which gives the same bits.
@@ -299,6 +325,19 @@ fn avx(len: usize) -> bool {
     len % 8 == 0 && std::arch::is_x86_feature_detected!("avx")
 }
 
+/// `rows_avx512::$f(..)` where the 512-bit loops run ([`super::rows_avx512::enabled`]),
+/// else `rows_avx::$f(..)`: the same bits either way.
+#[cfg(target_arch = "x86_64")]
+macro_rules! widest {
+    ($f:ident($($arg:expr),*)) => {
+        if super::rows_avx512::enabled() {
+            super::rows_avx512::$f($($arg),*)
+        } else {
+            super::rows_avx::$f($($arg),*)
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 impl Dots for f32 {
     #[inline(always)]
@@ -312,13 +351,7 @@ impl Dots for f32 {
         let len = w[0].len();
         let ok = avx(len) && w[1].len() == len && a.iter().all(|r| r.len() >= len);
         // SAFETY: AVX checked by `avx` (AVX-512F by `enabled`), lengths just above.
-        ok.then(|| unsafe {
-            if super::rows_avx512::enabled() {
-                super::rows_avx512::dot4x2(a, w)
-            } else {
-                super::rows_avx::dot4x2(a, w)
-            }
-        })
+        ok.then(|| unsafe { widest!(dot4x2(a, w)) })
     }
     #[inline(always)]
     fn q8_rows4x2_fast(
@@ -334,13 +367,7 @@ impl Dots for f32 {
             && q.iter().all(|r| r.len() >= len)
             && d.iter().all(|r| r.len() >= len / b);
         // SAFETY: as above.
-        ok.then(|| unsafe {
-            if super::rows_avx512::enabled() {
-                super::rows_avx512::q8_rows4x2(q, d, w, b)
-            } else {
-                super::rows_avx::q8_rows4x2(q, d, w, b)
-            }
-        })
+        ok.then(|| unsafe { widest!(q8_rows4x2(q, d, w, b)) })
     }
     #[inline(always)]
     fn dot_w4_fast(a: &[f32], w: [&[f32]; 4]) -> Option<[f32; 4]> {
@@ -389,14 +416,8 @@ impl Dots for f32 {
             return None;
         }
         // SAFETY: AVX2, F16C and FMA checked by `fused`, with the lengths;
-        // AVX-512F by `enabled`.
-        Some(unsafe {
-            if super::rows_avx512::enabled() {
-                super::rows_avx512::dot_w4_blocks(ty, a, w)
-            } else {
-                super::rows_avx::dot_w4_blocks(ty, a, w)
-            }
-        })
+        // AVX-512F and BW by `enabled`.
+        Some(unsafe { widest!(dot_w4_blocks(ty, a, w)) })
     }
     #[inline(always)]
     fn q8_w4_blocks_fast(q: &[f32], d: &[f32], ty: GgmlType, w: [&[u8]; 4]) -> Option<[f32; 4]> {
@@ -404,13 +425,7 @@ impl Dots for f32 {
             return None;
         }
         // SAFETY: as above, and a scale per block.
-        Some(unsafe {
-            if super::rows_avx512::enabled() {
-                super::rows_avx512::q8_w4_blocks(ty, q, d, w)
-            } else {
-                super::rows_avx::q8_w4_blocks(ty, q, d, w)
-            }
-        })
+        Some(unsafe { widest!(q8_w4_blocks(ty, q, d, w)) })
     }
 }
 
@@ -422,9 +437,7 @@ fn fused(ty: GgmlType, len: usize, w: [&[u8]; 4]) -> bool {
     super::rows_avx::fused_type(ty)
         && len % 32 == 0
         && w.iter().all(|r| r.len() == ty.row_bytes(len))
-        && std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("f16c")
-        && std::arch::is_x86_feature_detected!("fma")
+        && super::rows_avx::block_loops()
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -526,30 +539,21 @@ fn q8_group<T: Real, W: WeightRows>(
                 }
                 acc
             };
-            let mut mins_added = false;
-            let mut accs = if pair {
+            let accs = if pair {
                 let w2 = [wr[j], wr[j + 1]];
                 let y = T::q8_rows4x2_fast(qv, dv, w2, block).unwrap_or_else(|| w2.map(portable));
-                // The min terms of the eight sums at once, where there is a loop for it.
-                let m2 = job
-                    .mins
-                    .map(|mins| [o0 + j, o0 + j + 1].map(|o| &mins[o * nb..][..nb]));
-                let fast = m2.and_then(|m2| T::min_terms4x2_fast(y, m2, qs.map(|x| &x.s_err[..])));
-                mins_added = fast.is_some();
-                fast.unwrap_or(y)
+                min_terms4x2(job.mins, o0 + j, nb, qs, y)
             } else {
-                let y = T::q8_rows4_fast(qv, dv, wr[j], block).unwrap_or_else(|| portable(wr[j]));
+                let mut y =
+                    T::q8_rows4_fast(qv, dv, wr[j], block).unwrap_or_else(|| portable(wr[j]));
+                for (a, qr) in y.iter_mut().zip(qs) {
+                    min_term(o0 + j, qr, a);
+                }
                 [y, y]
             };
             let m = (n - r).min(4);
-            for (t, acc) in accs.iter_mut().enumerate().take(if pair { 2 } else { 1 }) {
-                let o_out = &mut out[(j + t) * n + r..][..m];
-                for ((a, qr), y) in acc.iter_mut().zip(qs).zip(o_out) {
-                    if !mins_added {
-                        min_term(o0 + j + t, qr, a);
-                    }
-                    *y = *a;
-                }
+            for (t, acc) in accs.iter().enumerate().take(if pair { 2 } else { 1 }) {
+                out[(j + t) * n + r..][..m].copy_from_slice(&acc[..m]);
             }
         }
         j += if pair { 2 } else { 1 };

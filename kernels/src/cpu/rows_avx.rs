@@ -8,6 +8,15 @@
 //! to the lower, then two horizontal adds, which for four rows at once give
 //! the four sums in one register. Only NaN payloads could differ (a
 //! horizontal add takes its operands in the other order).
+//!
+//! **First products.** The q8 loops start each block's lanes from their
+//! first product `p` rather than from `0 + p`. The two differ only when `p`
+//! is -0, and then at most in the sign of a zero block sum `s`; `s` reaches
+//! the output only through `total + d * s` (and the min terms after it),
+//! with `total` starting at +0, and a round-to-nearest sum is -0 only when
+//! both addends are, so `total` is never -0 and adding ±0 to it gives the
+//! same bits. The float dots keep their one `0 + p` per row (their sum is
+//! the output itself).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -181,9 +190,16 @@ pub unsafe fn q8_rows4x2(
     let mut total = _mm256_setzero_ps();
     let blocks = w[0].chunks_exact(block).zip(w[1].chunks_exact(block));
     for (b, (w0b, w1b)) in blocks.enumerate() {
+        // Each block sum starts from its first product (see "First products" above).
+        let (w0, w1) = (_mm256_loadu_ps(w0b.as_ptr()), _mm256_loadu_ps(w1b.as_ptr()));
         let mut acc0 = [_mm256_setzero_ps(); 4];
         let mut acc1 = [_mm256_setzero_ps(); 4];
-        for c in (0..block).step_by(8) {
+        for r in 0..4 {
+            let qv = _mm256_loadu_ps(q[r].as_ptr().add(b * block));
+            acc0[r] = _mm256_mul_ps(qv, w0);
+            acc1[r] = _mm256_mul_ps(qv, w1);
+        }
+        for c in (8..block).step_by(8) {
             let w0 = _mm256_loadu_ps(w0b.as_ptr().add(c));
             let w1 = _mm256_loadu_ps(w1b.as_ptr().add(c));
             for r in 0..4 {
@@ -320,6 +336,27 @@ unsafe fn block_weights<const TY: u32>(b: *const u8) -> [__m256; 4] {
     w
 }
 
+/// How many weight rows ahead [`prefetch_ahead`] reaches: two groups
+/// of four (on the H200 host's Xeon, 8 and 4 rows ahead were within each
+/// other's noise, both a third faster than no prefetch; docs/PERFORMANCE.md).
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_ROWS: usize = 8;
+
+/// Asks for the bytes at `off` of the weight row [`PREFETCH_ROWS`] rows
+/// after `w_j` (the same block of a later group of four, where the rows lie
+/// one after another as a [`super::qmatrix::QMatrix`]'s do) to be on their
+/// way into the cache: a decode reads each weight once, so its loops
+/// otherwise wait on memory at every new group. A hint only: it reads
+/// nothing, cannot fault, and an address past the matrix is harmless.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) fn prefetch_ahead(w_j: &[u8], off: usize) {
+    let p = w_j.as_ptr().wrapping_add(PREFETCH_ROWS * w_j.len() + off);
+    // SAFETY: a prefetch neither reads into the program nor faults, and
+    // `wrapping_add` forms the address without asserting it in bounds.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
+}
+
 /// Four vectors of eight from `p`.
 ///
 /// # Safety
@@ -345,6 +382,21 @@ pub(super) const Q4_1: u32 = 3;
 /// The constant for Q8_0.
 #[cfg(target_arch = "x86_64")]
 pub(super) const Q8_0: u32 = 8;
+
+/// Whether this CPU runs the block loops here ([`dequantize`], the fused
+/// dots): AVX2, F16C and FMA.
+pub fn block_loops() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("f16c")
+            && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 
 /// Whether [`dequantize`] and the fused dots take `ty`.
 pub fn fused_type(ty: model::quant::GgmlType) -> bool {
@@ -410,6 +462,7 @@ unsafe fn dot_w4_ty<const TY: u32>(ts: usize, a: &[f32], w: [&[u8]; 4]) -> [f32;
     for blk in 0..a.len() / 32 {
         let av = load32(a.as_ptr().add(32 * blk));
         for (acc_j, w_j) in acc.iter_mut().zip(w) {
+            prefetch_ahead(w_j, ts * blk);
             let wv = block_weights::<TY>(w_j.as_ptr().add(ts * blk));
             for (x, y) in av.iter().zip(wv) {
                 *acc_j = _mm256_add_ps(*acc_j, _mm256_mul_ps(*x, y));
@@ -440,19 +493,55 @@ pub unsafe fn q8_w4_blocks(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c,fma")]
 unsafe fn q8_w4_ty<const TY: u32>(ts: usize, q: &[f32], d: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
+    let nb = (q.len() / 32).min(d.len());
     let mut total = _mm_setzero_ps();
-    for (blk, &db) in d.iter().enumerate().take(q.len() / 32) {
-        let qv = load32(q.as_ptr().add(32 * blk));
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for (acc_j, w_j) in acc.iter_mut().zip(w) {
-            let wv = block_weights::<TY>(w_j.as_ptr().add(ts * blk));
-            for (x, y) in qv.iter().zip(wv) {
-                *acc_j = _mm256_add_ps(*acc_j, _mm256_mul_ps(*x, y));
-            }
-        }
-        total = _mm_add_ps(total, _mm_mul_ps(_mm_set1_ps(db), reduce4(acc)));
+    // Two blocks' sums reduced in one register (`reduce8`: per row the
+    // additions of `reduce4`), then added to the total block by block.
+    let mut blk = 0;
+    while blk + 2 <= nb {
+        let s = reduce8(
+            block_sums_w4::<TY>(ts, q, w, blk),
+            block_sums_w4::<TY>(ts, q, w, blk + 1),
+        );
+        let d2 = _mm256_set_m128(_mm_set1_ps(d[blk + 1]), _mm_set1_ps(d[blk]));
+        let p = _mm256_mul_ps(d2, s);
+        total = _mm_add_ps(total, _mm256_castps256_ps128(p));
+        total = _mm_add_ps(total, _mm256_extractf128_ps(p, 1));
+        blk += 2;
+    }
+    if blk < nb {
+        let s = reduce4(block_sums_w4::<TY>(ts, q, w, blk));
+        total = _mm_add_ps(total, _mm_mul_ps(_mm_set1_ps(d[blk]), s));
     }
     let mut out = [0f32; 4];
     _mm_storeu_ps(out.as_mut_ptr(), total);
     out
+}
+
+/// The eight-lane sums of block `blk` of `q` against the four weight rows,
+/// each started from its first product (see the module's "First products").
+///
+/// # Safety
+/// As [`q8_w4_blocks`]; `blk` a whole block of each.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,f16c,fma")]
+unsafe fn block_sums_w4<const TY: u32>(
+    ts: usize,
+    q: &[f32],
+    w: [&[u8]; 4],
+    blk: usize,
+) -> [__m256; 4] {
+    let qv = load32(q.as_ptr().add(32 * blk));
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (acc_j, w_j) in acc.iter_mut().zip(w) {
+        prefetch_ahead(w_j, ts * blk);
+        let wv = block_weights::<TY>(w_j.as_ptr().add(ts * blk));
+        let mut s = _mm256_mul_ps(qv[0], wv[0]);
+        for k in 1..4 {
+            s = _mm256_add_ps(s, _mm256_mul_ps(qv[k], wv[k]));
+        }
+        *acc_j = s;
+    }
+    acc
 }
