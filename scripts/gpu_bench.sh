@@ -117,6 +117,7 @@ for t in ${SYNC_THREADS:-default}; do
     else
         export TAPTREE_SYNC_THREADS=$t
     fi
-    e2e "sync threads $t${FRESH:+, fresh trees}"
+    fresh_label=""; [[ ${FRESH:-0} == 1 ]] && fresh_label=", fresh trees"
+    e2e "sync threads $t$fresh_label"
 done
 [[ ${FRESH:-0} == 1 ]] || du -sh "$WORK/full" "$WORK/logits" 2>/dev/null

@@ -489,11 +489,20 @@ mod tests {
     fn a_large_tap_is_copied_byte_for_byte() {
         // On four threads whatever the host, so the parallel path runs; at
         // the threshold, either side of it, and with a ragged last piece.
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .unwrap();
         let n = 3 * PARALLEL_COPY + 12_345;
         let src: Vec<u8> = (0..n).map(|i| (i * 7 + i / 4096) as u8).collect();
         pool.install(|| {
-            for len in [100, 2 * PARALLEL_COPY - 1, 2 * PARALLEL_COPY, 2 * PARALLEL_COPY + 1, n] {
+            for len in [
+                100,
+                2 * PARALLEL_COPY - 1,
+                2 * PARALLEL_COPY,
+                2 * PARALLEL_COPY + 1,
+                n,
+            ] {
                 assert_eq!(copy_out(&src[..len]), &src[..len], "{len} bytes");
             }
             let mut other = src.clone();

@@ -426,7 +426,12 @@ fn run_on(w: &ModelWeights, p: Precision, tokens: &[u32], threads: usize) -> Vec
 #[test]
 fn every_precision_gives_the_same_bits_on_1_2_and_3_threads() {
     let (w, tokens) = (wide_q4_model(), wide_prompt());
-    for p in [Precision::F32, Precision::Q8, Precision::F64] {
+    for p in [
+        Precision::F32,
+        Precision::Q8,
+        Precision::F64,
+        Precision::LlamaCpp,
+    ] {
         let one = run_on(&w, p, &tokens, 1);
         assert!(
             one.iter().all(|b| f32::from_bits(*b).is_finite()),

@@ -202,15 +202,11 @@ fn fusion_stays_off_where_it_does_not_hold() {
     assert_eq!(a, b, "armed (unfused) and disarmed (fused) logits differ");
 }
 
-/// Each fused launch against the unfused launches it replaces, bitwise:
-/// one row and nine (two row passes), weights in 32-blocks, K-quants and
-/// f16, an output count with a tail block, positions near the end of a long
-/// cache (RoPE's angle in f64). The control: the same comparison between
-/// the fused output and the unfused one without its residual must fail.
 /// The logits' streamed matmul against rms_norm then matmul_f32: vocabularies
-/// with a tail group (97), whole groups (48) and more groups than the grid
-/// (4099 at one block per SM on a small grid: each block takes many), one
-/// row and nine (two row passes), several weight types.
+/// with a tail group (97), whole groups (48), more groups than a small grid
+/// (4099) and, sized by the device, six groups per block at one block per
+/// SM plus a tail (so every stage's buffer is reused while it holds real
+/// rows), one row and nine (two row passes), several weight types.
 #[test]
 fn streamed_logits_equal_the_plain_launches() {
     let Some(dev) = ks::gpu() else {
@@ -226,7 +222,7 @@ fn streamed_logits_equal_the_plain_launches() {
         (GgmlType::Q6_K, 256),
         (GgmlType::F16, 72),
     ] {
-        for n in [97usize, 48, 4099] {
+        for n in [97usize, 48, 4099, 16 * dev.sm_count() * 6 + 3] {
             let w = DeviceMatrix::upload(dev, &ks::weight(&mut rng, ty, n, cols, 0.5)).unwrap();
             for rows in [1usize, 9] {
                 let what = format!("{ty} {n}x{cols} rows {rows}");
@@ -291,6 +287,11 @@ fn streamed_logits_equal_the_plain_launches() {
     }
 }
 
+/// Each fused launch against the unfused launches it replaces, bitwise:
+/// one row and nine (two row passes), weights in 32-blocks, K-quants and
+/// f16, an output count with a tail block, positions near the end of a long
+/// cache (RoPE's angle in f64). The control: the same comparison between
+/// the fused output and the unfused one without its residual must fail.
 #[test]
 fn fused_launches_equal_the_unfused_ones() {
     let Some(dev) = ks::gpu() else {

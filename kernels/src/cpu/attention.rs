@@ -64,7 +64,6 @@ pub fn attention_windowed<T: Real>(
                 let qh = &q[r * q_width + h * head_dim..][..head_dim];
                 let seen = start + r + 1;
                 let first = window.map_or(0, |w| seen.saturating_sub(w));
-                scores.clear();
                 let mut max = T::from_f64(f64::NEG_INFINITY);
                 for t in first..seen {
                     let kh = &k[t * kv_width + kvh * head_dim..][..head_dim];

@@ -11,7 +11,7 @@ use super::embedding::{embed, scale_embedding};
 use super::fused::{add_norm_quantize, gated_quantize, Prepared};
 use super::llamacpp;
 use super::llamacpp_gemma;
-use super::matmul::{apply_group_quantized, quant_blocks, quantize_rows, Act, Linear};
+use super::matmul::{apply_group_quantized, quant_blocks, quantize_for, Act, Linear};
 use super::norm::rms_norm;
 use super::rope::{rope_pair_with, RopeTable};
 use super::weights::{DenseLayer, DenseWeights};
@@ -347,8 +347,9 @@ impl<T: Real> Engine<T> {
     }
 }
 
-/// Layer `l`'s attention half, from its norm to `o_proj` (and the family's
-/// post-attention norm): what the residual adds. Appends the rows' keys and
+/// Layer `l`'s attention half, from its normed rows (`Step::residual_norm`
+/// made them) to `o_proj` (and the family's post-attention norm): what the
+/// residual adds. Appends the rows' keys and
 /// values to `cache`.
 fn attention_block<T: Real>(
     s: &Step,
@@ -426,8 +427,9 @@ fn attention_block<T: Real>(
     o
 }
 
-/// Layer `l`'s feed-forward half, from its norm to `ffn_down` (and the
-/// family's post-FFN norm): what the residual adds.
+/// Layer `l`'s feed-forward half, from its normed rows `h`
+/// (`Step::residual_norm`) to `ffn_down` (and the family's post-FFN norm):
+/// what the residual adds.
 fn ffn_block<T: Real>(s: &Step, l: usize, lw: &DenseLayer, h: Prepared<T>) -> Vec<T> {
     let (cfg, n, li, d) = (s.cfg, s.n(), Some(l as u32), s.cfg.n_embd);
     let fam = &cfg.family;
@@ -442,10 +444,7 @@ fn ffn_block<T: Real>(s: &Step, l: usize, lw: &DenseLayer, h: Prepared<T>) -> Ve
     let gu = match s.ops {
         Ops::LlamaCpp { .. } => {
             let gu = llamacpp_gemma::gated(fam.ffn, &g, &u);
-            let qs = quant_blocks(&down, act)
-                .into_iter()
-                .map(|b| (b, quantize_rows(&gu, n, b, act)))
-                .collect();
+            let qs = quantize_for(&down, &gu, n, act);
             Prepared { h: gu, qs }
         }
         // The gated product and its quantization in one row pass.

@@ -15,9 +15,7 @@ use super::quant_row::QuantRow;
 use super::{par, Real};
 use model::FfnActivation;
 
-/// Below this many elements (a decode step's rows) a pass stays in the
-/// calling thread, as `par_rows` does.
-const PAR_MIN: usize = 4096;
+use par::PAR_MIN;
 
 /// Rows ready for a group of matmuls: `h` (`[n, width]`) and its rows
 /// quantized per block size.

@@ -274,13 +274,18 @@ impl Geometry {
         n: usize,
         body: impl Fn(&mut S, usize, usize, usize, &mut [T]) + Sync + Send,
     ) -> Vec<T> {
+        let _p = super::profile::op(super::profile::Op::Attention);
         let mut out = vec![T::ZERO; n * self.q_width];
-        out.par_chunks_mut(self.heads.head_dim)
-            .enumerate()
-            .for_each_init(S::default, |scratch, (i, o)| {
-                let (r, h) = (i / self.heads.n_head, i % self.heads.n_head);
-                body(scratch, r, h, h / self.group, o)
-            });
+        super::profile::region(|| {
+            out.par_chunks_mut(self.heads.head_dim)
+                .enumerate()
+                .for_each_init(S::default, |scratch, (i, o)| {
+                    super::profile::task(|| {
+                        let (r, h) = (i / self.heads.n_head, i % self.heads.n_head);
+                        body(scratch, r, h, h / self.group, o)
+                    })
+                })
+        });
         out
     }
 }

@@ -160,11 +160,17 @@ pub fn matmul_with_mins<T: Real, W: WeightRows>(
 /// one order, whatever task computes it).
 pub fn apply_group<T: Real>(ls: &[&Linear], x: &[T], n: usize, act: Act) -> Vec<Vec<T>> {
     let _p = super::profile::op(super::profile::Op::Matmul);
-    let qs: QuantRows<T> = quant_blocks(ls, act)
+    let qs = quantize_for(ls, x, n, act);
+    apply_group_quantized(ls, x, n, act, &qs)
+}
+
+/// `x`'s `n` rows quantized once per block size the weights `ls` need
+/// ([`quant_blocks`]), as [`apply_group_quantized`] takes them.
+pub fn quantize_for<T: Real>(ls: &[&Linear], x: &[T], n: usize, act: Act) -> QuantRows<T> {
+    quant_blocks(ls, act)
         .into_iter()
         .map(|b| (b, quantize_rows(x, n, b, act)))
-        .collect();
-    apply_group_quantized(ls, x, n, act, &qs)
+        .collect()
 }
 
 /// [`apply_group`] with the activations already quantized per block size
@@ -210,12 +216,6 @@ pub fn apply_group_quantized<T: Real>(
     ys
 }
 
-/// A raw pointer to an output that rayon's tasks write at disjoint indices.
-struct Scatter<T>(*mut T);
-// SAFETY: the tasks of `run_jobs` write disjoint elements and nothing reads
-// the outputs until the region has joined.
-unsafe impl<T: Send> Sync for Scatter<T> {}
-
 thread_local! {
     /// Each thread's buffer of dequantized weight rows, kept from task to
     /// task and region to region (see [`fill_chunk`]).
@@ -233,7 +233,10 @@ fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
     if n == 0 {
         return ys;
     }
-    let outs: Vec<Scatter<T>> = ys.iter_mut().map(|y| Scatter(y.as_mut_ptr())).collect();
+    let outs: Vec<super::par::Ptr<T>> = ys
+        .iter_mut()
+        .map(|y| super::par::Ptr(y.as_mut_ptr()))
+        .collect();
     let tasks: Vec<(usize, usize)> = jobs
         .iter()
         .enumerate()
@@ -254,7 +257,7 @@ fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
                     for (r, v) in col.iter().enumerate() {
                         // SAFETY: in bounds (r < n, first + o < rows); this task
                         // alone writes features first..first + k of output i.
-                        unsafe { *out.0.add(r * rows + first + o) = *v };
+                        unsafe { *out.at(r * rows + first + o) = *v };
                     }
                 }
             })

@@ -136,7 +136,7 @@ pub(crate) fn par_rows<T: Real, U: Send, F>(y: &mut [U], x: &[T], width: usize, 
 where
     F: Fn(&[T], &mut [U]) + Sync,
 {
-    const PAR_MIN: usize = 4096;
+    use par::PAR_MIN;
     if width == 0 {
         return;
     }

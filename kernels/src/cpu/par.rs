@@ -3,6 +3,10 @@
 //! pointers at disjoint offsets) and returns a value, collected in order.
 //! Which thread runs a task never changes what it computes.
 
+/// Below this many elements (a decode step's rows) a row pass stays in
+/// the calling thread: a region would cost more than the work.
+pub(crate) const PAR_MIN: usize = 4096;
+
 /// Runs `f(i)` for every `i` in `0..n`, each once, on rayon's threads (in
 /// this thread when there is one), and returns when all are done.
 pub(crate) fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
@@ -14,9 +18,9 @@ pub(crate) fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
 }
 
 /// A raw pointer that tasks use at disjoint offsets.
-struct Ptr<T>(*mut T);
-// SAFETY: every use below gives each task its own elements, and nothing
-// reads them until `for_each` has returned.
+pub(crate) struct Ptr<T>(pub(crate) *mut T);
+// SAFETY: every user (here and `matmul::run_jobs`) gives each task its own
+// elements, and nothing reads them until `for_each` has returned.
 unsafe impl<T: Send> Sync for Ptr<T> {}
 
 impl<T> Ptr<T> {
@@ -24,7 +28,7 @@ impl<T> Ptr<T> {
     ///
     /// # Safety
     /// `i` must stay within the allocation.
-    unsafe fn at(&self, i: usize) -> *mut T {
+    pub(crate) unsafe fn at(&self, i: usize) -> *mut T {
         // SAFETY: the caller's promise.
         unsafe { self.0.add(i) }
     }

@@ -9,9 +9,9 @@
 //! wall × threads)` says how much of the threads' time in the regions went
 //! to work rather than to forking, joining, stealing and waiting for the
 //! last task. Off (the variable unset), every hook is one load of a flag
-//! that is set once; nothing is timed. One forward at a time is accounted:
-//! forwards run at once (tensor-parallel ranks on threads) mix their
-//! figures.
+//! that is set once; nothing is timed. The CPU forward prints it; the CPU
+//! tensor-parallel forward runs its ranks one after another without
+//! printing.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
@@ -38,13 +38,17 @@ pub(crate) enum Op {
     Attention,
     /// The gated FFN product.
     Gated,
-    /// Residual adds.
+    /// Residual adds on their own (the CPU forward adds them in its fused
+    /// row pass, counted under `Norm`).
     Residual,
     /// Taps (copies and hashing when armed and selected).
     Tap,
 }
 
-const KINDS: [Op; 11] = [
+/// How many kinds there are.
+const N: usize = 11;
+
+const KINDS: [Op; N] = [
     Op::Other,
     Op::Embed,
     Op::Norm,
@@ -60,21 +64,21 @@ const KINDS: [Op; 11] = [
 
 /// Per kind: calls, exclusive wall ns, regions, region wall ns, task ns.
 struct Account {
-    calls: [AtomicU64; 11],
-    wall: [AtomicU64; 11],
-    regions: [AtomicU64; 11],
-    region_wall: [AtomicU64; 11],
-    busy: [AtomicU64; 11],
+    calls: [AtomicU64; N],
+    wall: [AtomicU64; N],
+    regions: [AtomicU64; N],
+    region_wall: [AtomicU64; N],
+    busy: [AtomicU64; N],
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: AtomicU64 = AtomicU64::new(0);
 static ACCOUNT: Account = Account {
-    calls: [ZERO; 11],
-    wall: [ZERO; 11],
-    regions: [ZERO; 11],
-    region_wall: [ZERO; 11],
-    busy: [ZERO; 11],
+    calls: [ZERO; N],
+    wall: [ZERO; N],
+    regions: [ZERO; N],
+    region_wall: [ZERO; N],
+    busy: [ZERO; N],
 };
 /// The kind the forward's thread is in (what a region and its tasks count for).
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
@@ -85,7 +89,11 @@ fn level() -> u8 {
     *LEVEL.get_or_init(|| match std::env::var("TAPTREE_CPU_PROFILE").as_deref() {
         Ok("1") => 1,
         Ok("all") => 2,
-        _ => 0,
+        Ok("") | Ok("0") | Err(_) => 0,
+        Ok(other) => {
+            eprintln!("taptree: TAPTREE_CPU_PROFILE={other:?}: expected 1 or all; not profiling");
+            0
+        }
     })
 }
 
@@ -119,7 +127,9 @@ pub(crate) fn op(op: Op) -> OpGuard {
         op as usize
     };
     CURRENT.store(op, Relaxed);
-    ACCOUNT.calls[op].fetch_add(1, Relaxed);
+    if prev != Op::Logits as usize {
+        ACCOUNT.calls[op].fetch_add(1, Relaxed);
+    }
     OpGuard {
         start: Some((Instant::now(), prev)),
         op,
@@ -203,7 +213,7 @@ impl Forward {
 fn report(total: u64, rows: usize) -> String {
     let threads = rayon::current_num_threads();
     let ms = |v: u64| v as f64 / 1e6;
-    let get = |v: &[AtomicU64; 11], k: usize| v[k].load(Relaxed);
+    let get = |v: &[AtomicU64; N], k: usize| v[k].load(Relaxed);
     let mut s = format!(
         "cpu profile: forward of {rows} rows on {threads} threads, {:.3} ms\n\
          {:<10} {:>6} {:>9} {:>9} {:>7} {:>9} {:>9} {:>6}\n",

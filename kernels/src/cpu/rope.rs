@@ -73,7 +73,7 @@ pub fn rope_with<T: Real>(style: RopeStyle, x: &mut [T], width: usize, table: &R
     let _p = super::profile::op(super::profile::Op::Rope);
     let rotate = |(r, row): (usize, &mut [T])| rotate_row(style, row, table.row(r));
     // Rows are independent: a prefill's run on rayon's threads.
-    if x.len() > 4096 {
+    if x.len() > super::par::PAR_MIN {
         super::profile::region(|| {
             x.par_chunks_mut(width)
                 .enumerate()
@@ -99,7 +99,7 @@ pub fn rope_pair_with<T: Real>(
         rotate_row(style, qr, table.row(r));
         rotate_row(style, kr, table.row(r));
     };
-    if q.len() + k.len() > 4096 && q.len() > q_width {
+    if q.len() + k.len() > super::par::PAR_MIN && q.len() > q_width {
         super::profile::region(|| {
             super::par::chunks2_map(q, q_width, k, kv_width, |r, qr, kr| {
                 super::profile::task(|| rotate(r, qr, kr))

@@ -42,8 +42,6 @@ struct DecodeGraph {
 struct GraphKey {
     slot: Option<u32>,
     generation: u64,
-    /// Whether the step's uploads and the logits' copy are in the graph.
-    copies: bool,
 }
 
 struct LayerOnDevice {

@@ -42,9 +42,14 @@ impl CudaForward {
         Ok(())
     }
 
-    /// Puts a step's token and position where its graph's copies read them.
-    /// The step before has been synchronized, so no copy is reading them.
+    /// Puts a step's token and position where its graph's copies read them,
+    /// after the stream is idle: a step before that failed before its own
+    /// synchronization may still be reading them.
     pub(super) fn set_step_inputs(&mut self, token: u32, pos: u32) -> Result<(), CudaError> {
+        self.dev
+            .stream()
+            .synchronize()
+            .map_err(|e| CudaError::driver("synchronize", e))?;
         let host = self
             .step_host
             .as_mut()
@@ -104,8 +109,9 @@ impl CudaForward {
         let key = GraphKey {
             slot: groups[0].slot,
             generation: self.generation,
-            copies,
         };
+        // `set_graph_copies` drops the graph, so one made with the other
+        // setting is never replayed.
         if self.graph.as_ref().is_none_or(|g| g.key != key) {
             self.graph = None;
             let s = self.dev.stream().clone();
