@@ -174,8 +174,9 @@ pub fn quantize_for<T: Real>(ls: &[&Linear], x: &[T], n: usize, act: Act) -> Qua
 }
 
 /// [`apply_group`] with the activations already quantized per block size
-/// ([`quant_blocks`] says which; `qs` must hold each, rows as [`quantizer`]
-/// gives them), so a row pass before the matmuls can quantize them.
+/// ([`quant_blocks`] says which; `qs` must hold each, rows as
+/// [`quantize_for`] gives them), so a row pass before the matmuls can
+/// quantize them.
 pub fn apply_group_quantized<T: Real>(
     ls: &[&Linear],
     x: &[T],
