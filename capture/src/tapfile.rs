@@ -51,7 +51,7 @@ pub fn encode_header(key: &Key, dtype: DType, shape: &[usize], data_len: usize) 
         }
     });
     let mut json = serde_json::to_vec(&header).expect("a JSON value always serializes");
-    while (8 + json.len()) % 8 != 0 {
+    while !(8 + json.len()).is_multiple_of(8) {
         json.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + json.len());

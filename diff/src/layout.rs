@@ -161,7 +161,7 @@ pub fn reconcile<'t>(trees: &[&'t dyn Tree]) -> Result<Vec<Option<Reconciled<'t>
                 continue;
             };
             let width: usize = e.shape.iter().skip(1).product();
-            if e.shape.len() < 2 || width % head_dim != 0 {
+            if e.shape.len() < 2 || !width.is_multiple_of(head_dim) {
                 return Err(Error::Layout {
                     path: t.path().to_path_buf(),
                     stage: e.key.stage.clone(),

@@ -144,13 +144,13 @@ pub(crate) fn decode_slot_by_slot<F: Forward + ?Sized>(
 /// The same refusal on every backend.
 pub fn check_config(c: &LlamaConfig) -> Result<(), ForwardError> {
     let bad = |why: String| Err(ForwardError::Unsupported(format!("{}: {why}", c.arch)));
-    if c.n_head == 0 || c.n_head_kv == 0 || c.n_head % c.n_head_kv != 0 {
+    if c.n_head == 0 || c.n_head_kv == 0 || !c.n_head.is_multiple_of(c.n_head_kv) {
         return bad(format!(
             "{} query heads do not group over {} KV heads",
             c.n_head, c.n_head_kv
         ));
     }
-    if c.head_dim % 2 != 0 {
+    if !c.head_dim.is_multiple_of(2) {
         return bad(format!(
             "odd head size {} cannot take rotary embedding",
             c.head_dim

@@ -27,7 +27,7 @@ pub const GLOBAL_EVERY: usize = 6;
 
 /// Whether layer `l` attends globally.
 pub fn is_global(l: usize) -> bool {
-    (l + 1) % GLOBAL_EVERY == 0
+    (l + 1).is_multiple_of(GLOBAL_EVERY)
 }
 
 /// Gemma 3's layer description for `n_layer` layers.

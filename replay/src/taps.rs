@@ -99,7 +99,7 @@ impl Taps {
             let width: usize = e.shape.iter().skip(1).product();
             let mut values = diff::metrics::decode(tree.read(i)?.bytes(), e.dtype);
             if let Some(&head_dim) = permute.get(k.stage.as_str()) {
-                if width % head_dim != 0 {
+                if !width.is_multiple_of(head_dim) {
                     return Err(Error::Shape {
                         tree: taps.tree.clone(),
                         tap: name(&k.stage, k.layer, k.slot, &(k.pos.start..k.pos.end)),

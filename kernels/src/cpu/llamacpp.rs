@@ -65,7 +65,7 @@ pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
         return super::quant_row::quantize_row(x, block);
     }
     assert!(
-        x.len() % block == 0,
+        x.len().is_multiple_of(block),
         "row of {} is not a multiple of block {block}",
         x.len()
     );

@@ -27,7 +27,7 @@ pub struct QuantRow<T> {
 /// to even).
 pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
     assert!(
-        block > 0 && x.len() % block == 0,
+        block > 0 && x.len().is_multiple_of(block),
         "row of {} is not a multiple of block {block}",
         x.len()
     );

@@ -322,7 +322,7 @@ impl Dots for f64 {}
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn avx(len: usize) -> bool {
-    len % 8 == 0 && std::arch::is_x86_feature_detected!("avx")
+    len.is_multiple_of(8) && std::arch::is_x86_feature_detected!("avx")
 }
 
 /// `rows_avx512::$f(..)` where the 512-bit loops run ([`super::rows_avx512::enabled`]),
@@ -362,7 +362,7 @@ impl Dots for f32 {
     ) -> Option<[[f32; 4]; 2]> {
         let len = w[0].len();
         let ok = avx(b)
-            && len % b == 0
+            && len.is_multiple_of(b)
             && w[1].len() == len
             && q.iter().all(|r| r.len() >= len)
             && d.iter().all(|r| r.len() >= len / b);
@@ -378,7 +378,7 @@ impl Dots for f32 {
     #[inline(always)]
     fn q8_rows4_fast(q: [&[f32]; 4], d: [&[f32]; 4], w: &[f32], b: usize) -> Option<[f32; 4]> {
         let ok = avx(b)
-            && w.len() % b == 0
+            && w.len().is_multiple_of(b)
             && q.iter().all(|r| r.len() >= w.len())
             && d.iter().all(|r| r.len() >= w.len() / b);
         // SAFETY: as above.
@@ -387,7 +387,7 @@ impl Dots for f32 {
     #[inline(always)]
     fn q8_w4_fast(q: &[f32], d: &[f32], w: [&[f32]; 4], b: usize) -> Option<[f32; 4]> {
         let ok = avx(b)
-            && q.len() % b == 0
+            && q.len().is_multiple_of(b)
             && d.len() >= q.len() / b
             && w.iter().all(|r| r.len() >= q.len());
         // SAFETY: as above.
@@ -435,7 +435,7 @@ impl Dots for f32 {
 #[inline(always)]
 fn fused(ty: GgmlType, len: usize, w: [&[u8]; 4]) -> bool {
     super::rows_avx::fused_type(ty)
-        && len % 32 == 0
+        && len.is_multiple_of(32)
         && w.iter().all(|r| r.len() == ty.row_bytes(len))
         && super::rows_avx::block_loops()
 }

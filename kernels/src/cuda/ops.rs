@@ -358,7 +358,7 @@ pub(crate) fn check_quantize(
     elems: usize,
     block: usize,
 ) -> Result<usize, CudaError> {
-    if elems % block != 0 {
+    if !elems.is_multiple_of(block) {
         return Err(CudaError::Shape(format!(
             "{name}: {elems} elements is not a whole number of {block}-element blocks"
         )));
@@ -378,7 +378,7 @@ pub fn matmul_q8(
     y: &mut CudaViewMut<f32>,
     rows: usize,
 ) -> Result<(), CudaError> {
-    if w.cols % 32 != 0 {
+    if !w.cols.is_multiple_of(32) {
         return Err(CudaError::Shape(format!(
             "matmul_q8 {}: {} columns is not a whole number of 32-element blocks",
             w.name, w.cols

@@ -150,7 +150,7 @@ pub enum QuantError {
 /// Checks that `n` elements are whole blocks of `ty` held in exactly `bytes` bytes.
 pub(super) fn check(ty: GgmlType, bytes: usize, n: usize) -> Result<(), QuantError> {
     let block = ty.block_size();
-    if n % block != 0 {
+    if !n.is_multiple_of(block) {
         return Err(QuantError::PartialBlock {
             ggml_type: ty,
             n,

@@ -41,7 +41,7 @@ pub struct BlockQ8K {
 /// Unlike Q8_0's `amax / 127`, the sign of the scale follows the outlier, and
 /// the scale is kept in f32, not f16.
 pub fn quantize_row_q8_k(x: &[f32]) -> Result<Vec<BlockQ8K>, QuantError> {
-    if x.len() % 256 != 0 {
+    if !x.len().is_multiple_of(256) {
         return Err(QuantError::PartialQ8KBlock { n: x.len() });
     }
     Ok(x.chunks_exact(256)

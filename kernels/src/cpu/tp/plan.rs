@@ -64,13 +64,13 @@ impl TpPlan {
         if n > cfg.n_head {
             return refuse(format!("{n} ranks leave a rank without a query head"));
         }
-        if cfg.head_dim % o_block != 0 {
+        if !cfg.head_dim.is_multiple_of(o_block) {
             return refuse(format!(
                 "a head of {} columns does not hold whole o_proj blocks of {o_block}",
                 cfg.head_dim
             ));
         }
-        if cfg.n_ff % down_block != 0 {
+        if !cfg.n_ff.is_multiple_of(down_block) {
             return refuse(format!("FFN is not whole blocks of {down_block}"));
         }
         let blocks = cfg.n_ff / down_block;

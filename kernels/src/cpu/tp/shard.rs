@@ -100,7 +100,10 @@ pub fn cols(l: &Linear, c: Range<usize>, keep_bias: bool) -> Linear {
         }
         Weight::Quant(q) => {
             let (bs, ts) = (q.ty.block_size(), q.ty.type_size());
-            debug_assert!(c.start % bs == 0 && c.end % bs == 0, "plan aligns blocks");
+            debug_assert!(
+                c.start.is_multiple_of(bs) && c.end.is_multiple_of(bs),
+                "plan aligns blocks"
+            );
             let rb = q.ty.row_bytes(q.cols);
             let span = c.start / bs * ts..c.end / bs * ts;
             let bytes: Vec<u8> = q

@@ -47,7 +47,7 @@ impl CudaForward {
             })
             && f.rope == RopeStyle::Interleaved
             && f.ffn == FfnActivation::Silu
-            && c.head_dim % 2 == 0
+            && c.head_dim.is_multiple_of(2)
             && ops::fused_fits(widest, rows)
     }
 

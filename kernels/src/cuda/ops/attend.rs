@@ -223,7 +223,7 @@ fn check_attention(
             "attention: a window of 0 positions".into(),
         ));
     }
-    if s.n_kv == 0 || s.n_head % s.n_kv != 0 {
+    if s.n_kv == 0 || !s.n_head.is_multiple_of(s.n_kv) {
         return Err(CudaError::Shape(format!(
             "attention: {} query heads do not group over {} kv heads",
             s.n_head, s.n_kv
@@ -288,9 +288,13 @@ pub fn attention_split_at(
     }
     let ds = 16;
     let kv_stride = s.n_kv * s.head_dim;
-    let aligned = |p: u64| p % 16 == 0;
+    let aligned = |p: u64| p.is_multiple_of(16);
     let (vp, _g) = v.device_ptr(dev.stream());
-    if s.head_dim % ds != 0 || kv_stride % 4 != 0 || !aligned(vp) || window == Some(0) {
+    if !s.head_dim.is_multiple_of(ds)
+        || !kv_stride.is_multiple_of(4)
+        || !aligned(vp)
+        || window == Some(0)
+    {
         return attention_at(dev, q, k, v, out, pos, s, window, max_keys);
     }
     let keys = check_attention(q, k, v, out, pos, s, window, max_keys)?;

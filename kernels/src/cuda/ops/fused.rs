@@ -225,7 +225,7 @@ pub fn qkv_rope_tabled(
     if let Some(t) = table {
         check("qkv_rope rope table", t.len(), rows * head_dim)?;
     }
-    if head_dim % 2 != 0 || wq.rows % head_dim != 0 || wk.rows % head_dim != 0 {
+    if !head_dim.is_multiple_of(2) || wq.rows % head_dim != 0 || wk.rows % head_dim != 0 {
         return Err(CudaError::Shape(format!(
             "qkv_rope: {} and {} rows are not whole heads of an even head_dim {head_dim}",
             wq.name, wk.name

@@ -30,7 +30,7 @@ pub fn shard_rows(t: &QTensor, r: Range<usize>) -> QTensor {
 /// span of blocks from every row.
 pub fn shard_cols(t: &QTensor, c: Range<usize>) -> Result<QTensor, CudaError> {
     let (bs, ts) = (t.ggml_type.block_size(), t.ggml_type.type_size());
-    if c.start % bs != 0 || c.end % bs != 0 {
+    if !c.start.is_multiple_of(bs) || !c.end.is_multiple_of(bs) {
         return Err(CudaError::Shape(format!(
             "{}: columns {}..{} are not whole blocks of {bs}",
             t.name, c.start, c.end
