@@ -1,0 +1,187 @@
+//! The 512-bit loops against their AVX2 twins, bit for bit (run where the
+//! CPU has AVX-512F and BW; they say they skipped elsewhere).
+
+use super::*;
+use model::quant::GgmlType;
+
+/// A deterministic stream of u32s.
+fn stream(seed: u64) -> impl FnMut() -> u32 {
+    let mut s = seed;
+    move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 32) as u32
+    }
+}
+
+/// `rows` rows of `len` weights in random blocks of `ty`: random bytes,
+/// with finite f16 scales (and minimums) of both signs, some subnormal.
+fn blocks(ty: GgmlType, rows: usize, len: usize, seed: u64) -> Vec<Vec<u8>> {
+    let mut next = stream(seed);
+    let mut f16 = move || {
+        let v = next();
+        let x = match v % 8 {
+            0 => (v >> 8) as f32 * 1e-12, // subnormal f16
+            _ => ((v >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 0.1,
+        };
+        half::f16::from_f32(x).to_le_bytes()
+    };
+    let mut byte = stream(seed ^ 0xABCD);
+    (0..rows)
+        .map(|_| {
+            let mut row = Vec::new();
+            for _ in 0..len / 32 {
+                let start = row.len();
+                row.extend(f16());
+                if ty == GgmlType::Q4_1 {
+                    row.extend(f16());
+                }
+                while row.len() - start < ty.type_size() {
+                    row.push(byte() as u8);
+                }
+            }
+            row
+        })
+        .collect()
+}
+
+fn acts(len: usize, seed: u64, ints: bool) -> Vec<f32> {
+    let mut next = stream(seed);
+    (0..len)
+        .map(|_| {
+            let v = next();
+            if ints {
+                (v % 255) as f32 - 127.0
+            } else {
+                ((v >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 4.0
+            }
+        })
+        .collect()
+}
+
+fn rows4<T>(w: &[Vec<T>]) -> [&[T]; 4] {
+    [&w[0][..], &w[1][..], &w[2][..], &w[3][..]]
+}
+
+fn bits(v: [f32; 4]) -> [u32; 4] {
+    v.map(f32::to_bits)
+}
+
+/// `vpshufb` on 64 bytes: per 128-bit lane, a control byte with its
+/// top bit set gives 0, else the lane's byte at its low four bits.
+fn shuffle_bytes(x: &[u8; 64], c: &[u8; 64]) -> [u8; 64] {
+    std::array::from_fn(|i| {
+        let lane = i / 16 * 16;
+        if c[i] & 0x80 != 0 {
+            0
+        } else {
+            x[lane + (c[i] & 0x0F) as usize]
+        }
+    })
+}
+
+#[test]
+fn the_spread_controls_put_each_rows_bytes_in_order() {
+    // Runs on every CPU: the controls' layout, not the instruction.
+    let a: [u8; 16] = std::array::from_fn(|i| 0x10 + i as u8);
+    let b: [u8; 16] = std::array::from_fn(|i| 0xA0 + i as u8);
+    let x: [u8; 64] = std::array::from_fn(|i| if i < 32 { a[i % 16] } else { b[i % 16] });
+    for (ctrl, first) in [(&SPREAD_FIRST.0, 0), (&SPREAD_SECOND.0, 8)] {
+        let y = shuffle_bytes(&x, ctrl);
+        let lanes: Vec<u32> = y
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let want: Vec<u32> = (0..8)
+            .map(|i| a[first + i] as u32)
+            .chain((0..8).map(|i| b[first + i] as u32))
+            .collect();
+        assert_eq!(lanes, want, "bytes {first}..{}", first + 8);
+    }
+}
+
+#[test]
+fn the_512_bit_loops_give_the_avx2_bits() {
+    if !supported() {
+        eprintln!("skipped: this CPU has no AVX-512F and BW (the AVX2 loops run instead)");
+        assert!(
+            !enabled(),
+            "the 512-bit loops are never chosen without AVX-512F and BW"
+        );
+        return;
+    }
+    for ty in [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0] {
+        for (i, len) in [32, 64, 96, 128, 160, 224, 576, 1536]
+            .into_iter()
+            .enumerate()
+        {
+            let w = blocks(ty, 4, len, 7 + i as u64);
+            let wr = rows4(&w);
+            let a = acts(len, 11 + i as u64, false);
+            let q = acts(len, 13 + i as u64, true);
+            let d = acts(len / 32, 17 + i as u64, false);
+            // SAFETY: AVX-512F (and with it AVX2; F16C and FMA on every
+            // such CPU) checked above; whole blocks of `len` weights.
+            unsafe {
+                let want = super::super::rows_avx::dot_w4_blocks(ty, &a, wr);
+                let got = dot_w4_blocks(ty, &a, wr);
+                assert_eq!(bits(got), bits(want), "{ty} f32 len {len}");
+                let want = super::super::rows_avx::q8_w4_blocks(ty, &q, &d, wr);
+                let got = q8_w4_blocks(ty, &q, &d, wr);
+                assert_eq!(bits(got), bits(want), "{ty} q8 len {len}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_changed_weight_moves_only_its_row() {
+    if !supported() {
+        eprintln!("skipped: this CPU has no AVX-512F and BW");
+        return;
+    }
+    for ty in [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0] {
+        let w = blocks(ty, 4, 64, 3);
+        let mut bad = w.clone();
+        // A weight byte of row 1's second block: rows A and B share a register.
+        bad[1][ty.type_size() + ty.type_size() - 1] ^= 0x11;
+        let a = acts(64, 5, false);
+        // SAFETY: as above.
+        let (x, y) = unsafe {
+            (
+                dot_w4_blocks(ty, &a, rows4(&w)),
+                dot_w4_blocks(ty, &a, rows4(&bad)),
+            )
+        };
+        assert_ne!(x[1].to_bits(), y[1].to_bits(), "{ty}");
+        assert_eq!(
+            [x[0], x[2], x[3]].map(f32::to_bits),
+            [y[0], y[2], y[3]].map(f32::to_bits)
+        );
+    }
+}
+
+#[test]
+fn the_512_bit_prefill_loops_give_the_avx2_bits() {
+    if !supported() {
+        eprintln!("skipped: this CPU has no AVX-512F and BW (the AVX2 loops run instead)");
+        return;
+    }
+    for (i, len) in [32, 64, 96, 160, 576, 1536].into_iter().enumerate() {
+        let s = 100 * i as u64;
+        let a: Vec<Vec<f32>> = (0..4).map(|r| acts(len, s + r, false)).collect();
+        let q: Vec<Vec<f32>> = (0..4).map(|r| acts(len, s + 10 + r, true)).collect();
+        let d: Vec<Vec<f32>> = (0..4).map(|r| acts(len / 32, s + 20 + r, false)).collect();
+        let w: Vec<Vec<f32>> = (0..2).map(|r| acts(len, s + 30 + r, false)).collect();
+        let (a, q, d, w) = (rows4(&a), rows4(&q), rows4(&d), [&w[0][..], &w[1][..]]);
+        let b = |v: [[f32; 4]; 2]| v.map(bits);
+        // SAFETY: AVX-512F checked above; lengths as each loop needs.
+        unsafe {
+            let want = super::super::rows_avx::dot4x2(a, w);
+            assert_eq!(b(dot4x2(a, w)), b(want), "f32 len {len}");
+            let want = super::super::rows_avx::q8_rows4x2(q, d, w, 32);
+            assert_eq!(b(q8_rows4x2(q, d, w, 32)), b(want), "q8 len {len}");
+        }
+    }
+}
