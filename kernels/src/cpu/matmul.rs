@@ -99,11 +99,17 @@ pub fn quant_blocks(ls: &[&Linear], act: Act) -> Vec<usize> {
     let mut blocks = Vec::new();
     for l in ls {
         let b = l.m.block();
-        if act != Act::Float && b > 1 && !blocks.contains(&b) {
+        if reads_quantized(b, act) && !blocks.contains(&b) {
             blocks.push(b);
         }
     }
     blocks
+}
+
+/// Whether a matmul over weights in blocks of `block` reads its activations
+/// quantized under `act` (not for float activations or float weights).
+fn reads_quantized(block: usize, act: Act) -> bool {
+    act != Act::Float && block > 1
 }
 
 /// `n` rows of `x` quantized per block of `block`, as `act` says.
@@ -142,7 +148,7 @@ pub fn matmul_with_mins<T: Real, W: WeightRows>(
     let _p = super::profile::op(super::profile::Op::Matmul);
     let (cols, block) = (w.cols(), w.block());
     assert_eq!(x.len(), n * cols, "matmul input is not [{n}, {cols}]");
-    let own = (act != Act::Float && block > 1).then(|| quantize_rows(x, n, block, act));
+    let own = reads_quantized(block, act).then(|| quantize_rows(x, n, block, act));
     let job = Job {
         x,
         n,
@@ -159,7 +165,6 @@ pub fn matmul_with_mins<T: Real, W: WeightRows>(
 /// for bit what [`Linear::apply`] gives (every output is one dot product in
 /// one order, whatever task computes it).
 pub fn apply_group<T: Real>(ls: &[&Linear], x: &[T], n: usize, act: Act) -> Vec<Vec<T>> {
-    let _p = super::profile::op(super::profile::Op::Matmul);
     let qs = quantize_for(ls, x, n, act);
     apply_group_quantized(ls, x, n, act, &qs)
 }
@@ -185,7 +190,7 @@ pub fn apply_group_quantized<T: Real>(
     qs: &QuantRows<T>,
 ) -> Vec<Vec<T>> {
     let _p = super::profile::op(super::profile::Op::Matmul);
-    let quantized = |l: &Linear| act != Act::Float && l.m.block() > 1;
+    let quantized = |l: &Linear| reads_quantized(l.m.block(), act);
     let jobs: Vec<_> = ls
         .iter()
         .map(|l| {
