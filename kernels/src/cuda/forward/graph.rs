@@ -27,17 +27,18 @@ fn pinned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
 
 impl CudaForward {
     /// Allocates, once, the page-locked buffers of a row of logits and of
-    /// a step's token and position. A graph names them, so allocating one
-    /// bumps the generation.
+    /// a step's token and position. A graph with the step's copies names
+    /// them, so replacing one bumps the generation; a first allocation does
+    /// not (such a graph is only recorded after this call, and one without
+    /// the copies names neither).
     pub(super) fn ensure_host_buffers(&mut self) -> Result<(), CudaError> {
         let vocab = self.config.vocab_size;
         if self.logits_host.as_ref().is_none_or(|p| p.len() != vocab) {
-            self.logits_host = Some(pinned(self, vocab)?);
-            self.generation += 1;
+            let old = self.logits_host.replace(pinned(self, vocab)?);
+            self.generation += u64::from(old.is_some());
         }
         if self.step_host.is_none() {
             self.step_host = Some(pinned(self, 2)?);
-            self.generation += 1;
         }
         Ok(())
     }
