@@ -45,8 +45,8 @@ pub(crate) enum Op {
     Tap,
 }
 
-/// How many kinds there are.
-const N: usize = 11;
+/// How many kinds there are (`Tap` is the last).
+const N: usize = Op::Tap as usize + 1;
 
 const KINDS: [Op; N] = [
     Op::Other,
