@@ -280,7 +280,8 @@ pub fn dir_of(key: &Key) -> String {
     dir_of_layer(key.layer)
 }
 
-pub(crate) fn dir_of_layer(layer: Option<u32>) -> String {
+/// The directory of a layer's taps: `L007`, or `global` for none.
+pub fn dir_of_layer(layer: Option<u32>) -> String {
     let mut dir = String::with_capacity(8);
     push_dir_of_layer(&mut dir, layer);
     dir
