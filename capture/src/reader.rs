@@ -42,9 +42,12 @@ impl TreeReader {
     /// an unknown major version, an unsafe entry path, a shape that overflows
     /// or disagrees with its byte count, a duplicate key, or hashes that do not
     /// match the entries are refused. No tensor file is read.
+    ///
+    /// A tree with an index is opened from its records where they prove
+    /// sound (every check above, made on the records in place); anything
+    /// in doubt is opened as [`TreeReader::open_owned`] does, with its error.
     pub fn open(path: impl AsRef<Path>) -> Result<TreeReader> {
         let path = path.as_ref().to_path_buf();
-        let manifest_path = path.join(MANIFEST_FILE);
         let bytes = read_manifest(&path, None)?;
         if let Some((manifest, records)) = open_by_views(&path, &bytes) {
             return Ok(TreeReader {
@@ -55,7 +58,21 @@ impl TreeReader {
                 linked_dirs: Default::default(),
             });
         }
-        let (manifest, counts) = parse_manifest(&manifest_path, &bytes)?;
+        TreeReader::open_from(path, &bytes)
+    }
+
+    /// Opens the tree at `path` as [`TreeReader::open`] does, every entry
+    /// decoded into an owned one and checked there: what `open` falls back
+    /// to, and what its view of the records is tested against.
+    pub fn open_owned(path: impl AsRef<Path>) -> Result<TreeReader> {
+        let path = path.as_ref().to_path_buf();
+        let bytes = read_manifest(&path, None)?;
+        TreeReader::open_from(path, &bytes)
+    }
+
+    fn open_from(path: PathBuf, bytes: &[u8]) -> Result<TreeReader> {
+        let manifest_path = path.join(MANIFEST_FILE);
+        let (manifest, counts) = parse_manifest(&manifest_path, bytes)?;
         let bytes_of_entries = check_entries(&path, &manifest_path, &manifest)?;
         let actual = (manifest.entries.len() as u64, bytes_of_entries);
         if let (Some(taps), Some(bytes)) = counts {
