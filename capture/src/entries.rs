@@ -28,6 +28,7 @@ pub enum Dims<'a> {
 
 impl Dims<'_> {
     /// How many dimensions.
+    #[inline]
     pub fn len(&self) -> usize {
         match self {
             Dims::Owned(d) => d.len(),
@@ -41,6 +42,7 @@ impl Dims<'_> {
     }
 
     /// Dimension `k`.
+    #[inline]
     pub fn get(&self, k: usize) -> Option<usize> {
         match self {
             Dims::Owned(d) => d.get(k).copied(),
@@ -52,6 +54,7 @@ impl Dims<'_> {
     }
 
     /// The dimensions from `k` on.
+    #[inline]
     pub fn from(self, k: usize) -> Self {
         match self {
             Dims::Owned(d) => Dims::Owned(d.get(k..).unwrap_or(&[])),
@@ -82,6 +85,7 @@ impl PartialEq for Dims<'_> {
 
 impl<'a> Entries<'a> {
     /// How many taps.
+    #[inline]
     pub fn len(&self) -> usize {
         match self {
             Entries::Owned(e) => e.len(),
@@ -95,6 +99,7 @@ impl<'a> Entries<'a> {
     }
 
     /// Tap `i`'s stage.
+    #[inline]
     pub fn stage(&self, i: usize) -> &'a str {
         match *self {
             Entries::Owned(e) => &e[i].key.stage,
@@ -103,6 +108,7 @@ impl<'a> Entries<'a> {
     }
 
     /// Tap `i`'s layer.
+    #[inline]
     pub fn layer(&self, i: usize) -> Option<u32> {
         match self {
             Entries::Owned(e) => e[i].key.layer,
@@ -111,6 +117,7 @@ impl<'a> Entries<'a> {
     }
 
     /// Tap `i`'s positions.
+    #[inline]
     pub fn pos(&self, i: usize) -> Range<u32> {
         match self {
             Entries::Owned(e) => e[i].key.pos.clone(),
@@ -119,6 +126,7 @@ impl<'a> Entries<'a> {
     }
 
     /// Tap `i`'s slot.
+    #[inline]
     pub fn slot(&self, i: usize) -> Option<u32> {
         match self {
             Entries::Owned(e) => e[i].key.slot,
@@ -127,12 +135,14 @@ impl<'a> Entries<'a> {
     }
 
     /// Tap `i`'s number of positions.
+    #[inline]
     pub fn rows(&self, i: usize) -> u32 {
         let pos = self.pos(i);
         pos.end.saturating_sub(pos.start)
     }
 
     /// Tap `i`'s element type.
+    #[inline]
     pub fn dtype(&self, i: usize) -> DType {
         match self {
             Entries::Owned(e) => e[i].dtype,
@@ -141,6 +151,7 @@ impl<'a> Entries<'a> {
     }
 
     /// Tap `i`'s shape.
+    #[inline]
     pub fn shape(&self, i: usize) -> Dims<'a> {
         match *self {
             Entries::Owned(e) => Dims::Owned(&e[i].shape),
@@ -149,6 +160,7 @@ impl<'a> Entries<'a> {
     }
 
     /// Tap `i`'s tensor bytes.
+    #[inline]
     pub fn bytes(&self, i: usize) -> u64 {
         match self {
             Entries::Owned(e) => e[i].bytes,

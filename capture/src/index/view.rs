@@ -37,6 +37,7 @@ impl std::fmt::Debug for Records {
 }
 
 impl Records {
+    #[inline]
     fn record(&self, i: usize) -> &[u8] {
         let at = self.records.start + i * RECORD_LEN;
         &self.bytes[at..at + RECORD_LEN]
@@ -52,6 +53,7 @@ impl Records {
     }
 
     /// How many taps.
+    #[inline]
     pub fn len(&self) -> usize {
         self.taps
     }
@@ -67,35 +69,41 @@ impl Records {
     }
 
     /// Tap `i`'s stage.
+    #[inline]
     pub fn stage(&self, i: usize) -> &str {
         &self.strings[u32_at(self.record(i), 0) as usize]
     }
 
     /// Tap `i`'s layer.
+    #[inline]
     pub fn layer(&self, i: usize) -> Option<u32> {
         let r = self.record(i);
         (flags(r) & HAS_LAYER != 0).then(|| u32_at(r, 4))
     }
 
     /// Tap `i`'s positions.
+    #[inline]
     pub fn pos(&self, i: usize) -> Range<u32> {
         let r = self.record(i);
         u32_at(r, 8)..u32_at(r, 12)
     }
 
     /// Tap `i`'s slot.
+    #[inline]
     pub fn slot(&self, i: usize) -> Option<u32> {
         let r = self.record(i);
         (flags(r) & HAS_SLOT != 0).then(|| u32_at(r, 16))
     }
 
     /// Tap `i`'s element type.
+    #[inline]
     pub fn dtype(&self, i: usize) -> DType {
         use DType::*;
         [F32, F16, BF16, F64, I8, I32][self.record(i)[20] as usize]
     }
 
     /// Tap `i`'s shape, 8 little-endian bytes per dimension.
+    #[inline]
     pub fn dims(&self, i: usize) -> &[u8] {
         let r = self.record(i);
         let (at, n) = (u32_at(r, 24) as usize, r[21] as usize);
@@ -103,11 +111,13 @@ impl Records {
     }
 
     /// Tap `i`'s tensor bytes.
+    #[inline]
     pub fn bytes(&self, i: usize) -> u64 {
         u64_at(self.record(i), 32)
     }
 
     /// Tap `i`'s tensor hash, raw.
+    #[inline]
     pub fn blake3(&self, i: usize) -> &[u8; 32] {
         self.record(i)[40..72].try_into().expect("32 bytes")
     }
@@ -128,6 +138,7 @@ impl Records {
     }
 }
 
+#[inline]
 fn flags(r: &[u8]) -> u16 {
     u16::from_le_bytes([r[22], r[23]])
 }
@@ -218,15 +229,16 @@ fn sound(r: &Records) -> Option<u64> {
 }
 
 /// Whether no two records have one key (stage by its text: a string table
-/// may hold one text twice).
+/// may hold one text twice), found from the keys' 64-bit hashes sorted on
+/// every core: two equal hashes are a doubt (the owned path, which
+/// compares the keys themselves, decides), so a collision costs only time.
 fn no_key_twice(r: &Records, strings: &[&str]) -> bool {
     // Each string's number, as that of the first string with its text.
-    let mut first: std::collections::HashMap<&str, u32> = Default::default();
-    let canon: Vec<u32> = (strings.iter().enumerate())
-        .map(|(i, s)| *first.entry(s).or_insert(i as u32))
+    let mut first: std::collections::HashMap<&str, u64> = Default::default();
+    let canon: Vec<u64> = (strings.iter().enumerate())
+        .map(|(i, s)| *first.entry(s).or_insert(i as u64))
         .collect();
-    type K = (u32, Option<u32>, u32, u32, Option<u32>);
-    let mut keys: Vec<K> = Vec::new();
+    let mut hashes: Vec<u64> = Vec::new();
     (0..r.taps)
         .into_par_iter()
         .map(|i| {
@@ -234,13 +246,25 @@ fn no_key_twice(r: &Records, strings: &[&str]) -> bool {
             let stage = canon
                 .get(u32_at(rec, 0) as usize)
                 .copied()
-                .unwrap_or(u32::MAX);
+                .unwrap_or(u64::MAX);
+            let opt = |v: Option<u32>| v.map_or(1 << 32, u64::from);
             let pos = r.pos(i);
-            (stage, r.layer(i), pos.start, pos.end, r.slot(i))
+            let words = [
+                stage,
+                opt(r.layer(i)),
+                opt(r.slot(i)),
+                u64::from(pos.start) << 32 | u64::from(pos.end),
+            ];
+            // FxHash's step (rotate, xor, multiply) a word at a time, then
+            // a final mix so that the high bits see every word.
+            let h = words.iter().fold(0u64, |h, &w| {
+                (h.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95)
+            });
+            (h ^ (h >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9)
         })
-        .collect_into_vec(&mut keys);
-    keys.par_sort_unstable();
-    keys.windows(2).all(|w| w[0] != w[1])
+        .collect_into_vec(&mut hashes);
+    hashes.par_sort_unstable();
+    hashes.windows(2).all(|w| w[0] != w[1])
 }
 
 /// The directory hashes and root of the records, by the format 2 rule.
