@@ -90,14 +90,17 @@ pub fn checksum(major: u32, minor: u32, b: &[u8]) -> [u8; 16] {
     }
 }
 
+#[inline]
 pub(super) fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
+#[inline]
 pub(super) fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
+#[inline]
 pub(super) fn hash_at(b: &[u8], at: usize) -> [u8; 32] {
     b[at..at + 32].try_into().expect("32 bytes")
 }
