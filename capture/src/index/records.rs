@@ -216,19 +216,22 @@ pub fn decode(index: &[u8], head: &IndexHead) -> std::result::Result<Vec<Entry>,
     // Records are independent: decoded on every core, in order, each
     // straight into its place in the vector (a collect of results would
     // gather pieces and copy them into place on one thread). A bad record
-    // leaves an empty entry in its place and lowers `first_bad` to its
-    // number: the error is the first bad record's, as on one thread.
+    // leaves an empty entry in its place and its error, where its number is
+    // the lowest yet, in `first_bad`: the error is the first bad record's,
+    // as on one thread.
     if records.len() >= PARALLEL_FROM * RECORD_LEN {
         use rayon::prelude::*;
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let first_bad = AtomicUsize::new(usize::MAX);
+        let first_bad: std::sync::Mutex<Option<(usize, String)>> = Default::default();
         let mut all: Vec<Entry> = Vec::new();
         records
             .par_chunks_exact(RECORD_LEN)
             .enumerate()
             .map(|(n, r)| {
-                one((n, r)).unwrap_or_else(|_| {
-                    first_bad.fetch_min(n, Ordering::Relaxed);
+                one((n, r)).unwrap_or_else(|why| {
+                    let mut first = first_bad.lock().unwrap_or_else(|p| p.into_inner());
+                    if first.as_ref().is_none_or(|(m, _)| n < *m) {
+                        *first = Some((n, why));
+                    }
                     Entry {
                         key: Key::new(String::new(), None, 0..0),
                         path: String::new(),
@@ -241,11 +244,10 @@ pub fn decode(index: &[u8], head: &IndexHead) -> std::result::Result<Vec<Entry>,
                 })
             })
             .collect_into_vec(&mut all);
-        return match first_bad.into_inner() {
-            usize::MAX => Ok(all),
-            n => Err(one((n, &records[n * RECORD_LEN..(n + 1) * RECORD_LEN]))
-                .err()
-                .unwrap_or_else(|| format!("record {n}: bad"))),
+        let first_bad = first_bad.into_inner().unwrap_or_else(|p| p.into_inner());
+        return match first_bad {
+            None => Ok(all),
+            Some((_, why)) => Err(why),
         };
     }
     let mut out = Vec::with_capacity(head.taps as usize);
