@@ -57,6 +57,7 @@ mod session;
 mod spare;
 pub mod stage;
 pub mod tapfile;
+mod tensor_view;
 mod tree_dir;
 mod writer;
 
@@ -70,7 +71,8 @@ pub use half;
 pub use key::{Key, ParseKeyError, RowId, Shard, Site, TapId};
 pub use manifest::{Entry, Manifest, RunInfo, FORMAT_VERSION};
 pub use manifest_file::ManifestHead;
-pub use reader::{TensorView, TreeReader, Verified};
+pub use reader::{TreeReader, Verified};
 pub use select::Selection;
 pub use session::{force_is_set, Capture, CaptureOptions, Summary};
 pub use stage::{Scope, StageSpec};
+pub use tensor_view::TensorView;

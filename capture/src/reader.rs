@@ -1,7 +1,6 @@
 //! Reading a tree: open (manifest checks), list in forward order, map a tap
 //! zero-copy, verify integrity by rehashing.
 
-use crate::dtype::{DType, TapElem};
 use crate::entries::Entries;
 use crate::error::{Error, Result};
 use crate::index::Records;
@@ -9,6 +8,7 @@ use crate::manifest::{self, Entry, Manifest, MANIFEST_FILE};
 use crate::manifest_file::*;
 use crate::open::*;
 use crate::tapfile;
+use crate::tensor_view::TensorView;
 use memmap2::Mmap;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -475,78 +475,6 @@ impl TreeReader {
             }
         }
         Ok(header)
-    }
-}
-
-/// A tap's tensor, mapped from its file: no copy until asked for one.
-pub struct TensorView {
-    map: Mmap,
-    start: usize,
-    len: usize,
-    dtype: DType,
-    shape: Vec<usize>,
-}
-
-impl TensorView {
-    /// The tensor's element type.
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    /// The tensor's shape, axis 0 the positions.
-    pub fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-
-    /// The raw little-endian tensor bytes.
-    pub fn bytes(&self) -> &[u8] {
-        &self.map[self.start..self.start + self.len]
-    }
-
-    /// The elements as `T`, if `T` is the tap's dtype (data is 8-aligned in
-    /// the file, so this never copies).
-    pub fn as_slice<T: TapElem>(&self) -> Option<&[T]> {
-        if T::DTYPE != self.dtype {
-            return None;
-        }
-        bytemuck::try_cast_slice(self.bytes()).ok()
-    }
-
-    /// Every element converted to f64, row-major.
-    pub fn to_f64(&self) -> Vec<f64> {
-        let b = self.bytes();
-        match self.dtype {
-            DType::F32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().expect("4")) as f64)
-                .collect(),
-            DType::F64 => b
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().expect("8")))
-                .collect(),
-            DType::F16 => b
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
-                .collect(),
-            DType::BF16 => b
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
-                .collect(),
-            DType::I8 => b.iter().map(|&v| v as i8 as f64).collect(),
-            DType::I32 => b
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().expect("4")) as f64)
-                .collect(),
-        }
-    }
-}
-
-impl std::fmt::Debug for TensorView {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TensorView")
-            .field("dtype", &self.dtype)
-            .field("shape", &self.shape)
-            .finish()
     }
 }
 
