@@ -127,7 +127,7 @@ pub fn rope_cache(pos: usize, head_dim: usize, base: f32, cs: &mut [(f32, f32)])
 /// (`hsum` in tinyBLAS, the soft max's per-vector sum): the high half
 /// onto the low, then `(a0 + a2) + (a1 + a3)`.
 #[inline(always)]
-fn hsum8(l: [f32; 8]) -> f32 {
+pub(crate) fn hsum8(l: [f32; 8]) -> f32 {
     let a = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
     (a[0] + a[2]) + (a[1] + a[3])
 }
