@@ -50,6 +50,83 @@ unsafe fn hsum(acc: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)))
 }
 
+/// Q4_1's minimum terms of a tile, `summs[i][r] = fma(m_i, s_r, summs[i][r])`
+/// block after block: four lanes of one vector per weight row when there are
+/// four activation rows (a prefill's tile), four lanes over the weight rows
+/// when there are four of those and one activation row (a decode's), scalars
+/// otherwise. Each lane is the scalar chain, so the same bits either way;
+/// the vectors leave the accumulators their registers.
+struct Summs<const RW: usize, const RA: usize> {
+    v: [__m128; RW],
+    s: [[f32; RA]; RW],
+}
+
+impl<const RW: usize, const RA: usize> Summs<RW, RA> {
+    const BY_ROWS: bool = RA == 4;
+    const BY_WEIGHTS: bool = RW == 4 && RA == 1;
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,fma")]
+    unsafe fn new() -> Self {
+        Summs {
+            v: [_mm_setzero_ps(); RW],
+            s: [[0f32; RA]; RW],
+        }
+    }
+
+    /// Adds block `b`'s terms: the minimums `m[i]` of the weight rows' blocks
+    /// (as f16 bits), the activations' sums `s_r[b]`.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,fma")]
+    unsafe fn add(&mut self, m: [u16; RW], a: [&ActBlocks; RA], b: usize) {
+        if Self::BY_ROWS {
+            let mut s4 = [0f32; 4];
+            for r in 0..RA.min(4) {
+                s4[r] = *a[r].s.get_unchecked(b);
+            }
+            let sv = _mm_loadu_ps(s4.as_ptr());
+            for i in 0..RW {
+                let mv = _mm_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(m[i] as i32)));
+                self.v[i] = _mm_fmadd_ps(mv, sv, self.v[i]);
+            }
+        } else if Self::BY_WEIGHTS {
+            let mut m4 = [0u16; 8];
+            m4[..RW.min(4)].copy_from_slice(&m[..RW.min(4)]);
+            let mv = _mm_cvtph_ps(_mm_loadu_si128(m4.as_ptr() as *const __m128i));
+            let sv = _mm_set1_ps(*a[0].s.get_unchecked(b));
+            self.v[0] = _mm_fmadd_ps(mv, sv, self.v[0]);
+        } else {
+            for i in 0..RW {
+                let mi = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(m[i] as i32)));
+                for r in 0..RA {
+                    self.s[i][r] = mi.mul_add(*a[r].s.get_unchecked(b), self.s[i][r]);
+                }
+            }
+        }
+    }
+
+    /// The terms, `[i][r]`.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,fma")]
+    unsafe fn get(&self) -> [[f32; RA]; RW] {
+        let mut out = self.s;
+        if Self::BY_ROWS {
+            for i in 0..RW {
+                let mut l = [0f32; 4];
+                _mm_storeu_ps(l.as_mut_ptr(), self.v[i]);
+                out[i].copy_from_slice(&l[..RA]);
+            }
+        } else if Self::BY_WEIGHTS {
+            let mut l = [0f32; 4];
+            _mm_storeu_ps(l.as_mut_ptr(), self.v[0]);
+            for i in 0..RW {
+                out[i][0] = l[i];
+            }
+        }
+        out
+    }
+}
+
 /// [`tile`] for Q4_1 (`Q41`) or Q8_0.
 #[inline]
 #[target_feature(enable = "avx2,f16c,fma")]
@@ -64,7 +141,7 @@ unsafe fn tile_ty<const Q41: bool, const RW: usize, const RA: usize>(
     let ones = _mm256_set1_epi16(1);
     let low = _mm256_set1_epi8(0x0F);
     let mut acc = [[_mm256_setzero_ps(); RA]; RW];
-    let mut summs = [[0f32; RA]; RW];
+    let mut summs = Summs::<RW, RA>::new();
     for b in 0..nb {
         let mut qa = [_mm256_setzero_si256(); RA];
         let mut da = [0f32; RA];
@@ -72,14 +149,15 @@ unsafe fn tile_ty<const Q41: bool, const RW: usize, const RA: usize>(
             qa[r] = _mm256_loadu_si256(a[r].qs.as_ptr().add(b * 32) as *const __m256i);
             da[r] = *a[r].d.get_unchecked(b);
         }
+        let mut m = [0u16; RW];
         for i in 0..RW {
             let p = w[i].as_ptr().add(b * ts);
             let dw = f16_at(p);
             if Q41 {
+                m[i] = (p.add(2) as *const u16).read_unaligned();
                 // Low nibbles are elements 0..16, high ones 16..32.
                 let v = _mm_loadu_si128(p.add(4) as *const __m128i);
                 let qx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low);
-                let m = f16_at(p.add(2));
                 for r in 0..RA {
                     let xy = _mm256_cvtepi32_ps(_mm256_madd_epi16(
                         ones,
@@ -87,7 +165,6 @@ unsafe fn tile_ty<const Q41: bool, const RW: usize, const RA: usize>(
                     ));
                     let dd = _mm256_set1_ps(dw * da[r]);
                     acc[i][r] = _mm256_fmadd_ps(dd, xy, acc[i][r]);
-                    summs[i][r] = m.mul_add(*a[r].s.get_unchecked(b), summs[i][r]);
                 }
             } else {
                 let qx = _mm256_loadu_si256(p.add(2) as *const __m256i);
@@ -101,7 +178,11 @@ unsafe fn tile_ty<const Q41: bool, const RW: usize, const RA: usize>(
                 }
             }
         }
+        if Q41 {
+            summs.add(m, a, b);
+        }
     }
+    let summs = summs.get();
     let mut y = [[0f32; RA]; RW];
     for i in 0..RW {
         for r in 0..RA {

@@ -163,7 +163,10 @@ fn the_fma_builds_give_the_portable_bits() {
         }
         let mut p: Vec<f32> = (0..len.div_ceil(8) * 8).map(|_| next() * 40.0).collect();
         let mut q = p.clone();
-        assert_eq!(exp_sum(&mut p, 3.0).to_bits(), exp_sum_in(&mut q, 3.0).to_bits());
+        assert_eq!(
+            exp_sum(&mut p, 3.0).to_bits(),
+            exp_sum_in(&mut q, 3.0).to_bits()
+        );
         assert_eq!(
             p.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             q.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
