@@ -151,11 +151,10 @@ unsafe fn tile_ty<const Q41: bool, const RW: usize, const RA: usize>(
         }
         let mut m = [0u16; RW];
         for i in 0..RW {
-            if RA == 1 {
-                // A decode reads each weight once: ask for the rows two
-                // tiles on while these are dotted (see `prefetch_ahead`).
-                super::rows_avx::prefetch_ahead(w[i], b * ts);
-            }
+            // Each weight comes from memory once (a decode's every time, a
+            // prefill's at its first four rows): ask for the rows eight on
+            // while these are dotted (see `prefetch_ahead`).
+            super::rows_avx::prefetch_ahead(w[i], b * ts);
             let p = w[i].as_ptr().add(b * ts);
             let dw = f16_at(p);
             if Q41 {
