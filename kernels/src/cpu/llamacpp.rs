@@ -36,12 +36,19 @@
 //! before attention, the sliding window: [`AttnGraph`]) are in
 //! `super::llamacpp_gemma`.
 //!
+//! - **Matmuls on Q4_1 and Q8_0 weights** ([`super::llamacpp_dot`]):
+//!   llama.cpp's own integer dot, `ggml_vec_dot_q4_1_q8_1` /
+//!   `ggml_vec_dot_q8_0_q8_0` (and `tinyBLAS_Q0_AVX`, the same arithmetic,
+//!   for a Q8_0 prefill): exact integer block sums over eight lanes, one
+//!   FMA per block and lane, llama.cpp's horizontal sum. Every matmul of
+//!   SmolLM2 recomputes llama.cpp's bits.
+//!
 //! What stays as in the reference forward is f32 arithmetic that llama.cpp
-//! orders differently: the matmuls' sums (llama.cpp combines per-block
-//! integer dots with fused multiply-adds over eight lanes), the norms,
-//! SwiGLU's vectorized exponential. That is at most 7e-7 relative RMS on
-//! SmolLM2, inside the 1e-6 at which `tests/llamacpp.rs` holds every op of a
-//! llama.cpp tree to this forward.
+//! orders differently: the sums of matmuls on other quantized weights
+//! (Q4_0, Q5_0, the K-quants), the norms, SwiGLU's vectorized exponential.
+//! That is at most 4.2e-7 relative RMS (Gemma 3's Q4_K o_proj), inside the
+//! 1e-6 at which `tests/llamacpp.rs` holds every op of a llama.cpp tree to
+//! this forward.
 
 use half::f16;
 use rayon::prelude::*;

@@ -7,6 +7,10 @@
 //! grouping differs: one weight block unpacked serves several activation
 //! rows, one activation block several weight rows.
 
+// A tile's loops index its weight rows, activation rows, accumulators and
+// lanes by the same `i` and `r`: ranges say that more plainly than zips.
+#![allow(clippy::needless_range_loop)]
+
 use std::arch::x86_64::*;
 
 use model::quant::GgmlType;
