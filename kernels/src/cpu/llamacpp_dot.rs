@@ -176,6 +176,10 @@ fn tile<const RW: usize, const RA: usize>(
     w.map(|wr| a.map(|ar| dot(ty, wr, ar)))
 }
 
+/// Weight rows per prefill tile (against four activation rows; one row a
+/// tile measured the same at one thread).
+const PW: usize = 2;
+
 /// Fills `out` (`[k, n]`, transposed) with output features `first..first +
 /// k` of `job` from its activation rows in llama.cpp's blocks (`acts`),
 /// when its weight is held in blocks of a modelled type; returns false,
@@ -214,8 +218,8 @@ pub(crate) fn fill_chunk<T: Real, W: WeightRows>(
         // Prefill: two weight rows against four activation rows, the last
         // activation row repeated to fill a four (its extra sums dropped).
         let quad = |r: usize| [0, 1, 2, 3].map(|t| &acts[(r + t).min(n - 1)]);
-        while o + 2 <= k {
-            let w = [row(first + o), row(first + o + 1)];
+        while o + PW <= k {
+            let w: [&[u8]; PW] = std::array::from_fn(|j| row(first + o + j));
             for r in (0..n).step_by(4) {
                 let y = tile(ty, w, quad(r));
                 for (j, yj) in y.iter().enumerate() {
@@ -224,7 +228,7 @@ pub(crate) fn fill_chunk<T: Real, W: WeightRows>(
                     }
                 }
             }
-            o += 2;
+            o += PW;
         }
     }
     for o in o..k {
