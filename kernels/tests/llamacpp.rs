@@ -184,6 +184,10 @@ fn every_op_of_a_llamacpp_tree_recomputes_within_1e_6_and_plain_q8_does_not() {
     for stage in MATMULS {
         assert_eq!(worst(&rows, stage), 0.0, "{stage}: not llama.cpp's bits");
     }
+    // So is RoPE (the f32 angle walk, one FMA per rotated value).
+    for stage in ["q_rope", "k_rope"] {
+        assert_eq!(worst(&rows, stage), 0.0, "{stage}: not llama.cpp's bits");
+    }
     // The red case: taptree's plain q8 model of llama.cpp leaves the
     // tolerance at attention (no f16 operands) and at every kind of
     // quantized matmul (round half away from zero, 1/d scaling). Its RoPE

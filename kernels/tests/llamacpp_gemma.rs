@@ -182,6 +182,10 @@ fn every_op_of_a_gemma3_llamacpp_tree_recomputes_within_1e_6_and_the_reference_o
     // llama.cpp's own integer dot (kernels::cpu::llamacpp_dot): its bits.
     // The others (Q5_0, K-quants) keep the reference order.
     assert_eq!(worst(&rows, "logits"), 0.0, "logits: not llama.cpp's bits");
+    // RoPE over halves too (the f32 angle walk, one FMA per rotated value).
+    for stage in ["q_rope", "k_rope"] {
+        assert_eq!(worst(&rows, stage), 0.0, "{stage}: not llama.cpp's bits");
+    }
     let mut q8_0 = 0;
     for (l, lw) in r.weights.layers.iter().enumerate() {
         let e = rows
