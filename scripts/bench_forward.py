@@ -10,9 +10,10 @@ passes the taptree binary and the settings in the environment:
   THREADS   threads of both forwards (default 2)
   ROUNDS    rounds (default 5)
   GEN       decode steps timed (default 64)
+  PRECISIONS  taptree's precisions timed, in order (default "f32 q8 llamacpp")
 
-Each round times, in this order: taptree prefill (f32, then q8), llama.cpp
-prefill, taptree decode (f32, then q8), llama.cpp decode.
+Each round times, in this order: taptree prefill (each of PRECISIONS),
+llama.cpp prefill, taptree decode (each of PRECISIONS), llama.cpp decode.
 
 - Prefill: the 37-token chat prompt "What is the capital of France?" in one
   forward. taptree: `capture --gen 0 --select stage=logits`, its own
@@ -104,6 +105,7 @@ def main():
     threads = int(os.environ.get("THREADS", "2"))
     rounds = int(os.environ.get("ROUNDS", "5"))
     gen = int(os.environ.get("GEN", "64"))
+    precisions = os.environ.get("PRECISIONS", "f32 q8 llamacpp").split()
     from llama_cpp import Llama
     import numpy as np
 
@@ -147,19 +149,18 @@ def main():
     for r in range(rounds):
         load = os.getloadavg()[0]
         row = {"load": load}
-        row["tt_prefill_f32"] = taptree(["--chat", CHAT, "--precision", "f32"], out)[0]
-        row["tt_prefill_q8"] = taptree(["--chat", CHAT, "--precision", "q8"], out)[0]
+        for p in precisions:
+            row[f"tt_prefill_{p}"] = taptree(["--chat", CHAT, "--precision", p], out)[0]
         row["llama_prefill"] = llama_prefill()
-        row["tt_decode_f32"] = tt_decode("f32")
-        row["tt_decode_q8"] = tt_decode("q8")
+        for p in precisions:
+            row[f"tt_decode_{p}"] = tt_decode(p)
         row["llama_decode"] = llama_decode()
         rows.append(row)
-        print(f"round {r + 1}: load {load:.2f}; prefill tok/s taptree f32 "
-              f"{len(chat_ids) / row['tt_prefill_f32']:.1f}, q8 "
-              f"{len(chat_ids) / row['tt_prefill_q8']:.1f}, llama.cpp "
-              f"{len(chat_ids) / row['llama_prefill']:.1f}; decode tok/s taptree f32 "
-              f"{gen / row['tt_decode_f32']:.1f}, q8 {gen / row['tt_decode_q8']:.1f}, "
-              f"llama.cpp {gen / row['llama_decode']:.1f}", flush=True)
+        rates = {what: ", ".join(f"{p} {n / row[f'tt_{what}_{p}']:.1f}" for p in precisions)
+                 for what, n in (("prefill", len(chat_ids)), ("decode", gen))}
+        print(f"round {r + 1}: load {load:.2f}; prefill tok/s taptree {rates['prefill']}, "
+              f"llama.cpp {len(chat_ids) / row['llama_prefill']:.1f}; decode tok/s taptree "
+              f"{rates['decode']}, llama.cpp {gen / row['llama_decode']:.1f}", flush=True)
 
     quiet = [r for r in rows if r["load"] < threads + 1]
     which = f"{len(quiet)} quiet rounds of {len(rows)}"
@@ -171,7 +172,7 @@ def main():
     print("|---|---|---|---|")
     for what, n, ll in (("prefill", len(chat_ids), "llama_prefill"),
                         ("decode", gen, "llama_decode")):
-        for p in ("f32", "q8"):
+        for p in precisions:
             tt = med[f"tt_{what}_{p}"]
             print(f"| {what} {p} | {n / tt:.1f} tok/s | {n / med[ll]:.1f} tok/s | "
                   f"{tt / med[ll]:.2f} |")

@@ -10,7 +10,8 @@
 #                                                 # thread count (no llama.cpp)
 #
 # Settings: THREADS (2), CPUS (the CPU list both run on, default 0..THREADS-1),
-# ROUNDS (5), GEN (64 decode steps), MODEL (smollm2). Needs llama-cpp-python
+# ROUNDS (5), GEN (64 decode steps), MODEL (smollm2), PRECISIONS ("f32 q8
+# llamacpp": the taptree precisions timed). Needs llama-cpp-python
 # and numpy.
 set -euo pipefail
 [ -z "${TAPTREE:-}" ] || TAPTREE=$(realpath "$TAPTREE")

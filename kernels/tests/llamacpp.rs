@@ -151,6 +151,11 @@ fn replay(
     out
 }
 
+/// The matmul stages.
+const MATMULS: [&str; 8] = [
+    "q_proj", "k_proj", "v_proj", "o_proj", "ffn_gate", "ffn_up", "ffn_down", "logits",
+];
+
 fn llamacpp_run(flash_attn: bool) -> Option<Run> {
     llamacpp_common::llamacpp_run(
         || fetch::ensure_smollm2().expect("fetch SmolLM2"),
@@ -174,6 +179,15 @@ fn every_op_of_a_llamacpp_tree_recomputes_within_1e_6_and_plain_q8_does_not() {
     print_table(&rows, &plain, &exact);
     let bad = outside_tolerance(&rows);
     assert!(bad.is_empty(), "ops outside {TOLERANCE:e}: {bad:?}");
+    // Every matmul (Q4_1 layers, the Q8_0 tied output) is llama.cpp's own
+    // integer dot (kernels::cpu::llamacpp_dot): its bits, at every layer.
+    for stage in MATMULS {
+        assert_eq!(worst(&rows, stage), 0.0, "{stage}: not llama.cpp's bits");
+    }
+    // So is RoPE (the f32 angle walk, one FMA per rotated value).
+    for stage in ["q_rope", "k_rope"] {
+        assert_eq!(worst(&rows, stage), 0.0, "{stage}: not llama.cpp's bits");
+    }
     // The red case: taptree's plain q8 model of llama.cpp leaves the
     // tolerance at attention (no f16 operands) and at every kind of
     // quantized matmul (round half away from zero, 1/d scaling). Its RoPE

@@ -24,12 +24,13 @@ use kernels::cpu::llamacpp::{attention_in, flash_attention_in, FLASH_ATTN_TILE_R
 use kernels::cpu::llamacpp_gemma::{self as lg, f16_rows};
 use kernels::cpu::matmul::Act;
 use kernels::cpu::norm::rms_norm;
+use kernels::cpu::qmatrix::Weight;
 use kernels::cpu::rope::rope_halves;
 use kernels::cpu::weights::DenseWeights;
 use llamacpp_common::{
     llama_cpp_available, outside_tolerance, print_table, rel_rms, worst, Rows, Run, TOLERANCE,
 };
-use model::LlamaConfig;
+use model::{GgmlType, LlamaConfig};
 
 type Taps = HashMap<(String, Option<u32>), Vec<f32>>;
 
@@ -177,6 +178,30 @@ fn every_op_of_a_gemma3_llamacpp_tree_recomputes_within_1e_6_and_the_reference_o
     print_table(&rows, &plain, &exact);
     let bad = outside_tolerance(&rows);
     assert!(bad.is_empty(), "ops outside {TOLERANCE:e}: {bad:?}");
+    // The Q8_0 matmuls (the tied output, v_proj where it is Q8_0) are
+    // llama.cpp's own integer dot (kernels::cpu::llamacpp_dot): its bits.
+    // The others (Q5_0, K-quants) keep the reference order.
+    assert_eq!(worst(&rows, "logits"), 0.0, "logits: not llama.cpp's bits");
+    // RoPE over halves too (the f32 angle walk, one FMA per rotated value).
+    for stage in ["q_rope", "k_rope"] {
+        assert_eq!(worst(&rows, stage), 0.0, "{stage}: not llama.cpp's bits");
+    }
+    let mut q8_0 = 0;
+    for (l, lw) in r.weights.layers.iter().enumerate() {
+        let e = rows
+            .iter()
+            .find(|x| x.0 == "v_proj" && x.1 == Some(l as u32))
+            .expect("v_proj of every layer")
+            .2;
+        match &lw.wv.m {
+            Weight::Quant(q) if q.ty == GgmlType::Q8_0 => {
+                assert_eq!(e, 0.0, "L{l} v_proj (Q8_0): not llama.cpp's bits");
+                q8_0 += 1;
+            }
+            _ => {}
+        }
+    }
+    assert!(q8_0 > 0, "no Q8_0 v_proj in this file");
     // The red case: the reference ops leave the tolerance at attention (no
     // f16 operands), at GeGLU (no f16 table) and at the q/k/v matmuls, whose
     // Q8_0 activation blocks q8 rounds half away from zero with 1/d (on this

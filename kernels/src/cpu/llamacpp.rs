@@ -17,7 +17,7 @@
 //! - **RoPE** ([`rope`]): `ggml_rope_cache_init` walks the angle in f32,
 //!   `theta_{i+1} = theta_i * powf(base, -2 / n_dims)` from `theta_0 = pos`,
 //!   and takes `cosf`/`sinf` of that; the reference computes each angle in
-//!   f64. The difference grows with the position (3.7e-7 relative RMS over
+//!   f64. The rotation's `x0*cos - x1*sin` is compiled with one FMA each. The difference grows with the position (3.7e-7 relative RMS over
 //!   SmolLM2's first 37 positions, ten times what remains with this rule).
 //! - **Attention** ([`attention`]): keys and values live in an F16 cache;
 //!   `kq = mul_mat(k, q)` converts `q` to f16 (an F16 weight's dot type is
@@ -36,12 +36,19 @@
 //! before attention, the sliding window: [`AttnGraph`]) are in
 //! `super::llamacpp_gemma`.
 //!
+//! - **Matmuls on Q4_1 and Q8_0 weights** ([`super::llamacpp_dot`]):
+//!   llama.cpp's own integer dot, `ggml_vec_dot_q4_1_q8_1` /
+//!   `ggml_vec_dot_q8_0_q8_0` (and `tinyBLAS_Q0_AVX`, the same arithmetic,
+//!   for a Q8_0 prefill): exact integer block sums over eight lanes, one
+//!   FMA per block and lane, llama.cpp's horizontal sum. Every matmul of
+//!   SmolLM2 recomputes llama.cpp's bits.
+//!
 //! What stays as in the reference forward is f32 arithmetic that llama.cpp
-//! orders differently: the matmuls' sums (llama.cpp combines per-block
-//! integer dots with fused multiply-adds over eight lanes), the norms,
-//! SwiGLU's vectorized exponential. That is at most 7e-7 relative RMS on
-//! SmolLM2, inside the 1e-6 at which `tests/llamacpp.rs` holds every op of a
-//! llama.cpp tree to this forward.
+//! orders differently: the sums of matmuls on other quantized weights
+//! (Q4_0, Q5_0, the K-quants), the norms, SwiGLU's vectorized exponential.
+//! That is at most 4.2e-7 relative RMS (Gemma 3's Q4_K o_proj), inside the
+//! 1e-6 at which `tests/llamacpp.rs` holds every op of a llama.cpp tree to
+//! this forward.
 
 use half::f16;
 use rayon::prelude::*;
@@ -64,6 +71,30 @@ pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
     if block != 32 {
         return super::quant_row::quantize_row(x, block);
     }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::rows_avx::block_loops() {
+            // SAFETY: AVX2 (and with it SSE4.1's `roundps`) checked.
+            return unsafe { quantize_row_avx2(x, block) };
+        }
+    }
+    quantize_row_32(x, block)
+}
+
+/// [`quantize_row_32`] compiled for AVX2, where rounding half to even is an
+/// instruction (`roundss`) rather than a call: the same bits.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_row_avx2<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
+    quantize_row_32(x, block)
+}
+
+/// [`quantize_row`] for 32-blocks.
+#[inline(always)]
+fn quantize_row_32<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
     assert!(
         x.len().is_multiple_of(block),
         "row of {} is not a multiple of block {block}",
@@ -96,7 +127,10 @@ pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
 /// Interleaved-pair RoPE as ggml's `rope_f32` with llama.cpp's
 /// `LLAMA_ROPE_TYPE_NORM` (no scaling): the angle of pair `i` is walked in
 /// f32 from the position by `powf(base, -2 / head_dim)` ([`rope_cache`]), and
-/// the rotation is done in f32 with `cosf`/`sinf` of it.
+/// the rotation is done in f32 with `cosf`/`sinf` of it, as GCC compiles
+/// ggml's `x0*cos - x1*sin` and `x0*sin + x1*cos` (contracted:
+/// `vfmsub231ss`/`vfmadd132ss` in the shipped library): `fma(x0, cos,
+/// -(x1*sin))` and `fma(x0, sin, x1*cos)`.
 pub fn rope<T: Real>(x: &mut [T], width: usize, start: usize, head_dim: usize, base: f32) {
     let mut cs = vec![(0f32, 0f32); head_dim / 2];
     for (r, row) in x.chunks_exact_mut(width).enumerate() {
@@ -104,8 +138,8 @@ pub fn rope<T: Real>(x: &mut [T], width: usize, start: usize, head_dim: usize, b
         for head in row.chunks_exact_mut(head_dim) {
             for (i, (c, s)) in cs.iter().enumerate() {
                 let (x0, x1) = (head[2 * i].to_f32(), head[2 * i + 1].to_f32());
-                head[2 * i] = T::from_f32(x0 * c - x1 * s);
-                head[2 * i + 1] = T::from_f32(x0 * s + x1 * c);
+                head[2 * i] = T::from_f32(x0.mul_add(*c, -(x1 * s)));
+                head[2 * i + 1] = T::from_f32(x0.mul_add(*s, x1 * c));
             }
         }
     }
@@ -127,7 +161,7 @@ pub fn rope_cache(pos: usize, head_dim: usize, base: f32, cs: &mut [(f32, f32)])
 /// (`hsum` in tinyBLAS, the soft max's per-vector sum): the high half
 /// onto the low, then `(a0 + a2) + (a1 + a3)`.
 #[inline(always)]
-fn hsum8(l: [f32; 8]) -> f32 {
+pub(crate) fn hsum8(l: [f32; 8]) -> f32 {
     let a = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
     (a[0] + a[2]) + (a[1] + a[3])
 }
@@ -139,6 +173,30 @@ fn hsum8(l: [f32; 8]) -> f32 {
 /// four 8-lane accumulators folded pairwise, then `hadd` twice. Lengths are
 /// padded with zeros to whole vectors, as llama.cpp's padded cache is.
 fn dot_f16(a: &[f32], b: &[f32], rows: usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::rows_avx::block_loops() {
+            // SAFETY: AVX2 and FMA checked.
+            return unsafe { dot_f16_fma(a, b, rows) };
+        }
+    }
+    dot_f16_in(a, b, rows)
+}
+
+/// [`dot_f16_in`] compiled with FMA, whose `mul_add`s are then instructions
+/// rather than calls to `fmaf`: the same bits.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_f16_fma(a: &[f32], b: &[f32], rows: usize) -> f32 {
+    dot_f16_in(a, b, rows)
+}
+
+/// [`dot_f16`]'s arithmetic.
+#[inline(always)]
+fn dot_f16_in(a: &[f32], b: &[f32], rows: usize) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     if rows >= 2 {
         let mut acc = [0f32; 8];
@@ -157,9 +215,46 @@ fn dot_f16(a: &[f32], b: &[f32], rows: usize) -> f32 {
     (t[0] + t[1]) + (t[2] + t[3])
 }
 
+/// The soft max's exponentials in place, `p[i] = v_expf(p[i] - max)`, and
+/// their sum: each 8-lane vector [`hsum8`]ed, the vectors summed in f64.
+fn exp_sum(p: &mut [f32], max: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::rows_avx::block_loops() {
+            // SAFETY: AVX2 and FMA checked.
+            return unsafe { exp_sum_fma(p, max) };
+        }
+    }
+    exp_sum_in(p, max)
+}
+
+/// [`exp_sum_in`] compiled with FMA (instructions, not `fmaf` calls).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp_sum_fma(p: &mut [f32], max: f32) -> f64 {
+    exp_sum_in(p, max)
+}
+
+/// [`exp_sum`]'s arithmetic.
+#[inline(always)]
+fn exp_sum_in(p: &mut [f32], max: f32) -> f64 {
+    let mut sum = 0f64;
+    for chunk in p.chunks_exact_mut(8) {
+        for s in chunk.iter_mut() {
+            *s = v_expf(*s - max);
+        }
+        sum += hsum8(chunk.try_into().unwrap()) as f64;
+    }
+    sum
+}
+
 /// `expf` as ggml's AVX2 `ggml_v_expf` computes it, one lane: a degree-5
 /// polynomial after range reduction by `n = round(x / ln 2)`, with the
 /// special scaling of `|n| > 126` (so large negative `x` gives exact zeros).
+#[inline(always)]
 fn v_expf(x: f32) -> f32 {
     let c = |bits: u32| f32::from_bits(bits);
     let r = c(0x4b40_0000); // 0x1.8p23
@@ -354,13 +449,7 @@ pub fn attention_in<T: Real>(
                 *s = dot_f16(kh, qh16, n) * g.scale;
                 max = max.max(*s);
             }
-            let mut sum = 0f64;
-            for chunk in p.chunks_exact_mut(8) {
-                for s in chunk.iter_mut() {
-                    *s = v_expf(*s - max);
-                }
-                sum += hsum8(chunk.try_into().unwrap()) as f64;
-            }
+            let sum = exp_sum(p, max);
             let inv = (1.0 / sum) as f32;
             for x in p.iter_mut() {
                 *x = f16_round(*x * inv);
@@ -448,150 +537,4 @@ pub fn flash_attention_in<T: Real>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn v_expf_is_expf_to_a_few_ulps_and_zero_far_below() {
-        for i in -2000..=200 {
-            let x = i as f32 * 0.0437;
-            let (got, want) = (v_expf(x), x.exp());
-            let ulps = (got.to_bits() as i64 - want.to_bits() as i64).abs();
-            assert!(ulps <= 2, "x {x}: {got} vs {want}");
-        }
-        assert_eq!(v_expf(f32::NEG_INFINITY), 0.0);
-        assert_eq!(v_expf(-200.0), 0.0);
-        assert_eq!(v_expf(0.0), 1.0);
-    }
-
-    #[test]
-    fn dot_f16_orders_lanes_as_the_kernel_of_its_row_count() {
-        // Lanes 0, 1, 2 hold 1e8, -1e8, 1. tinyBLAS folds lane 2 onto lane
-        // 0 first ((1e8 + 1) - 1e8 = 0 in f32); ggml_vec_dot_f16 pairs
-        // lanes 0 and 1 first ((1e8 - 1e8) + 1 = 1). The exact sum is 1.
-        let mut a = vec![0f32; 32];
-        a[0] = 1.0e8;
-        a[1] = -1.0e8;
-        a[2] = 1.0;
-        let b = vec![1f32; 32];
-        assert_eq!(dot_f16(&a, &b, 2), 0.0);
-        assert_eq!(dot_f16(&a, &b, 1), 1.0);
-    }
-
-    #[test]
-    fn quantize_rounds_ties_to_even_with_127_over_amax() {
-        // amax 127: id = 1, so x = 2.5 is a tie: ggml's AVX2 path gives 2,
-        // the reference roundf (and taptree's q8) 3.
-        let mut x = vec![0.0f32; 32];
-        x[0] = 127.0;
-        x[1] = 2.5;
-        x[2] = -3.5;
-        x[3] = 0.5;
-        let g = quantize_row(&x, 32);
-        assert_eq!(&g.q[..4], &[127.0, 2.0, -4.0, 0.0]);
-        let r = super::super::quant_row::quantize_row(&x, 32);
-        assert_eq!(&r.q[..4], &[127.0, 3.0, -4.0, 1.0]);
-        assert_eq!(g.d[0], 1.0);
-    }
-
-    #[test]
-    fn quantize_scales_by_127_over_amax_not_one_over_d() {
-        // amax = 1.3: 1 / (1.3 / 127) and 127 / 1.3 differ in the last bit,
-        // which moves 0.65 * id across the .5 boundary of 63.5 or not.
-        let amax = 1.3f32;
-        let (id_ggml, id_ref) = (127.0 / amax, 1.0 / (amax / 127.0));
-        assert_ne!(id_ggml.to_bits(), id_ref.to_bits());
-        // Find an input whose product lands on different sides of a tie.
-        let mut found = false;
-        for k in 0..20000 {
-            let v = k as f32 * 1e-4;
-            if (v * id_ggml).round_ties_even() != (v * id_ref).round_ties_even() {
-                let mut x = vec![0.0f32; 32];
-                x[0] = amax;
-                x[1] = v;
-                assert_eq!(quantize_row(&x, 32).q[1], (v * id_ggml).round_ties_even());
-                found = true;
-                break;
-            }
-        }
-        assert!(found, "no input tells the two scalings apart");
-    }
-
-    #[test]
-    fn q8_1_sum_is_rounded_to_f16() {
-        let x: Vec<f32> = (0..32).map(|i| (i as f32 - 11.3) * 0.37).collect();
-        let g = quantize_row(&x, 32);
-        let sum: f32 = g.q.iter().sum();
-        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let s = f16::from_f32(amax / 127.0 * sum).to_f32() as f64;
-        assert_eq!(
-            g.s_err[0] as f64,
-            (s - g.d[0] as f64 * sum as f64) as f32 as f64
-        );
-    }
-
-    #[test]
-    fn rope_walks_the_angle_in_f32() {
-        // Position 40, head_dim 64, base 1e5: the last pair's angle walked
-        // in f32 differs from the f64 one, so the rotation does too.
-        let (hd, base, pos) = (64, 1e5f32, 40);
-        let mut x = vec![1.0f32; hd];
-        rope(&mut x, hd, pos, hd, base);
-        let mut y = vec![1.0f64; hd];
-        super::super::rope::rope(&mut y, hd, pos, hd, base);
-        let worst = x
-            .iter()
-            .zip(&y)
-            .map(|(a, b)| (*a as f64 - b).abs())
-            .fold(0f64, f64::max);
-        assert!(worst > 1e-6, "{worst}");
-        assert!(worst < 1e-3, "{worst}");
-        // Position 0 is still the identity.
-        let mut z = vec![0.5f32; hd];
-        rope(&mut z, hd, 0, hd, base);
-        assert!(z.iter().all(|v| *v == 0.5));
-    }
-
-    #[test]
-    fn flash_attention_accumulates_in_f16() {
-        // Three equal scores over values 1, 2048, 1: the f16 accumulator
-        // holds 1 + 2048 = 2049, which f16 cannot (2048 or 2050): the sum of
-        // weights is 3, so the exact answer 2050/3 is missed by f16's step.
-        let heads = Heads {
-            n_head: 1,
-            n_head_kv: 1,
-            head_dim: 1,
-        };
-        let out = flash_attention(&[0.0f32; 3], 3, 0, &[1.0; 3], &[1.0, 2048.0, 1.0], heads);
-        // acc: 1, then f16(2048 + 1) = 2048 (ties to even), then 2049 -> 2048.
-        assert_eq!(out[2], 2048.0 / 3.0);
-        let exact = attention(&[0.0f32; 3], 3, 0, &[1.0; 3], &[1.0, 2048.0, 1.0], heads);
-        assert_ne!(out[2], exact[2]);
-        // One position: the value itself.
-        assert_eq!(out[0], 1.0);
-    }
-
-    #[test]
-    fn attention_rounds_probabilities_to_f16() {
-        // Two positions with scores 0 and ln 3 (probabilities 1/4, 3/4):
-        // exact in f16. Scores whose probability is 1/3 are not: the output
-        // is f16(1/3) * v, not v / 3.
-        let heads = Heads {
-            n_head: 1,
-            n_head_kv: 1,
-            head_dim: 1,
-        };
-        let q = [0.0f32, 0.0];
-        let k = [1.0f32, 1.0];
-        let v = [3.0f32, 3.0];
-        let out = attention(&q, 2, 0, &k, &v, heads);
-        assert_eq!(out[0], 3.0);
-        // Row 1: two equal scores, p = 0.5 each, exact.
-        assert_eq!(out[1], 3.0);
-        let q3 = [0.0f32; 3];
-        let out = attention(&q3, 3, 0, &[1.0; 3], &[1.0, 1.0, 1.0], heads);
-        let third = f16::from_f32(1.0 / 3.0).to_f32() as f64;
-        assert_eq!(out[2], (3.0 * third) as f32);
-        assert_ne!(out[2], 1.0);
-    }
-}
+mod tests;

@@ -92,7 +92,8 @@ pub fn geglu<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
 
 /// RoPE over halves as ggml's `rope_f32` with `LLAMA_ROPE_TYPE_NEOX` (no
 /// scaling): dimension `i` of each head rotates with `i + head_dim / 2` by
-/// the f32 angle of [`rope_cache`], in f32.
+/// the f32 angle of [`rope_cache`], in f32 with the FMAs of
+/// [`super::llamacpp::rope`].
 pub fn rope_halves<T: Real>(x: &mut [T], width: usize, start: usize, head_dim: usize, base: f32) {
     let half = head_dim / 2;
     let mut cs = vec![(0f32, 0f32); half];
@@ -102,8 +103,8 @@ pub fn rope_halves<T: Real>(x: &mut [T], width: usize, start: usize, head_dim: u
             let (lo, hi) = head.split_at_mut(half);
             for ((a, b), (c, s)) in lo.iter_mut().zip(hi.iter_mut()).zip(&cs) {
                 let (x0, x1) = (a.to_f32(), b.to_f32());
-                *a = T::from_f32(x0 * c - x1 * s);
-                *b = T::from_f32(x0 * s + x1 * c);
+                *a = T::from_f32(x0.mul_add(*c, -(x1 * s)));
+                *b = T::from_f32(x0.mul_add(*s, x1 * c));
             }
         }
     }
@@ -187,8 +188,8 @@ mod tests {
         let mut cs = vec![(0f32, 0f32); hd / 2];
         rope_cache(3, hd, base, &mut cs);
         let (c, s) = cs[1];
-        assert_eq!(x[1], 2.0 * c - 6.0 * s);
-        assert_eq!(x[5], 2.0 * s + 6.0 * c);
+        assert_eq!(x[1], 2f32.mul_add(c, -(6.0 * s)));
+        assert_eq!(x[5], 2f32.mul_add(s, 6.0 * c));
         // The reference (f64 angles) is close, not equal.
         let mut y: Vec<f64> = (0..hd).map(|i| i as f64 + 1.0).collect();
         super::super::rope::rope_halves(&mut y, hd, 3, hd, base);

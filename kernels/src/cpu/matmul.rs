@@ -149,12 +149,14 @@ pub fn matmul_with_mins<T: Real, W: WeightRows>(
     let (cols, block) = (w.cols(), w.block());
     assert_eq!(x.len(), n * cols, "matmul input is not [{n}, {cols}]");
     let own = reads_quantized(block, act).then(|| quantize_rows(x, n, block, act));
+    let llama = super::llamacpp_dot::rows_for(act, block, own.as_deref());
     let job = Job {
         x,
         n,
         w,
         mins,
         q: own.as_deref(),
+        llama: llama.as_deref(),
     };
     run_jobs(&[job]).pop().expect("one output per job")
 }
@@ -191,6 +193,8 @@ pub fn apply_group_quantized<T: Real>(
 ) -> Vec<Vec<T>> {
     let _p = super::profile::op(super::profile::Op::Matmul);
     let quantized = |l: &Linear| reads_quantized(l.m.block(), act);
+    let q32 = qs.iter().find(|(b, _)| *b == 32);
+    let llama = q32.and_then(|(b, rows)| super::llamacpp_dot::rows_for(act, *b, Some(rows)));
     let jobs: Vec<_> = ls
         .iter()
         .map(|l| {
@@ -212,6 +216,7 @@ pub fn apply_group_quantized<T: Real>(
                 w: &l.m,
                 mins: l.mins.as_deref(),
                 q,
+                llama: llama.as_deref().filter(|_| l.m.block() == 32),
             }
         })
         .collect();

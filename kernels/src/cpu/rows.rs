@@ -27,6 +27,9 @@ pub(crate) struct Job<'a, T, W> {
     /// The activation rows quantized per block of the weight's block size,
     /// for the q8 path; `None` for float activations.
     pub q: Option<&'a [QuantRow<T>]>,
+    /// The same rows in llama.cpp's blocks, where the matmul sums as
+    /// llama.cpp does (`--precision llamacpp`: [`super::llamacpp_dot`]).
+    pub llama: Option<&'a [super::llamacpp_dot::ActBlocks]>,
 }
 
 /// Fills `out` (`[k, n]`, transposed) with output features `first..first + k`;
@@ -37,6 +40,11 @@ pub(crate) fn fill_chunk<T: Real, W: WeightRows>(
     out: &mut [T],
     scratch: &mut Vec<f32>,
 ) {
+    if let Some(acts) = job.llama {
+        if super::llamacpp_dot::fill_chunk(job, acts, first, out) {
+            return;
+        }
+    }
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") {
