@@ -13,13 +13,16 @@ passes the taptree binary and the settings in the environment:
   PRECISIONS  taptree's precisions timed, in order (default "f32 q8 llamacpp")
 
 Each round times, in this order: taptree prefill (each of PRECISIONS),
-llama.cpp prefill, taptree decode (each of PRECISIONS), llama.cpp decode.
+llama.cpp prefill (its default, then every position's logits), taptree decode (each of PRECISIONS), llama.cpp decode.
 
 - Prefill: the 37-token chat prompt "What is the capital of France?" in one
   forward. taptree: `capture --gen 0 --select stage=logits`, its own
   "forward" time (its positions over its printed positions/s, finer than
-  the printed seconds); llama.cpp: `Llama.eval` of the same token ids after
-  a reset.
+  the printed seconds); taptree's forward computes the logits of every
+  position (the tree holds them). llama.cpp: `Llama.eval` of the same token
+  ids after a reset, as it runs by default (the last position's logits
+  only), and again with `logits_all=True` (every position's, the same work
+  as taptree's); both are printed.
 - Decode: GEN greedy steps after a 23-token plain-text prompt, the end token
   ignored. taptree: the forward time of `--gen GEN+1 --ignore-eos` (one
   prefill and GEN one-token forwards) minus that of `--gen 0` on the same
@@ -118,14 +121,18 @@ def main():
     plain_ids = man["run"]["prompt_tokens"]
     llm = Llama(model_path=model_path, n_ctx=256, n_batch=256, n_threads=threads,
                 n_threads_batch=threads, verbose=False)
+    # The same forward computing every position's logits, as taptree's
+    # capture of a prefill does (llama.cpp's default computes the last only).
+    llm_all = Llama(model_path=model_path, n_ctx=256, n_batch=256, n_threads=threads,
+                    n_threads_batch=threads, logits_all=True, verbose=False)
     print(f"model {model_path}; {threads} threads; chat prompt {len(chat_ids)} tokens, "
           f"plain prompt {len(plain_ids)} tokens, {gen} decode steps; "
           f"llama-cpp-python {__import__('llama_cpp').__version__}")
 
-    def llama_prefill():
-        llm.reset()
+    def llama_prefill(model=llm):
+        model.reset()
         t = time.perf_counter()
-        llm.eval(chat_ids)
+        model.eval(chat_ids)
         return time.perf_counter() - t
 
     def llama_decode():
@@ -145,6 +152,8 @@ def main():
         return t1 - t0
 
     llama_prefill()  # warm-up
+    llama_prefill(llm_all)
+    assert llm_all.scores[: len(chat_ids)].any(axis=1).all(), "logits_all gave no logits"
     rows = []
     for r in range(rounds):
         load = os.getloadavg()[0]
@@ -152,6 +161,7 @@ def main():
         for p in precisions:
             row[f"tt_prefill_{p}"] = taptree(["--chat", CHAT, "--precision", p], out)[0]
         row["llama_prefill"] = llama_prefill()
+        row["llama_prefill_all"] = llama_prefill(llm_all)
         for p in precisions:
             row[f"tt_decode_{p}"] = tt_decode(p)
         row["llama_decode"] = llama_decode()
@@ -159,7 +169,8 @@ def main():
         rates = {what: ", ".join(f"{p} {n / row[f'tt_{what}_{p}']:.1f}" for p in precisions)
                  for what, n in (("prefill", len(chat_ids)), ("decode", gen))}
         print(f"round {r + 1}: load {load:.2f}; prefill tok/s taptree {rates['prefill']}, "
-              f"llama.cpp {len(chat_ids) / row['llama_prefill']:.1f}; decode tok/s taptree "
+              f"llama.cpp {len(chat_ids) / row['llama_prefill']:.1f} (every position's logits "
+              f"{len(chat_ids) / row['llama_prefill_all']:.1f}); decode tok/s taptree "
               f"{rates['decode']}, llama.cpp {gen / row['llama_decode']:.1f}", flush=True)
 
     quiet = [r for r in rows if r["load"] < threads + 1]
@@ -170,11 +181,14 @@ def main():
     print(f"\nmedians over {which}:")
     print("| | taptree | llama.cpp | taptree time / llama.cpp time |")
     print("|---|---|---|---|")
-    for what, n, ll in (("prefill", len(chat_ids), "llama_prefill"),
-                        ("decode", gen, "llama_decode")):
+    for what, n, ll, label in (
+            ("prefill", len(chat_ids), "llama_prefill", ""),
+            ("prefill", len(chat_ids), "llama_prefill_all",
+             " (llama.cpp computing every position's logits, as taptree does)"),
+            ("decode", gen, "llama_decode", "")):
         for p in precisions:
             tt = med[f"tt_{what}_{p}"]
-            print(f"| {what} {p} | {n / tt:.1f} tok/s | {n / med[ll]:.1f} tok/s | "
+            print(f"| {what} {p}{label} | {n / tt:.1f} tok/s | {n / med[ll]:.1f} tok/s | "
                   f"{tt / med[ll]:.2f} |")
     subprocess.run(["rm", "-rf", tmp])
 
