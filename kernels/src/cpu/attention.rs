@@ -54,9 +54,9 @@ pub fn attention_windowed<T: Real>(
     let group = n_head / n_head_kv;
     let scale = T::from_f64(1.0 / (head_dim as f64).sqrt());
     let _p = super::profile::op(super::profile::Op::Attention);
-    let mut out = vec![T::ZERO; n * q_width];
-    super::profile::region(|| {
-        super::par::chunks_map(&mut out, head_dim, |i, o| {
+    let mut tasks = vec![(); n * n_head];
+    let (out, _) = super::profile::region(|| {
+        super::par::chunks_fresh_map(&mut tasks, 1, head_dim, |i, _, o: &mut [T]| {
             super::profile::task(|| {
                 let mut scores = Vec::with_capacity(start + n);
                 let (r, h) = (i / n_head, i % n_head);
