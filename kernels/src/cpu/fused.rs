@@ -15,8 +15,6 @@ use super::quant_row::QuantRow;
 use super::{par, Real};
 use model::FfnActivation;
 
-use par::PAR_MIN;
-
 /// Rows ready for a group of matmuls: `h` (`[n, width]`) and its rows
 /// quantized per block size.
 pub struct Prepared<T> {
@@ -52,10 +50,8 @@ pub fn add_norm_quantize<T: Real>(
         norm_row(xr, w, eps, hr);
         blocks.iter().map(|&b| quantize(hr, b)).collect::<Vec<_>>()
     };
-    let (h, rows): (Vec<T>, Vec<Vec<QuantRow<T>>>) = if x.len() >= PAR_MIN && x.len() > d {
-        profile::region(|| {
-            par::chunks_fresh_map(x, d, d, |r, xr, hr| profile::task(|| body(r, xr, hr)))
-        })
+    let (h, rows): (Vec<T>, Vec<Vec<QuantRow<T>>>) = if par::worth(x.len(), x.len() / d.max(1)) {
+        par::chunks_fresh_map(x, d, d, body)
     } else {
         let mut h = vec![T::ZERO; x.len()];
         let rows = x
@@ -90,13 +86,9 @@ pub fn gated_quantize<T: Real>(
         gated_into(act, gr, ur, hr);
         blocks.iter().map(|&b| quantize(hr, b)).collect::<Vec<_>>()
     };
-    let (h, rows): (Vec<T>, Vec<Vec<QuantRow<T>>>) = if g.len() >= PAR_MIN && g.len() > width {
-        let mut rows = vec![(); g.len() / width];
-        profile::region(|| {
-            par::chunks_fresh_map(&mut rows, 1, width, |r, _, hr| {
-                profile::task(|| body(r, hr))
-            })
-        })
+    let n = g.len() / width.max(1);
+    let (h, rows): (Vec<T>, Vec<Vec<QuantRow<T>>>) = if par::worth(g.len(), n) {
+        par::chunks_fresh_map(&mut vec![(); n], 1, width, |r, _, hr| body(r, hr))
     } else {
         let mut h = vec![T::ZERO; g.len()];
         let rows = h

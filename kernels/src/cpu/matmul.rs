@@ -124,17 +124,16 @@ pub(crate) fn quantize_rows<T: Real>(
     if n == 0 {
         return Vec::new();
     }
-    // Rows are independent: a prefill's are quantized on rayon's threads.
-    if n > 1 {
-        let w = x.len() / n;
-        let mut rows = vec![(); n];
-        return super::profile::region(|| {
-            super::par::chunks_map(&mut rows, 1, |r, _| {
-                super::profile::task(|| quantize(&x[r * w..(r + 1) * w], block))
-            })
+    // Rows are independent: a prefill's are quantized in parallel.
+    let w = x.len() / n;
+    if super::par::worth(x.len(), n) {
+        return super::par::chunks_map(&mut vec![(); n], 1, |r, _| {
+            quantize(&x[r * w..(r + 1) * w], block)
         });
     }
-    vec![quantize(x, block)]
+    (0..n)
+        .map(|r| quantize(&x[r * w..(r + 1) * w], block))
+        .collect()
 }
 
 /// [`matmul`] with a Q4_1 weight's block minimums (see [`Linear`]).
@@ -253,27 +252,23 @@ fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
         .enumerate()
         .flat_map(|(i, j)| (0..j.w.rows()).step_by(chunk).map(move |f| (i, f)))
         .collect();
-    super::profile::region(|| {
-        super::par::for_each(tasks.len(), &|t| {
-            super::profile::task(|| {
-                let (i, first) = tasks[t];
-                let rows = jobs[i].w.rows();
-                let k = chunk.min(rows - first);
-                // Output features in the outer loop: weight rows stay in cache
-                // while they meet every activation row; `buf` is `[k, n]`.
-                let mut buf = vec![T::ZERO; k * n];
-                SCRATCH.with(|s| fill_chunk(&jobs[i], first, &mut buf, &mut s.borrow_mut()));
-                let out = &outs[i];
-                for (o, col) in buf.chunks_exact(n).enumerate() {
-                    for (r, v) in col.iter().enumerate() {
-                        // SAFETY: in bounds (r < n, first + o < rows of the
-                        // capacity); this task alone writes features
-                        // first..first + k of output i.
-                        unsafe { out.at(r * rows + first + o).write(*v) };
-                    }
-                }
-            })
-        })
+    super::par::for_each(tasks.len(), &|t| {
+        let (i, first) = tasks[t];
+        let rows = jobs[i].w.rows();
+        let k = chunk.min(rows - first);
+        // Output features in the outer loop: weight rows stay in cache
+        // while they meet every activation row; `buf` is `[k, n]`.
+        let mut buf = vec![T::ZERO; k * n];
+        SCRATCH.with(|s| fill_chunk(&jobs[i], first, &mut buf, &mut s.borrow_mut()));
+        let out = &outs[i];
+        for (o, col) in buf.chunks_exact(n).enumerate() {
+            for (r, v) in col.iter().enumerate() {
+                // SAFETY: in bounds (r < n, first + o < rows of the
+                // capacity); this task alone writes features
+                // first..first + k of output i.
+                unsafe { out.at(r * rows + first + o).write(*v) };
+            }
+        }
     });
     for (y, j) in ys.iter_mut().zip(jobs) {
         // SAFETY: the tasks above wrote all `n * rows` elements of each

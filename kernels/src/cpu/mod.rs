@@ -136,18 +136,13 @@ pub(crate) fn par_rows<T: Real, U: Send, F>(y: &mut [U], x: &[T], width: usize, 
 where
     F: Fn(&[T], &mut [U]) + Sync,
 {
-    use par::PAR_MIN;
     if width == 0 {
         return;
     }
     let rows = x.len() / width;
     let out_width = y.len() / rows.max(1);
-    if rows > 1 && x.len() >= PAR_MIN {
-        profile::region(|| {
-            par::chunks_map(y, out_width, |i, o| {
-                profile::task(|| f(&x[i * width..(i + 1) * width], o))
-            })
-        });
+    if par::worth(x.len(), rows) {
+        par::chunks_map(y, out_width, |i, o| f(&x[i * width..(i + 1) * width], o));
     } else {
         y.chunks_mut(out_width.max(1))
             .zip(x.chunks(width))

@@ -8,30 +8,45 @@
 //! measures both).
 
 mod team;
+#[cfg(test)]
+mod tests;
 
-use super::Real;
+use super::{profile, Real};
 
 /// Below this many elements (a decode step's rows) a row pass stays in
 /// the calling thread: a region would cost more than the work.
-pub(crate) const PAR_MIN: usize = 4096;
+const PAR_MIN: usize = 4096;
+
+/// Whether a pass over `elements` elements in `rows` independent rows (or
+/// blocks) is worth a parallel region: more than one row, and at least
+/// [`PAR_MIN`] elements (a prefill's rows, not a decode step's). Both ways
+/// compute every row alike, so the answer changes no bit.
+pub(crate) fn worth(elements: usize, rows: usize) -> bool {
+    rows > 1 && elements >= PAR_MIN
+}
 
 /// Runs `f(i)` for every `i` in `0..n`, each once, on the team of threads
 /// (on rayon's when the team is off or busy; in this thread when there is
-/// one), and returns when all are done.
+/// one), and returns when all are done. Every region of the forward comes
+/// here, and `TAPTREE_CPU_PROFILE` times it and its tasks here.
 pub(crate) fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
     use rayon::prelude::*;
     if n <= 1 {
         return (0..n).for_each(f);
     }
-    let f = if team_on() {
-        match team::for_each(n, f) {
-            Ok(()) => return,
-            Err(f) => f,
-        }
-    } else {
-        f
-    };
-    (0..n).into_par_iter().for_each(f)
+    let timed = |i: usize| profile::task(|| f(i));
+    let f: &(dyn Fn(usize) + Sync) = &timed;
+    profile::region(|| {
+        let f = if team_on() {
+            match team::for_each(n, f) {
+                Ok(()) => return,
+                Err(f) => f,
+            }
+        } else {
+            f
+        };
+        (0..n).into_par_iter().for_each(f)
+    })
 }
 
 /// Starts the team of `rayon::current_num_threads()` threads now (a
