@@ -6,9 +6,10 @@
 //! [`CpuForward`], which implements [`crate::Forward`] and taps every stage of
 //! [`crate::stages::llama`] in forward order.
 //!
-//! Determinism: every reduction runs in a fixed order inside one task; rayon
-//! only splits work over independent outputs (matrix rows, attention heads),
-//! so the thread count never changes a bit of the result.
+//! Determinism: every reduction runs in a fixed order inside one task; the
+//! parallel regions (`par`: a team of `RAYON_NUM_THREADS` threads, or
+//! rayon's) only split work over independent outputs (matrix rows,
+//! attention heads), so the thread count never changes a bit of the result.
 
 pub mod attention;
 pub mod embedding;

@@ -142,7 +142,8 @@ impl Team {
             }
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
-            if spins % 256 != 0 || (start.elapsed() < SPIN && !self.rest.0.load(Relaxed)) {
+            if !spins.is_multiple_of(256) || (start.elapsed() < SPIN && !self.rest.0.load(Relaxed))
+            {
                 continue;
             }
             let mut guard = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
@@ -244,7 +245,7 @@ pub(super) fn for_each<'a>(n: usize, f: Task<'a>) -> Result<(), Task<'a>> {
     while team.active.0.load(SeqCst) != 0 {
         std::hint::spin_loop();
         spins = spins.wrapping_add(1);
-        if spins % 1024 == 0 {
+        if spins.is_multiple_of(1024) {
             std::thread::yield_now();
         }
     }
