@@ -19,7 +19,8 @@
 #   capture` of a full tree against the same run keeping only the logits
 #   (--select stage=logits), ROUNDS rounds (default 5) interleaved, wall
 #   clock medians, and the ratio of the medians; SYNC_THREADS="8 64" repeats
-#   it per TAPTREE_SYNC_THREADS value, FRESH=1 writes every capture to a new
+#   it per TAPTREE_SYNC_THREADS value, WRITERS="4 8" per
+#   TAPTREE_CAPTURE_WRITERS value, FRESH=1 writes every capture to a new
 #   directory instead of replacing the last tree (no deletion in the timed
 #   region). TAPTREE_TIMING=1 in the environment makes each capture print
 #   its finish's phases (see the last capture's log); TAPTREE_SPARE=0 makes
@@ -110,14 +111,23 @@ e2e() {
 }
 
 # SYNC_THREADS="8 64": one comparison per TAPTREE_SYNC_THREADS value (the
-# threads that fdatasync the tap files at the end); default: the built-in.
-for t in ${SYNC_THREADS:-default}; do
-    if [[ $t == default ]]; then
-        unset TAPTREE_SYNC_THREADS
+# threads that fdatasync the tap files at the end); WRITERS="4 8" the same
+# per TAPTREE_CAPTURE_WRITERS value (the threads that hash and write the
+# taps); default: the built-in.
+for w in ${WRITERS:-default}; do
+    if [[ $w == default ]]; then
+        unset TAPTREE_CAPTURE_WRITERS
     else
-        export TAPTREE_SYNC_THREADS=$t
+        export TAPTREE_CAPTURE_WRITERS=$w
     fi
-    fresh_label=""; [[ ${FRESH:-0} == 1 ]] && fresh_label=", fresh trees"
-    e2e "sync threads $t$fresh_label"
+    for t in ${SYNC_THREADS:-default}; do
+        if [[ $t == default ]]; then
+            unset TAPTREE_SYNC_THREADS
+        else
+            export TAPTREE_SYNC_THREADS=$t
+        fi
+        fresh_label=""; [[ ${FRESH:-0} == 1 ]] && fresh_label=", fresh trees"
+        e2e "writers $w, sync threads $t$fresh_label"
+    done
 done
 [[ ${FRESH:-0} == 1 ]] || du -sh "$WORK/full" "$WORK/logits" 2>/dev/null

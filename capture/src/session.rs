@@ -20,7 +20,7 @@ use crate::out_dir::*;
 use crate::select::Selection;
 use crate::stage::StageSpec;
 use crate::tree_dir::{remove_tree, sibling};
-use crate::writer::{Active, Written};
+use crate::writer::{writer_threads, Active, Written};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -88,10 +88,7 @@ impl Capture {
             None => (None, false),
         };
         let dir = staging.clone().unwrap_or_else(|| opts.out.clone());
-        let threads = std::thread::available_parallelism()
-            .map_or(2, |n| n.get())
-            .clamp(1, 4);
-        let (active, writers) = Active::start(dir, opts.selection, threads, !recycled);
+        let (active, writers) = Active::start(dir, opts.selection, writer_threads(), !recycled);
         let mut capture = Capture {
             active: Arc::clone(&active),
             writers,

@@ -412,16 +412,32 @@ fn start_writeback(file: &File) {
     let _ = file;
 }
 
+/// How many threads write a capture's taps: `TAPTREE_CAPTURE_WRITERS` when
+/// it is a positive number, else the cores, at least one and at most four
+/// (each hashes and writes whole taps; the forward keeps the cores busy).
+pub(crate) fn writer_threads() -> usize {
+    positive_env("TAPTREE_CAPTURE_WRITERS").unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map_or(2, |n| n.get())
+            .clamp(1, 4)
+    })
+}
+
+/// A positive whole number from the environment variable `name`, if set
+/// to one.
+fn positive_env(name: &str) -> Option<usize> {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+}
+
 /// How many threads [`make_durable`] syncs from: `TAPTREE_SYNC_THREADS`
 /// when it is a positive number, else [`SYNC_THREADS`] whatever the cores.
 /// A thread waiting in `fdatasync` costs no CPU; more of them let a
 /// journaling filesystem commit more files per journal flush.
 pub(crate) fn sync_threads() -> usize {
-    std::env::var("TAPTREE_SYNC_THREADS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(SYNC_THREADS)
+    positive_env("TAPTREE_SYNC_THREADS").unwrap_or(SYNC_THREADS)
 }
 
 /// The syncing threads by default: not tied to the cores, since they wait
