@@ -40,32 +40,15 @@ pub struct VerdictInputs<'a> {
 
 /// The line an entry contributes to its directory's hash.
 pub fn hash_line(out: &mut String, key: &Key, dtype: DType, shape: &[usize], blake3: &str) {
-    // Written piece by piece, not through `write!`: opening a tree hashes
-    // every entry, and formatting was most of that.
-    let opt = |out: &mut String, v: Option<u32>| match v {
-        Some(v) => push_decimal(out, v as u64),
-        None => out.push('-'),
-    };
-    out.push_str(&key.stage);
-    out.push('\t');
-    opt(out, key.layer);
-    out.push('\t');
-    push_decimal(out, key.pos.start as u64);
-    out.push('\t');
-    push_decimal(out, key.pos.end as u64);
-    out.push('\t');
-    opt(out, key.slot);
-    out.push('\t');
-    out.push_str(dtype.name());
-    out.push('\t');
-    for (i, &d) in shape.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        push_decimal(out, d as u64);
-    }
-    out.push('\t');
-    out.push_str(blake3);
+    let dims = shape.iter().map(|&d| d as u64);
+    line_fields(
+        out,
+        &key.stage,
+        (key.layer, &key.pos, key.slot),
+        dtype,
+        dims,
+        blake3,
+    );
     // Format 2.2: only a ranked tap's line grows, so trees without ranks
     // keep their hashes.
     if let Some(rank) = key.rank {
@@ -77,6 +60,44 @@ pub fn hash_line(out: &mut String, key: &Key, dtype: DType, shape: &[usize], bla
         let _ = write!(out, "\tshard {shard}");
     }
     out.push('\n');
+}
+
+/// The fields of a hash line up to its tap's hash (no rank, shard or
+/// newline): from an owned entry ([`hash_line`]) or an index's record.
+pub(crate) fn line_fields(
+    out: &mut String,
+    stage: &str,
+    (layer, pos, slot): (Option<u32>, &std::ops::Range<u32>, Option<u32>),
+    dtype: DType,
+    shape: impl Iterator<Item = u64>,
+    blake3: &str,
+) {
+    // Written piece by piece, not through `write!`: opening a tree hashes
+    // every entry, and formatting was most of that.
+    let opt = |out: &mut String, v: Option<u32>| match v {
+        Some(v) => push_decimal(out, v as u64),
+        None => out.push('-'),
+    };
+    out.push_str(stage);
+    out.push('\t');
+    opt(out, layer);
+    out.push('\t');
+    push_decimal(out, pos.start as u64);
+    out.push('\t');
+    push_decimal(out, pos.end as u64);
+    out.push('\t');
+    opt(out, slot);
+    out.push('\t');
+    out.push_str(dtype.name());
+    out.push('\t');
+    for (i, d) in shape.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        push_decimal(out, d);
+    }
+    out.push('\t');
+    out.push_str(blake3);
 }
 
 impl Manifest {
@@ -106,18 +127,53 @@ pub fn tree_hashes(
     entries: &[Entry],
     inputs: &VerdictInputs,
 ) -> (BTreeMap<String, String>, String) {
+    tree_hashes_by(
+        entries.len(),
+        |i| entries[i].key.layer,
+        |out, i| {
+            let e = &entries[i];
+            hash_line(out, &e.key, e.dtype, &e.shape, &e.blake3)
+        },
+        inputs,
+    )
+}
+
+/// [`tree_hashes`] of `n` taps given by number: `layer(i)` is tap `i`'s
+/// layer, `line(out, i)` appends its hash line (owned entries, or an
+/// index's records read in place).
+pub(crate) fn tree_hashes_by(
+    n: usize,
+    layer: impl Fn(usize) -> Option<u32> + Sync,
+    line: impl Fn(&mut String, usize) + Sync,
+    inputs: &VerdictInputs,
+) -> (BTreeMap<String, String>, String) {
     use rayon::prelude::*;
-    // Each directory's entries, then (a directory per core) its lines in
+    // Each directory's taps (consecutive taps mostly share a layer: the
+    // last one is tried first), then (a directory per core) its lines in
     // one buffer, sorted in byte order and hashed.
-    let dirs = by_layer(entries, |_| Vec::new(), |d: &mut Vec<&Entry>, e| d.push(e));
-    let dirs: BTreeMap<String, String> = dirs
+    let mut groups: Vec<(Option<u32>, Vec<u32>)> = Vec::new();
+    let mut group_of: std::collections::HashMap<Option<u32>, usize> = Default::default();
+    let mut last: Option<(Option<u32>, usize)> = None;
+    for i in 0..n {
+        let l = layer(i);
+        let g = match last {
+            Some((x, g)) if x == l => g,
+            _ => *group_of.entry(l).or_insert_with(|| {
+                groups.push((l, Vec::new()));
+                groups.len() - 1
+            }),
+        };
+        last = Some((l, g));
+        groups[g].1.push(i as u32);
+    }
+    let dirs: BTreeMap<String, String> = groups
         .into_par_iter()
         .map(|(layer, d)| {
             let mut text = String::with_capacity(d.len() * 128);
             let mut lines: Vec<std::ops::Range<usize>> = Vec::with_capacity(d.len());
-            for e in d {
+            for i in d {
                 let start = text.len();
-                hash_line(&mut text, &e.key, e.dtype, &e.shape, &e.blake3);
+                line(&mut text, i as usize);
                 lines.push(start..text.len());
             }
             let text = text.as_bytes();

@@ -42,6 +42,7 @@
 mod arm;
 pub mod compare;
 pub mod dtype;
+pub mod entries;
 mod error;
 pub mod hashes;
 pub mod index;
@@ -62,6 +63,7 @@ mod writer;
 pub use arm::{is_armed, tap, tap_ranked, wants};
 pub use compare::{compare, Comparison, Difference};
 pub use dtype::{DType, TapElem};
+pub use entries::{Dims, Entries};
 pub use error::{Error, Result};
 /// The `half` crate whose `f16` and `bf16` implement [`TapElem`].
 pub use half;

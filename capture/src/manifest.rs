@@ -280,7 +280,8 @@ pub fn dir_of(key: &Key) -> String {
     dir_of_layer(key.layer)
 }
 
-pub(crate) fn dir_of_layer(layer: Option<u32>) -> String {
+/// The directory of a layer's taps: `L007`, or `global` for none.
+pub fn dir_of_layer(layer: Option<u32>) -> String {
     let mut dir = String::with_capacity(8);
     push_dir_of_layer(&mut dir, layer);
     dir
@@ -342,7 +343,9 @@ pub(crate) fn push_decimal(out: &mut String, mut v: u64) {
             break;
         }
     }
-    out.push_str(std::str::from_utf8(&digits[i..]).expect("ASCII digits"));
+    // Pushed as characters: the digits are ASCII, and checking a few bytes
+    // for UTF-8 cost more than the pushes (a hash line has six numbers).
+    out.extend(digits[i..].iter().map(|&d| char::from(d)));
 }
 
 /// The largest layer index a key may have: far beyond any model, small

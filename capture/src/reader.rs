@@ -2,7 +2,9 @@
 //! zero-copy, verify integrity by rehashing.
 
 use crate::dtype::{DType, TapElem};
+use crate::entries::Entries;
 use crate::error::{Error, Result};
+use crate::index::Records;
 use crate::manifest::{self, Entry, Manifest, MANIFEST_FILE};
 use crate::manifest_file::*;
 use crate::open::*;
@@ -16,7 +18,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 #[derive(Debug)]
 pub struct TreeReader {
     path: PathBuf,
+    /// The manifest; its entries are empty where `views` holds them.
     manifest: Manifest,
+    /// The index's records, where the tree was opened from them: the
+    /// owned entries are built on first need, into `full`.
+    views: Option<Records>,
+    full: std::sync::OnceLock<Manifest>,
     /// The tree's directories that are links, found on first need.
     linked_dirs: std::sync::OnceLock<HashSet<String>>,
 }
@@ -35,11 +42,37 @@ impl TreeReader {
     /// an unknown major version, an unsafe entry path, a shape that overflows
     /// or disagrees with its byte count, a duplicate key, or hashes that do not
     /// match the entries are refused. No tensor file is read.
+    ///
+    /// A tree with an index is opened from its records where they prove
+    /// sound (every check above, made on the records in place); anything
+    /// in doubt is opened as [`TreeReader::open_owned`] does, with its error.
     pub fn open(path: impl AsRef<Path>) -> Result<TreeReader> {
         let path = path.as_ref().to_path_buf();
-        let manifest_path = path.join(MANIFEST_FILE);
         let bytes = read_manifest(&path, None)?;
-        let (manifest, counts) = parse_manifest(&manifest_path, &bytes)?;
+        if let Some((manifest, records)) = open_by_views(&path, &bytes) {
+            return Ok(TreeReader {
+                path,
+                manifest,
+                views: Some(records),
+                full: Default::default(),
+                linked_dirs: Default::default(),
+            });
+        }
+        TreeReader::open_from(path, &bytes)
+    }
+
+    /// Opens the tree at `path` as [`TreeReader::open`] does, every entry
+    /// decoded into an owned one and checked there: what `open` falls back
+    /// to, and what its view of the records is tested against.
+    pub fn open_owned(path: impl AsRef<Path>) -> Result<TreeReader> {
+        let path = path.as_ref().to_path_buf();
+        let bytes = read_manifest(&path, None)?;
+        TreeReader::open_from(path, &bytes)
+    }
+
+    fn open_from(path: PathBuf, bytes: &[u8]) -> Result<TreeReader> {
+        let manifest_path = path.join(MANIFEST_FILE);
+        let (manifest, counts) = parse_manifest(&manifest_path, bytes)?;
         let bytes_of_entries = check_entries(&path, &manifest_path, &manifest)?;
         let actual = (manifest.entries.len() as u64, bytes_of_entries);
         if let (Some(taps), Some(bytes)) = counts {
@@ -56,6 +89,8 @@ impl TreeReader {
         Ok(TreeReader {
             path,
             manifest,
+            views: None,
+            full: Default::default(),
             linked_dirs: Default::default(),
         })
     }
@@ -118,12 +153,12 @@ impl TreeReader {
         }
         // Format 1, another writer's field order, or no counts: read it all.
         let tree = TreeReader::open(path)?;
-        let m = tree.manifest;
+        let entries = tree.listing();
         Ok(ManifestHead {
-            taps: m.entries.len() as u64,
-            bytes: m.bytes_of_entries(),
-            format_version: m.format_version,
-            root: m.root,
+            taps: entries.len() as u64,
+            bytes: entries.total_bytes(),
+            format_version: tree.manifest.format_version,
+            root: tree.manifest.root,
         })
     }
 
@@ -132,14 +167,38 @@ impl TreeReader {
         &self.path
     }
 
-    /// The manifest, parsed and checked.
+    /// The manifest, parsed and checked (a tree opened from its index's
+    /// records builds its owned entries here, once).
     pub fn manifest(&self) -> &Manifest {
+        match &self.views {
+            None => &self.manifest,
+            Some(records) => self.full.get_or_init(|| {
+                let mut m = self.manifest.clone();
+                m.entries = records.entries();
+                m
+            }),
+        }
+    }
+
+    /// The manifest's fields besides its entries, which may be left empty
+    /// here (read them through [`TreeReader::listing`]): what a reader that
+    /// does not list the taps needs, without building their entries.
+    pub fn head_fields(&self) -> &Manifest {
         &self.manifest
+    }
+
+    /// The taps, field by field: straight from the index's records where
+    /// the tree was opened from them, else the owned entries.
+    pub fn listing(&self) -> Entries<'_> {
+        match &self.views {
+            Some(records) => Entries::Records(records),
+            None => Entries::Owned(&self.manifest.entries),
+        }
     }
 
     /// Taps in capture order, which is forward order.
     pub fn entries(&self) -> &[Entry] {
-        &self.manifest.entries
+        &self.manifest().entries
     }
 
     /// The root hash, lowercase hex.
@@ -222,14 +281,21 @@ impl TreeReader {
     /// checked once.
     fn linked_dirs(&self) -> &HashSet<String> {
         self.linked_dirs.get_or_init(|| {
-            let dirs: HashSet<&str> = self
-                .entries()
-                .iter()
-                .map(|e| e.path.split('/').next().unwrap_or(""))
-                .collect();
+            let dirs: HashSet<String> = match self.listing() {
+                Entries::Owned(entries) => (entries.iter())
+                    .map(|e| e.path.split('/').next().unwrap_or("").to_string())
+                    .collect(),
+                // Records opened as views name their writer's own paths:
+                // the directory is the layer's.
+                Entries::Records(r) => (0..r.len())
+                    .map(|i| r.layer(i))
+                    .collect::<HashSet<_>>()
+                    .into_iter()
+                    .map(manifest::dir_of_layer)
+                    .collect(),
+            };
             dirs.into_iter()
                 .filter(|d| is_link(&self.path.join(d)))
-                .map(str::to_string)
                 .collect()
         })
     }
@@ -314,7 +380,7 @@ impl TreeReader {
             Some((_, e)) => Err(e),
             None => Ok(Verified {
                 taps: entries.len(),
-                bytes: self.manifest.bytes_of_entries(),
+                bytes: self.listing().total_bytes(),
             }),
         }
     }
@@ -328,18 +394,17 @@ impl TreeReader {
         }
         let path = self.path.join(MANIFEST_FILE);
         let bytes = read_manifest(&self.path, None)?;
-        let json: Manifest = manifest::with_entries_hint(self.manifest.entries.len(), || {
-            serde_json::from_slice(&bytes)
-        })
-        .map_err(|e| Error::BadManifest {
-            path: path.clone(),
-            reason: format!("not valid JSON: {e}"),
-        })?;
-        if json != self.manifest {
+        let json: Manifest =
+            manifest::with_entries_hint(self.listing().len(), || serde_json::from_slice(&bytes))
+                .map_err(|e| Error::BadManifest {
+                    path: path.clone(),
+                    reason: format!("not valid JSON: {e}"),
+                })?;
+        if json != *self.manifest() {
             let first = json
                 .entries
                 .iter()
-                .zip(&self.manifest.entries)
+                .zip(&self.manifest().entries)
                 .position(|(a, b)| a != b)
                 .map_or_else(
                     || "its fields or entry count".to_string(),
@@ -483,6 +548,22 @@ impl std::fmt::Debug for TensorView {
             .field("shape", &self.shape)
             .finish()
     }
+}
+
+/// The tree at `tree` opened from its index's records, where its
+/// manifest's bytes `bytes` are a taptree manifest of a version with an
+/// index and the records prove sound ([`crate::index::open_views`]);
+/// `None` where the owned path must decide.
+fn open_by_views(tree: &Path, bytes: &[u8]) -> Option<(Manifest, Records)> {
+    let head = scan_head(&bytes[..bytes.len().min(HEAD_PREFIX)]);
+    let version = head.version.as_deref()?;
+    if head.format.as_deref() != Some("taptree")
+        || check_version(&tree.join(MANIFEST_FILE), version).is_err()
+        || !crate::index::has_index(version)
+    {
+        return None;
+    }
+    crate::index::open_views(tree, bytes, (head.taps, head.bytes))
 }
 
 #[cfg(test)]

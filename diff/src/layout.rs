@@ -122,7 +122,7 @@ pub fn reconcile<'t>(trees: &[&'t dyn Tree]) -> Result<Vec<Option<Reconciled<'t>
     let mut declared: Vec<BTreeMap<String, Rotary>> = Vec::new();
     for t in trees {
         let mut m = BTreeMap::new();
-        for spec in &t.manifest().stages {
+        for spec in &t.head().stages {
             m.insert(spec.name.clone(), rotary(spec, t.path())?);
         }
         declared.push(m);

@@ -4,7 +4,7 @@
 //! ([`crate::controls::doubles`]) are trees held in
 //! memory for the controls (they never write a copy of the user's tree).
 
-use capture::{Manifest, TensorView, TreeReader};
+use capture::{Entries, Manifest, TensorView, TreeReader};
 use std::path::Path;
 
 /// A tree the diff can walk.
@@ -13,6 +13,16 @@ pub trait Tree: Sync {
     fn path(&self) -> &Path;
     /// The manifest: entries in capture (forward) order.
     fn manifest(&self) -> &Manifest;
+    /// The manifest's fields besides its entries (which may be left empty
+    /// here: read them through [`Tree::listing`]).
+    fn head(&self) -> &Manifest {
+        self.manifest()
+    }
+    /// The entries, field by field (a tree opened from its index's records
+    /// reads them in place, without building owned entries).
+    fn listing(&self) -> Entries<'_> {
+        Entries::Owned(&self.manifest().entries)
+    }
     /// The tensor bytes of entry `index` (capture order).
     fn read(&self, index: usize) -> Result<Tensor, capture::Error>;
 }
@@ -74,14 +84,22 @@ impl Tree for TreeReader {
         TreeReader::manifest(self)
     }
 
+    fn head(&self) -> &Manifest {
+        TreeReader::head_fields(self)
+    }
+
+    fn listing(&self) -> Entries<'_> {
+        TreeReader::listing(self)
+    }
+
     /// One `read` into a buffer, not a map: a diff touches every byte once,
     /// and in a multi-threaded process each unmap of touched pages makes the
     /// kernel interrupt the other cores to flush their TLBs. The checks are
     /// the reader's ([`TreeReader::read_into`]).
     fn read(&self, index: usize) -> Result<Tensor, capture::Error> {
-        let entry = &self.manifest().entries[index];
+        let entry = self.listing().entry(index);
         let mut bytes = BUFFERS.with(|b| b.borrow_mut().pop()).unwrap_or_default();
-        let data = self.read_into(entry, &mut bytes)?;
+        let data = self.read_into(&entry, &mut bytes)?;
         Ok(Tensor::Read {
             bytes,
             start: data.start,

@@ -314,7 +314,7 @@ fn check_prompts(
     slot_b: Option<Option<u32>>,
     align: i64,
 ) -> anyhow::Result<()> {
-    let (ra, rb) = (&a.manifest().run, &other.manifest().run);
+    let (ra, rb) = (&a.head().run, &other.head().run);
     let pairs: Vec<(Option<u32>, Option<u32>)> = match (slot_a, slot_b) {
         (None, None) => {
             let n = |r: &capture::RunInfo| {

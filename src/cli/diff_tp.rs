@@ -4,8 +4,17 @@
 
 use capture::TreeReader;
 use diff::report::{Note, PartialsLeftOut};
-use diff::unshard::{is_ranked, rank_count, rank_notes, Unsharded};
+use diff::unshard::{rank_count, rank_notes, Unsharded};
 use diff::Tree;
+
+/// Whether any tap of `t` carries a rank (a tree opened from its index's
+/// records has none: an index holds no rank).
+fn is_ranked(t: &TreeReader) -> bool {
+    match t.listing() {
+        capture::Entries::Owned(_) => diff::unshard::is_ranked(t.manifest()),
+        capture::Entries::Records(_) => false,
+    }
+}
 
 /// The unsharded views of the ranked trees among A, B and the truth.
 pub struct Views<'t> {
@@ -21,7 +30,7 @@ impl<'t> Views<'t> {
         truth: Option<&'t TreeReader>,
         notes: &mut Vec<Note>,
     ) -> anyhow::Result<Views<'t>> {
-        let (ra, rb) = (is_ranked(a.manifest()), is_ranked(b.manifest()));
+        let (ra, rb) = (is_ranked(a), is_ranked(b));
         // Partial sums are compared rank by rank only when both sides have
         // them over the same ranks (TP=2's rank 1 sums other columns than TP=4's).
         let keep = ra && rb && rank_count(a.manifest()) == rank_count(b.manifest());
@@ -35,12 +44,12 @@ impl<'t> Views<'t> {
             a: view(a, ra)?,
             b: view(b, rb)?,
             truth: match truth {
-                Some(t) => view(t, is_ranked(t.manifest()))?,
+                Some(t) => view(t, is_ranked(t))?,
                 None => None,
             },
         };
         if ra || rb {
-            let tp = |t: &TreeReader| t.manifest().run.extra.get("tp").cloned();
+            let tp = |t: &TreeReader| t.head_fields().run.extra.get("tp").cloned();
             notes.push(Note::TensorParallel {
                 tp_a: tp(a),
                 tp_b: tp(b),

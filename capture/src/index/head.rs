@@ -90,14 +90,17 @@ pub fn checksum(major: u32, minor: u32, b: &[u8]) -> [u8; 16] {
     }
 }
 
+#[inline]
 pub(super) fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
+#[inline]
 pub(super) fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
+#[inline]
 pub(super) fn hash_at(b: &[u8], at: usize) -> [u8; 32] {
     b[at..at + 32].try_into().expect("32 bytes")
 }
@@ -111,9 +114,16 @@ pub(crate) fn hex32(s: &str) -> Option<[u8; 32]> {
 }
 
 pub(crate) fn hex(h: &[u8; 32]) -> String {
-    // By table, a byte's two digits at once, into one allocation: decoding
-    // an index writes two of these per entry, and going through
-    // `blake3::Hash::to_hex` cost twice a digit-at-a-time table.
+    let mut out = [0u8; 64];
+    hex_into(&mut out, h);
+    std::str::from_utf8(&out).expect("hex digits").to_owned()
+}
+
+/// `h`'s 64 lowercase hex digits into `out`.
+pub(crate) fn hex_into(out: &mut [u8; 64], h: &[u8; 32]) {
+    // By table, a byte's two digits at once: decoding an index writes two
+    // of these per entry, and going through `blake3::Hash::to_hex` cost
+    // twice a digit-at-a-time table.
     const PAIRS: [[u8; 2]; 256] = {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut t = [[0u8; 2]; 256];
@@ -124,11 +134,9 @@ pub(crate) fn hex(h: &[u8; 32]) -> String {
         }
         t
     };
-    let mut out = [0u8; 64];
     for (pair, &b) in out.chunks_exact_mut(2).zip(h) {
         pair.copy_from_slice(&PAIRS[usize::from(b)]);
     }
-    std::str::from_utf8(&out).expect("hex digits").to_owned()
 }
 
 impl IndexHead {

@@ -15,10 +15,14 @@
 mod head;
 mod records;
 mod sum;
+mod view;
 
 use head::hex;
+pub(crate) use head::hex_into;
 pub use head::{checksum, chunked_rule, xxh3, xxh3_chunked, IndexHead, CHUNK};
 pub use records::{build, decode};
+pub(crate) use view::open_views;
+pub use view::Records;
 
 use crate::error::{Error, Result};
 use crate::manifest::{self, Manifest, MANIFEST_FILE};

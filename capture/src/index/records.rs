@@ -145,10 +145,18 @@ fn dtype_of(code: u8) -> Option<DType> {
     [F32, F16, BF16, F64, I8, I32].get(code as usize).copied()
 }
 
-/// The entries of a whole index whose head is `head`: checks its size and
-/// body hash, then every record's references. Nothing is allocated by a
-/// count read from the file before the file is known to hold that much.
-pub fn decode(index: &[u8], head: &IndexHead) -> std::result::Result<Vec<Entry>, String> {
+/// An index body's parts: its records, the shapes' dimensions, and its
+/// strings.
+pub(super) struct Body<'a> {
+    pub(super) records: &'a [u8],
+    pub(super) dims: &'a [u8],
+    pub(super) strings: Vec<&'a str>,
+}
+
+/// The parts of a whole index whose head is `head`: checks its size and
+/// body hash, and that its counts fit what it holds. Nothing is allocated
+/// by a count read from the file before the file is known to hold that much.
+pub(super) fn body<'a>(index: &'a [u8], head: &IndexHead) -> std::result::Result<Body<'a>, String> {
     let body = &index[HEAD_LEN.min(index.len())..];
     if body.len() as u64 != head.body_len {
         return Err(format!(
@@ -189,23 +197,41 @@ pub fn decode(index: &[u8], head: &IndexHead) -> std::result::Result<Vec<Entry>,
     if strings.len() as u64 != head.strings {
         return Err("its head counts another number of strings than it holds".into());
     }
+    Ok(Body {
+        records,
+        dims,
+        strings,
+    })
+}
+
+/// The entries of a whole index whose head is `head`: checks its size and
+/// body hash ([`body`]), then every record's references.
+pub fn decode(index: &[u8], head: &IndexHead) -> std::result::Result<Vec<Entry>, String> {
+    let Body {
+        records,
+        dims,
+        strings,
+    } = body(index, head)?;
     let one = |(n, r): (usize, &[u8])| record(n, r, dims, &strings);
     // Records are independent: decoded on every core, in order, each
     // straight into its place in the vector (a collect of results would
     // gather pieces and copy them into place on one thread). A bad record
-    // leaves an empty entry in its place and lowers `first_bad` to its
-    // number: the error is the first bad record's, as on one thread.
+    // leaves an empty entry in its place and its error, where its number is
+    // the lowest yet, in `first_bad`: the error is the first bad record's,
+    // as on one thread.
     if records.len() >= PARALLEL_FROM * RECORD_LEN {
         use rayon::prelude::*;
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let first_bad = AtomicUsize::new(usize::MAX);
+        let first_bad: std::sync::Mutex<Option<(usize, String)>> = Default::default();
         let mut all: Vec<Entry> = Vec::new();
         records
             .par_chunks_exact(RECORD_LEN)
             .enumerate()
             .map(|(n, r)| {
-                one((n, r)).unwrap_or_else(|_| {
-                    first_bad.fetch_min(n, Ordering::Relaxed);
+                one((n, r)).unwrap_or_else(|why| {
+                    let mut first = first_bad.lock().unwrap_or_else(|p| p.into_inner());
+                    if first.as_ref().is_none_or(|(m, _)| n < *m) {
+                        *first = Some((n, why));
+                    }
                     Entry {
                         key: Key::new(String::new(), None, 0..0),
                         path: String::new(),
@@ -218,11 +244,10 @@ pub fn decode(index: &[u8], head: &IndexHead) -> std::result::Result<Vec<Entry>,
                 })
             })
             .collect_into_vec(&mut all);
-        return match first_bad.into_inner() {
-            usize::MAX => Ok(all),
-            n => Err(one((n, &records[n * RECORD_LEN..(n + 1) * RECORD_LEN]))
-                .err()
-                .unwrap_or_else(|| format!("record {n}: bad"))),
+        let first_bad = first_bad.into_inner().unwrap_or_else(|p| p.into_inner());
+        return match first_bad {
+            None => Ok(all),
+            Some((_, why)) => Err(why),
         };
     }
     let mut out = Vec::with_capacity(head.taps as usize);
@@ -235,9 +260,30 @@ pub fn decode(index: &[u8], head: &IndexHead) -> std::result::Result<Vec<Entry>,
 /// Below this many records an index is decoded on one thread.
 const PARALLEL_FROM: usize = 2048;
 
-/// The entry of record `n`, `r`, whose shape is in `dims` and whose
-/// strings are `strings`.
-fn record(n: usize, r: &[u8], dims: &[u8], strings: &[&str]) -> std::result::Result<Entry, String> {
+/// A record whose references were checked, read in place.
+pub(super) struct Rec<'a> {
+    pub(super) stage: &'a str,
+    pub(super) layer: Option<u32>,
+    pub(super) pos: std::ops::Range<u32>,
+    pub(super) slot: Option<u32>,
+    pub(super) dtype: DType,
+    /// The shape's dimensions, 8 bytes each (little-endian).
+    pub(super) dims: &'a [u8],
+    /// A path the writer spelt its own way; `None`: `path_of(key)`.
+    pub(super) path: Option<&'a str>,
+    pub(super) bytes: u64,
+    pub(super) blake3: [u8; 32],
+    pub(super) header: Option<[u8; 32]>,
+}
+
+/// Record `n`, `r`, whose shape is in `dims` and whose strings are
+/// `strings`, with its references checked: what [`record`] decodes.
+pub(super) fn check_record<'a>(
+    n: usize,
+    r: &[u8],
+    dims: &'a [u8],
+    strings: &[&'a str],
+) -> std::result::Result<Rec<'a>, String> {
     let string = |i: u32| strings.get(i as usize).copied();
     let bad = |what: &str| format!("record {n}: {what}");
     let stage = string(u32_at(r, 0)).ok_or_else(|| bad("no such stage string"))?;
@@ -256,29 +302,59 @@ fn record(n: usize, r: &[u8], dims: &[u8], strings: &[&str]) -> std::result::Res
         return Err(bad("a field its flags say is absent is not zero"));
     }
     let opt = |bit: u16, at: usize| (flags & bit != 0).then(|| u32_at(r, at));
-    let key = Key::new(stage, opt(HAS_LAYER, 4), u32_at(r, 8)..u32_at(r, 12))
-        .with_slot(opt(HAS_SLOT, 16));
     let dtype = dtype_of(r[20]).ok_or_else(|| bad("unknown dtype code"))?;
     let (dims_at, ndim) = (u32_at(r, 24) as usize, r[21] as usize);
-    let shape: Vec<usize> = dims
+    let dims = dims
         .get(dims_at * 8..(dims_at + ndim) * 8)
-        .ok_or_else(|| bad("its shape runs past the dimensions"))?
-        .chunks_exact(8)
-        .map(|d| usize::try_from(u64_at(d, 0)).unwrap_or(usize::MAX))
-        .collect();
+        .ok_or_else(|| bad("its shape runs past the dimensions"))?;
     let path = match u32_at(r, 28) {
-        NONE => manifest::path_of(&key),
-        i => string(i)
-            .ok_or_else(|| bad("no such path string"))?
-            .to_string(),
+        NONE => None,
+        i => Some(string(i).ok_or_else(|| bad("no such path string"))?),
     };
-    Ok(Entry {
-        path,
-        key,
+    Ok(Rec {
+        stage,
+        layer: opt(HAS_LAYER, 4),
+        pos: u32_at(r, 8)..u32_at(r, 12),
+        slot: opt(HAS_SLOT, 16),
         dtype,
-        shape,
-        blake3: hex(&hash_at(r, 40)),
+        dims,
+        path,
         bytes: u64_at(r, 32),
-        header_blake3: (flags & HAS_HEADER_HASH != 0).then(|| hex(&hash_at(r, 72))),
+        blake3: hash_at(r, 40),
+        header: (flags & HAS_HEADER_HASH != 0).then(|| hash_at(r, 72)),
     })
+}
+
+/// A record's shape, one dimension per 8 bytes of `dims`.
+pub(super) fn shape_of(dims: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    dims.chunks_exact(8).map(|d| u64_at(d, 0))
+}
+
+impl Rec<'_> {
+    /// The owned entry this record describes.
+    pub(super) fn entry(&self) -> Entry {
+        let key = Key::new(self.stage, self.layer, self.pos.clone()).with_slot(self.slot);
+        let shape: Vec<usize> = shape_of(self.dims)
+            .map(|d| usize::try_from(d).unwrap_or(usize::MAX))
+            .collect();
+        let path = match self.path {
+            None => manifest::path_of(&key),
+            Some(p) => p.to_string(),
+        };
+        Entry {
+            path,
+            key,
+            dtype: self.dtype,
+            shape,
+            blake3: hex(&self.blake3),
+            bytes: self.bytes,
+            header_blake3: self.header.as_ref().map(hex),
+        }
+    }
+}
+
+/// The entry of record `n`, `r`, whose shape is in `dims` and whose
+/// strings are `strings`.
+fn record(n: usize, r: &[u8], dims: &[u8], strings: &[&str]) -> std::result::Result<Entry, String> {
+    check_record(n, r, dims, strings).map(|rec| rec.entry())
 }

@@ -86,22 +86,21 @@ const CHUNK: usize = 1024;
 /// core); the chunks' lists, taken in order, number the stages as one pass
 /// over the entries would.
 pub(crate) fn picked(tree: &dyn Tree, pick: Option<Option<u32>>, stages: &mut Stages) -> Vec<Tap> {
-    let m = tree.manifest();
-    let chunks: Vec<(Vec<&str>, Vec<Tap>)> = m
-        .entries
-        .par_chunks(CHUNK)
-        .enumerate()
-        .map(|(c, entries)| {
+    let l = tree.listing();
+    let chunks: Vec<(Vec<&str>, Vec<Tap>)> = (0..l.len().div_ceil(CHUNK))
+        .into_par_iter()
+        .map(|c| {
+            let range = c * CHUNK..l.len().min((c + 1) * CHUNK);
             let mut names: Vec<&str> = Vec::new();
-            let mut taps = Vec::with_capacity(entries.len());
-            for (j, e) in entries.iter().enumerate() {
+            let mut taps = Vec::with_capacity(range.len());
+            for (j, i) in range.enumerate() {
                 let slot = match pick {
-                    Some(want) if e.key.slot != want => continue,
+                    Some(want) if l.slot(i) != want => continue,
                     // Picked slots are paired with each other whatever their numbers.
                     Some(_) => None,
-                    None => e.key.slot,
+                    None => l.slot(i),
                 };
-                let stage = e.key.stage.as_str();
+                let stage = l.stage(i);
                 let local = match names.iter().rposition(|n| *n == stage) {
                     Some(i) => i,
                     None => {
@@ -111,9 +110,9 @@ pub(crate) fn picked(tree: &dyn Tree, pick: Option<Option<u32>>, stages: &mut St
                 };
                 let entry = u32::try_from(c * CHUNK + j).expect("fewer than 2^32 taps");
                 taps.push(Tap {
-                    key: (local as u32, e.key.layer, slot, e.key.pos.start),
+                    key: (local as u32, l.layer(i), slot, l.pos(i).start),
                     entry,
-                    rows: e.key.rows(),
+                    rows: l.rows(i),
                 });
             }
             (names, taps)
@@ -138,16 +137,16 @@ pub(crate) fn picked(tree: &dyn Tree, pick: Option<Option<u32>>, stages: &mut St
 /// themselves are never listed: the merge walks whole taps, so a diff costs
 /// per tap, not per position, where the taps agree.
 pub(crate) fn index(tree: &dyn Tree, mut order: Vec<Tap>) -> Result<Vec<Tap>, Error> {
-    let m = tree.manifest();
+    let l = tree.listing();
     order.par_sort_unstable();
     let bad_rows = |t: &Tap| {
-        let e = &m.entries[t.entry()];
+        let shape = l.shape(t.entry());
         let rows = t.rows as usize;
-        e.shape.first().copied() != Some(rows) && !(rows == 1 && e.shape.is_empty())
+        shape.get(0) != Some(rows) && !(rows == 1 && shape.is_empty())
     };
     // Checked on every core; the first bad tap in key order is the error.
     if let Some(t) = order.par_iter().find_first(|t| bad_rows(t)) {
-        let e = &m.entries[t.entry()];
+        let e = l.entry(t.entry());
         return Err(Error::BadRows {
             path: tree.path().join(&e.path),
             key: e.key.to_string(),
@@ -168,7 +167,7 @@ pub(crate) fn index(tree: &dyn Tree, mut order: Vec<Tap>) -> Result<Vec<Tap>, Er
                 if k.3 < *furthest {
                     return Err(Error::DuplicatePosition {
                         path: tree.path().to_path_buf(),
-                        key: m.entries[t.entry()].key.to_string(),
+                        key: l.entry(t.entry()).key.to_string(),
                         pos: k.3,
                     });
                 }

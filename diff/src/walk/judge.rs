@@ -12,19 +12,19 @@ pub(crate) type TruthAt<'t> =
 use crate::metrics::{Acc, Metrics};
 use crate::report::{Closer, EqualRun, Position, Reason, Row, Status, TruthVerdict};
 use crate::tolerance::Tolerance;
-use capture::Manifest;
+use capture::Entries;
 
 /// The row of `layer`/`stage` from its segments (in key order) and their states.
 pub(crate) fn build_row(
     (layer, stage): super::RowKey,
     segments: &[Segment],
     states: &[SegState],
-    ma: &Manifest,
+    la: Entries,
     tol: &Tolerance,
     truth_at: Option<&TruthAt>,
 ) -> Row {
     // Reports name A's own slot even when slots were paired.
-    let slot_of = |seg: &Segment| ma.entries[seg.a.entry()].key.slot;
+    let slot_of = |seg: &Segment| la.slot(seg.a.entry());
     let equal = equal_runs(segments, states, &slot_of);
     let mut row = Row {
         layer,

@@ -77,7 +77,7 @@ pub fn walk(
     opts: &Options,
     delegate: &mut dyn Visit,
 ) -> Result<Walked, Error> {
-    let (ma, mb) = (a.manifest(), b.manifest());
+    let (ma, mb) = (a.head(), b.head());
     let picking = opts.slot_a.is_some() || opts.slot_b.is_some();
     if capture::compare::same_root(ma, mb) && !picking {
         return Ok(Walked {
@@ -166,13 +166,13 @@ pub fn walk(
                 id,
                 &matched[members.clone()],
                 &states[members],
-                ma,
+                a.listing(),
                 &opts.tolerance,
                 truth_at,
             )
         })
         .collect();
-    for row in in_forward_order(rows, ma, mb) {
+    for row in in_forward_order(rows, (a, b)) {
         if delegate.visit(Change::Row(Box::new(row))) == Action::Cancel {
             walked.cancelled = true;
             break;
@@ -196,7 +196,7 @@ fn truth_index<'t>(
     let split = slots
         .into_iter()
         .filter_map(|slot| {
-            crate::inputs::split(&ma.run, &t.manifest().run, slot, slot).map(|s| (slot, s.pos))
+            crate::inputs::split(&ma.run, &t.head().run, slot, slot).map(|s| (slot, s.pos))
         })
         .collect();
     Ok(read::Truth {
@@ -208,15 +208,17 @@ fn truth_index<'t>(
 
 /// The rows sorted into forward order, each red one's cause, layout hints
 /// and error growth set.
-fn in_forward_order(mut rows: Vec<Row>, ma: &Manifest, mb: &Manifest) -> Vec<Row> {
+fn in_forward_order(mut rows: Vec<Row>, (a, b): (&dyn Tree, &dyn Tree)) -> Vec<Row> {
     // Every layer either tree holds, found on every core (entries come in
     // runs of one layer: only a change of layer is inserted).
-    let layers_of = |m: &Manifest| -> BTreeSet<u32> {
-        m.entries
-            .par_chunks(4096)
-            .map(|chunk| {
+    let layers_of = |t: &dyn Tree| -> BTreeSet<u32> {
+        let l = t.listing();
+        (0..l.len().div_ceil(4096))
+            .into_par_iter()
+            .map(|c| {
                 let (mut set, mut last) = (BTreeSet::new(), None);
-                for layer in chunk.iter().filter_map(|e| e.key.layer) {
+                let chunk = c * 4096..l.len().min((c + 1) * 4096);
+                for layer in chunk.filter_map(|i| l.layer(i)) {
                     if last != Some(layer) {
                         set.insert(layer);
                         last = Some(layer);
@@ -229,9 +231,9 @@ fn in_forward_order(mut rows: Vec<Row>, ma: &Manifest, mb: &Manifest) -> Vec<Row
                 x
             })
     };
-    let (mut layers, more) = rayon::join(|| layers_of(ma), || layers_of(mb));
+    let (mut layers, more) = rayon::join(|| layers_of(a), || layers_of(b));
     layers.extend(more);
-    let graph = StageGraph::new(&vocabulary(ma, mb), &layers);
+    let graph = StageGraph::new(&vocabulary(a.head(), b.head()), &layers);
     // Each row's place computed once (a key per comparison built a string each time).
     rows.sort_by_cached_key(|r| graph.order(r.layer, &r.stage));
     divergence::classify(&mut rows, &graph);

@@ -12,7 +12,7 @@ use super::Options;
 use crate::metrics::{compare, Acc};
 use crate::report::Reason;
 use crate::tree::{Tensor, Tree};
-use capture::{Entry, Manifest};
+use capture::{DType, Dims, Entries};
 use rayon::prelude::*;
 use std::collections::{BTreeSet, HashMap};
 
@@ -48,33 +48,42 @@ pub(crate) struct Truth<'t> {
     pub(crate) split: HashMap<Option<u32>, u32>,
 }
 
-pub(crate) fn row_elems(e: &Entry) -> usize {
-    let rows = e.shape.first().copied().unwrap_or(1).max(1);
-    e.shape.iter().product::<usize>() / rows
+/// Tap `i` of a tree's entries `l`.
+#[derive(Clone, Copy)]
+struct At<'a>(Entries<'a>, usize);
+
+impl At<'_> {
+    fn shape(&self) -> Dims<'_> {
+        self.0.shape(self.1)
+    }
+
+    fn dtype(&self) -> DType {
+        self.0.dtype(self.1)
+    }
 }
 
-fn row_bytes<'t>(t: &'t Tensor, e: &Entry, row: usize) -> &'t [u8] {
-    let len = row_elems(e) * e.dtype.size();
+fn row_elems(shape: Dims) -> usize {
+    let rows = shape.get(0).unwrap_or(1).max(1);
+    shape.iter().product::<usize>() / rows
+}
+
+fn row_bytes<'t>(t: &'t Tensor, e: At, row: usize) -> &'t [u8] {
+    let len = row_elems(e.shape()) * e.dtype().size();
     &t.bytes()[row * len..(row + 1) * len]
 }
 
 /// Why two taps cannot be compared element for element, if they cannot.
-fn mismatch(a: &Entry, b: &Entry) -> Option<Reason> {
-    let (sa, sb) = (
-        a.shape.get(1..).unwrap_or(&[]),
-        b.shape.get(1..).unwrap_or(&[]),
-    );
+fn mismatch(a: At, b: At) -> Option<Reason> {
+    let (sa, sb) = (a.shape().from(1), b.shape().from(1));
+    let (da, db) = (a.dtype(), b.dtype());
     if sa != sb {
         Some(Reason::ShapeMismatch {
             a: sa.to_vec(),
             b: sb.to_vec(),
         })
-    } else if a.dtype != b.dtype && !(a.dtype.is_float() && b.dtype.is_float()) {
+    } else if da != db && !(da.is_float() && db.is_float()) {
         // Float dtypes compare in f64 (an f64 tree against an f32 one).
-        Some(Reason::DtypeMismatch {
-            a: a.dtype,
-            b: b.dtype,
-        })
+        Some(Reason::DtypeMismatch { a: da, b: db })
     } else {
         None
     }
@@ -88,15 +97,18 @@ pub(crate) fn read(
     picking: bool,
     opts: &Options,
 ) -> (Vec<SegState>, ReadCounts) {
-    let (ma, mb) = (a.manifest(), b.manifest());
+    let (la, lb) = (a.listing(), b.listing());
     // Directories whose hashes agree hold only equal taps: skipped wholesale.
-    let equal_dirs: BTreeSet<&str> = capture::compare::equal_dirs(ma, mb);
-    let equal_by_hash = |ea: &Entry, eb: &Entry| {
-        ea.key.pos == eb.key.pos
-            && ea.dtype == eb.dtype
-            && ea.shape == eb.shape
-            && (ea.blake3 == eb.blake3
-                || (!picking && ea.key == eb.key && equal_dirs.contains(ea.dir().as_str())))
+    let equal_dirs: BTreeSet<&str> = capture::compare::equal_dirs(a.head(), b.head());
+    let equal_by_hash = |ea: At, eb: At| {
+        let (i, j) = (ea.1, eb.1);
+        la.pos(i) == lb.pos(j)
+            && ea.dtype() == eb.dtype()
+            && ea.shape() == eb.shape()
+            && (la.same_hash(i, &lb, j)
+                || (!picking
+                    && la.same_key(i, &lb, j)
+                    && equal_dirs.contains(capture::manifest::dir_of_layer(la.layer(i)).as_str())))
     };
     // Each segment judged from the manifests (on every core): equal by
     // hash, to be read (and why it is not comparable, if it is not), or
@@ -109,12 +121,14 @@ pub(crate) fn read(
     let judged: Vec<Judged> = matched
         .par_iter()
         .map(|seg| {
-            let (ea, eb) = (&ma.entries[seg.a.entry()], &mb.entries[seg.b.entry()]);
+            let (ea, eb) = (At(la, seg.a.entry()), At(lb, seg.b.entry()));
             match mismatch(ea, eb) {
                 // Same element count per row: the metrics still say something.
-                Some(why) if row_elems(ea) == row_elems(eb) => Judged::Read(Some(why)),
+                Some(why) if row_elems(ea.shape()) == row_elems(eb.shape()) => {
+                    Judged::Read(Some(why))
+                }
                 Some(why) => Judged::Apart(why),
-                None if equal_by_hash(ea, eb) => Judged::Skipped(row_elems(ea) as u64),
+                None if equal_by_hash(ea, eb) => Judged::Skipped(row_elems(ea.shape()) as u64),
                 None => Judged::Read(None),
             }
         })
@@ -122,8 +136,8 @@ pub(crate) fn read(
     // `to_read`: segment, why not comparable.
     let mut states: Vec<Option<SegState>> = Vec::with_capacity(matched.len());
     let mut to_read: Vec<(usize, Option<Reason>)> = Vec::new();
-    let mut skipped_taps = vec![false; ma.entries.len()];
-    let mut compared_taps = vec![false; ma.entries.len()];
+    let mut skipped_taps = vec![false; la.len()];
+    let mut compared_taps = vec![false; la.len()];
     for (i, (seg, judged)) in matched.iter().zip(judged).enumerate() {
         match judged {
             Judged::Skipped(n) => {
@@ -148,9 +162,7 @@ pub(crate) fn read(
     // read once.
     let total: u64 = to_read
         .iter()
-        .map(|&(i, _)| {
-            ma.entries[matched[i].a.entry()].bytes + mb.entries[matched[i].b.entry()].bytes
-        })
+        .map(|&(i, _)| la.bytes(matched[i].a.entry()) + lb.bytes(matched[i].b.entry()))
         .sum();
     if let Some(p) = opts.progress {
         p.start(total);
@@ -161,8 +173,7 @@ pub(crate) fn read(
             let seg = &matched[i];
             let out = compare_segment((a, b), seg);
             if let Some(p) = opts.progress {
-                let (ea, eb) = (&ma.entries[seg.a.entry()], &mb.entries[seg.b.entry()]);
-                p.advance(ea.bytes + eb.bytes);
+                p.advance(la.bytes(seg.a.entry()) + lb.bytes(seg.b.entry()));
             }
             out
         })
@@ -200,16 +211,18 @@ fn compare_segment(
     (a, b): (&dyn Tree, &dyn Tree),
     seg: &Segment,
 ) -> Result<Vec<Computed>, capture::Error> {
-    let (ma, mb): (&Manifest, &Manifest) = (a.manifest(), b.manifest());
-    let (ea, eb) = (&ma.entries[seg.a.entry()], &mb.entries[seg.b.entry()]);
+    let (ea, eb) = (
+        At(a.listing(), seg.a.entry()),
+        At(b.listing(), seg.b.entry()),
+    );
     let (ta, tb) = (a.read(seg.a.entry())?, b.read(seg.b.entry())?);
     Ok((0..seg.len)
         .map(|j| {
             compare(
                 row_bytes(&ta, ea, (seg.a.row + j) as usize),
-                ea.dtype,
+                ea.dtype(),
                 row_bytes(&tb, eb, (seg.b.row + j) as usize),
-                eb.dtype,
+                eb.dtype(),
             )
         })
         .collect())
@@ -236,11 +249,16 @@ pub(crate) fn truth_pair(
         return Ok(None);
     };
     let (ea, eb) = (
-        &a.manifest().entries[seg.a.entry()],
-        &b.manifest().entries[seg.b.entry()],
+        At(a.listing(), seg.a.entry()),
+        At(b.listing(), seg.b.entry()),
     );
-    let et = &t.tree.manifest().entries[lt.entry()];
-    if row_elems(ea) != row_elems(eb) || row_elems(et) != row_elems(ea) {
+    let et = At(t.tree.listing(), lt.entry());
+    let (na, nb, nt) = (
+        row_elems(ea.shape()),
+        row_elems(eb.shape()),
+        row_elems(et.shape()),
+    );
+    if na != nb || nt != na {
         return Ok(None);
     }
     let (ta, tb, tt) = (
@@ -252,7 +270,7 @@ pub(crate) fn truth_pair(
     let rb = row_bytes(&tb, eb, (seg.b.row + j) as usize);
     let rt = row_bytes(&tt, et, lt.row());
     Ok(Some((
-        compare(rt, et.dtype, ra, ea.dtype),
-        compare(rt, et.dtype, rb, eb.dtype),
+        compare(rt, et.dtype(), ra, ea.dtype()),
+        compare(rt, et.dtype(), rb, eb.dtype()),
     )))
 }

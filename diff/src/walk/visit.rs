@@ -121,12 +121,12 @@ impl Recorder {
 }
 
 fn info(tree: &dyn Tree) -> TreeInfo {
-    let m = tree.manifest();
+    let (m, l) = (tree.head(), tree.listing());
     TreeInfo {
         path: tree.path().display().to_string(),
         root: m.root.clone(),
-        taps: m.entries.len(),
-        bytes: m.bytes_of_entries(),
+        taps: l.len(),
+        bytes: l.total_bytes(),
         model: m.run.model.clone(),
         backend: m.run.backend.clone(),
         precision: m.run.precision.clone(),
