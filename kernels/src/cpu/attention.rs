@@ -54,44 +54,40 @@ pub fn attention_windowed<T: Real>(
     let group = n_head / n_head_kv;
     let scale = T::from_f64(1.0 / (head_dim as f64).sqrt());
     let _p = super::profile::op(super::profile::Op::Attention);
-    let mut out = vec![T::ZERO; n * q_width];
-    super::profile::region(|| {
-        super::par::chunks_map(&mut out, head_dim, |i, o| {
-            super::profile::task(|| {
-                let mut scores = Vec::with_capacity(start + n);
-                let (r, h) = (i / n_head, i % n_head);
-                let kvh = h / group;
-                let qh = &q[r * q_width + h * head_dim..][..head_dim];
-                let seen = start + r + 1;
-                let first = window.map_or(0, |w| seen.saturating_sub(w));
-                let mut max = T::from_f64(f64::NEG_INFINITY);
-                for t in first..seen {
-                    let kh = &k[t * kv_width + kvh * head_dim..][..head_dim];
-                    let mut s = T::ZERO;
-                    for (a, b) in qh.iter().zip(kh) {
-                        s += *a * *b;
-                    }
-                    let s = s * scale;
-                    if s > max {
-                        max = s;
-                    }
-                    scores.push(s);
-                }
-                let mut sum = T::ZERO;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let inv = T::ONE / sum;
-                for (t, p) in (first..seen).zip(scores.iter()) {
-                    let p = *p * inv;
-                    let vh = &v[t * kv_width + kvh * head_dim..][..head_dim];
-                    for (acc, x) in o.iter_mut().zip(vh) {
-                        *acc += p * *x;
-                    }
-                }
-            })
-        })
+    let mut tasks = vec![(); n * n_head];
+    let (out, _) = super::par::chunks_fresh_map(&mut tasks, 1, head_dim, |i, _, o: &mut [T]| {
+        let mut scores = Vec::with_capacity(start + n);
+        let (r, h) = (i / n_head, i % n_head);
+        let kvh = h / group;
+        let qh = &q[r * q_width + h * head_dim..][..head_dim];
+        let seen = start + r + 1;
+        let first = window.map_or(0, |w| seen.saturating_sub(w));
+        let mut max = T::from_f64(f64::NEG_INFINITY);
+        for t in first..seen {
+            let kh = &k[t * kv_width + kvh * head_dim..][..head_dim];
+            let mut s = T::ZERO;
+            for (a, b) in qh.iter().zip(kh) {
+                s += *a * *b;
+            }
+            let s = s * scale;
+            if s > max {
+                max = s;
+            }
+            scores.push(s);
+        }
+        let mut sum = T::ZERO;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = T::ONE / sum;
+        for (t, p) in (first..seen).zip(scores.iter()) {
+            let p = *p * inv;
+            let vh = &v[t * kv_width + kvh * head_dim..][..head_dim];
+            for (acc, x) in o.iter_mut().zip(vh) {
+                *acc += p * *x;
+            }
+        }
     });
     out
 }

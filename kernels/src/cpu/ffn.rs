@@ -45,24 +45,25 @@ pub(crate) fn gated_into<T: Real>(act: FfnActivation, gate: &[T], up: &[T], out:
 /// are many (a prefill): every element is its own expression, so the split
 /// changes no bit.
 fn elementwise<T: Real>(gate: &[T], up: &[T], f: impl Fn(T, T) -> T + Sync) -> Vec<T> {
-    use rayon::prelude::*;
     const BLOCK: usize = 4096;
     let _p = super::profile::op(super::profile::Op::Gated);
     let mut y = vec![T::ZERO; gate.len()];
-    let body = |((o, g), u): ((&mut [T], &[T]), &[T])| {
+    let body = |o: &mut [T], g: &[T], u: &[T]| {
         for ((o, g), u) in o.iter_mut().zip(g).zip(u) {
             *o = f(*g, *u);
         }
     };
-    if gate.len() > BLOCK {
-        super::profile::region(|| {
-            y.par_chunks_mut(BLOCK)
-                .zip(gate.par_chunks(BLOCK))
-                .zip(up.par_chunks(BLOCK))
-                .for_each(|c| super::profile::task(|| body(c)))
+    let blocks = gate.len().div_ceil(BLOCK);
+    if super::par::worth(gate.len(), blocks) {
+        let py = super::par::Ptr(y.as_mut_ptr());
+        super::par::for_each(blocks, &|b| {
+            let (lo, hi) = (b * BLOCK, ((b + 1) * BLOCK).min(gate.len()));
+            // SAFETY: block b of `y` (in bounds), which task b alone writes.
+            let o = unsafe { std::slice::from_raw_parts_mut(py.at(lo), hi - lo) };
+            body(o, &gate[lo..hi], &up[lo..hi]);
         });
     } else {
-        body(((&mut y[..], gate), up));
+        body(&mut y, gate, up);
     }
     y
 }

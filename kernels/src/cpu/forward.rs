@@ -133,6 +133,8 @@ impl CpuForward {
     ) -> Result<CpuForward, ForwardError> {
         crate::forward::check_config(&config)?;
         switches.check(precision)?;
+        // The regions' threads, started before the first forward needs them.
+        super::par::start();
         if precision == Precision::LlamaCpp && llamacpp_gemma::graph_of(&config, 0).is_none() {
             return Err(ForwardError::Unsupported(format!(
                 "--precision llamacpp models llama.cpp's arithmetic for the llama family and gemma3 only, not {}",
@@ -337,6 +339,12 @@ impl<T: Real> Engine<T> {
             let _p = profile::op(profile::Op::Logits);
             w.logits(&h, n, acts.logits)
         };
+        // No region follows soon: the team's threads leave the cores to the
+        // copies of a prefill's logits tap (a decode step's are small, and
+        // its next step comes sooner than the team's spin ends).
+        if n > 1 {
+            super::par::rest();
+        }
         s.tap(st::LOGITS, None, cfg.vocab_size, &logits);
         let last = logits[(n - 1) * cfg.vocab_size..]
             .iter()

@@ -15,8 +15,6 @@ use super::quant_row::QuantRow;
 use super::{par, Real};
 use model::FfnActivation;
 
-use par::PAR_MIN;
-
 /// Rows ready for a group of matmuls: `h` (`[n, width]`) and its rows
 /// quantized per block size.
 pub struct Prepared<T> {
@@ -43,7 +41,6 @@ pub fn add_norm_quantize<T: Real>(
         assert_eq!(a.len(), x.len(), "residual shape");
     }
     let quantize = quantizer::<T>(act);
-    let mut h = vec![T::ZERO; x.len()];
     let body = |r: usize, xr: &mut [T], hr: &mut [T]| {
         if let Some(a) = add {
             for (xi, yi) in xr.iter_mut().zip(&a[r * d..(r + 1) * d]) {
@@ -53,18 +50,17 @@ pub fn add_norm_quantize<T: Real>(
         norm_row(xr, w, eps, hr);
         blocks.iter().map(|&b| quantize(hr, b)).collect::<Vec<_>>()
     };
-    let rows: Vec<Vec<QuantRow<T>>> = if x.len() >= PAR_MIN && x.len() > d {
-        profile::region(|| {
-            par::chunks2_map(x, d, &mut h, d, |r, xr, hr| {
-                profile::task(|| body(r, xr, hr))
-            })
-        })
+    let (h, rows): (Vec<T>, Vec<Vec<QuantRow<T>>>) = if par::worth(x.len(), x.len() / d.max(1)) {
+        par::chunks_fresh_map(x, d, d, body)
     } else {
-        x.chunks_mut(d)
+        let mut h = vec![T::ZERO; x.len()];
+        let rows = x
+            .chunks_mut(d)
             .zip(h.chunks_mut(d))
             .enumerate()
             .map(|(r, (xr, hr))| body(r, xr, hr))
-            .collect()
+            .collect();
+        (h, rows)
     };
     Prepared {
         qs: by_block(blocks, rows),
@@ -85,19 +81,22 @@ pub fn gated_quantize<T: Real>(
     let _p = profile::op(Op::Gated);
     assert_eq!(g.len(), u.len(), "gate and up shapes");
     let quantize = quantizer::<T>(q_act);
-    let mut h = vec![T::ZERO; g.len()];
     let body = |r: usize, hr: &mut [T]| {
         let (gr, ur) = (&g[r * width..][..width], &u[r * width..][..width]);
         gated_into(act, gr, ur, hr);
         blocks.iter().map(|&b| quantize(hr, b)).collect::<Vec<_>>()
     };
-    let rows: Vec<Vec<QuantRow<T>>> = if g.len() >= PAR_MIN && g.len() > width {
-        profile::region(|| par::chunks_map(&mut h, width, |r, hr| profile::task(|| body(r, hr))))
+    let n = g.len() / width.max(1);
+    let (h, rows): (Vec<T>, Vec<Vec<QuantRow<T>>>) = if par::worth(g.len(), n) {
+        par::chunks_fresh_map(&mut vec![(); n], 1, width, |r, _, hr| body(r, hr))
     } else {
-        h.chunks_mut(width)
+        let mut h = vec![T::ZERO; g.len()];
+        let rows = h
+            .chunks_mut(width)
             .enumerate()
             .map(|(r, hr)| body(r, hr))
-            .collect()
+            .collect();
+        (h, rows)
     };
     Prepared {
         qs: by_block(blocks, rows),

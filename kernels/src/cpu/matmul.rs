@@ -124,17 +124,16 @@ pub(crate) fn quantize_rows<T: Real>(
     if n == 0 {
         return Vec::new();
     }
-    // Rows are independent: a prefill's are quantized on rayon's threads.
-    if n > 1 {
-        let w = x.len() / n;
-        let mut rows = vec![(); n];
-        return super::profile::region(|| {
-            super::par::chunks_map(&mut rows, 1, |r, _| {
-                super::profile::task(|| quantize(&x[r * w..(r + 1) * w], block))
-            })
+    // Rows are independent: a prefill's are quantized in parallel.
+    let w = x.len() / n;
+    if super::par::worth(x.len(), n) {
+        return super::par::chunks_map(&mut vec![(); n], 1, |r, _| {
+            quantize(&x[r * w..(r + 1) * w], block)
         });
     }
-    vec![quantize(x, block)]
+    (0..n)
+        .map(|r| quantize(&x[r * w..(r + 1) * w], block))
+        .collect()
 }
 
 /// [`matmul`] with a Q4_1 weight's block minimums (see [`Linear`]).
@@ -240,7 +239,12 @@ fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
     let n = jobs.first().map_or(0, |j| j.n);
     let total: usize = jobs.iter().map(|j| j.w.rows()).sum();
     let chunk = chunk_rows(total);
-    let mut ys: Vec<Vec<T>> = jobs.iter().map(|j| vec![T::ZERO; n * j.w.rows()]).collect();
+    // Not zeroed: the tasks write every element (zeroing them first was
+    // serial time in the forward's thread, hundreds of KB per op).
+    let mut ys: Vec<Vec<T>> = jobs
+        .iter()
+        .map(|j| Vec::with_capacity(n * j.w.rows()))
+        .collect();
     if n == 0 {
         return ys;
     }
@@ -253,27 +257,29 @@ fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
         .enumerate()
         .flat_map(|(i, j)| (0..j.w.rows()).step_by(chunk).map(move |f| (i, f)))
         .collect();
-    super::profile::region(|| {
-        super::par::for_each(tasks.len(), &|t| {
-            super::profile::task(|| {
-                let (i, first) = tasks[t];
-                let rows = jobs[i].w.rows();
-                let k = chunk.min(rows - first);
-                // Output features in the outer loop: weight rows stay in cache
-                // while they meet every activation row; `buf` is `[k, n]`.
-                let mut buf = vec![T::ZERO; k * n];
-                SCRATCH.with(|s| fill_chunk(&jobs[i], first, &mut buf, &mut s.borrow_mut()));
-                let out = &outs[i];
-                for (o, col) in buf.chunks_exact(n).enumerate() {
-                    for (r, v) in col.iter().enumerate() {
-                        // SAFETY: in bounds (r < n, first + o < rows); this task
-                        // alone writes features first..first + k of output i.
-                        unsafe { *out.at(r * rows + first + o) = *v };
-                    }
-                }
-            })
-        })
+    super::par::for_each(tasks.len(), &|t| {
+        let (i, first) = tasks[t];
+        let rows = jobs[i].w.rows();
+        let k = chunk.min(rows - first);
+        // Output features in the outer loop: weight rows stay in cache
+        // while they meet every activation row; `buf` is `[k, n]`.
+        let mut buf = vec![T::ZERO; k * n];
+        SCRATCH.with(|s| fill_chunk(&jobs[i], first, &mut buf, &mut s.borrow_mut()));
+        let out = &outs[i];
+        for (o, col) in buf.chunks_exact(n).enumerate() {
+            for (r, v) in col.iter().enumerate() {
+                // SAFETY: in bounds (r < n, first + o < rows of the
+                // capacity); this task alone writes features
+                // first..first + k of output i.
+                unsafe { out.at(r * rows + first + o).write(*v) };
+            }
+        }
     });
+    for (y, j) in ys.iter_mut().zip(jobs) {
+        // SAFETY: the tasks above wrote all `n * rows` elements of each
+        // output (every feature of every row, the task list covers them).
+        unsafe { y.set_len(n * j.w.rows()) };
+    }
     ys
 }
 
@@ -284,8 +290,21 @@ fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
 /// product in one order whatever group it falls in.
 fn chunk_rows(rows: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
-    let per_thread = rows / (8 * threads);
+    let per_thread = rows / (tasks_per_thread() * threads);
     (per_thread / 4 * 4).clamp(4, 16)
+}
+
+/// How many tasks per thread [`chunk_rows`] aims at: 8, or
+/// `TAPTREE_CPU_TASKS_PER_THREAD` (a positive integer) to measure others.
+fn tasks_per_thread() -> usize {
+    static TASKS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *TASKS.get_or_init(|| {
+        std::env::var("TAPTREE_CPU_TASKS_PER_THREAD")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&t| t > 0)
+            .unwrap_or(8)
+    })
 }
 
 #[cfg(test)]

@@ -6,9 +6,10 @@
 //! [`CpuForward`], which implements [`crate::Forward`] and taps every stage of
 //! [`crate::stages::llama`] in forward order.
 //!
-//! Determinism: every reduction runs in a fixed order inside one task; rayon
-//! only splits work over independent outputs (matrix rows, attention heads),
-//! so the thread count never changes a bit of the result.
+//! Determinism: every reduction runs in a fixed order inside one task; the
+//! parallel regions (`par`: a team of `RAYON_NUM_THREADS` threads, or
+//! rayon's) only split work over independent outputs (matrix rows,
+//! attention heads), so the thread count never changes a bit of the result.
 
 pub mod attention;
 pub mod embedding;
@@ -139,18 +140,13 @@ pub(crate) fn par_rows<T: Real, U: Send, F>(y: &mut [U], x: &[T], width: usize, 
 where
     F: Fn(&[T], &mut [U]) + Sync,
 {
-    use par::PAR_MIN;
     if width == 0 {
         return;
     }
     let rows = x.len() / width;
     let out_width = y.len() / rows.max(1);
-    if rows > 1 && x.len() >= PAR_MIN {
-        profile::region(|| {
-            par::chunks_map(y, out_width, |i, o| {
-                profile::task(|| f(&x[i * width..(i + 1) * width], o))
-            })
-        });
+    if par::worth(x.len(), rows) {
+        par::chunks_map(y, out_width, |i, o| f(&x[i * width..(i + 1) * width], o));
     } else {
         y.chunks_mut(out_width.max(1))
             .zip(x.chunks(width))

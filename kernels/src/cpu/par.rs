@@ -2,19 +2,71 @@
 //! threads: each task writes its own rows of the outputs (through raw
 //! pointers at disjoint offsets) and returns a value, collected in order.
 //! Which thread runs a task never changes what it computes.
+//!
+//! Regions run on a [`team`] of threads that stay awake between them;
+//! `TAPTREE_CPU_TEAM=0` sends every region to rayon instead (so one binary
+//! measures both).
+
+mod team;
+#[cfg(test)]
+mod tests;
+
+use super::{profile, Real};
 
 /// Below this many elements (a decode step's rows) a row pass stays in
 /// the calling thread: a region would cost more than the work.
-pub(crate) const PAR_MIN: usize = 4096;
+const PAR_MIN: usize = 4096;
 
-/// Runs `f(i)` for every `i` in `0..n`, each once, on rayon's threads (in
-/// this thread when there is one), and returns when all are done.
+/// Whether a pass over `elements` elements in `rows` independent rows (or
+/// blocks) is worth a parallel region: more than one row, and at least
+/// [`PAR_MIN`] elements (a prefill's rows, not a decode step's). Both ways
+/// compute every row alike, so the answer changes no bit.
+pub(crate) fn worth(elements: usize, rows: usize) -> bool {
+    rows > 1 && elements >= PAR_MIN
+}
+
+/// Runs `f(i)` for every `i` in `0..n`, each once, on the team of threads
+/// (on rayon's when the team is off or busy; in this thread when there is
+/// one), and returns when all are done. Every region of the forward comes
+/// here, and `TAPTREE_CPU_PROFILE` times it and its tasks here.
 pub(crate) fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
     use rayon::prelude::*;
     if n <= 1 {
         return (0..n).for_each(f);
     }
-    (0..n).into_par_iter().for_each(f)
+    let timed = |i: usize| profile::task(|| f(i));
+    let f: &(dyn Fn(usize) + Sync) = &timed;
+    profile::region(|| {
+        let f = if team_on() {
+            match team::for_each(n, f) {
+                Ok(()) => return,
+                Err(f) => f,
+            }
+        } else {
+            f
+        };
+        (0..n).into_par_iter().for_each(f)
+    })
+}
+
+/// Starts the team of `rayon::current_num_threads()` threads now (a
+/// forward calls it when it opens), so that the first region does not.
+pub(crate) fn start() {
+    if team_on() {
+        team::start_for(rayon::current_num_threads());
+    }
+}
+
+/// Tells the team's idle threads to sleep now rather than spin: the
+/// forward's last region is done.
+pub(crate) fn rest() {
+    team::rest();
+}
+
+/// Whether regions go to the team (`TAPTREE_CPU_TEAM` is not `0`).
+fn team_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TAPTREE_CPU_TEAM").as_deref() != Ok("0"))
 }
 
 /// A raw pointer that tasks use at disjoint offsets.
@@ -68,6 +120,38 @@ pub(crate) fn chunks2_map<A: Send, B: Send, R: Send>(
         unsafe { *po.at(i) = Some(r) };
     });
     out.into_iter().map(|r| r.expect("every row ran")).collect()
+}
+
+/// `f(i, row i of a, row i of b)` for every row of `a` (rows of `wa`), in
+/// parallel, where `b` is a new buffer of as many rows of `wb`, each zeroed
+/// by its own task just before `f` sees it (zeroing the whole buffer first
+/// was serial time in the forward's thread); returns `b` and the results
+/// in row order.
+pub(crate) fn chunks_fresh_map<A: Send, T: Real, R: Send>(
+    a: &mut [A],
+    wa: usize,
+    wb: usize,
+    f: impl Fn(usize, &mut [A], &mut [T]) -> R + Sync,
+) -> (Vec<T>, Vec<R>) {
+    let n = a.len() / wa.max(1);
+    let mut b: Vec<T> = Vec::with_capacity(n * wb);
+    let pb = Ptr(b.as_mut_ptr());
+    let rs = chunks_map(a, wa, |i, ai| {
+        // SAFETY: row i of `b`'s capacity (i < n), which task i alone
+        // touches; every element is written before the slice is made.
+        let bi = unsafe {
+            let row = pb.at(i * wb);
+            for j in 0..wb {
+                row.add(j).write(T::ZERO);
+            }
+            std::slice::from_raw_parts_mut(row, wb)
+        };
+        f(i, ai, bi)
+    });
+    // SAFETY: `chunks_map` ran every row (it panics otherwise), and each
+    // wrote its `wb` elements.
+    unsafe { b.set_len(n * wb) };
+    (b, rs)
 }
 
 /// `f(i, row i of a)` for every row of `a` (rows of `w`), in parallel; the

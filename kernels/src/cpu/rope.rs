@@ -69,16 +69,11 @@ impl<T: Real> RopeTable<T> {
 /// Rotates `x` (`[n, width]`, rows from the table's start) with `table`,
 /// pairing dimensions as `style` says.
 pub fn rope_with<T: Real>(style: RopeStyle, x: &mut [T], width: usize, table: &RopeTable<T>) {
-    use rayon::prelude::*;
     let _p = super::profile::op(super::profile::Op::Rope);
     let rotate = |(r, row): (usize, &mut [T])| rotate_row(style, row, table.row(r));
-    // Rows are independent: a prefill's run on rayon's threads.
-    if x.len() > super::par::PAR_MIN {
-        super::profile::region(|| {
-            x.par_chunks_mut(width)
-                .enumerate()
-                .for_each(|a| super::profile::task(|| rotate(a)))
-        });
+    // Rows are independent: a prefill's run in parallel.
+    if super::par::worth(x.len(), x.len() / width.max(1)) {
+        super::par::chunks_map(x, width, |r, row| rotate((r, row)));
     } else {
         x.chunks_mut(width).enumerate().for_each(rotate);
     }
@@ -99,12 +94,8 @@ pub fn rope_pair_with<T: Real>(
         rotate_row(style, qr, table.row(r));
         rotate_row(style, kr, table.row(r));
     };
-    if q.len() + k.len() > super::par::PAR_MIN && q.len() > q_width {
-        super::profile::region(|| {
-            super::par::chunks2_map(q, q_width, k, kv_width, |r, qr, kr| {
-                super::profile::task(|| rotate(r, qr, kr))
-            })
-        });
+    if super::par::worth(q.len() + k.len(), q.len() / q_width.max(1)) {
+        super::par::chunks2_map(q, q_width, k, kv_width, rotate);
     } else {
         q.chunks_mut(q_width)
             .zip(k.chunks_mut(kv_width))

@@ -1,0 +1,92 @@
+//! The regions on the team: every task once, whatever the thread count;
+//! regions inside tasks and from several threads at once; a task's panic.
+
+use super::*;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+}
+
+/// Runs a region of `n` tasks and returns how often each ran.
+fn counts(n: usize) -> Vec<usize> {
+    let runs: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+    for_each(n, &|i| {
+        runs[i].fetch_add(1, Relaxed);
+    });
+    runs.into_iter().map(|c| c.into_inner()).collect()
+}
+
+#[test]
+fn every_task_runs_once_on_1_to_5_threads() {
+    for threads in 1..=5 {
+        pool(threads).install(|| {
+            for n in [0, 1, 2, 3, 7, 16, 37, 240, 1000] {
+                for _ in 0..20 {
+                    assert_eq!(counts(n), vec![1; n], "{threads} threads, {n} tasks");
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn a_region_inside_a_task_and_regions_from_two_threads_complete() {
+    pool(3).install(|| {
+        let inner = AtomicUsize::new(0);
+        for_each(8, &|_| {
+            // The team is busy with the outer region: this one goes to rayon.
+            assert_eq!(counts(5), vec![1; 5]);
+            inner.fetch_add(1, Relaxed);
+        });
+        assert_eq!(inner.into_inner(), 8);
+    });
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                pool(3).install(|| {
+                    for _ in 0..50 {
+                        assert_eq!(counts(64), vec![1; 64]);
+                    }
+                })
+            });
+        }
+    });
+}
+
+#[test]
+fn a_task_that_panics_panics_the_region_and_the_team_goes_on() {
+    pool(4).install(|| {
+        for bad in [0, 99] {
+            let r = std::panic::catch_unwind(|| {
+                for_each(100, &|i| assert_ne!(i, bad, "task {i}"));
+            });
+            assert!(r.is_err(), "task {bad}'s panic was lost");
+            assert_eq!(counts(100), vec![1; 100]);
+        }
+    });
+}
+
+#[test]
+fn fresh_rows_are_zeroed_before_each_task_sees_them() {
+    pool(3).install(|| {
+        let mut a = vec![1u32; 40];
+        let (b, rs) = chunks_fresh_map(&mut a, 2, 3, |i, ai, bi: &mut [f32]| {
+            assert_eq!(bi, &[0.0; 3]);
+            bi[i % 3] = i as f32;
+            ai[0] += 1;
+            i
+        });
+        assert_eq!(rs, (0..20).collect::<Vec<_>>());
+        assert_eq!(b.len(), 60);
+        for (i, row) in b.chunks(3).enumerate() {
+            let mut want = [0.0; 3];
+            want[i % 3] = i as f32;
+            assert_eq!(row, want);
+        }
+        assert!(a.chunks(2).all(|r| r == [2, 1]));
+    });
+}
