@@ -410,3 +410,106 @@ fn every_flipped_bit_of_the_body_is_judged_as_the_owned_path_judges_it() {
     // them with the JSON): every other flip is refused.
     assert!(opened <= 20 * 32 * 3, "{opened} flips opened");
 }
+
+/// The tree's manifest edited as `edit` says, then its directory hashes and
+/// root recomputed, sealed and indexed again: damage that the root cannot
+/// see, so that only the entries' own checks can refuse it.
+fn reseal_edited(t: &Path, edit: impl FnOnce(&mut Manifest)) {
+    let path = t.join("manifest.json");
+    let mut m = json_manifest(t);
+    edit(&mut m);
+    let (dirs, root) = m.hashes();
+    m.dirs = dirs;
+    m.root = root;
+    m.manifest_blake3 = Some(capture::manifest::UNSEALED.to_string());
+    let mut bytes = serde_json::to_vec(&m).unwrap();
+    assert!(capture::manifest::seal(&mut bytes));
+    std::fs::write(&path, bytes).unwrap();
+    index::rewrite(t).unwrap();
+}
+
+#[test]
+fn entries_that_only_their_own_checks_refuse_are_refused_from_the_records_too() {
+    type Edit = fn(&mut Manifest);
+    let cases: [(&str, Edit, &str); 4] = [
+        (
+            "a key twice",
+            |m| {
+                let n = m.entries.len();
+                m.entries[n - 1] = m.entries[1].clone();
+            },
+            "appears twice",
+        ),
+        (
+            "axis 0 not its positions",
+            |m| {
+                let e = &mut m.entries[2];
+                e.shape = vec![2, e.shape.iter().skip(1).product::<usize>() / 2];
+            },
+            "axis 0",
+        ),
+        (
+            "a position past the format's",
+            |m| {
+                let e = &mut m.entries[3];
+                e.key.pos = capture::manifest::MAX_POSITION..capture::manifest::MAX_POSITION + 1;
+                e.path = capture::manifest::path_of(&e.key);
+            },
+            "goes past",
+        ),
+        (
+            "a byte count not its shape's",
+            |m| {
+                m.entries[4].bytes += 4;
+                m.entries[5].bytes -= 4;
+            },
+            "",
+        ),
+    ];
+    for (what, edit, says) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tree(dir.path());
+        reseal_edited(&t, edit);
+        let err = TreeReader::open_owned(&t).unwrap_err().to_string();
+        assert!(err.contains(says), "{what}: {err}");
+        // Not opened from the records either, and refused word for word
+        // as the owned path refuses it.
+        assert!(!same_either_way(&t, what), "{what}");
+    }
+    // The control: the same rewrite without an edit opens both ways.
+    let dir = tempfile::tempdir().unwrap();
+    let t = tree(dir.path());
+    reseal_edited(&t, |_| {});
+    assert!(same_either_way(&t, "resealed unedited"));
+    assert!(matches!(
+        TreeReader::open(&t).unwrap().listing(),
+        Entries::Records(_)
+    ));
+}
+
+#[test]
+fn records_opened_are_the_bytes_proven_whatever_the_index_file_becomes() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tree(dir.path());
+    let reader = TreeReader::open(&t).unwrap();
+    let owned = TreeReader::open_owned(&t).unwrap();
+    let hash = reader.listing().entry(1).blake3.clone();
+    // The index file changed in place under the open tree, then cut short.
+    let idx = t.join(INDEX_FILE);
+    let mut bytes = std::fs::read(&idx).unwrap();
+    for b in &mut bytes[HEAD_LEN..] {
+        *b ^= 0x5a;
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&idx)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes))
+        .unwrap();
+    let listing = reader.listing();
+    assert_eq!(listing.entry(1).blake3, hash);
+    assert!(listing.same_hash(1, &owned.listing(), 1));
+    std::fs::File::create(&idx).unwrap();
+    for i in 0..listing.len() {
+        assert_eq!(*listing.entry(i), owned.entries()[i], "entry {i}");
+    }
+}

@@ -254,8 +254,12 @@ pub fn rewrite(tree: &Path) -> Result<()> {
         path: json_path,
         reason,
     })?;
+    // Into place by a rename, as a capture writes it: a reader that has
+    // the old one open keeps reading the old one.
     let path = tree.join(INDEX_FILE);
-    std::fs::write(&path, index).map_err(|e| Error::io(&path, e))
+    let new = tree.join(format!(".{INDEX_FILE}.new"));
+    std::fs::write(&new, index).map_err(|e| Error::io(&new, e))?;
+    std::fs::rename(&new, &path).map_err(|e| Error::io(&path, e))
 }
 
 /// Redoes an index's body hash and head seal after an edit of its bytes

@@ -18,6 +18,8 @@ use std::path::Path;
 
 /// A sound index's records, read in place: the fields of tap `i` without
 /// an owned [`Entry`] (one is built by [`Records::entry`] where needed).
+/// The index's bytes are a copy read when the tree was opened, the ones
+/// its checks were made on.
 pub struct Records {
     bytes: FileBytes,
     /// Where the records and the dimensions lie in `bytes`.
@@ -155,7 +157,11 @@ pub(crate) fn open_views(
     counts: (Option<u64>, Option<u64>),
 ) -> Option<(Manifest, Records)> {
     let file = super::open_index(tree).ok()?;
-    let index = crate::open::map_or_read(&file, u64::MAX, true).ok()?;
+    // Read, not mapped: the records are read again for as long as the tree
+    // is open, so they must be the bytes proven here, whatever happens to
+    // the file later (a mapping would show a rewrite, or fault on a file
+    // cut short).
+    let index = FileBytes::Read(crate::open::read_from_start(&file, u64::MAX).ok()?);
     let head = IndexHead::parse(&index).ok()?;
     let span = head.entries_span(json.len() as u64).ok()?;
     super::check_against_head(tree, &head, None, json, span.clone()).ok()?;
