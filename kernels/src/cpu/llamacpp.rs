@@ -51,7 +51,6 @@
 //! this forward.
 
 use half::f16;
-use rayon::prelude::*;
 
 use super::attention::Heads;
 use super::quant_row::QuantRow;
@@ -371,15 +370,12 @@ impl Geometry {
     ) -> Vec<T> {
         let _p = super::profile::op(super::profile::Op::Attention);
         let mut out = vec![T::ZERO; n * self.q_width];
-        super::profile::region(|| {
-            out.par_chunks_mut(self.heads.head_dim)
-                .enumerate()
-                .for_each_init(S::default, |scratch, (i, o)| {
-                    super::profile::task(|| {
-                        let (r, h) = (i / self.heads.n_head, i % self.heads.n_head);
-                        body(scratch, r, h, h / self.group, o)
-                    })
-                })
+        // On the forward's team, as its other regions (rayon's threads here
+        // would share the cores with the team's, spinning after the q/k/v
+        // matmuls); a task's scratch is its own.
+        super::par::chunks_map(&mut out, self.heads.head_dim, |i, o| {
+            let (r, h) = (i / self.heads.n_head, i % self.heads.n_head);
+            body(&mut S::default(), r, h, h / self.group, o)
         });
         out
     }

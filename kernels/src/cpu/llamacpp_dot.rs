@@ -198,7 +198,11 @@ pub(crate) fn fill_chunk<T: Real, W: WeightRows>(
     };
     assert_eq!(acts.len(), n, "activation blocks per row");
     let nb = job.w.cols() / 32;
-    assert!(acts.iter().all(|a| a.d.len() == nb), "activation blocks");
+    assert!(
+        acts.iter()
+            .all(|a| a.d.len() == nb && a.s.len() == nb && a.qs.len() == nb * 32),
+        "activation blocks"
+    );
     let row = |o: usize| job.w.blocks(o).expect("a quantized weight").1;
     let mut put = |o: usize, r: usize, v: f32| out[o * n + r] = T::from_f32(v);
     let mut o = 0;

@@ -71,7 +71,7 @@ fn team_on() -> bool {
 
 /// A raw pointer that tasks use at disjoint offsets.
 pub(crate) struct Ptr<T>(pub(crate) *mut T);
-// SAFETY: every user (here and `matmul::run_jobs`) gives each task its own
+// SAFETY: every user (here, `matmul::run_jobs`, `ffn`) gives each task its own
 // elements, and nothing reads them until `for_each` has returned.
 unsafe impl<T: Send> Sync for Ptr<T> {}
 
