@@ -497,6 +497,7 @@ fn open_by_views(tree: &Path, bytes: &[u8]) -> Option<(Manifest, Records)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dtype::DType;
     use crate::key::Key;
 
     #[test]
