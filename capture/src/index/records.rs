@@ -205,7 +205,7 @@ pub(super) fn body<'a>(index: &'a [u8], head: &IndexHead) -> std::result::Result
 }
 
 /// The entries of a whole index whose head is `head`: checks its size and
-/// body hash ([`body`]), then every record's references.
+/// body hash (`body`), then every record's references.
 pub fn decode(index: &[u8], head: &IndexHead) -> std::result::Result<Vec<Entry>, String> {
     let Body {
         records,

@@ -19,7 +19,7 @@
 //!   `block_q8_1`'s stored sum;
 //! - the output is `hsum(acc) (+ summs)`, `hsum` folding the high half of
 //!   the lanes onto the low, then `(a0 + a2) + (a1 + a3)`
-//!   ([`super::llamacpp::hsum8`]).
+//!   (`llamacpp::hsum8`).
 //!
 //! For a prefill, llama.cpp first offers a matmul to `llamafile_sgemm`,
 //! which on AVX2 takes Q8_0 (with Q8_0 activations), Q4_0, Q5_0 and IQ4_NL
@@ -34,17 +34,15 @@
 //!
 //! Each output is the same bits whatever computes it: the portable loop
 //! ([`dot`], `f32::mul_add` for the FMAs), or the AVX2 tiles of
-//! `llamacpp_dot_avx` (four weight rows against one activation row for a
+//! `avx` (four weight rows against one activation row for a
 //! decode, two against four for a prefill), and whatever the thread count.
 
 use half::f16;
 use model::quant::GgmlType;
 
 use super::llamacpp::hsum8;
-use super::matmul::Act;
 use super::qmatrix::WeightRows;
 use super::quant_row::QuantRow;
-use super::rows::Job;
 use super::Real;
 
 /// One activation row in llama.cpp's `block_q8_0`/`block_q8_1` form: the
@@ -84,16 +82,17 @@ impl ActBlocks {
     }
 }
 
-/// Under `--precision llamacpp` ([`Act::LlamaCpp`]), a matmul's activation
-/// rows quantized in 32-blocks (`q`) in llama.cpp's blocks, for the weights
-/// whose sums [`fill_chunk`] models; `None` otherwise.
+/// Where a matmul sums as llama.cpp does (`llama`: `--precision
+/// llamacpp`), its activation rows quantized in 32-blocks (`q`) in
+/// llama.cpp's blocks, for the weights whose sums [`fill_chunk`] models;
+/// `None` otherwise.
 pub(crate) fn rows_for<T: Real>(
-    act: Act,
+    llama: bool,
     block: usize,
     q: Option<&[QuantRow<T>]>,
 ) -> Option<Vec<ActBlocks>> {
-    match (act, block, q) {
-        (Act::LlamaCpp, 32, Some(q)) => Some(q.iter().map(ActBlocks::of).collect()),
+    match (llama, block, q) {
+        (true, 32, Some(q)) => Some(q.iter().map(ActBlocks::of).collect()),
         _ => None,
     }
 }
@@ -170,7 +169,7 @@ fn tile<const RW: usize, const RA: usize>(
         if simd() {
             // SAFETY: AVX2, F16C and FMA checked; every row of `w` is whole
             // blocks of `ty` (a QMatrix row) with a block of `a` for each.
-            return unsafe { super::llamacpp_dot_avx::tile(ty, w, a) };
+            return unsafe { avx::tile(ty, w, a) };
         }
     }
     w.map(|wr| a.map(|ar| dot(ty, wr, ar)))
@@ -181,29 +180,28 @@ fn tile<const RW: usize, const RA: usize>(
 const PW: usize = 2;
 
 /// Fills `out` (`[k, n]`, transposed) with output features `first..first +
-/// k` of `job` from its activation rows in llama.cpp's blocks (`acts`),
+/// k` of the matmul of `weights` with its activation rows in llama.cpp's blocks (`acts`),
 /// when its weight is held in blocks of a modelled type; returns false,
 /// having written nothing, when it is not.
 pub(crate) fn fill_chunk<T: Real, W: WeightRows>(
-    job: &Job<T, W>,
+    weights: &W,
     acts: &[ActBlocks],
     first: usize,
     out: &mut [T],
 ) -> bool {
-    let n = job.n;
-    let k = out.len() / n;
-    let ty = match job.w.blocks(first) {
+    let n = acts.len();
+    let k = out.len() / n.max(1);
+    let ty = match weights.blocks(first) {
         Some((ty, _)) if modelled(ty) => ty,
         _ => return false,
     };
-    assert_eq!(acts.len(), n, "activation blocks per row");
-    let nb = job.w.cols() / 32;
+    let nb = weights.cols() / 32;
     assert!(
         acts.iter()
             .all(|a| a.d.len() == nb && a.s.len() == nb && a.qs.len() == nb * 32),
         "activation blocks"
     );
-    let row = |o: usize| job.w.blocks(o).expect("a quantized weight").1;
+    let row = |o: usize| weights.blocks(o).expect("a quantized weight").1;
     let mut put = |o: usize, r: usize, v: f32| out[o * n + r] = T::from_f32(v);
     let mut o = 0;
     if n < 4 {
@@ -242,6 +240,9 @@ pub(crate) fn fill_chunk<T: Real, W: WeightRows>(
     }
     true
 }
+
+#[cfg(target_arch = "x86_64")]
+mod avx;
 
 #[cfg(test)]
 mod tests;

@@ -148,7 +148,7 @@ pub fn matmul_with_mins<T: Real, W: WeightRows>(
     let (cols, block) = (w.cols(), w.block());
     assert_eq!(x.len(), n * cols, "matmul input is not [{n}, {cols}]");
     let own = reads_quantized(block, act).then(|| quantize_rows(x, n, block, act));
-    let llama = super::llamacpp_dot::rows_for(act, block, own.as_deref());
+    let llama = super::llamacpp_dot::rows_for(act == Act::LlamaCpp, block, own.as_deref());
     let job = Job {
         x,
         n,
@@ -193,7 +193,8 @@ pub fn apply_group_quantized<T: Real>(
     let _p = super::profile::op(super::profile::Op::Matmul);
     let quantized = |l: &Linear| reads_quantized(l.m.block(), act);
     let q32 = qs.iter().find(|(b, _)| *b == 32);
-    let llama = q32.and_then(|(b, rows)| super::llamacpp_dot::rows_for(act, *b, Some(rows)));
+    let llama = q32
+        .and_then(|(b, rows)| super::llamacpp_dot::rows_for(act == Act::LlamaCpp, *b, Some(rows)));
     let jobs: Vec<_> = ls
         .iter()
         .map(|l| {

@@ -18,8 +18,6 @@ pub mod forward;
 pub mod fused;
 pub mod llamacpp;
 pub mod llamacpp_dot;
-#[cfg(target_arch = "x86_64")]
-mod llamacpp_dot_avx;
 pub mod llamacpp_gemma;
 pub mod matmul;
 pub mod norm;

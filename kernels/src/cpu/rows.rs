@@ -41,7 +41,8 @@ pub(crate) fn fill_chunk<T: Real, W: WeightRows>(
     scratch: &mut Vec<f32>,
 ) {
     if let Some(acts) = job.llama {
-        if super::llamacpp_dot::fill_chunk(job, acts, first, out) {
+        assert_eq!(acts.len(), job.n, "activation blocks per row");
+        if super::llamacpp_dot::fill_chunk(job.w, acts, first, out) {
             return;
         }
     }

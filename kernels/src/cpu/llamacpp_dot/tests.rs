@@ -1,5 +1,5 @@
 use super::super::llamacpp::quantize_row;
-use super::super::matmul::{apply_group, matmul_with_mins, Linear};
+use super::super::matmul::{apply_group, matmul_with_mins, Act, Linear};
 use super::super::qmatrix::{QMatrix, Weight};
 use super::*;
 
@@ -163,7 +163,7 @@ fn the_avx2_tiles_give_the_portable_bits() {
             let bits = |v: f32| v.to_bits();
             // SAFETY: AVX2, F16C and FMA checked; whole blocks, nb per row.
             unsafe {
-                use super::super::llamacpp_dot_avx::tile as t;
+                use super::avx::tile as t;
                 let y = t(ty, [rows[0], rows[1], rows[2], rows[3]], [&acts[1]]);
                 for j in 0..4 {
                     assert_eq!(bits(y[j][0]), want[j][1], "{ty} 4x1 row {j}");

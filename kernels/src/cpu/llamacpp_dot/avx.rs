@@ -1,9 +1,9 @@
-//! The AVX2 tiles of [`super::llamacpp_dot`]: llama.cpp's integer dot for
+//! The AVX2 tiles of [`super`]: llama.cpp's integer dot for
 //! several weight rows and activation rows at once, each output the
 //! instructions of `ggml_vec_dot_q4_1_q8_1` / `ggml_vec_dot_q8_0_q8_0` in
 //! their order (`maddubs`, `madd` with ones, convert, one FMA per block
 //! per lane; the scalar FMA of Q4_1's minimum term; the final `hsum`), so
-//! the same bits as the portable [`super::llamacpp_dot::dot`]. Only the
+//! the same bits as the portable [`super::dot`]. Only the
 //! grouping differs: one weight block unpacked serves several activation
 //! rows, one activation block several weight rows.
 
@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 
 use model::quant::GgmlType;
 
-use super::llamacpp_dot::ActBlocks;
+use super::ActBlocks;
 
 /// `y[i][r]` = the dot of weight row `w[i]` (blocks of `ty`, Q4_1 or Q8_0)
 /// with activation row `a[r]`.
@@ -158,7 +158,7 @@ unsafe fn tile_ty<const Q41: bool, const RW: usize, const RA: usize>(
             // Each weight comes from memory once (a decode's every time, a
             // prefill's at its first four rows): ask for the rows eight on
             // while these are dotted (see `prefetch_ahead`).
-            super::rows_avx::prefetch_ahead(w[i], b * ts);
+            crate::cpu::rows_avx::prefetch_ahead(w[i], b * ts);
             let p = w[i].as_ptr().add(b * ts);
             let dw = f16_at(p);
             if Q41 {
