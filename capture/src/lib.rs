@@ -47,6 +47,7 @@ mod error;
 pub mod hashes;
 pub mod index;
 pub mod key;
+mod key_hash;
 pub mod manifest;
 mod manifest_file;
 mod open;

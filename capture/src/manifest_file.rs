@@ -3,6 +3,7 @@
 //! and paths.
 
 use crate::error::{Error, Result};
+use crate::key_hash::KeyHasher;
 use crate::manifest::{self, Entry, Manifest, FORMAT_MAJOR, FORMAT_MAJOR_OLDEST, MANIFEST_FILE};
 use crate::open::*;
 use crate::tapfile;
@@ -373,62 +374,6 @@ fn check_one_by_one(tree: &Path, manifest_path: &Path, m: &Manifest) -> Result<u
         }
     }
     Ok(total)
-}
-
-/// The duplicate-key check's hash ([`check_entries`]): keys are short,
-/// and SipHash was a good part of opening a tree. A word at a time
-/// (FxHash's step: rotate, xor, multiply), integers without going through
-/// their bytes; byte-at-a-time FNV-1a was still 4% of opening one.
-/// Collisions only cost time.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct KeyHasher(u64);
-
-impl KeyHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
-
-impl std::hash::Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut words = bytes.chunks_exact(8);
-        for w in &mut words {
-            self.add(u64::from_le_bytes(w.try_into().expect("8 bytes")));
-        }
-        let mut last = [0u8; 8];
-        let rest = words.remainder();
-        last[..rest.len()].copy_from_slice(rest);
-        // The length is mixed in with the last word: "ab" and "ab\0" differ.
-        self.add(u64::from_le_bytes(last) ^ ((bytes.len() as u64) << 56));
-    }
-
-    fn write_u8(&mut self, v: u8) {
-        self.add(u64::from(v));
-    }
-
-    fn write_u32(&mut self, v: u32) {
-        self.add(u64::from(v));
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.add(v);
-    }
-
-    fn write_usize(&mut self, v: usize) {
-        self.add(v as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-impl std::hash::BuildHasher for KeyHasher {
-    type Hasher = KeyHasher;
-
-    fn build_hasher(&self) -> KeyHasher {
-        KeyHasher::default()
-    }
 }
 
 /// An entry path is `DIR/FILE.safetensors`, relative, with DIR the key's

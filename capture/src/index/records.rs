@@ -140,7 +140,7 @@ fn dtype_code(d: DType) -> u8 {
     }
 }
 
-fn dtype_of(code: u8) -> Option<DType> {
+pub(super) fn dtype_of(code: u8) -> Option<DType> {
     use DType::*;
     [F32, F16, BF16, F64, I8, I32].get(code as usize).copied()
 }

@@ -7,9 +7,10 @@
 //! error) as it always did.
 
 use super::head::{hex_into, u32_at, u64_at, IndexHead};
-use super::records::{body, check_record, shape_of, Rec};
+use super::records::{body, check_record, dtype_of, shape_of, Rec};
 use super::{HAS_LAYER, HAS_SLOT, HEAD_LEN, RECORD_LEN};
 use crate::dtype::DType;
+use crate::key_hash::KeyHasher;
 use crate::manifest::{self, Entry, Manifest};
 use crate::open::FileBytes;
 use rayon::prelude::*;
@@ -100,8 +101,7 @@ impl Records {
     /// Tap `i`'s element type.
     #[inline]
     pub fn dtype(&self, i: usize) -> DType {
-        use DType::*;
-        [F32, F16, BF16, F64, I8, I32][self.record(i)[20] as usize]
+        dtype_of(self.record(i)[20]).expect("every record was checked when the tree was opened")
     }
 
     /// Tap `i`'s shape, 8 little-endian bytes per dimension.
@@ -261,12 +261,7 @@ fn no_key_twice(r: &Records, strings: &[&str]) -> bool {
                 opt(r.slot(i)),
                 u64::from(pos.start) << 32 | u64::from(pos.end),
             ];
-            // FxHash's step (rotate, xor, multiply) a word at a time, then
-            // a final mix so that the high bits see every word.
-            let h = words.iter().fold(0u64, |h, &w| {
-                (h.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95)
-            });
-            (h ^ (h >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9)
+            KeyHasher::of_words(&words)
         })
         .collect_into_vec(&mut hashes);
     hashes.par_sort_unstable();

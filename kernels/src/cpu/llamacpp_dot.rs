@@ -41,7 +41,7 @@ use half::f16;
 use model::quant::GgmlType;
 
 use super::llamacpp::hsum8;
-use super::qmatrix::WeightRows;
+use super::qmatrix::{f16_at, WeightRows};
 use super::quant_row::QuantRow;
 use super::Real;
 
@@ -100,12 +100,6 @@ pub(crate) fn rows_for<T: Real>(
 /// Whether llama.cpp's integer dot is modelled for weights of `ty`.
 pub fn modelled(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0)
-}
-
-/// An f16 at byte `i` of `b`, as f32 (exact).
-#[inline(always)]
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
 /// The portable loop: one weight row `w` (whole blocks of `ty`, Q4_1 or

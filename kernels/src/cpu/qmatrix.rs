@@ -170,8 +170,9 @@ impl Weight {
     }
 }
 
+/// An f16 at byte `i` of `b`, as f32 (exact).
 #[inline(always)]
-fn f16_at(b: &[u8], i: usize) -> f32 {
+pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
     half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
