@@ -27,6 +27,8 @@ struct LayerW {
     int window;
     float rope_base;
 };
+// The table's stride, as `ops::persist` writes it (LAYER_BYTES).
+static_assert(sizeof(LayerW) == 112, "LayerW is not the table's layout");
 
 // The step's buffers and shapes, as `ops::persist` passes them.
 struct StepArgs {
@@ -36,39 +38,65 @@ struct StepArgs {
     unsigned long long layer_floats;  // one layer's cache: capacity * kv width
     const u32* pos;
     const float* rope_cs;  // RoPE's table, or null: computed per block
-    unsigned* barrier;     // zero at the launch's start
+    unsigned* barrier;     // zero at the launch's start: the arrivals' counter,
+                           // and 32 words on the barriers passed
+    unsigned long long* stamps;  // null, or 2 per block per barrier (timeline)
     int n_layer, d, qw, kvw, ff, n_head, n_kv, head_dim;
     float eps, scale;
     int ds, chunk, max_keys;
-    int w_buf;    // bytes of one weight buffer, a multiple of 16
-    int x_bytes;  // bytes of the staged input row, a multiple of 16
+    int w_buf;      // bytes of one weight buffer, a multiple of 16
+    int x_bytes;    // bytes of the staged input row, a multiple of 16
+    int att_bytes;  // bytes of attention's scores and values, a multiple of 16
 };
+// `ops::persist`'s StepArgs, with its explicit padding.
+static_assert(sizeof(StepArgs) == 168, "StepArgs is not the launcher's layout");
 
 // Loads with acquire semantics at GPU scope: what was written before the
-// matching release (the arrival's fence and add) is visible after it.
+// matching release is visible after it.
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 
+__device__ __forceinline__ void store_release(unsigned* p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 // Every block of the grid past its `*passed`-th barrier: the block's
 // writes before it visible to every block after it. Thread 0 arrives (a
-// fence, then one add) and spins on the counter; a barrier that never
+// fence, then one add on the counter); the last to arrive publishes the
+// barrier's number in a word of its own cache line, on which the others
+// spin (so their loads do not queue with the adds). A barrier that never
 // fills (a block that could not run: not expected under a cooperative
-// launch) traps after seconds instead of hanging the process.
-__device__ __forceinline__ void grid_barrier(unsigned* counter, unsigned* passed) {
+// launch) traps after seconds instead of hanging the process. With
+// `stamps`, thread 0 notes the time it arrived and left.
+__device__ __forceinline__ void grid_barrier(unsigned* counter, unsigned* passed,
+                                             unsigned long long* stamps) {
     __syncthreads();
     *passed += 1;
     if (threadIdx.x == 0) {
-        unsigned target = *passed * gridDim.x;
+        unsigned n = *passed;
+        size_t at = 2 * ((size_t)(n - 1) * gridDim.x + blockIdx.x);
+        if (stamps) stamps[at] = global_ns();
+        unsigned* flag = counter + 32;
         __threadfence();
-        atomicAdd(counter, 1u);
-        long long start = clock64();
-        while (load_acquire(counter) < target) {
-            if (clock64() - start > (1LL << 35)) __trap();
+        if (atomicAdd(counter, 1u) + 1 == n * gridDim.x) {
+            __threadfence();
+            store_release(flag, n);
+        } else {
+            long long start = clock64();
+            while (load_acquire(flag) < n) {
+                if (clock64() - start > (1LL << 35)) __trap();
+            }
         }
-        __threadfence();
+        if (stamps) stamps[at + 1] = global_ns();
     }
     __syncthreads();
 }
@@ -153,33 +181,49 @@ __device__ void run_attention(const StepArgs& s, int l, float* smem_f, float* sc
 }
 
 // Dynamic shared memory: two weight buffers of s.w_buf bytes, the staged
-// input row (s.x_bytes), then attention's scores and values.
-extern "C" __global__ void decode_layers(StepArgs s) {
+// input row (s.x_bytes), attention's scores and values (s.att_bytes), then
+// copies of what every step reads and no step writes: the layers' table,
+// the position, RoPE's cosines and sines. Read from shared memory, they
+// cost no trip to L2 after each barrier (whose acquire empties L1).
+extern "C" __global__ void decode_layers(StepArgs args) {
     extern __shared__ __align__(16) u8 smem[];
     __shared__ double scratch[NORM_THREADS / 32];
     __shared__ float res[ROWS_PER_PASS][FUSED_OUTS];
     __shared__ float ascratch[32];
     __shared__ float inv_sum;
+    StepArgs s = args;
     u8* buf0 = smem;
     u8* buf1 = smem + s.w_buf;
     float* xs = (float*)(smem + 2 * (size_t)s.w_buf);
     float* att_smem = (float*)(smem + 2 * (size_t)s.w_buf + s.x_bytes);
+    u8* consts = smem + 2 * (size_t)s.w_buf + s.x_bytes + s.att_bytes;
+    size_t table_bytes = (size_t)s.n_layer * sizeof(LayerW);
+    stage_bytes(consts, (const u8*)s.layers, table_bytes);
+    u32* pos = (u32*)(consts + table_bytes);
+    float* rope = (float*)(consts + table_bytes + 16);
+    if (threadIdx.x == 0) *pos = s.pos[0];
+    if (s.rope_cs)
+        for (int i = threadIdx.x; i < s.head_dim; i += blockDim.x) rope[i] = s.rope_cs[i];
+    __syncthreads();
+    s.layers = (const LayerW*)consts;
+    s.pos = pos;
+    if (s.rope_cs) s.rope_cs = rope;
     unsigned passed = 0;
     prefetch_matmul(s, 0, MM_QKV, buf0);
     prefetch_matmul(s, 0, MM_O, buf1);
     for (int l = 0; l < s.n_layer; ++l) {
-        if (l > 0) grid_barrier(s.barrier, &passed);  // x written by the last ffn_down
+        if (l > 0) grid_barrier(s.barrier, &passed, s.stamps);  // x written by the last ffn_down
         run_matmul(s, l, MM_QKV, buf0, xs, scratch, res);
-        grid_barrier(s.barrier, &passed);
+        grid_barrier(s.barrier, &passed, s.stamps);
         run_attention(s, l, att_smem, ascratch, &inv_sum);
         prefetch_matmul(s, l, MM_GATE_UP, buf0);
-        grid_barrier(s.barrier, &passed);
+        grid_barrier(s.barrier, &passed, s.stamps);
         run_matmul(s, l, MM_O, buf1, xs, scratch, res);
         prefetch_matmul(s, l, MM_DOWN, buf1);
-        grid_barrier(s.barrier, &passed);
+        grid_barrier(s.barrier, &passed, s.stamps);
         run_matmul(s, l, MM_GATE_UP, buf0, xs, scratch, res);
         prefetch_matmul(s, l + 1, MM_QKV, buf0);
-        grid_barrier(s.barrier, &passed);
+        grid_barrier(s.barrier, &passed, s.stamps);
         run_matmul(s, l, MM_DOWN, buf1, xs, scratch, res);
         prefetch_matmul(s, l + 1, MM_O, buf1);
     }

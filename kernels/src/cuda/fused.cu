@@ -73,9 +73,20 @@ __device__ void slot_outputs_any(int type, const u8* wr, const float* xs, int nr
 
 // Rows r0 .. r0 + nr of x into xs (shared), RMS-normalized with norm_w
 // when it is given, exactly as the rms_norm kernel writes them. Ends with
-// the block synchronized.
+// the block synchronized. The norm weights of this thread's first
+// NORM_EARLY elements are loaded before the rows' sums of squares, so
+// that their latency is not added after them.
+#define NORM_EARLY 8
 __device__ void stage_input(float* xs, const float* x, int r0, int nr, int in,
                             const float* norm_w, float eps, double* scratch) {
+    float nw[NORM_EARLY];
+    if (norm_w) {
+#pragma unroll
+        for (int u = 0; u < NORM_EARLY; ++u) {
+            int i = threadIdx.x + u * blockDim.x;
+            nw[u] = i < in ? norm_w[i] : 0.0f;
+        }
+    }
     stage_bytes((u8*)xs, (const u8*)(x + (size_t)r0 * in), (size_t)nr * in * 4);
     if (norm_w) {
         for (int k = 0; k < nr; ++k) {
@@ -83,7 +94,13 @@ __device__ void stage_input(float* xs, const float* x, int r0, int nr, int in,
             // Synchronizes first (the staged rows visible) and after its
             // last read of xr: the row may then be rewritten in place.
             float scale = norm_scale(norm_sum_squares(xr, in, scratch), in, eps);
-            for (int i = threadIdx.x; i < in; i += blockDim.x)
+            int u = 0;
+#pragma unroll
+            for (; u < NORM_EARLY; ++u) {
+                int i = threadIdx.x + u * blockDim.x;
+                if (i < in) xr[i] = norm_apply(xr[i], scale, nw[u]);
+            }
+            for (int i = threadIdx.x + NORM_EARLY * blockDim.x; i < in; i += blockDim.x)
                 xr[i] = norm_apply(xr[i], scale, norm_w[i]);
         }
     }
@@ -174,6 +191,25 @@ __device__ void fused_outputs(const FusedArgs& a, const FusedPlan& p, const u8* 
                               int r0, double* scratch, float res[ROWS_PER_PASS][FUSED_OUTS],
                               int keep, int trigger_at) {
     int nr = min(ROWS_PER_PASS, a.rows - r0);
+    int per = p.per, cnt = p.cnt, first = p.first, pairs = per / 2;
+    // What this thread's first element of the epilogue (t = threadIdx.x)
+    // reads besides the products: its residual, or its row's position and
+    // RoPE pair, loaded now, under the input's staging, rather than after
+    // the products.
+    float early_resid = 0.0f, early_c = 0.0f, early_s = 0.0f;
+    u32 early_pos = 0;
+    int t0 = threadIdx.x;
+    if (a.mode == FUSED_PLAIN && a.resid && t0 < nr * per && t0 % per < cnt) {
+        early_resid = a.resid[(size_t)(r0 + t0 / per) * a.n0 + first + t0 % per];
+    } else if (a.mode == FUSED_QKV_ROPE && t0 < nr * pairs && 2 * (t0 % pairs) < cnt) {
+        int k = t0 / pairs, col = first + 2 * (t0 % pairs);
+        early_pos = a.pos[r0 + k];
+        if (p.region < 2 && a.rope_cs) {
+            const float* cs =
+                a.rope_cs + 2 * ((size_t)(r0 + k) * (a.head_dim / 2) + (col % a.head_dim) / 2);
+            early_c = cs[0], early_s = cs[1];
+        }
+    }
     stage_input(xs, a.x, r0, nr, a.in, a.norm_w, a.eps, scratch);
     if (keep < 0) {
         copy_async_wait_all();
@@ -186,7 +222,6 @@ __device__ void fused_outputs(const FusedArgs& a, const FusedPlan& p, const u8* 
     if (trigger_at == 2) pdl_launch_dependents();
     __syncthreads();
 
-    int per = p.per, cnt = p.cnt, first = p.first;
     if (a.mode == FUSED_PLAIN) {
         for (int t = threadIdx.x; t < nr * per; t += blockDim.x) {
             int k = t / per, o = t % per;
@@ -194,7 +229,8 @@ __device__ void fused_outputs(const FusedArgs& a, const FusedPlan& p, const u8* 
             size_t at = (size_t)(r0 + k) * a.n0 + first + o;
             float v = res[k][o];
             // As the add kernel: one rounded add.
-            a.y0[at] = a.resid ? a.resid[at] + v : v;
+            if (a.resid) v = (t == t0 ? early_resid : a.resid[at]) + v;
+            a.y0[at] = v;
         }
     } else if (a.mode == FUSED_SWIGLU) {
         for (int t = threadIdx.x; t < nr * per; t += blockDim.x) {
@@ -203,16 +239,17 @@ __device__ void fused_outputs(const FusedArgs& a, const FusedPlan& p, const u8* 
             a.y0[(size_t)(r0 + k) * a.n0 + first + o] = swiglu_one(res[k][o], res[k][o + per]);
         }
     } else {
-        int pairs = per / 2;
         for (int t = threadIdx.x; t < nr * pairs; t += blockDim.x) {
             int k = t / pairs, o = 2 * (t % pairs);
             if (o >= cnt) continue;
-            u32 ps = a.pos[r0 + k];
+            u32 ps = t == t0 ? early_pos : a.pos[r0 + k];
             float x0 = res[k][o], x1 = res[k][o + 1];
             int col = first + o;
             if (p.region < 2) {
                 int i = (col % a.head_dim) / 2;
-                if (a.rope_cs) {
+                if (a.rope_cs && t == t0) {
+                    rope_apply(&x0, &x1, early_c, early_s);
+                } else if (a.rope_cs) {
                     const float* cs = a.rope_cs + 2 * ((size_t)(r0 + k) * (a.head_dim / 2) + i);
                     rope_apply(&x0, &x1, cs[0], cs[1]);
                 } else {

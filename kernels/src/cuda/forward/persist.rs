@@ -21,6 +21,10 @@ pub(super) struct Persist {
     table: LayerTable,
     barrier: CudaSlice<u32>,
     runs: u64,
+    /// The timeline of the last persistent launch, where asked for, and
+    /// the grid it ran on.
+    stamps: Option<CudaSlice<u64>>,
+    blocks: usize,
 }
 
 impl Persist {
@@ -49,7 +53,7 @@ impl Persist {
             })
             .collect();
         let table = LayerTable::new(dev, &layers)?;
-        let barrier = ops::upload(dev, &[0u32])?;
+        let barrier = ops::upload(dev, &[0u32; ops::BARRIER_WORDS])?;
         let env = std::env::var("TAPTREE_CUDA_PERSIST_BLOCKS").ok();
         Ok(Persist {
             on: matches!(
@@ -60,6 +64,8 @@ impl Persist {
             table,
             barrier,
             runs: 0,
+            stamps: None,
+            blocks: 0,
         })
     }
 }
@@ -92,6 +98,7 @@ pub(super) fn layers(
     };
     let (d, qw) = (c.n_embd, c.n_head * c.head_dim);
     let rope = sc.rope.slice(..c.head_dim);
+    p.blocks = plan.blocks;
     ops::decode_layers(
         dev,
         &p.table,
@@ -108,6 +115,7 @@ pub(super) fn layers(
             pos: &sc.pos.slice(..1),
             rope: tabled.then_some(&rope),
             barrier: &mut p.barrier,
+            stamps: p.stamps.as_mut(),
         },
     )?;
     p.runs += 1;
@@ -130,6 +138,39 @@ impl CudaForward {
     pub fn set_persistent_blocks(&mut self, blocks: usize) {
         self.persist.cap = blocks;
         self.graph = None;
+    }
+
+    /// Has each persistent launch note when each block arrived at and left
+    /// each barrier (a decode graph captured before keeps what it
+    /// recorded), for [`Self::persistent_timeline`].
+    pub fn set_persistent_timeline(&mut self, on: bool) -> Result<(), CudaError> {
+        // Room for any grid: at most 32 blocks per SM.
+        let most = ops::timeline_len(self.config.n_layer, 32 * self.dev.sm_count());
+        self.persist.stamps = if on {
+            Some(ops::upload(&self.dev, &vec![0u64; most])?)
+        } else {
+            None
+        };
+        self.graph = None;
+        Ok(())
+    }
+
+    /// The last persistent launch's timeline ([`ops::timeline_len`] values,
+    /// nanoseconds) and its grid's blocks, once the stream is done; `None`
+    /// unless asked for and run.
+    pub fn persistent_timeline(&self) -> Result<Option<(usize, Vec<u64>)>, CudaError> {
+        let p = &self.persist;
+        let Some(t) = &p.stamps else {
+            return Ok(None);
+        };
+        if p.blocks == 0 || t.len() < ops::timeline_len(self.config.n_layer, p.blocks) {
+            return Ok(None);
+        }
+        let s = self.dev.stream();
+        let v = s
+            .clone_dtoh(t)
+            .map_err(|e| CudaError::driver("copy the timeline", e))?;
+        Ok(Some((p.blocks, v)))
     }
 
     /// How many runs were encoded with the persistent launch so far (a

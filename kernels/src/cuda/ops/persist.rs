@@ -22,9 +22,11 @@ const THREADS: u32 = 128;
 const DS: usize = 16;
 /// The most values a block stages at once, as `attention_split_at`'s.
 const VALUE_FLOATS: usize = 8 * 1024;
-/// Bytes of one layer's entry in the table (`LayerW` in decode.cu): nine
-/// addresses, seven weight types, the window and RoPE's base.
-const LAYER_BYTES: usize = 9 * 8 + 7 * 4 + 4 + 4;
+/// Bytes of one layer's entry in the table (`LayerW` in decode.cu, whose
+/// size the kernel asserts): nine addresses, seven weight types, the window
+/// and RoPE's base, then 4 bytes of padding to the struct's 8-byte
+/// alignment.
+const LAYER_BYTES: usize = 9 * 8 + 7 * 4 + 4 + 4 + 4;
 
 /// One layer's matrices and norm weights, for [`LayerTable::new`].
 pub struct LayerMatrices<'a> {
@@ -75,6 +77,7 @@ impl LayerTable {
             let win = l.window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
             bytes.extend_from_slice(&win.to_ne_bytes());
             bytes.extend_from_slice(&l.rope_base.to_ne_bytes());
+            bytes.extend_from_slice(&[0; 4]);
             let rows = |m: &DeviceMatrix, n: usize| n * m.ggml_type.row_bytes(m.cols);
             let [wq, wk, wv, wo, wg, wu, wd] = l.w;
             let half = MATMUL_F32_OUTS / 2;
@@ -122,8 +125,25 @@ pub struct StepBuffers<'a, 'b> {
     pub pos: &'a CudaView<'b, u32>,
     /// RoPE's cosines and sines at it (`ops::rope_table`), or `None`.
     pub rope: Option<&'a CudaView<'b, f32>>,
-    /// One counter, zeroed here before the launch.
+    /// The barrier's words ([`BARRIER_WORDS`]), zeroed here before the
+    /// launch.
     pub barrier: &'a mut CudaSlice<u32>,
+    /// Where each block notes when it arrived at and left each barrier
+    /// ([`timeline_len`] values: nanoseconds of the GPU's global timer), or
+    /// `None`.
+    pub stamps: Option<&'a mut CudaSlice<u64>>,
+}
+
+/// The barrier's words: the arrivals' counter, and 32 words on (another
+/// cache line) the number of barriers passed.
+pub const BARRIER_WORDS: usize = 64;
+
+/// Values of a timeline of `layers` layers on a grid of `blocks` blocks: two
+/// per block per barrier (arrived, left), barrier-major; a layer's five
+/// steps end at barriers 5 l - 1 .. 5 l + 3 (the first layer's first step
+/// has none before it).
+pub fn timeline_len(layers: usize, blocks: usize) -> usize {
+    2 * blocks * (5 * layers).saturating_sub(1)
 }
 
 /// The model's shapes the step needs.
@@ -161,6 +181,7 @@ struct StepArgs {
     pos: u64,
     rope_cs: u64,
     barrier: u64,
+    stamps: u64,
     n_layer: i32,
     d: i32,
     qw: i32,
@@ -176,13 +197,14 @@ struct StepArgs {
     max_keys: i32,
     w_buf: i32,
     x_bytes: i32,
-    /// Makes the size a multiple of 8 with no implicit padding.
-    pad: i32,
+    att_bytes: i32,
 }
 
-// SAFETY: plain data with no implicit padding (12 addresses, then 16 4-byte
-// fields), laid out as the kernel's struct.
+// SAFETY: plain data with no implicit padding (13 addresses, then 16 4-byte
+// fields), laid out as the kernel's struct (whose size the kernel asserts).
 unsafe impl DeviceRepr for StepArgs {}
+
+const _: () = assert!(std::mem::size_of::<StepArgs>() == 168 && LAYER_BYTES == 112);
 
 /// Where the persistent step can run and how: its grid and shared memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,6 +216,8 @@ pub struct PersistPlan {
     /// Keys a block's scores hold.
     max_keys: usize,
     chunk: usize,
+    x_bytes: usize,
+    att_bytes: usize,
 }
 
 /// The most blocks any of a layer's five steps has in the fused pass.
@@ -237,7 +261,10 @@ pub fn persist_plan(
     let max_keys = table.window.map_or(s.capacity, |w| w.min(s.capacity));
     let chunk = max_keys.min(VALUE_FLOATS / DS);
     let x_bytes = (widest * 4).div_ceil(16) * 16;
-    let shared = 2 * table.w_buf + x_bytes + (max_keys.div_ceil(4) * 4 + chunk * DS) * 4;
+    let att_bytes = (max_keys.div_ceil(4) * 4 + chunk * DS) * 4;
+    // The copies of the table, the position (16 bytes) and RoPE's pairs.
+    let consts = table.layers * LAYER_BYTES + 16 + s.head_dim * 4;
+    let shared = 2 * table.w_buf + x_bytes + att_bytes + consts;
     let most = dev
         .context()
         .attribute(
@@ -264,6 +291,8 @@ pub fn persist_plan(
         shared,
         max_keys,
         chunk,
+        x_bytes,
+        att_bytes,
     }))
 }
 
@@ -293,6 +322,14 @@ pub fn decode_layers(
     check("decode_layers k cache", b.k_cache.len(), cache)?;
     check("decode_layers v cache", b.v_cache.len(), cache)?;
     check("decode_layers pos", b.pos.len(), 1)?;
+    check("decode_layers barrier", b.barrier.len(), BARRIER_WORDS)?;
+    if let Some(t) = &b.stamps {
+        check(
+            "decode_layers timeline",
+            t.len(),
+            timeline_len(table.layers, plan.blocks),
+        )?;
+    }
     if let Some(t) = &b.rope {
         check("decode_layers rope table", t.len(), s.head_dim)?;
     }
@@ -301,7 +338,6 @@ pub fn decode_layers(
         .memset_zeros(b.barrier)
         .map_err(|e| CudaError::driver("decode_layers: zero the barrier", e))?;
     let i = |n: usize| n as i32;
-    let widest = s.d.max(qw).max(s.ff);
     let args = StepArgs {
         layers: addr(&table.table, stream),
         x: addr(&*b.x, stream),
@@ -315,6 +351,7 @@ pub fn decode_layers(
         pos: addr(b.pos, stream),
         rope_cs: b.rope.map_or(0, |t| addr(t, stream)),
         barrier: addr(&*b.barrier, stream),
+        stamps: b.stamps.as_ref().map_or(0, |t| addr(&**t, stream)),
         n_layer: i(table.layers),
         d: i(s.d),
         qw: i(qw),
@@ -329,8 +366,8 @@ pub fn decode_layers(
         chunk: i(plan.chunk),
         max_keys: i(plan.max_keys),
         w_buf: i(table.w_buf),
-        x_bytes: i((widest * 4).div_ceil(16) * 16),
-        pad: 0,
+        x_bytes: i(plan.x_bytes),
+        att_bytes: i(plan.att_bytes),
     };
     let f = dev.function(Family::Decode, "decode_layers")?;
     let mut a = KernelArgs::default();
