@@ -302,9 +302,7 @@ impl<T: Real> Engine<T> {
             let li = Some(l as u32);
             let attn = [&lw.wq, &lw.wk, &lw.wv];
             let add = pending.take();
-            let add = add
-                .as_ref()
-                .map(|(v, l)| (&v[..], st::POST_FFN_RESIDUAL, *l));
+            let add = ffn_residual(&add);
             let h = s.residual_norm(
                 &mut x,
                 add,
@@ -328,9 +326,7 @@ impl<T: Real> Engine<T> {
         }
         cache.len = start + n;
 
-        let add = pending
-            .as_ref()
-            .map(|(v, l)| (&v[..], st::POST_FFN_RESIDUAL, *l));
+        let add = ffn_residual(&pending);
         let norm = (st::FINAL_NORM, None);
         let h = s
             .residual_norm(&mut x, add, &w.output_norm, norm, &[], acts.logits)
@@ -353,6 +349,14 @@ impl<T: Real> Engine<T> {
         account.done();
         last
     }
+}
+
+/// A layer's FFN output, waiting for the next norm's row pass, as
+/// [`Step::residual_norm`] adds it and taps the sum.
+fn ffn_residual<T>(pending: &Option<(Vec<T>, Option<u32>)>) -> Option<(&[T], &str, Option<u32>)> {
+    pending
+        .as_ref()
+        .map(|(v, l)| (&v[..], st::POST_FFN_RESIDUAL, *l))
 }
 
 /// Layer `l`'s attention half, from its normed rows (`Step::residual_norm`
@@ -494,11 +498,13 @@ impl Forward for CpuForward {
         let (cfg, w, acts) = (&self.config, &*self.weights, self.acts);
         let engine = &mut self.engine;
         // On one of rayon's threads (`scope` runs its body there; in place
-        // when called from one): each parallel region then forks and joins
-        // from a worker, which takes its own share and steals while it
-        // waits, instead of handing every region to the pool and sleeping
-        // until it is woken (two thread wake-ups per region, some 300 in a
-        // prefill).
+        // when called from one). The regions go to the team of `par` (one
+        // of `rayon::current_num_threads()` threads, this one among them);
+        // those that go to rayon instead (`TAPTREE_CPU_TEAM=0`, or a region
+        // started while the team runs another) then fork and join from a
+        // worker, which takes its own share and steals while it waits,
+        // rather than handing the region to the pool and sleeping until
+        // it is woken.
         Ok(rayon::scope(|_| match engine {
             EngineOf::F32(e) => e.run(cfg, w, acts, slot, tokens, start_pos),
             EngineOf::F64(e) => e.run(cfg, w, acts, slot, tokens, start_pos),

@@ -234,12 +234,28 @@ thread_local! {
 }
 
 /// The jobs' matmuls as one parallel region (through [`super::par`]): tasks of
-/// [`chunk_rows`] output features of one job each, written straight into
-/// `[n, rows]` (no transposed copy, no second region).
+/// [`chunk_rows`] output features of one job each, over all rows or, where
+/// that leaves few tasks per thread, over one of [`row_parts`] parts of the
+/// rows; written straight into `[n, rows]` (no transposed copy, no second
+/// region).
 fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
-    let n = jobs.first().map_or(0, |j| j.n);
     let total: usize = jobs.iter().map(|j| j.w.rows()).sum();
     let chunk = chunk_rows(total);
+    let n = jobs.first().map_or(0, |j| j.n);
+    let tasks = jobs.iter().map(|j| j.w.rows().div_ceil(chunk)).sum();
+    run_jobs_split(jobs, chunk, row_parts(tasks, n))
+}
+
+/// [`run_jobs`] with `chunk` output features per task and the rows cut
+/// into `parts` parts (tasks: each feature chunk's parts in turn). Every
+/// output is one dot product in one order whichever rows share its task,
+/// so neither changes a bit.
+fn run_jobs_split<T: Real, W: WeightRows>(
+    jobs: &[Job<T, W>],
+    chunk: usize,
+    parts: usize,
+) -> Vec<Vec<T>> {
+    let n = jobs.first().map_or(0, |j| j.n);
     // Not zeroed: the tasks write every element (zeroing them first was
     // serial time in the forward's thread, hundreds of KB per op).
     let mut ys: Vec<Vec<T>> = jobs
@@ -253,36 +269,81 @@ fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
         .iter_mut()
         .map(|y| super::par::Ptr(y.as_mut_ptr()))
         .collect();
-    let tasks: Vec<(usize, usize)> = jobs
+    let features: Vec<(usize, usize)> = jobs
         .iter()
         .enumerate()
         .flat_map(|(i, j)| (0..j.w.rows()).step_by(chunk).map(move |f| (i, f)))
         .collect();
-    super::par::for_each(tasks.len(), &|t| {
-        let (i, first) = tasks[t];
-        let rows = jobs[i].w.rows();
+    let parts = parts.clamp(1, n);
+    let part_rows = n.div_ceil(parts);
+    super::par::for_each(features.len() * parts, &|t| {
+        let ((i, first), p) = (features[t / parts], t % parts);
+        let (r0, r1) = (p * part_rows, ((p + 1) * part_rows).min(n));
+        if r0 >= r1 {
+            return;
+        }
+        let job = &jobs[i];
+        let (rows, cols) = (job.w.rows(), job.w.cols());
+        let part = Job {
+            x: &job.x[r0 * cols..r1 * cols],
+            n: r1 - r0,
+            w: job.w,
+            mins: job.mins,
+            q: job.q.map(|q| &q[r0..r1]),
+            llama: job.llama.map(|l| &l[r0..r1]),
+        };
         let k = chunk.min(rows - first);
         // Output features in the outer loop: weight rows stay in cache
-        // while they meet every activation row; `buf` is `[k, n]`.
-        let mut buf = vec![T::ZERO; k * n];
-        SCRATCH.with(|s| fill_chunk(&jobs[i], first, &mut buf, &mut s.borrow_mut()));
+        // while they meet every activation row; `buf` is `[k, r1 - r0]`.
+        let mut buf = vec![T::ZERO; k * part.n];
+        SCRATCH.with(|s| fill_chunk(&part, first, &mut buf, &mut s.borrow_mut()));
         let out = &outs[i];
-        for (o, col) in buf.chunks_exact(n).enumerate() {
+        for (o, col) in buf.chunks_exact(part.n).enumerate() {
             for (r, v) in col.iter().enumerate() {
-                // SAFETY: in bounds (r < n, first + o < rows of the
+                // SAFETY: in bounds (r0 + r < n, first + o < rows of the
                 // capacity); this task alone writes features
-                // first..first + k of output i.
-                unsafe { out.at(r * rows + first + o).write(*v) };
+                // first..first + k of rows r0..r1 of output i.
+                unsafe { out.at((r0 + r) * rows + first + o).write(*v) };
             }
         }
     });
     for (y, j) in ys.iter_mut().zip(jobs) {
         // SAFETY: the tasks above wrote all `n * rows` elements of each
-        // output (every feature of every row, the task list covers them).
+        // output (every feature of every row part, the task list covers
+        // them; an empty part has no rows).
         unsafe { y.set_len(n * j.w.rows()) };
     }
     ys
 }
+
+/// Into how many parts a matmul's `n` rows are cut when its output
+/// features make `tasks` tasks: enough that each thread has about
+/// [`MIN_TASKS_PER_THREAD`] tasks (a prefill's 37 rows on 16 threads: the
+/// q/k/v, o, gate/up and down regions have 9 to 15 feature tasks per
+/// thread, and the last one's tail is a large part of a region of 150 µs),
+/// with parts of at least [`MIN_PART_ROWS`] rows (a part re-reads its
+/// weight rows). `TAPTREE_CPU_ROW_PARTS` (a positive integer) sets it, to
+/// measure (1: never cut).
+fn row_parts(tasks: usize, n: usize) -> usize {
+    static PARTS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let fixed = *PARTS.get_or_init(|| {
+        std::env::var("TAPTREE_CPU_ROW_PARTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&p| p > 0)
+    });
+    if let Some(p) = fixed {
+        return p;
+    }
+    let want = MIN_TASKS_PER_THREAD * rayon::current_num_threads();
+    want.div_ceil(tasks.max(1)).min(n / MIN_PART_ROWS).max(1)
+}
+
+/// Tasks per thread below which [`row_parts`] cuts a matmul's rows.
+const MIN_TASKS_PER_THREAD: usize = 16;
+
+/// The fewest rows in a part of [`row_parts`].
+const MIN_PART_ROWS: usize = 8;
 
 /// Output features per rayon task: 16 (four groups of four weight rows),
 /// fewer when that would leave some threads without a share (576 rows on 16
@@ -336,6 +397,68 @@ mod tests {
                     dot(&rows[r], &w).to_bits(),
                     "len {len} row {r}"
                 );
+            }
+        }
+    }
+
+    /// A Q8_0 matrix of `rows` × `cols` with small finite scales.
+    fn q8_0(rows: usize, cols: usize) -> super::super::qmatrix::QMatrix {
+        let mut bytes = Vec::new();
+        for (b, v) in seq(rows * cols / 32, 11).into_iter().enumerate() {
+            bytes.extend_from_slice(&half::f16::from_f32(0.01 + v.abs() / 50.0).to_le_bytes());
+            bytes.extend((0..32).map(|i| ((b * 37 + i * 11) % 255) as u8));
+        }
+        super::super::qmatrix::QMatrix {
+            rows,
+            cols,
+            ty: model::quant::GgmlType::Q8_0,
+            bytes: bytes.into(),
+        }
+    }
+
+    #[test]
+    fn rows_cut_into_parts_give_the_same_bits() {
+        // 37 rows (a prefill) and 5 (parts of one to four rows take the
+        // decode's loops), each activation handling, cut into 1 to 6 parts:
+        // every output the same bits. A wrong part offset goes red.
+        let (cols, rows) = (64, 24);
+        let dense = Matrix {
+            rows,
+            cols,
+            data: seq(rows * cols, 3),
+            block: 1,
+        };
+        let quant = q8_0(rows, cols);
+        for n in [37, 5] {
+            let x = seq(n * cols, 7);
+            for act in [Act::Float, Act::Q8, Act::LlamaCpp] {
+                let q = quantize_rows(&x, n, 32, act);
+                let llama =
+                    super::super::llamacpp_dot::rows_for(act == Act::LlamaCpp, 32, Some(&q));
+                let quantized = Job {
+                    x: &x,
+                    n,
+                    w: &quant,
+                    mins: None,
+                    q: (act != Act::Float).then_some(&q[..]),
+                    llama: llama.as_deref(),
+                };
+                let float = Job {
+                    x: &x,
+                    n,
+                    w: &dense,
+                    mins: None,
+                    q: None,
+                    llama: None,
+                };
+                let whole = run_jobs_split(std::slice::from_ref(&quantized), 8, 1);
+                let dense_whole = run_jobs_split(std::slice::from_ref(&float), 4, 1);
+                for parts in 2..=6 {
+                    let cut = run_jobs_split(std::slice::from_ref(&quantized), 8, parts);
+                    assert_eq!(cut, whole, "{n} rows, {act:?}, {parts} parts");
+                    let cut = run_jobs_split(std::slice::from_ref(&float), 4, parts);
+                    assert_eq!(cut, dense_whole, "dense, {n} rows, {parts} parts");
+                }
             }
         }
     }
