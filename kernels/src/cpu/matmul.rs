@@ -234,16 +234,12 @@ thread_local! {
 }
 
 /// The jobs' matmuls as one parallel region (through [`super::par`]): tasks of
-/// [`chunk_rows`] output features of one job each, over all rows or, where
-/// that leaves few tasks per thread, over one of [`row_parts`] parts of the
-/// rows; written straight into `[n, rows]` (no transposed copy, no second
-/// region).
+/// [`chunk_rows`] output features of one job each (over all rows, or one of
+/// [`row_parts`] parts of them), written straight into `[n, rows]` (no
+/// transposed copy, no second region).
 fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
     let total: usize = jobs.iter().map(|j| j.w.rows()).sum();
-    let chunk = chunk_rows(total);
-    let n = jobs.first().map_or(0, |j| j.n);
-    let tasks = jobs.iter().map(|j| j.w.rows().div_ceil(chunk)).sum();
-    run_jobs_split(jobs, chunk, row_parts(tasks, n))
+    run_jobs_split(jobs, chunk_rows(total), row_parts())
 }
 
 /// [`run_jobs`] with `chunk` output features per task and the rows cut
@@ -316,34 +312,21 @@ fn run_jobs_split<T: Real, W: WeightRows>(
     ys
 }
 
-/// Into how many parts a matmul's `n` rows are cut when its output
-/// features make `tasks` tasks: enough that each thread has about
-/// [`MIN_TASKS_PER_THREAD`] tasks (a prefill's 37 rows on 16 threads: the
-/// q/k/v, o, gate/up and down regions have 9 to 15 feature tasks per
-/// thread, and the last one's tail is a large part of a region of 150 µs),
-/// with parts of at least [`MIN_PART_ROWS`] rows (a part re-reads its
-/// weight rows). `TAPTREE_CPU_ROW_PARTS` (a positive integer) sets it, to
-/// measure (1: never cut).
-fn row_parts(tasks: usize, n: usize) -> usize {
-    static PARTS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let fixed = *PARTS.get_or_init(|| {
+/// Into how many parts a matmul's rows are cut: 1 (never), or
+/// `TAPTREE_CPU_ROW_PARTS` (a positive integer), to measure a 2-D split of
+/// the tasks (output features × rows). Cutting a prefill's 37 rows in two
+/// where the output features gave fewer than 16 tasks per thread was
+/// measured on 16 threads and was no faster (docs/PERFORMANCE.md).
+fn row_parts() -> usize {
+    static PARTS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PARTS.get_or_init(|| {
         std::env::var("TAPTREE_CPU_ROW_PARTS")
             .ok()
             .and_then(|v| v.parse().ok())
             .filter(|&p| p > 0)
-    });
-    if let Some(p) = fixed {
-        return p;
-    }
-    let want = MIN_TASKS_PER_THREAD * rayon::current_num_threads();
-    want.div_ceil(tasks.max(1)).min(n / MIN_PART_ROWS).max(1)
+            .unwrap_or(1)
+    })
 }
-
-/// Tasks per thread below which [`row_parts`] cuts a matmul's rows.
-const MIN_TASKS_PER_THREAD: usize = 16;
-
-/// The fewest rows in a part of [`row_parts`].
-const MIN_PART_ROWS: usize = 8;
 
 /// Output features per rayon task: 16 (four groups of four weight rows),
 /// fewer when that would leave some threads without a share (576 rows on 16
