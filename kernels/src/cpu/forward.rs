@@ -385,7 +385,7 @@ fn attention_block<T: Real>(
         apply_group_quantized(&[&lw.wq, &lw.wk, &lw.wv], &h.h, n, act, &h.qs)
             .try_into()
             .expect("three outputs");
-    drop(h);
+    h.release();
     s.tap(st::Q_PROJ, li, q_width, &q);
     s.tap(st::K_PROJ, li, kv_width, &k);
     s.tap(st::V_PROJ, li, kv_width, &v);
@@ -449,7 +449,7 @@ fn ffn_block<T: Real>(s: &Step, l: usize, lw: &DenseLayer, h: Prepared<T>) -> Ve
     let [g, u]: [Vec<T>; 2] = apply_group_quantized(&[&lw.w_gate, &lw.w_up], &h.h, n, up, &h.qs)
         .try_into()
         .expect("two outputs");
-    drop(h);
+    h.release();
     s.tap(st::FFN_GATE, li, cfg.n_ff, &g);
     s.tap(st::FFN_UP, li, cfg.n_ff, &u);
     let (down, act) = ([&lw.w_down], s.acts.ffn_down);
@@ -467,6 +467,7 @@ fn ffn_block<T: Real>(s: &Step, l: usize, lw: &DenseLayer, h: Prepared<T>) -> Ve
     let [mut dn]: [Vec<T>; 1] = apply_group_quantized(&down, &gu.h, n, act, &gu.qs)
         .try_into()
         .expect("one output");
+    gu.release();
     s.tap(st::FFN_DOWN, li, d, &dn);
     if let Some(pn) = &lw.post_ffn_norm {
         dn = rms_norm(&dn, pn, cfg.rms_eps);

@@ -157,7 +157,12 @@ pub fn matmul_with_mins<T: Real, W: WeightRows>(
         q: own.as_deref(),
         llama: llama.as_deref(),
     };
-    run_jobs(&[job]).pop().expect("one output per job")
+    let y = run_jobs(&[job]).pop().expect("one output per job");
+    drop(llama);
+    if let Some(own) = own {
+        super::par::drop_rows(own, cols);
+    }
+    y
 }
 
 /// Several matmuls on the same input rows (q, k and v; gate and up) as one

@@ -151,3 +151,24 @@ fn fresh_rows_are_zeroed_before_each_task_sees_them() {
         assert!(a.chunks(2).all(|r| r == [2, 1]));
     });
 }
+
+#[test]
+fn drop_rows_drops_each_row_once() {
+    /// Counts its drops in `DROPS[i]`.
+    struct Row(usize);
+    static DROPS: [AtomicUsize; 40] = [const { AtomicUsize::new(0) }; 40];
+    impl Drop for Row {
+        fn drop(&mut self) {
+            DROPS[self.0].fetch_add(1, Relaxed);
+        }
+    }
+    pool(3).install(|| {
+        // 37 rows of 576 (a prefill's: in parallel), then one (in place).
+        for (n, width) in [(37, 576), (1, 576), (37, 4)] {
+            DROPS.iter().for_each(|d| d.store(0, Relaxed));
+            drop_rows((0..n).map(Row).collect(), width);
+            let drops: Vec<usize> = DROPS[..n].iter().map(|d| d.load(Relaxed)).collect();
+            assert_eq!(drops, vec![1; n], "{n} rows of {width}");
+        }
+    });
+}
