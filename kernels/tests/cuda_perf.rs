@@ -327,25 +327,35 @@ fn gpu_figures() {
     let (off, start, late) = (EarlyLaunch::Off, EarlyLaunch::AtStart, EarlyLaunch::Late);
     let after_wait = EarlyLaunch::AfterWait;
     // (graphs, fused, early launch, the step's copies in its graph, the
-    // logits' blocks per SM (0: one block per 16 logits) and stages).
+    // logits' blocks per SM (0: one block per 16 logits) and stages, the
+    // layers in one persistent launch: None for five launches a layer, else
+    // the most blocks of its grid, 0 for as many as fit).
+    let five = None;
     let configs = [
-        (false, false, off, true, (4, 4)),
-        (true, false, off, true, (4, 4)),
-        (false, true, off, true, (4, 4)),
-        (true, true, off, true, (4, 4)),
-        (false, true, late, true, (4, 4)),
-        (true, true, start, true, (4, 4)),
-        (true, true, late, false, (0, 2)),
-        (true, true, late, true, (0, 2)),
-        (true, true, late, false, (4, 4)),
-        (true, true, late, true, (4, 2)),
-        (true, true, late, true, (2, 4)),
-        (true, true, late, true, (8, 3)),
-        (true, true, late, true, (4, 4)),
-        (false, true, after_wait, true, (4, 4)),
-        (true, true, after_wait, true, (4, 4)),
+        (false, false, off, true, (4, 4), five),
+        (true, false, off, true, (4, 4), five),
+        (false, true, off, true, (4, 4), five),
+        (true, true, off, true, (4, 4), five),
+        (false, true, late, true, (4, 4), five),
+        (true, true, start, true, (4, 4), five),
+        (true, true, late, false, (0, 2), five),
+        (true, true, late, true, (0, 2), five),
+        (true, true, late, true, (4, 2), five),
+        (true, true, late, true, (8, 3), five),
+        (false, true, after_wait, true, (4, 4), five),
+        (true, true, after_wait, true, (4, 4), five),
+        (false, true, late, true, (4, 2), Some(0)),
+        (true, true, off, true, (4, 2), Some(0)),
+        (true, true, late, false, (4, 2), Some(0)),
+        (true, true, late, true, (4, 2), Some(0)),
+        (true, true, late, true, (4, 2), Some(132)),
+        (true, true, late, true, (4, 2), Some(96)),
+        (true, true, late, true, (4, 2), Some(66)),
+        (true, true, late, true, (4, 2), Some(36)),
     ];
-    for (graphs, fused, early, copies, (blocks_per_sm, stages)) in configs {
+    for (graphs, fused, early, copies, (blocks_per_sm, stages), persist) in configs {
+        fwd.set_persistent(persist.is_some());
+        fwd.set_persistent_blocks(persist.unwrap_or(0));
         fwd.set_graphs(graphs);
         fwd.set_fused(fused);
         fwd.set_early_launch(early);
@@ -375,13 +385,13 @@ fn gpu_figures() {
                     None => reference = Some(hashes),
                     Some(r) => assert!(
                         *r == hashes,
-                        "graphs {graphs} fused {fused} early {early:?}: decode logits differ from launch by launch, unfused"
+                        "graphs {graphs} fused {fused} early {early:?} persistent {persist:?}: decode logits differ from launch by launch, unfused"
                     ),
                 }
             }
         }
         println!(
-            "decode at 128..192, disarmed, m=1, {}, {}{}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
+            "decode at 128..192, disarmed, m=1, {}, {}{}{}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
             if graphs {
                 "CUDA graph"
             } else {
@@ -402,9 +412,17 @@ fn gpu_figures() {
                 (true, false) => ", copies in the graph".to_string(),
                 (false, false) => String::new(),
             },
+            match (fused, persist) {
+                (true, Some(0)) => ", layers persistent".to_string(),
+                (true, Some(n)) => format!(", layers persistent on at most {n} blocks"),
+                _ => String::new(),
+            },
             median(decode)
         );
     }
+
+    fwd.set_persistent(true);
+    fwd.set_persistent_blocks(0);
 
     // The host's own share of a step: the returned logits copied out of the
     // page-locked buffer into a new Vec (as each step does), alone.
