@@ -324,13 +324,15 @@ fn run_jobs_split<T: Real, W: WeightRows>(
 /// measured on 16 threads and was no faster (docs/PERFORMANCE.md).
 fn row_parts() -> usize {
     static PARTS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *PARTS.get_or_init(|| {
-        std::env::var("TAPTREE_CPU_ROW_PARTS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&p| p > 0)
-            .unwrap_or(1)
-    })
+    *PARTS.get_or_init(|| env_count("TAPTREE_CPU_ROW_PARTS").unwrap_or(1))
+}
+
+/// The positive integer in environment variable `var`, if it holds one.
+fn env_count(var: &str) -> Option<usize> {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
 }
 
 /// Output features per rayon task: 16 (four groups of four weight rows),
@@ -348,13 +350,7 @@ fn chunk_rows(rows: usize) -> usize {
 /// `TAPTREE_CPU_TASKS_PER_THREAD` (a positive integer) to measure others.
 fn tasks_per_thread() -> usize {
     static TASKS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *TASKS.get_or_init(|| {
-        std::env::var("TAPTREE_CPU_TASKS_PER_THREAD")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&t| t > 0)
-            .unwrap_or(8)
-    })
+    *TASKS.get_or_init(|| env_count("TAPTREE_CPU_TASKS_PER_THREAD").unwrap_or(8))
 }
 
 #[cfg(test)]
