@@ -43,14 +43,14 @@ fn on_team_thread() -> bool {
 
 #[test]
 fn the_team_threads_run_tasks_unless_the_team_is_off() {
-    // Tasks long enough (1 ms each) that every helper joins the region
-    // before the caller has taken them all.
+    // Tasks long enough (64 of 1 ms) that the helpers join the region
+    // before the caller has taken them all, even on a loaded machine.
     // 6 threads: a team no other test uses, so none keeps it busy (a busy
     // team sends the region to rayon).
     let on = std::env::var("TAPTREE_CPU_TEAM").as_deref() != Ok("0");
     pool(6).install(|| {
         let team = AtomicUsize::new(0);
-        for_each(16, &|_| {
+        for_each(64, &|_| {
             std::thread::sleep(std::time::Duration::from_millis(1));
             if on_team_thread() {
                 team.fetch_add(1, Relaxed);
@@ -114,7 +114,7 @@ fn a_panic_on_a_team_thread_keeps_its_message() {
     // 7 threads: a team of its own (see above).
     pool(7).install(|| {
         let r = std::panic::catch_unwind(|| {
-            for_each(16, &|i| {
+            for_each(64, &|i| {
                 std::thread::sleep(std::time::Duration::from_millis(1));
                 if on_team_thread() {
                     panic!("task {i} broke here");
