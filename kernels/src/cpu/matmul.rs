@@ -148,7 +148,12 @@ pub fn matmul_with_mins<T: Real, W: WeightRows>(
     let (cols, block) = (w.cols(), w.block());
     assert_eq!(x.len(), n * cols, "matmul input is not [{n}, {cols}]");
     let own = reads_quantized(block, act).then(|| quantize_rows(x, n, block, act));
-    let llama = super::llamacpp_dot::rows_for(act == Act::LlamaCpp, block, own.as_deref());
+    let llama = super::llamacpp_dot::rows_for(
+        act == Act::LlamaCpp,
+        super::llamacpp_dot::models(w),
+        block,
+        own.as_deref(),
+    );
     let job = Job {
         x,
         n,
@@ -198,8 +203,10 @@ pub fn apply_group_quantized<T: Real>(
     let _p = super::profile::op(super::profile::Op::Matmul);
     let quantized = |l: &Linear| reads_quantized(l.m.block(), act);
     let q32 = qs.iter().find(|(b, _)| *b == 32);
-    let llama = q32
-        .and_then(|(b, rows)| super::llamacpp_dot::rows_for(act == Act::LlamaCpp, *b, Some(rows)));
+    let any_modelled = ls.iter().any(|l| super::llamacpp_dot::models(&l.m));
+    let llama = q32.and_then(|(b, rows)| {
+        super::llamacpp_dot::rows_for(act == Act::LlamaCpp, any_modelled, *b, Some(rows))
+    });
     let jobs: Vec<_> = ls
         .iter()
         .map(|l| {
@@ -418,7 +425,7 @@ mod tests {
             for act in [Act::Float, Act::Q8, Act::LlamaCpp] {
                 let q = quantize_rows(&x, n, 32, act);
                 let llama =
-                    super::super::llamacpp_dot::rows_for(act == Act::LlamaCpp, 32, Some(&q));
+                    super::super::llamacpp_dot::rows_for(act == Act::LlamaCpp, true, 32, Some(&q));
                 let quantized = Job {
                     x: &x,
                     n,
