@@ -12,7 +12,8 @@
 //! (so that rates compare clocks; they are not converted to GHz): a
 //! dependent chain of f64 multiplies and adds (not reassociated: float),
 //! and, where the CPU has AVX-512 (else AVX2), eight independent chains of
-//! vector FMAs (the dot loops' instructions).
+//! vector FMAs (512/256-bit float arithmetic like the dot loops', here as
+//! FMAs).
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};

@@ -330,6 +330,7 @@ fn persistent_timeline(fwd: &mut CudaForward, prompt: &[u32], vocab: u32) {
     }
     println!("{line} a layer {total_step:.2} / {total_release:.2}");
     fwd.set_persistent_timeline(false).unwrap();
+    fwd.set_persistent(false);
     fwd.set_graphs(true);
 }
 
@@ -415,6 +416,7 @@ fn gpu_figures() {
             stages,
         });
         let mut decode = Vec::new();
+        let persisted = fwd.persistent_runs();
         for round in 0..5 {
             fwd.reset();
             fwd.forward(None, &prompt, 0).unwrap();
@@ -440,6 +442,11 @@ fn gpu_figures() {
                 }
             }
         }
+        assert_eq!(
+            fwd.persistent_runs() > persisted,
+            fused && persist.is_some(),
+            "persistent {persist:?}: the persistent step ran, or did not, against the setting"
+        );
         println!(
             "decode at 128..192, disarmed, m=1, {}, {}{}{}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
             if graphs {
@@ -472,6 +479,12 @@ fn gpu_figures() {
     }
 
     persistent_timeline(&mut fwd, &prompt, vocab);
+    // The defaults again, for the figures below.
+    fwd.set_early_launch(EarlyLaunch::DEFAULT);
+    fwd.set_logits_streaming(ops::Streaming {
+        blocks_per_sm: 4,
+        stages: 2,
+    });
 
     // The host's own share of a step: the returned logits copied out of the
     // page-locked buffer into a new Vec (as each step does), alone.

@@ -160,8 +160,11 @@ fn simd() -> bool {
 /// `RW` weight rows against `RA` activation rows, `y[i][r]`: the AVX2 tile
 /// where it runs (`simd`, [`simd`]'s answer, asked once per chunk), else
 /// [`dot`] per output (the same bits).
+///
+/// # Safety
+/// `simd` is true only where [`simd`] is.
 #[inline(always)]
-fn tile<const RW: usize, const RA: usize>(
+unsafe fn tile<const RW: usize, const RA: usize>(
     simd: bool,
     ty: GgmlType,
     w: [&[u8]; RW],
@@ -170,11 +173,12 @@ fn tile<const RW: usize, const RA: usize>(
     #[cfg(target_arch = "x86_64")]
     {
         if simd {
-            // SAFETY: AVX2, F16C and FMA checked; every row of `w` is whole
+            // SAFETY: AVX2, F16C and FMA checked (the caller's `simd`); every row of `w` is whole
             // blocks of `ty` (a QMatrix row) with a block of `a` for each.
             return unsafe { avx::tile(ty, w, a) };
         }
     }
+    let _ = simd;
     w.map(|wr| a.map(|ar| dot(ty, wr, ar)))
 }
 
@@ -206,6 +210,7 @@ pub(crate) fn fill_chunk<T: Real, W: WeightRows>(
     );
     let row = |o: usize| weights.blocks(o).expect("a quantized weight").1;
     let simd = simd();
+    // SAFETY (each `tile` below): `simd` is `simd()`'s answer.
     let mut put = |o: usize, r: usize, v: f32| out[o * n + r] = T::from_f32(v);
     let mut o = 0;
     if n < 4 {
@@ -213,7 +218,7 @@ pub(crate) fn fill_chunk<T: Real, W: WeightRows>(
         while o + 4 <= k {
             let w = [0, 1, 2, 3].map(|j| row(first + o + j));
             for (r, a) in acts.iter().enumerate() {
-                let y = tile(simd, ty, w, [a]);
+                let y = unsafe { tile(simd, ty, w, [a]) };
                 for (j, yj) in y.iter().enumerate() {
                     put(o + j, r, yj[0]);
                 }
@@ -227,7 +232,7 @@ pub(crate) fn fill_chunk<T: Real, W: WeightRows>(
         while o + PW <= k {
             let w: [&[u8]; PW] = std::array::from_fn(|j| row(first + o + j));
             for r in (0..n).step_by(4) {
-                let y = tile(simd, ty, w, quad(r));
+                let y = unsafe { tile(simd, ty, w, quad(r)) };
                 for (j, yj) in y.iter().enumerate() {
                     for (t, v) in yj.iter().enumerate().take(n - r) {
                         put(o + j, r + t, *v);
@@ -239,7 +244,7 @@ pub(crate) fn fill_chunk<T: Real, W: WeightRows>(
     }
     for o in o..k {
         for (r, a) in acts.iter().enumerate() {
-            put(o, r, tile(simd, ty, [row(first + o)], [a])[0][0]);
+            put(o, r, unsafe { tile(simd, ty, [row(first + o)], [a]) }[0][0]);
         }
     }
     true

@@ -445,10 +445,19 @@ mod tests {
                 let whole = run_jobs_split(std::slice::from_ref(&quantized), 8, 1);
                 let dense_whole = run_jobs_split(std::slice::from_ref(&float), 4, 1);
                 for parts in 2..=6 {
+                    let bits = |v: &[Vec<f32>]| -> Vec<Vec<u32>> {
+                        v.iter()
+                            .map(|r| r.iter().map(|x| x.to_bits()).collect())
+                            .collect()
+                    };
                     let cut = run_jobs_split(std::slice::from_ref(&quantized), 8, parts);
-                    assert_eq!(cut, whole, "{n} rows, {act:?}, {parts} parts");
+                    assert_eq!(bits(&cut), bits(&whole), "{n} rows, {act:?}, {parts} parts");
                     let cut = run_jobs_split(std::slice::from_ref(&float), 4, parts);
-                    assert_eq!(cut, dense_whole, "dense, {n} rows, {parts} parts");
+                    assert_eq!(
+                        bits(&cut),
+                        bits(&dense_whole),
+                        "dense, {n} rows, {parts} parts"
+                    );
                 }
             }
         }

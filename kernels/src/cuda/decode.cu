@@ -15,7 +15,8 @@
 // barrier that opens the step (weights are never written): two buffers,
 // the matmuls of a layer alternating between them, each refilled for the
 // matmul two ahead as soon as its own products are done (after attention
-// for gate/up, so that attention's waits do not include that copy). A
+// for gate/up, so that attention's waits do not include that copy; they do
+// include o_proj's, issued a step earlier). A
 // block that takes a second share of a step (a grid smaller than the
 // step's blocks) reads that share's weights from global memory.
 

@@ -84,8 +84,8 @@ impl CudaForward {
             ops::rope_table(&dev, &sc.pos.slice(..rows), table, rows, c.head_dim, base)?;
         }
         let tabled = self.shared_rope_base.is_some();
-        let persisted =
-            rows == 1 && super::persist::layers(&dev, &mut self.persist, &c, sc, cache, tabled)?;
+        let persisted = rows == 1
+            && super::persist::layers(&dev, &mut self.persist, &c, sc, cache, g.start_pos, tabled)?;
         if !persisted {
             layers_fused(&dev, &c, w, sc, cache, g, rows, max_keys, tabled)?;
         }

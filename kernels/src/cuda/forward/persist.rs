@@ -79,6 +79,7 @@ pub(super) fn layers(
     c: &LlamaConfig,
     sc: &mut Scratch,
     cache: &mut KvCache,
+    pos: usize,
     tabled: bool,
 ) -> Result<bool, CudaError> {
     if !p.on {
@@ -92,6 +93,7 @@ pub(super) fn layers(
         ff: c.n_ff,
         capacity: cache.capacity,
         eps: c.rms_eps,
+        pos,
     };
     let Some(plan) = ops::persist_plan(dev, &p.table, &shape, p.cap)? else {
         return Ok(false);
@@ -141,8 +143,8 @@ impl CudaForward {
     }
 
     /// Has each persistent launch note when each block arrived at and left
-    /// each barrier (a decode graph captured before keeps what it
-    /// recorded), for [`Self::persistent_timeline`].
+    /// each barrier, for [`Self::persistent_timeline`] (a decode graph is
+    /// captured again, with or without the notes).
     pub fn set_persistent_timeline(&mut self, on: bool) -> Result<(), CudaError> {
         // Room for any grid: at most 32 blocks per SM.
         let most = ops::timeline_len(self.config.n_layer, 32 * self.dev.sm_count());

@@ -53,7 +53,13 @@ pub struct LayerTable {
     window: Option<usize>,
     /// Whether a layer has a window of 0 (the split attention refuses one).
     zero_window: bool,
+    /// Each layer's matrices' (rows, cols), q k v o gate up down, and its
+    /// two norm weights' lengths: checked against the step's shape.
+    dims: Vec<LayerDims>,
 }
+
+/// A layer's seven matrices' (rows, cols) and its two norms' lengths.
+type LayerDims = ([(usize, usize); 7], [usize; 2]);
 
 impl LayerTable {
     /// Uploads `layers`' table.
@@ -62,6 +68,7 @@ impl LayerTable {
         let mut w_buf = 0;
         let mut window = Some(0);
         let mut zero_window = false;
+        let mut dims = Vec::with_capacity(layers.len());
         for l in layers {
             for m in l.w {
                 let (p, _g) = m.data.device_ptr(dev.stream());
@@ -89,6 +96,7 @@ impl LayerTable {
                 .unwrap_or(0);
             w_buf = w_buf.max(most.div_ceil(16) * 16);
             zero_window |= l.window == Some(0);
+            dims.push((l.w.map(|m| (m.rows, m.cols)), l.norms.map(|n| n.len())));
             window = match (window, l.window) {
                 (Some(a), Some(b)) => Some(a.max(b)),
                 _ => None,
@@ -101,6 +109,7 @@ impl LayerTable {
             w_buf,
             window,
             zero_window,
+            dims,
         })
     }
 }
@@ -139,9 +148,9 @@ pub struct StepBuffers<'a, 'b> {
 pub const BARRIER_WORDS: usize = 64;
 
 /// Values of a timeline of `layers` layers on a grid of `blocks` blocks: two
-/// per block per barrier (arrived, left), barrier-major; a layer's five
-/// steps end at barriers 5 l - 1 .. 5 l + 3 (the first layer's first step
-/// has none before it).
+/// per block per barrier (arrived, left), barrier-major; layer l's five
+/// steps end at barriers 5 l .. 5 l + 4 (0-based; the last layer's last
+/// step ends with the launch, at no barrier).
 pub fn timeline_len(layers: usize, blocks: usize) -> usize {
     2 * blocks * (5 * layers).saturating_sub(1)
 }
@@ -163,6 +172,8 @@ pub struct StepShape {
     pub capacity: usize,
     /// RMSNorm's epsilon.
     pub eps: f32,
+    /// The row's position (below `capacity`).
+    pub pos: usize,
 }
 
 /// `StepArgs` in decode.cu, field for field.
@@ -246,8 +257,24 @@ pub fn persist_plan(
     cap: usize,
 ) -> Result<Option<PersistPlan>, CudaError> {
     let s = shape;
-    let kvw = s.n_kv * s.head_dim;
-    let widest = s.d.max(s.n_head * s.head_dim).max(s.ff);
+    let (qw, kvw) = (s.n_head * s.head_dim, s.n_kv * s.head_dim);
+    let widest = s.d.max(qw).max(s.ff);
+    let want = [
+        (qw, s.d),
+        (kvw, s.d),
+        (kvw, s.d),
+        (s.d, qw),
+        (s.ff, s.d),
+        (s.ff, s.d),
+        (s.d, s.ff),
+    ];
+    for (l, (m, norms)) in table.dims.iter().enumerate() {
+        if *m != want || norms.iter().any(|&n| n < s.d) {
+            return Err(CudaError::Shape(format!(
+                "decode_layers: layer {l}'s matrices {m:?} (norms {norms:?}) are not the step's {want:?}"
+            )));
+        }
+    }
     if !s.head_dim.is_multiple_of(DS)
         || !kvw.is_multiple_of(4)
         || s.n_kv == 0
@@ -271,10 +298,16 @@ pub fn persist_plan(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         )
         .map_err(|e| CudaError::driver("query shared memory per block", e))?;
-    if shared > most.max(0) as usize {
+    let f = dev.function(Family::Decode, "decode_layers")?;
+    // The kernel's own shared memory counts against the same limit.
+    let fixed = f
+        .get_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+        )
+        .map_err(|e| CudaError::driver("decode_layers: static shared memory", e))?;
+    if shared + fixed.max(0) as usize > most.max(0) as usize {
         return Ok(None);
     }
-    let f = dev.function(Family::Decode, "decode_layers")?;
     raise_shared(&f, shared, "decode_layers")?;
     let per_sm = f
         .occupancy_max_active_blocks_per_multiprocessor(THREADS, shared, None)
@@ -322,6 +355,12 @@ pub fn decode_layers(
     check("decode_layers k cache", b.k_cache.len(), cache)?;
     check("decode_layers v cache", b.v_cache.len(), cache)?;
     check("decode_layers pos", b.pos.len(), 1)?;
+    if s.pos >= s.capacity {
+        return Err(CudaError::Shape(format!(
+            "decode_layers: position {} is past the caches' {} positions",
+            s.pos, s.capacity
+        )));
+    }
     check("decode_layers barrier", b.barrier.len(), BARRIER_WORDS)?;
     if let Some(t) = &b.stamps {
         check(
@@ -378,9 +417,10 @@ pub fn decode_layers(
         shared_mem_bytes: plan.shared as u32,
     };
     // SAFETY: the table holds `layers` entries of live device matrices and
-    // norm weights (the forward keeps both as long as the table); every
-    // buffer holds what the shapes read and write (checked above; the
-    // caches' positions are the caller's, as for kv_write); shared memory
+    // norm weights (the forward keeps both as long as the table), each of
+    // the step's shape (checked by persist_plan); every buffer holds what
+    // the shapes read and write, and the position is inside the caches
+    // (checked above); shared memory
     // holds two weight buffers of the largest share, the widest input row
     // and attention's scores and values (persist_plan). The grid is at most
     // what the GPU holds at once, and the cooperative launch refuses more.
