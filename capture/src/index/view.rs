@@ -168,14 +168,7 @@ pub(crate) fn open_views(
         .body_len
         .checked_add(HEAD_LEN as u64)?;
     let index = FileBytes::Read(crate::open::read_whole_on_every_core(&file, len).ok()?);
-    let head = IndexHead::parse(&index).ok()?;
-    let span = head.entries_span(json.len() as u64).ok()?;
-    super::check_against_head(tree, &head, None, json, span.clone()).ok()?;
-    let mut text = json[..span.start].to_vec();
-    text.extend_from_slice(b"[]");
-    text.extend_from_slice(&json[span.end..]);
-    let m: Manifest = serde_json::from_slice(&text).ok()?;
-    super::check_version_and_root(tree, &head, &m.format_version, &m.root).ok()?;
+    let (head, m) = super::open_head(tree, &index, json).ok()?;
     let (records, dims, strings) = {
         let b = body(&index, &head).ok()?;
         let at = |s: &[u8]| s.as_ptr() as usize - index.as_ptr() as usize;
