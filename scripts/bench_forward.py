@@ -31,8 +31,13 @@ llama.cpp prefill (its default, then every position's logits), taptree decode (e
 
 With SCALING set (say "2 4 8 16"), it times instead taptree's prefill of the
 chat prompt (f32 and q8) at each thread count T, pinned to CPUs 0..T-1 with
-T rayon threads, ROUNDS times each, and prints the median tokens/s and the
-ratio to the first count (llama.cpp is not run).
+T rayon threads, ROUNDS times each, and prints the median tokens/s, the
+rounds' range and the ratio to the first count (llama.cpp is not run).
+VARIANTS ("name=binary[:VAR=value...] ...", say "base=./old
+new=./taptree rayon=./taptree:TAPTREE_CPU_TEAM=0") times several binaries
+or settings instead of TAPTREE alone, interleaved: each round runs every
+variant at every count and precision, the variants' order rotated round by
+round.
 
 A round is quiet when the one-minute load average at its start is below
 THREADS + 1 (the bench's own forwards keep about THREADS busy); the medians are taken over the quiet rounds (over all rounds,
@@ -55,12 +60,13 @@ PLAIN = (
 )
 
 
-def taptree(args, out, cpus=None):
-    """Runs `taptree capture` (under `taskset -c CPUS` when given), returns
-    (forward seconds, manifest)."""
-    cmd = (["taskset", "-c", cpus] if cpus else []) + [os.environ["TAPTREE"], "capture", "--model", MODEL, "--out", out, "--force",
+def taptree(args, out, cpus=None, binary=None, env=None):
+    """Runs `taptree capture` (under `taskset -c CPUS` when given; BINARY
+    instead of TAPTREE, with ENV added to the environment, when given),
+    returns (forward seconds, manifest)."""
+    cmd = (["taskset", "-c", cpus] if cpus else []) + [binary or os.environ["TAPTREE"], "capture", "--model", MODEL, "--out", out, "--force",
            "--select", "stage=logits"] + args
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **(env or {})))
     if r.returncode != 0:
         sys.exit(f"bench_forward: {' '.join(cmd)} failed:\n{r.stdout}{r.stderr}")
     m = re.search(r"forward [0-9.]+ s, ([0-9.]+) positions/s", r.stdout)
@@ -76,26 +82,55 @@ def taptree(args, out, cpus=None):
     return positions / float(m.group(1)), manifest
 
 
+def variants():
+    """VARIANTS ("name=binary[:VAR=value...] ..."), else TAPTREE alone."""
+    spec = os.environ.get("VARIANTS")
+    if not spec:
+        return [("taptree", os.environ["TAPTREE"], {})]
+    out = []
+    for v in spec.split():
+        name, rest = v.split("=", 1)
+        binary, *envs = rest.split(":")
+        out.append((name, binary, dict(e.split("=", 1) for e in envs)))
+    return out
+
+
 def scaling(counts, rounds):
-    """Prefill tokens/s of taptree at each thread count, pinned."""
+    """Prefill tokens/s of taptree at each thread count, pinned; every
+    variant, thread count and precision once a round (the variants' order
+    rotated round by round)."""
     tmp = tempfile.mkdtemp(prefix="bench_forward.")
     out = os.path.join(tmp, "tree")
-    _, man = taptree(["--chat", CHAT], out)
+    vs = variants()
+    _, man = taptree(["--chat", CHAT], out, binary=vs[0][1])
     n = len(man["run"]["prompt_tokens"])
-    print(f"taptree {os.environ['TAPTREE']}; prefill of {n} tokens; medians of {rounds}")
-    print("| threads | f32 tok/s | f32 vs first | q8 tok/s | q8 vs first |")
-    print("|---|---|---|---|---|")
-    first = {}
-    for t in counts:
-        os.environ["RAYON_NUM_THREADS"] = str(t)
-        cells = []
-        for p in ("f32", "q8"):
-            secs = [taptree(["--chat", CHAT, "--precision", p], out, f"0-{t - 1}")[0]
-                    for _ in range(rounds)]
-            rate = n / statistics.median(secs)
-            first.setdefault(p, rate)
-            cells += [f"{rate:.1f}", f"{rate / first[p]:.2f}x"]
-        print(f"| {t} | " + " | ".join(cells) + " |", flush=True)
+    print(f"prefill of {n} tokens; variants: " + "; ".join(
+        f"{name} = {b}" + "".join(f" {k}={v}" for k, v in e.items()) for name, b, e in vs))
+    rates = {}
+    for rnd in range(rounds):
+        load = os.getloadavg()[0]
+        for t in counts:
+            os.environ["RAYON_NUM_THREADS"] = str(t)
+            for p in ("f32", "q8"):
+                k = rnd % len(vs)
+                for name, b, e in vs[k:] + vs[:k]:
+                    secs, _ = taptree(["--chat", CHAT, "--precision", p], out, f"0-{t - 1}", b, e)
+                    rates.setdefault((name, t, p), []).append(n / secs)
+        print(f"round {rnd} (load {load:.2f}): " + " ".join(
+            f"{name}/{t}/{p}={rates[(name, t, p)][-1]:.0f}"
+            for t in counts for p in ("f32", "q8") for name, _, _ in vs), flush=True)
+    for p in ("f32", "q8"):
+        print(f"\n{p} prefill tok/s, medians of {rounds} rounds [min-max] "
+              f"(x = against the variant's own {counts[0]} threads)")
+        print("| threads | " + " | ".join(name for name, _, _ in vs) + " |")
+        print("|---" * (len(vs) + 1) + "|")
+        for t in counts:
+            cells = []
+            for name, _, _ in vs:
+                r = rates[(name, t, p)]
+                med, first = statistics.median(r), statistics.median(rates[(name, counts[0], p)])
+                cells.append(f"{med:.1f} ({med / first:.2f}x) [{min(r):.0f}-{max(r):.0f}]")
+            print(f"| {t} | " + " | ".join(cells) + " |", flush=True)
     subprocess.run(["rm", "-rf", tmp])
 
 

@@ -93,18 +93,28 @@ fn fused_forward_equals_unfused() {
         for (name, w) in models() {
             let name = format!("{name}, early launch {early:?}");
             let (mut plain, mut fused) = (open(&dev, &w, false), open(&dev, &w, true));
+            fused.set_persistent(true);
             // The other forms of the step: its copies outside the graph, the
-            // logits from one block per 16 (or from one block per SM).
+            // logits from one block per 16 (or from one block per SM), the
+            // layers in five launches each rather than one persistent
+            // launch; and the persistent launch on a grid of one block (each
+            // block takes every share of every step) or of seven.
             let mut other = open(&dev, &w, true);
             other.set_graph_copies(false);
             other.set_logits_streaming(ops::Streaming {
                 blocks_per_sm: if early == EarlyLaunch::Off { 0 } else { 1 },
                 stages: 2,
             });
+            other.set_persistent(false);
+            let mut narrow = open(&dev, &w, true);
+            narrow.set_persistent(true);
+            narrow.set_persistent_blocks(if early == EarlyLaunch::Off { 1 } else { 7 });
             for prompt in [&PROMPT[..], &long[..]] {
                 plain.reset();
                 fused.reset();
                 other.reset();
+                narrow.reset();
+                narrow.forward(None, prompt, 0).unwrap();
                 let want = plain.forward(None, prompt, 0).unwrap();
                 assert_eq!(
                     want,
@@ -132,12 +142,25 @@ fn fused_forward_equals_unfused() {
                     a, c,
                     "{name}: decode step {i} (position {pos}), the other form"
                 );
+                let n = narrow.forward(None, &t, pos).unwrap();
+                assert_eq!(
+                    a, n,
+                    "{name}: decode step {i} (position {pos}), persistent on a narrow grid"
+                );
                 assert_ne!(b, last, "{name}: step {i} repeated the previous step");
                 last = b;
             }
             assert_eq!(plain.fused_runs(), 0, "{name}: fusion off ran fused");
             assert_eq!(fused.fused_runs(), 72, "{name}: not every run was fused");
             assert!(fused.graph_replays() >= 69, "{name}: decode not replayed");
+            // Captured again at the cache's regrowth: at least two graphs.
+            for (f, what) in [(&fused, "default"), (&narrow, "narrow")] {
+                assert!(
+                    f.persistent_runs() >= 2,
+                    "{name}: the {what} forward's steps did not run persistent"
+                );
+            }
+            assert_eq!(other.persistent_runs(), 0, "{name}: persistent while off");
         }
     }
 }
@@ -157,6 +180,34 @@ fn control_a_perturbed_weight_moves_the_fused_logits() {
     let a = open(&dev, &w, true).forward(None, &PROMPT, 0).unwrap();
     let b = open(&dev, &moved, true).forward(None, &PROMPT, 0).unwrap();
     assert_ne!(a, b, "a changed weight left the fused logits unchanged");
+}
+
+#[test]
+fn control_a_perturbed_weight_moves_the_persistent_step() {
+    if !have_gpu() {
+        return;
+    }
+    let _g = serial();
+    let dev = kernels::cuda::Device::open(0).unwrap();
+    let w = tiny_model();
+    let mut moved = w.clone();
+    // One byte of the last layer's ffn_down, which only the persistent
+    // launch computes in a decode step.
+    let last = moved.layers.len() - 1;
+    moved.layers[last].w_down.data[3] ^= 0x22;
+    let step = |w: &ModelWeights| {
+        let mut f = open(&dev, w, true);
+        f.set_persistent(true);
+        f.forward(None, &PROMPT, 0).unwrap();
+        let l = f.forward(None, &[7], PROMPT.len()).unwrap();
+        assert_eq!(f.persistent_runs(), 1, "the step did not run persistent");
+        l
+    };
+    assert_ne!(
+        step(&w),
+        step(&moved),
+        "a changed weight left the persistent step's logits unchanged"
+    );
 }
 
 #[test]

@@ -283,6 +283,56 @@ fn kernel_figures() {
     println!("one 4-byte upload (allocates): {t:.1} us");
 }
 
+/// Where a persistent step's time goes: each block notes when it arrived at
+/// and left each barrier (the GPU's global timer), over 8 steps launch by
+/// launch; per step kind, the medians over steps and layers of the step
+/// (the last block to leave the barrier before it to the last to arrive at
+/// the one after) and of the barrier's release (the last arrival to the
+/// last departure).
+fn persistent_timeline(fwd: &mut CudaForward, prompt: &[u32], vocab: u32) {
+    fwd.set_graphs(false);
+    fwd.set_persistent(true);
+    fwd.set_persistent_blocks(0);
+    fwd.set_persistent_timeline(true).unwrap();
+    fwd.reset();
+    fwd.forward(None, prompt, 0).unwrap();
+    let mut steps: Vec<Vec<f64>> = vec![Vec::new(); 5];
+    let mut release: Vec<Vec<f64>> = vec![Vec::new(); 5];
+    let mut blocks = 0;
+    for s in 0..8 {
+        fwd.forward(None, &[(s * 31 % vocab as usize) as u32], prompt.len() + s)
+            .unwrap();
+        let (b, t) = fwd.persistent_timeline().unwrap().expect("a timeline");
+        blocks = b;
+        let n = ops::timeline_len(fwd.config().n_layer, b) / (2 * b);
+        let at = |bar: usize, k: usize, left: usize| t[2 * (bar * b + k) + left] as f64;
+        let last = |bar: usize, left: usize| (0..b).map(|k| at(bar, k, left)).fold(0.0, f64::max);
+        for bar in 1..n {
+            steps[bar % 5].push((last(bar, 0) - last(bar - 1, 1)) / 1e3);
+            release[bar % 5].push((last(bar, 1) - last(bar, 0)) / 1e3);
+        }
+    }
+    let names = [
+        "q/k/v + RoPE",
+        "attention",
+        "o_proj + add",
+        "gate/up + SwiGLU",
+        "down + add",
+    ];
+    let mut line =
+        format!("persistent step's timeline, {blocks} blocks, us (step / barrier release):");
+    let (mut total_step, mut total_release) = (0.0, 0.0);
+    for k in 0..5 {
+        let (a, r) = (median(steps[k].clone()), median(release[k].clone()));
+        total_step += a;
+        total_release += r;
+        line += &format!(" {} {a:.2} / {r:.2};", names[k]);
+    }
+    println!("{line} a layer {total_step:.2} / {total_release:.2}");
+    fwd.set_persistent_timeline(false).unwrap();
+    fwd.set_graphs(true);
+}
+
 #[test]
 fn gpu_figures() {
     if !driver_present() {
@@ -327,25 +377,35 @@ fn gpu_figures() {
     let (off, start, late) = (EarlyLaunch::Off, EarlyLaunch::AtStart, EarlyLaunch::Late);
     let after_wait = EarlyLaunch::AfterWait;
     // (graphs, fused, early launch, the step's copies in its graph, the
-    // logits' blocks per SM (0: one block per 16 logits) and stages).
+    // logits' blocks per SM (0: one block per 16 logits) and stages, the
+    // layers in one persistent launch: None for five launches a layer, else
+    // the most blocks of its grid, 0 for as many as fit).
+    let five = None;
     let configs = [
-        (false, false, off, true, (4, 4)),
-        (true, false, off, true, (4, 4)),
-        (false, true, off, true, (4, 4)),
-        (true, true, off, true, (4, 4)),
-        (false, true, late, true, (4, 4)),
-        (true, true, start, true, (4, 4)),
-        (true, true, late, false, (0, 2)),
-        (true, true, late, true, (0, 2)),
-        (true, true, late, false, (4, 4)),
-        (true, true, late, true, (4, 2)),
-        (true, true, late, true, (2, 4)),
-        (true, true, late, true, (8, 3)),
-        (true, true, late, true, (4, 4)),
-        (false, true, after_wait, true, (4, 4)),
-        (true, true, after_wait, true, (4, 4)),
+        (false, false, off, true, (4, 4), five),
+        (true, false, off, true, (4, 4), five),
+        (false, true, off, true, (4, 4), five),
+        (true, true, off, true, (4, 4), five),
+        (false, true, late, true, (4, 4), five),
+        (true, true, start, true, (4, 4), five),
+        (true, true, late, false, (0, 2), five),
+        (true, true, late, true, (0, 2), five),
+        (true, true, late, true, (4, 2), five),
+        (true, true, late, true, (8, 3), five),
+        (false, true, after_wait, true, (4, 4), five),
+        (true, true, after_wait, true, (4, 4), five),
+        (false, true, late, true, (4, 2), Some(0)),
+        (true, true, off, true, (4, 2), Some(0)),
+        (true, true, late, false, (4, 2), Some(0)),
+        (true, true, late, true, (4, 2), Some(0)),
+        (true, true, late, true, (4, 2), Some(132)),
+        (true, true, late, true, (4, 2), Some(96)),
+        (true, true, late, true, (4, 2), Some(66)),
+        (true, true, late, true, (4, 2), Some(36)),
     ];
-    for (graphs, fused, early, copies, (blocks_per_sm, stages)) in configs {
+    for (graphs, fused, early, copies, (blocks_per_sm, stages), persist) in configs {
+        fwd.set_persistent(persist.is_some());
+        fwd.set_persistent_blocks(persist.unwrap_or(0));
         fwd.set_graphs(graphs);
         fwd.set_fused(fused);
         fwd.set_early_launch(early);
@@ -375,13 +435,13 @@ fn gpu_figures() {
                     None => reference = Some(hashes),
                     Some(r) => assert!(
                         *r == hashes,
-                        "graphs {graphs} fused {fused} early {early:?}: decode logits differ from launch by launch, unfused"
+                        "graphs {graphs} fused {fused} early {early:?} persistent {persist:?}: decode logits differ from launch by launch, unfused"
                     ),
                 }
             }
         }
         println!(
-            "decode at 128..192, disarmed, m=1, {}, {}{}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
+            "decode at 128..192, disarmed, m=1, {}, {}{}{}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
             if graphs {
                 "CUDA graph"
             } else {
@@ -402,9 +462,16 @@ fn gpu_figures() {
                 (true, false) => ", copies in the graph".to_string(),
                 (false, false) => String::new(),
             },
+            match (fused, persist) {
+                (true, Some(0)) => ", layers persistent".to_string(),
+                (true, Some(n)) => format!(", layers persistent on at most {n} blocks"),
+                _ => String::new(),
+            },
             median(decode)
         );
     }
+
+    persistent_timeline(&mut fwd, &prompt, vocab);
 
     // The host's own share of a step: the returned logits copied out of the
     // page-locked buffer into a new Vec (as each step does), alone.

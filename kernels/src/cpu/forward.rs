@@ -302,9 +302,7 @@ impl<T: Real> Engine<T> {
             let li = Some(l as u32);
             let attn = [&lw.wq, &lw.wk, &lw.wv];
             let add = pending.take();
-            let add = add
-                .as_ref()
-                .map(|(v, l)| (&v[..], st::POST_FFN_RESIDUAL, *l));
+            let add = ffn_residual(&add);
             let h = s.residual_norm(
                 &mut x,
                 add,
@@ -328,9 +326,7 @@ impl<T: Real> Engine<T> {
         }
         cache.len = start + n;
 
-        let add = pending
-            .as_ref()
-            .map(|(v, l)| (&v[..], st::POST_FFN_RESIDUAL, *l));
+        let add = ffn_residual(&pending);
         let norm = (st::FINAL_NORM, None);
         let h = s
             .residual_norm(&mut x, add, &w.output_norm, norm, &[], acts.logits)
@@ -353,6 +349,14 @@ impl<T: Real> Engine<T> {
         account.done();
         last
     }
+}
+
+/// A layer's FFN output, waiting for the next norm's row pass, as
+/// [`Step::residual_norm`] adds it and taps the sum.
+fn ffn_residual<T>(pending: &Option<(Vec<T>, Option<u32>)>) -> Option<(&[T], &str, Option<u32>)> {
+    pending
+        .as_ref()
+        .map(|(v, l)| (&v[..], st::POST_FFN_RESIDUAL, *l))
 }
 
 /// Layer `l`'s attention half, from its normed rows (`Step::residual_norm`
@@ -381,7 +385,7 @@ fn attention_block<T: Real>(
         apply_group_quantized(&[&lw.wq, &lw.wk, &lw.wv], &h.h, n, act, &h.qs)
             .try_into()
             .expect("three outputs");
-    drop(h);
+    h.release();
     s.tap(st::Q_PROJ, li, q_width, &q);
     s.tap(st::K_PROJ, li, kv_width, &k);
     s.tap(st::V_PROJ, li, kv_width, &v);
@@ -445,7 +449,7 @@ fn ffn_block<T: Real>(s: &Step, l: usize, lw: &DenseLayer, h: Prepared<T>) -> Ve
     let [g, u]: [Vec<T>; 2] = apply_group_quantized(&[&lw.w_gate, &lw.w_up], &h.h, n, up, &h.qs)
         .try_into()
         .expect("two outputs");
-    drop(h);
+    h.release();
     s.tap(st::FFN_GATE, li, cfg.n_ff, &g);
     s.tap(st::FFN_UP, li, cfg.n_ff, &u);
     let (down, act) = ([&lw.w_down], s.acts.ffn_down);
@@ -463,6 +467,7 @@ fn ffn_block<T: Real>(s: &Step, l: usize, lw: &DenseLayer, h: Prepared<T>) -> Ve
     let [mut dn]: [Vec<T>; 1] = apply_group_quantized(&down, &gu.h, n, act, &gu.qs)
         .try_into()
         .expect("one output");
+    gu.release();
     s.tap(st::FFN_DOWN, li, d, &dn);
     if let Some(pn) = &lw.post_ffn_norm {
         dn = rms_norm(&dn, pn, cfg.rms_eps);
@@ -494,11 +499,13 @@ impl Forward for CpuForward {
         let (cfg, w, acts) = (&self.config, &*self.weights, self.acts);
         let engine = &mut self.engine;
         // On one of rayon's threads (`scope` runs its body there; in place
-        // when called from one): each parallel region then forks and joins
-        // from a worker, which takes its own share and steals while it
-        // waits, instead of handing every region to the pool and sleeping
-        // until it is woken (two thread wake-ups per region, some 300 in a
-        // prefill).
+        // when called from one). The regions go to the team of `par` (one
+        // of `rayon::current_num_threads()` threads, this one among them);
+        // those that go to rayon instead (`TAPTREE_CPU_TEAM=0`, or a region
+        // started while the team runs another) then fork and join from a
+        // worker, which takes its own share and steals while it waits,
+        // rather than handing the region to the pool and sleeping until
+        // it is woken.
         Ok(rayon::scope(|_| match engine {
             EngineOf::F32(e) => e.run(cfg, w, acts, slot, tokens, start_pos),
             EngineOf::F64(e) => e.run(cfg, w, acts, slot, tokens, start_pos),

@@ -24,6 +24,19 @@ pub struct Prepared<T> {
     pub qs: QuantRows<T>,
 }
 
+impl<T: Send> Prepared<T> {
+    /// Drops the rows, the quantized ones in parallel ([`par::drop_rows`]).
+    pub fn release(self) {
+        let width = self
+            .qs
+            .first()
+            .map_or(0, |(_, rows)| self.h.len() / rows.len().max(1));
+        for (_, rows) in self.qs {
+            par::drop_rows(rows, width);
+        }
+    }
+}
+
 /// `x += add` (when given), then `h = rms_norm(x, w, eps)`, then `h`'s rows
 /// quantized per block of each of `blocks` as `act` quantizes them; one
 /// task per row.

@@ -83,18 +83,25 @@ impl ActBlocks {
 }
 
 /// Where a matmul sums as llama.cpp does (`llama`: `--precision
-/// llamacpp`), its activation rows quantized in 32-blocks (`q`) in
-/// llama.cpp's blocks, for the weights whose sums [`fill_chunk`] models;
-/// `None` otherwise.
+/// llamacpp`) and some of its weights are of a type whose sums
+/// [`fill_chunk`] models (`any_modelled`, [`models`]), its activation rows
+/// quantized in 32-blocks (`q`) in llama.cpp's blocks; `None` otherwise
+/// (Gemma's Q5_0 and Q4_0 groups never read them).
 pub(crate) fn rows_for<T: Real>(
     llama: bool,
+    any_modelled: bool,
     block: usize,
     q: Option<&[QuantRow<T>]>,
 ) -> Option<Vec<ActBlocks>> {
-    match (llama, block, q) {
+    match (llama && any_modelled, block, q) {
         (true, 32, Some(q)) => Some(q.iter().map(ActBlocks::of).collect()),
         _ => None,
     }
+}
+
+/// Whether `w` is held in blocks of a type [`fill_chunk`] models.
+pub(crate) fn models<W: WeightRows>(w: &W) -> bool {
+    w.rows() > 0 && w.blocks(0).is_some_and(|(ty, _)| modelled(ty))
 }
 
 /// Whether llama.cpp's integer dot is modelled for weights of `ty`.
@@ -151,16 +158,18 @@ fn simd() -> bool {
 }
 
 /// `RW` weight rows against `RA` activation rows, `y[i][r]`: the AVX2 tile
-/// where it runs, else [`dot`] per output (the same bits).
+/// where it runs (`simd`, [`simd`]'s answer, asked once per chunk), else
+/// [`dot`] per output (the same bits).
 #[inline(always)]
 fn tile<const RW: usize, const RA: usize>(
+    simd: bool,
     ty: GgmlType,
     w: [&[u8]; RW],
     a: [&ActBlocks; RA],
 ) -> [[f32; RA]; RW] {
     #[cfg(target_arch = "x86_64")]
     {
-        if simd() {
+        if simd {
             // SAFETY: AVX2, F16C and FMA checked; every row of `w` is whole
             // blocks of `ty` (a QMatrix row) with a block of `a` for each.
             return unsafe { avx::tile(ty, w, a) };
@@ -196,6 +205,7 @@ pub(crate) fn fill_chunk<T: Real, W: WeightRows>(
         "activation blocks"
     );
     let row = |o: usize| weights.blocks(o).expect("a quantized weight").1;
+    let simd = simd();
     let mut put = |o: usize, r: usize, v: f32| out[o * n + r] = T::from_f32(v);
     let mut o = 0;
     if n < 4 {
@@ -203,7 +213,7 @@ pub(crate) fn fill_chunk<T: Real, W: WeightRows>(
         while o + 4 <= k {
             let w = [0, 1, 2, 3].map(|j| row(first + o + j));
             for (r, a) in acts.iter().enumerate() {
-                let y = tile(ty, w, [a]);
+                let y = tile(simd, ty, w, [a]);
                 for (j, yj) in y.iter().enumerate() {
                     put(o + j, r, yj[0]);
                 }
@@ -217,7 +227,7 @@ pub(crate) fn fill_chunk<T: Real, W: WeightRows>(
         while o + PW <= k {
             let w: [&[u8]; PW] = std::array::from_fn(|j| row(first + o + j));
             for r in (0..n).step_by(4) {
-                let y = tile(ty, w, quad(r));
+                let y = tile(simd, ty, w, quad(r));
                 for (j, yj) in y.iter().enumerate() {
                     for (t, v) in yj.iter().enumerate().take(n - r) {
                         put(o + j, r + t, *v);
@@ -229,7 +239,7 @@ pub(crate) fn fill_chunk<T: Real, W: WeightRows>(
     }
     for o in o..k {
         for (r, a) in acts.iter().enumerate() {
-            put(o, r, tile(ty, [row(first + o)], [a])[0][0]);
+            put(o, r, tile(simd, ty, [row(first + o)], [a])[0][0]);
         }
     }
     true

@@ -148,7 +148,12 @@ pub fn matmul_with_mins<T: Real, W: WeightRows>(
     let (cols, block) = (w.cols(), w.block());
     assert_eq!(x.len(), n * cols, "matmul input is not [{n}, {cols}]");
     let own = reads_quantized(block, act).then(|| quantize_rows(x, n, block, act));
-    let llama = super::llamacpp_dot::rows_for(act == Act::LlamaCpp, block, own.as_deref());
+    let llama = super::llamacpp_dot::rows_for(
+        act == Act::LlamaCpp,
+        super::llamacpp_dot::models(w),
+        block,
+        own.as_deref(),
+    );
     let job = Job {
         x,
         n,
@@ -157,7 +162,12 @@ pub fn matmul_with_mins<T: Real, W: WeightRows>(
         q: own.as_deref(),
         llama: llama.as_deref(),
     };
-    run_jobs(&[job]).pop().expect("one output per job")
+    let y = run_jobs(&[job]).pop().expect("one output per job");
+    drop(llama);
+    if let Some(own) = own {
+        super::par::drop_rows(own, cols);
+    }
+    y
 }
 
 /// Several matmuls on the same input rows (q, k and v; gate and up) as one
@@ -193,8 +203,10 @@ pub fn apply_group_quantized<T: Real>(
     let _p = super::profile::op(super::profile::Op::Matmul);
     let quantized = |l: &Linear| reads_quantized(l.m.block(), act);
     let q32 = qs.iter().find(|(b, _)| *b == 32);
-    let llama = q32
-        .and_then(|(b, rows)| super::llamacpp_dot::rows_for(act == Act::LlamaCpp, *b, Some(rows)));
+    let any_modelled = ls.iter().any(|l| super::llamacpp_dot::models(&l.m));
+    let llama = q32.and_then(|(b, rows)| {
+        super::llamacpp_dot::rows_for(act == Act::LlamaCpp, any_modelled, *b, Some(rows))
+    });
     let jobs: Vec<_> = ls
         .iter()
         .map(|l| {
@@ -234,12 +246,24 @@ thread_local! {
 }
 
 /// The jobs' matmuls as one parallel region (through [`super::par`]): tasks of
-/// [`chunk_rows`] output features of one job each, written straight into
-/// `[n, rows]` (no transposed copy, no second region).
+/// [`chunk_rows`] output features of one job each (over all rows, or one of
+/// [`row_parts`] parts of them), written straight into `[n, rows]` (no
+/// transposed copy, no second region).
 fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
-    let n = jobs.first().map_or(0, |j| j.n);
     let total: usize = jobs.iter().map(|j| j.w.rows()).sum();
-    let chunk = chunk_rows(total);
+    run_jobs_split(jobs, chunk_rows(total), row_parts())
+}
+
+/// [`run_jobs`] with `chunk` output features per task and the rows cut
+/// into `parts` parts (tasks: each feature chunk's parts in turn). Every
+/// output is one dot product in one order whichever rows share its task,
+/// so neither changes a bit.
+fn run_jobs_split<T: Real, W: WeightRows>(
+    jobs: &[Job<T, W>],
+    chunk: usize,
+    parts: usize,
+) -> Vec<Vec<T>> {
+    let n = jobs.first().map_or(0, |j| j.n);
     // Not zeroed: the tasks write every element (zeroing them first was
     // serial time in the forward's thread, hundreds of KB per op).
     let mut ys: Vec<Vec<T>> = jobs
@@ -253,35 +277,69 @@ fn run_jobs<T: Real, W: WeightRows>(jobs: &[Job<T, W>]) -> Vec<Vec<T>> {
         .iter_mut()
         .map(|y| super::par::Ptr(y.as_mut_ptr()))
         .collect();
-    let tasks: Vec<(usize, usize)> = jobs
+    let features: Vec<(usize, usize)> = jobs
         .iter()
         .enumerate()
         .flat_map(|(i, j)| (0..j.w.rows()).step_by(chunk).map(move |f| (i, f)))
         .collect();
-    super::par::for_each(tasks.len(), &|t| {
-        let (i, first) = tasks[t];
-        let rows = jobs[i].w.rows();
+    let parts = parts.clamp(1, n);
+    let part_rows = n.div_ceil(parts);
+    super::par::for_each(features.len() * parts, &|t| {
+        let ((i, first), p) = (features[t / parts], t % parts);
+        let (r0, r1) = (p * part_rows, ((p + 1) * part_rows).min(n));
+        if r0 >= r1 {
+            return;
+        }
+        let job = &jobs[i];
+        let (rows, cols) = (job.w.rows(), job.w.cols());
+        let part = Job {
+            x: &job.x[r0 * cols..r1 * cols],
+            n: r1 - r0,
+            w: job.w,
+            mins: job.mins,
+            q: job.q.map(|q| &q[r0..r1]),
+            llama: job.llama.map(|l| &l[r0..r1]),
+        };
         let k = chunk.min(rows - first);
         // Output features in the outer loop: weight rows stay in cache
-        // while they meet every activation row; `buf` is `[k, n]`.
-        let mut buf = vec![T::ZERO; k * n];
-        SCRATCH.with(|s| fill_chunk(&jobs[i], first, &mut buf, &mut s.borrow_mut()));
+        // while they meet every activation row; `buf` is `[k, r1 - r0]`.
+        let mut buf = vec![T::ZERO; k * part.n];
+        SCRATCH.with(|s| fill_chunk(&part, first, &mut buf, &mut s.borrow_mut()));
         let out = &outs[i];
-        for (o, col) in buf.chunks_exact(n).enumerate() {
+        for (o, col) in buf.chunks_exact(part.n).enumerate() {
             for (r, v) in col.iter().enumerate() {
-                // SAFETY: in bounds (r < n, first + o < rows of the
+                // SAFETY: in bounds (r0 + r < n, first + o < rows of the
                 // capacity); this task alone writes features
-                // first..first + k of output i.
-                unsafe { out.at(r * rows + first + o).write(*v) };
+                // first..first + k of rows r0..r1 of output i.
+                unsafe { out.at((r0 + r) * rows + first + o).write(*v) };
             }
         }
     });
     for (y, j) in ys.iter_mut().zip(jobs) {
         // SAFETY: the tasks above wrote all `n * rows` elements of each
-        // output (every feature of every row, the task list covers them).
+        // output (every feature of every row part, the task list covers
+        // them; an empty part has no rows).
         unsafe { y.set_len(n * j.w.rows()) };
     }
     ys
+}
+
+/// Into how many parts a matmul's rows are cut: 1 (never), or
+/// `TAPTREE_CPU_ROW_PARTS` (a positive integer), to measure a 2-D split of
+/// the tasks (output features × rows). Cutting a prefill's 37 rows in two
+/// where the output features gave fewer than 16 tasks per thread was
+/// measured on 16 threads and was no faster (docs/PERFORMANCE.md).
+fn row_parts() -> usize {
+    static PARTS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PARTS.get_or_init(|| env_count("TAPTREE_CPU_ROW_PARTS").unwrap_or(1))
+}
+
+/// The positive integer in environment variable `var`, if it holds one.
+fn env_count(var: &str) -> Option<usize> {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
 }
 
 /// Output features per rayon task: 16 (four groups of four weight rows),
@@ -299,13 +357,7 @@ fn chunk_rows(rows: usize) -> usize {
 /// `TAPTREE_CPU_TASKS_PER_THREAD` (a positive integer) to measure others.
 fn tasks_per_thread() -> usize {
     static TASKS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *TASKS.get_or_init(|| {
-        std::env::var("TAPTREE_CPU_TASKS_PER_THREAD")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&t| t > 0)
-            .unwrap_or(8)
-    })
+    *TASKS.get_or_init(|| env_count("TAPTREE_CPU_TASKS_PER_THREAD").unwrap_or(8))
 }
 
 #[cfg(test)]
@@ -336,6 +388,68 @@ mod tests {
                     dot(&rows[r], &w).to_bits(),
                     "len {len} row {r}"
                 );
+            }
+        }
+    }
+
+    /// A Q8_0 matrix of `rows` × `cols` with small finite scales.
+    fn q8_0(rows: usize, cols: usize) -> super::super::qmatrix::QMatrix {
+        let mut bytes = Vec::new();
+        for (b, v) in seq(rows * cols / 32, 11).into_iter().enumerate() {
+            bytes.extend_from_slice(&half::f16::from_f32(0.01 + v.abs() / 50.0).to_le_bytes());
+            bytes.extend((0..32).map(|i| ((b * 37 + i * 11) % 255) as u8));
+        }
+        super::super::qmatrix::QMatrix {
+            rows,
+            cols,
+            ty: model::quant::GgmlType::Q8_0,
+            bytes: bytes.into(),
+        }
+    }
+
+    #[test]
+    fn rows_cut_into_parts_give_the_same_bits() {
+        // 37 rows (a prefill) and 5 (parts of one to four rows take the
+        // decode's loops), each activation handling, cut into 1 to 6 parts:
+        // every output the same bits. A wrong part offset goes red.
+        let (cols, rows) = (64, 24);
+        let dense = Matrix {
+            rows,
+            cols,
+            data: seq(rows * cols, 3),
+            block: 1,
+        };
+        let quant = q8_0(rows, cols);
+        for n in [37, 5] {
+            let x = seq(n * cols, 7);
+            for act in [Act::Float, Act::Q8, Act::LlamaCpp] {
+                let q = quantize_rows(&x, n, 32, act);
+                let llama =
+                    super::super::llamacpp_dot::rows_for(act == Act::LlamaCpp, true, 32, Some(&q));
+                let quantized = Job {
+                    x: &x,
+                    n,
+                    w: &quant,
+                    mins: None,
+                    q: (act != Act::Float).then_some(&q[..]),
+                    llama: llama.as_deref(),
+                };
+                let float = Job {
+                    x: &x,
+                    n,
+                    w: &dense,
+                    mins: None,
+                    q: None,
+                    llama: None,
+                };
+                let whole = run_jobs_split(std::slice::from_ref(&quantized), 8, 1);
+                let dense_whole = run_jobs_split(std::slice::from_ref(&float), 4, 1);
+                for parts in 2..=6 {
+                    let cut = run_jobs_split(std::slice::from_ref(&quantized), 8, parts);
+                    assert_eq!(cut, whole, "{n} rows, {act:?}, {parts} parts");
+                    let cut = run_jobs_split(std::slice::from_ref(&float), 4, parts);
+                    assert_eq!(cut, dense_whole, "dense, {n} rows, {parts} parts");
+                }
             }
         }
     }

@@ -179,13 +179,19 @@ pub(crate) fn task<R>(f: impl FnOnce() -> R) -> R {
 pub(crate) struct Forward {
     start: Option<Instant>,
     rows: usize,
+    /// The process's page faults (minor, major) when the forward started.
+    faults: Option<(u64, u64)>,
 }
 
 impl Forward {
     /// Clears the account and starts the forward's clock.
     pub(crate) fn start(rows: usize) -> Forward {
         if !on() {
-            return Forward { start: None, rows };
+            return Forward {
+                start: None,
+                rows,
+                faults: None,
+            };
         }
         let a = &ACCOUNT;
         for v in [&a.calls, &a.wall, &a.regions, &a.region_wall, &a.busy] {
@@ -193,6 +199,7 @@ impl Forward {
         }
         CURRENT.store(Op::Other as usize, Relaxed);
         Forward {
+            faults: page_faults(),
             start: Some(Instant::now()),
             rows,
         }
@@ -205,9 +212,31 @@ impl Forward {
         // `Other` holds the forward's wall minus every op's.
         ACCOUNT.wall[Op::Other as usize].fetch_add(total, Relaxed);
         if self.rows > 1 || level() == 2 {
-            eprint!("{}", report(total, self.rows));
+            let mut s = report(total, self.rows);
+            if let (Some((min0, maj0)), Some((min1, maj1))) = (self.faults, page_faults()) {
+                s += &format!(
+                    "page faults in the forward (all threads): {} minor, {} major\n",
+                    min1 - min0,
+                    maj1 - maj0
+                );
+            }
+            eprint!("{s}");
         }
     }
+}
+
+/// The process's minor and major page faults so far (Linux's
+/// `/proc/self/stat`; `None` elsewhere): a first touch of the weights'
+/// mapping or of a fresh buffer is a fault, kernel time that the forward's
+/// threads contend for.
+fn page_faults() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command's closing parenthesis: state is the first,
+    // minflt the eighth, majflt the tenth (proc(5)'s fields 3, 10 and 12).
+    let mut f = stat.rsplit_once(')')?.1.split_whitespace();
+    let minor = f.nth(7)?.parse().ok()?;
+    let major = f.nth(1)?.parse().ok()?;
+    Some((minor, major))
 }
 
 fn report(total: u64, rows: usize) -> String {

@@ -174,41 +174,44 @@ __device__ __forceinline__ void prefetch_l2(const Prefetch& pf) {
     }
 }
 
-extern "C" __global__ void attention_split(const float* q, const float* k, const float* v,
-                                           float* out, const u32* pos, int n_head, int n_kv,
-                                           int head_dim, float scale, int window, int ds,
-                                           int chunk, int max_keys, Prefetch pf,
-                                           int trigger_at) {
-    if (trigger_at == 0) pdl_launch_dependents();
-    prefetch_l2(pf);
-    // Launched early, the block waits here for the kernel before (q, the
-    // cache) to finish: only the prefetch of weights ran before.
-    pdl_wait();
-    if (trigger_at == 1) pdl_launch_dependents();
-    extern __shared__ __align__(16) float smem_f[];
+// An attention_split launch's arguments past the prefetch (the persistent
+// decode, decode.cu, fills one per layer).
+struct SplitArgs {
+    const float *q, *k, *v;
+    float* out;
+    const u32* pos;
+    int n_head, n_kv, head_dim;
+    float scale;
+    int window, ds, chunk, max_keys;
+};
+
+// Block (r, h, z) of attention_split once its inputs are readable: the
+// head's scores and softmax, then dimensions [z ds, (z + 1) ds) of the
+// output. `smem_f` is the launch's dynamic shared memory; `trigger_at`
+// as the kernel's (-1: never).
+__device__ void attention_split_block(const SplitArgs& a, int r, int h, int z, float* smem_f,
+                                      float* scratch, float* inv_sum, int trigger_at) {
     float* scores = smem_f;
-    float* vs = smem_f + ((max_keys + 3) & ~3);
-    __shared__ float scratch[32];
-    __shared__ float inv_sum;
-    int r = blockIdx.x, h = blockIdx.y, d0 = blockIdx.z * ds;
+    float* vs = smem_f + ((a.max_keys + 3) & ~3);
+    int ds = a.ds, d0 = z * ds;
     int first, n_keys;
-    visible_keys((int)pos[0], r, window, &first, &n_keys);
-    int kvh = h / (n_head / n_kv);
-    int kv_stride = n_kv * head_dim;
-    int col = kvh * head_dim + d0;
-    stage_values(vs, v, first, min(chunk, n_keys), ds, kv_stride, col);
-    const float* qh = q + (size_t)r * n_head * head_dim + h * head_dim;
-    float inv = scores_softmax(qh, k, first, n_keys, kvh, head_dim, kv_stride, scale, scores,
-                               scratch, &inv_sum);
+    visible_keys((int)a.pos[0], r, a.window, &first, &n_keys);
+    int kvh = h / (a.n_head / a.n_kv);
+    int kv_stride = a.n_kv * a.head_dim;
+    int col = kvh * a.head_dim + d0;
+    stage_values(vs, a.v, first, min(a.chunk, n_keys), ds, kv_stride, col);
+    const float* qh = a.q + (size_t)r * a.n_head * a.head_dim + h * a.head_dim;
+    float inv = scores_softmax(qh, a.k, first, n_keys, kvh, a.head_dim, kv_stride, a.scale,
+                               scores, scratch, inv_sum);
     if (trigger_at == 2) pdl_launch_dependents();
 
     int d = threadIdx.x;
     float acc = 0.0f;
-    for (int c0 = 0; c0 < n_keys; c0 += chunk) {
-        int n = min(chunk, n_keys - c0);
+    for (int c0 = 0; c0 < n_keys; c0 += a.chunk) {
+        int n = min(a.chunk, n_keys - c0);
         if (c0 > 0) {
             __syncthreads();  // every thread done with the last chunk
-            stage_values(vs, v, first + c0, n, ds, kv_stride, col);
+            stage_values(vs, a.v, first + c0, n, ds, kv_stride, col);
         }
         copy_async_wait_all();
         __syncthreads();
@@ -230,7 +233,26 @@ extern "C" __global__ void attention_split(const float* q, const float* k, const
                 acc = mul_add_unfused(acc, __fmul_rn(scores[c0 + j], inv), vs[(size_t)j * ds + d]);
         }
     }
-    if (d < ds) out[(size_t)r * n_head * head_dim + h * head_dim + d0 + d] = acc;
+    if (d < ds) a.out[(size_t)r * a.n_head * a.head_dim + h * a.head_dim + d0 + d] = acc;
+}
+
+extern "C" __global__ void attention_split(const float* q, const float* k, const float* v,
+                                           float* out, const u32* pos, int n_head, int n_kv,
+                                           int head_dim, float scale, int window, int ds,
+                                           int chunk, int max_keys, Prefetch pf,
+                                           int trigger_at) {
+    if (trigger_at == 0) pdl_launch_dependents();
+    prefetch_l2(pf);
+    // Launched early, the block waits here for the kernel before (q, the
+    // cache) to finish: only the prefetch of weights ran before.
+    pdl_wait();
+    if (trigger_at == 1) pdl_launch_dependents();
+    extern __shared__ __align__(16) float smem_f[];
+    __shared__ float scratch[32];
+    __shared__ float inv_sum;
+    SplitArgs a = {q, k, v, out, pos, n_head, n_kv, head_dim, scale, window, ds, chunk, max_keys};
+    attention_split_block(a, blockIdx.x, blockIdx.y, blockIdx.z, smem_f, scratch, &inv_sum,
+                          trigger_at);
 }
 
 // The new keys and values of `rows` rows (`[rows, kv_width]` each) into one

@@ -40,11 +40,14 @@ pub enum Family {
     Elementwise,
     /// `fused.cu`: the fused matmuls of an unarmed single-sequence forward.
     Fused,
+    /// `decode.cu`: every layer of a decode step in one persistent launch,
+    /// compiled after `attention.cu` and `fused.cu`, whose code it runs.
+    Decode,
 }
 
 impl Family {
     /// Every family, each compiled as one module.
-    pub const ALL: [Family; 8] = [
+    pub const ALL: [Family; 9] = [
         Family::Embedding,
         Family::Norm,
         Family::Matmul,
@@ -53,6 +56,7 @@ impl Family {
         Family::Ffn,
         Family::Elementwise,
         Family::Fused,
+        Family::Decode,
     ];
 
     /// The family's source file name (under `kernels/src/cuda/`).
@@ -66,6 +70,7 @@ impl Family {
             Family::Ffn => "ffn.cu",
             Family::Elementwise => "elementwise.cu",
             Family::Fused => "fused.cu",
+            Family::Decode => "decode.cu",
         }
     }
 
@@ -79,16 +84,23 @@ impl Family {
             Family::Ffn => include_str!("ffn.cu"),
             Family::Elementwise => include_str!("elementwise.cu"),
             Family::Fused => include_str!("fused.cu"),
+            Family::Decode => include_str!("decode.cu"),
         }
     }
 
     /// What the file is compiled after, besides `common.cuh`: the matmul
     /// core (`matmul_core.cuh`) for the families whose outputs must be the
-    /// matmul's bits.
-    fn prelude(self) -> &'static str {
+    /// matmul's bits, and for `decode.cu` the two families whose code it
+    /// runs (each under its own file name, for the compiler's messages).
+    fn prelude(self) -> String {
         match self {
-            Family::Matmul | Family::Fused => MATMUL_CORE,
-            _ => "",
+            Family::Matmul | Family::Fused => MATMUL_CORE.to_string(),
+            Family::Decode => [Family::Attention, Family::Fused]
+                .iter()
+                .fold(MATMUL_CORE.to_string(), |acc, f| {
+                    format!("{acc}\n#line 1 \"{}\"\n{}", f.file(), f.source())
+                }),
+            _ => String::new(),
         }
     }
 }

@@ -28,6 +28,7 @@ use model::{LlamaConfig, ModelWeights, QTensor};
 pub(crate) mod encode;
 mod fused;
 mod graph;
+mod persist;
 mod setup;
 
 pub(crate) use setup::{check_model, kv_capacity, Acts};
@@ -165,6 +166,8 @@ pub struct CudaForward {
     replays: u64,
     /// Runs made fused so far (graph replays of a fused step included).
     fused_runs: u64,
+    /// The persistent decode step (`persist.rs`).
+    persist: persist::Persist,
 }
 
 /// How the fused pass's logits matmul is spread, unless set otherwise.
@@ -246,6 +249,7 @@ impl CudaForward {
             output: weights.output.as_ref().map(m).transpose()?,
         };
         dev.warm_up()?;
+        let persist = persist::Persist::new(&dev, &w, c)?;
         Ok(CudaForward {
             dev,
             config: c.clone(),
@@ -275,6 +279,7 @@ impl CudaForward {
             generation: 0,
             replays: 0,
             fused_runs: 0,
+            persist,
         })
     }
 

@@ -73,9 +73,20 @@ __device__ void slot_outputs_any(int type, const u8* wr, const float* xs, int nr
 
 // Rows r0 .. r0 + nr of x into xs (shared), RMS-normalized with norm_w
 // when it is given, exactly as the rms_norm kernel writes them. Ends with
-// the block synchronized.
+// the block synchronized. The norm weights of this thread's first
+// NORM_EARLY elements are loaded before the rows' sums of squares, so
+// that their latency is not added after them.
+#define NORM_EARLY 8
 __device__ void stage_input(float* xs, const float* x, int r0, int nr, int in,
                             const float* norm_w, float eps, double* scratch) {
+    float nw[NORM_EARLY];
+    if (norm_w) {
+#pragma unroll
+        for (int u = 0; u < NORM_EARLY; ++u) {
+            int i = threadIdx.x + u * blockDim.x;
+            nw[u] = i < in ? norm_w[i] : 0.0f;
+        }
+    }
     stage_bytes((u8*)xs, (const u8*)(x + (size_t)r0 * in), (size_t)nr * in * 4);
     if (norm_w) {
         for (int k = 0; k < nr; ++k) {
@@ -83,11 +94,174 @@ __device__ void stage_input(float* xs, const float* x, int r0, int nr, int in,
             // Synchronizes first (the staged rows visible) and after its
             // last read of xr: the row may then be rewritten in place.
             float scale = norm_scale(norm_sum_squares(xr, in, scratch), in, eps);
-            for (int i = threadIdx.x; i < in; i += blockDim.x)
+            int u = 0;
+#pragma unroll
+            for (; u < NORM_EARLY; ++u) {
+                int i = threadIdx.x + u * blockDim.x;
+                if (i < in) xr[i] = norm_apply(xr[i], scale, nw[u]);
+            }
+            for (int i = threadIdx.x + NORM_EARLY * blockDim.x; i < in; i += blockDim.x)
                 xr[i] = norm_apply(xr[i], scale, norm_w[i]);
         }
     }
     __syncthreads();
+}
+
+// A matmul_fused launch's arguments, as the kernel takes them (the
+// persistent decode, decode.cu, fills one per matmul of a layer).
+struct FusedArgs {
+    int mode;
+    const u8 *w0, *w1, *w2;
+    int t0, t1, t2, n0, n1, n2;
+    const float* x;
+    const float* norm_w;
+    float eps;
+    const float* resid;
+    float *y0, *y1, *y2;
+    const u32* pos;
+    const float* rope_cs;
+    int head_dim;
+    float rope_base;
+    int rows, in;
+};
+
+// Which weight rows block `bx` of a matmul_fused launch takes: `cnt` rows
+// from row `first` of matrix A (type ta), for slots [0, per); in
+// FUSED_SWIGLU as many of matrix B for slots [per, 2 per). And this
+// thread's slot: its row `wr` in global memory, or at `wr_off` in the
+// block's staged copy of its rows (`bytes_a` of A, then B's).
+struct FusedPlan {
+    const u8 *wa, *wb;
+    size_t rba, rbb, bytes_a, wbytes, rb, wr_off;
+    const u8* wr;
+    int first, cnt, per, region, n, type, slot, j;
+    bool live;
+};
+
+__device__ FusedPlan fused_plan(const FusedArgs& a, int bx) {
+    FusedPlan p;
+    int lane = threadIdx.x & 31;
+    p.j = lane & 7;
+    p.slot = (threadIdx.x >> 5) * OUTS_PER_WARP + (lane >> 3);
+    p.wa = a.w0, p.wb = a.w1;
+    int ta = a.t0, tb = a.t1;
+    p.per = FUSED_OUTS, p.region = 0, p.n = a.n0;
+    if (a.mode == FUSED_SWIGLU) {
+        p.per = FUSED_OUTS / 2;
+    } else if (a.mode == FUSED_QKV_ROPE) {
+        int b0 = (a.n0 + p.per - 1) / p.per, b1 = (a.n1 + p.per - 1) / p.per;
+        if (bx >= b0 + b1) {
+            p.region = 2, p.wa = a.w2, ta = a.t2, p.n = a.n2;
+        } else if (bx >= b0) {
+            p.region = 1, p.wa = a.w1, ta = a.t1, p.n = a.n1;
+        }
+    }
+    if (p.region == 1) bx -= (a.n0 + p.per - 1) / p.per;
+    if (p.region == 2) bx -= (a.n0 + p.per - 1) / p.per + (a.n1 + p.per - 1) / p.per;
+    p.first = bx * p.per;
+    p.cnt = min(p.per, p.n - p.first);
+    p.rba = row_bytes_of(ta, a.in);
+    p.rbb = a.mode == FUSED_SWIGLU ? row_bytes_of(tb, a.in) : 0;
+    bool in_b = p.slot >= p.per;
+    int s = in_b ? p.slot - p.per : p.slot;
+    p.live = s < p.cnt;
+    p.type = in_b ? tb : ta;
+    p.rb = in_b ? p.rbb : p.rba;
+    p.wr = (in_b ? p.wb : p.wa) + (size_t)(p.first + (p.live ? s : 0)) * p.rb;
+    p.bytes_a = (size_t)p.cnt * p.rba;
+    p.wbytes = p.bytes_a + (a.mode == FUSED_SWIGLU ? (size_t)p.cnt * p.rbb : 0);
+    p.wr_off = (in_b ? p.bytes_a : 0) + (size_t)(p.live ? s : 0) * p.rb;
+    return p;
+}
+
+// The copy of the block's weight rows into `dst`, issued (cp.async where
+// aligned); it completes at the caller's wait.
+__device__ void fused_stage_weights(const FusedArgs& a, const FusedPlan& p, u8* dst) {
+    stage_bytes_async(dst, p.wa + (size_t)p.first * p.rba, p.bytes_a);
+    if (a.mode == FUSED_SWIGLU)
+        stage_bytes_async(dst + p.bytes_a, p.wb + (size_t)p.first * p.rbb, (size_t)p.cnt * p.rbb);
+}
+
+// Everything after the input is readable: rows [r0, r0 + nr) of x staged
+// into xs (normalized where asked), the weights' copies waited for (all of
+// them with `keep` < 0, else all but the last `keep` committed groups),
+// the products of this thread's slot from row `wr`, and the block's
+// outputs written in its mode.
+__device__ void fused_outputs(const FusedArgs& a, const FusedPlan& p, const u8* wr, float* xs,
+                              int r0, double* scratch, float res[ROWS_PER_PASS][FUSED_OUTS],
+                              int keep, int trigger_at) {
+    int nr = min(ROWS_PER_PASS, a.rows - r0);
+    int per = p.per, cnt = p.cnt, first = p.first, pairs = per / 2;
+    // What this thread's first element of the epilogue (t = threadIdx.x)
+    // reads besides the products: its residual, or its row's position and
+    // RoPE pair, loaded now, under the input's staging, rather than after
+    // the products.
+    float early_resid = 0.0f, early_c = 0.0f, early_s = 0.0f;
+    u32 early_pos = 0;
+    int t0 = threadIdx.x;
+    if (a.mode == FUSED_PLAIN && a.resid && t0 < nr * per && t0 % per < cnt) {
+        early_resid = a.resid[(size_t)(r0 + t0 / per) * a.n0 + first + t0 % per];
+    } else if (a.mode == FUSED_QKV_ROPE && t0 < nr * pairs && 2 * (t0 % pairs) < cnt) {
+        int k = t0 / pairs, col = first + 2 * (t0 % pairs);
+        early_pos = a.pos[r0 + k];
+        if (p.region < 2 && a.rope_cs) {
+            const float* cs =
+                a.rope_cs + 2 * ((size_t)(r0 + k) * (a.head_dim / 2) + (col % a.head_dim) / 2);
+            early_c = cs[0], early_s = cs[1];
+        }
+    }
+    stage_input(xs, a.x, r0, nr, a.in, a.norm_w, a.eps, scratch);
+    if (keep < 0) {
+        copy_async_wait_all();
+    } else {
+        copy_async_wait_groups(keep);
+    }
+    __syncthreads();
+
+    slot_outputs_any(p.type, wr, xs, nr, a.in, p.j, p.live, p.slot, res);
+    if (trigger_at == 2) pdl_launch_dependents();
+    __syncthreads();
+
+    if (a.mode == FUSED_PLAIN) {
+        for (int t = threadIdx.x; t < nr * per; t += blockDim.x) {
+            int k = t / per, o = t % per;
+            if (o >= cnt) continue;
+            size_t at = (size_t)(r0 + k) * a.n0 + first + o;
+            float v = res[k][o];
+            // As the add kernel: one rounded add.
+            if (a.resid) v = (t == t0 ? early_resid : a.resid[at]) + v;
+            a.y0[at] = v;
+        }
+    } else if (a.mode == FUSED_SWIGLU) {
+        for (int t = threadIdx.x; t < nr * per; t += blockDim.x) {
+            int k = t / per, o = t % per;
+            if (o >= cnt) continue;
+            a.y0[(size_t)(r0 + k) * a.n0 + first + o] = swiglu_one(res[k][o], res[k][o + per]);
+        }
+    } else {
+        for (int t = threadIdx.x; t < nr * pairs; t += blockDim.x) {
+            int k = t / pairs, o = 2 * (t % pairs);
+            if (o >= cnt) continue;
+            u32 ps = t == t0 ? early_pos : a.pos[r0 + k];
+            float x0 = res[k][o], x1 = res[k][o + 1];
+            int col = first + o;
+            if (p.region < 2) {
+                int i = (col % a.head_dim) / 2;
+                if (a.rope_cs && t == t0) {
+                    rope_apply(&x0, &x1, early_c, early_s);
+                } else if (a.rope_cs) {
+                    const float* cs = a.rope_cs + 2 * ((size_t)(r0 + k) * (a.head_dim / 2) + i);
+                    rope_apply(&x0, &x1, cs[0], cs[1]);
+                } else {
+                    rope_rotate(&x0, &x1, ps, i, a.head_dim, a.rope_base);
+                }
+            }
+            float* dst = p.region == 0 ? a.y0 + (size_t)(r0 + k) * a.n0
+                                       : (p.region == 1 ? a.y1 : a.y2) + (size_t)ps * p.n;
+            dst[col] = x0;
+            dst[col + 1] = x1;
+        }
+    }
 }
 
 extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, const u8* w2,
@@ -101,100 +275,21 @@ extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, co
     __shared__ double scratch[NORM_THREADS / 32];
     __shared__ float res[ROWS_PER_PASS][FUSED_OUTS];
     if (trigger_at == 0) pdl_launch_dependents();
-    int lane = threadIdx.x & 31, j = lane & 7;
-    int slot = (threadIdx.x >> 5) * OUTS_PER_WARP + (lane >> 3);
-    int r0 = blockIdx.y * ROWS_PER_PASS;
-    int nr = min(ROWS_PER_PASS, rows - r0);
-
-    // The block's weight rows: `cnt` rows from row `first` of matrix A
-    // (type ta), for slots [0, per); in FUSED_SWIGLU as many of matrix B
-    // (type tb) for slots [per, 2 per).
-    const u8 *wa = w0, *wb = w1;
-    int ta = t0, tb = t1, per = FUSED_OUTS, region = 0, n = n0;
-    if (mode == FUSED_SWIGLU) {
-        per = FUSED_OUTS / 2;
-    } else if (mode == FUSED_QKV_ROPE) {
-        int b0 = (n0 + per - 1) / per, b1 = (n1 + per - 1) / per;
-        int bx = blockIdx.x;
-        if (bx >= b0 + b1) {
-            region = 2, wa = w2, ta = t2, n = n2;
-        } else if (bx >= b0) {
-            region = 1, wa = w1, ta = t1, n = n1;
-        }
-    }
-    int bx = blockIdx.x;
-    if (region == 1) bx -= (n0 + per - 1) / per;
-    if (region == 2) bx -= (n0 + per - 1) / per + (n1 + per - 1) / per;
-    int first = bx * per;
-    int cnt = min(per, n - first);
-    size_t rba = row_bytes_of(ta, in);
-    size_t rbb = mode == FUSED_SWIGLU ? row_bytes_of(tb, in) : 0;
-    bool in_b = slot >= per;
-    int s = in_b ? slot - per : slot;
-    bool live = s < cnt;
-    int type = in_b ? tb : ta;
-    size_t rb = in_b ? rbb : rba;
-    const u8* wr = (in_b ? wb : wa) + (size_t)(first + (live ? s : 0)) * rb;
-    size_t bytes_a = (size_t)cnt * rba;
-    size_t wbytes = bytes_a + (mode == FUSED_SWIGLU ? (size_t)cnt * rbb : 0);
-    float* xs = (float*)(smem + (staged ? ((wbytes + 15) & ~(size_t)15) : 0));
+    FusedArgs a = {mode, w0, w1, w2, t0, t1, t2, n0, n1, n2, x, norm_w, eps, resid,
+                   y0, y1, y2, pos, rope_cs, head_dim, rope_base, rows, in};
+    FusedPlan p = fused_plan(a, blockIdx.x);
+    float* xs = (float*)(smem + (staged ? ((p.wbytes + 15) & ~(size_t)15) : 0));
+    const u8* wr = p.wr;
     // The weights' copy runs while the input is staged and normalized,
     // and, launched early, while the kernel before this one finishes: the
     // weights are the only global memory read before `pdl_wait`.
     if (staged) {
-        stage_bytes_async(smem, wa + (size_t)first * rba, bytes_a);
-        if (mode == FUSED_SWIGLU)
-            stage_bytes_async(smem + bytes_a, wb + (size_t)first * rbb, (size_t)cnt * rbb);
-        wr = smem + (in_b ? bytes_a : 0) + (size_t)(live ? s : 0) * rb;
+        fused_stage_weights(a, p, smem);
+        wr = smem + p.wr_off;
     }
     pdl_wait();
     if (trigger_at == 1) pdl_launch_dependents();
-    stage_input(xs, x, r0, nr, in, norm_w, eps, scratch);
-    copy_async_wait_all();
-    __syncthreads();
-
-    slot_outputs_any(type, wr, xs, nr, in, j, live, slot, res);
-    if (trigger_at == 2) pdl_launch_dependents();
-    __syncthreads();
-
-    if (mode == FUSED_PLAIN) {
-        for (int t = threadIdx.x; t < nr * per; t += blockDim.x) {
-            int k = t / per, o = t % per;
-            if (o >= cnt) continue;
-            size_t at = (size_t)(r0 + k) * n0 + first + o;
-            float a = res[k][o];
-            // As the add kernel: one rounded add.
-            y0[at] = resid ? resid[at] + a : a;
-        }
-    } else if (mode == FUSED_SWIGLU) {
-        for (int t = threadIdx.x; t < nr * per; t += blockDim.x) {
-            int k = t / per, o = t % per;
-            if (o >= cnt) continue;
-            y0[(size_t)(r0 + k) * n0 + first + o] = swiglu_one(res[k][o], res[k][o + per]);
-        }
-    } else {
-        int pairs = per / 2;
-        for (int t = threadIdx.x; t < nr * pairs; t += blockDim.x) {
-            int k = t / pairs, o = 2 * (t % pairs);
-            if (o >= cnt) continue;
-            u32 p = pos[r0 + k];
-            float a = res[k][o], b = res[k][o + 1];
-            int col = first + o;
-            if (region < 2) {
-                int i = (col % head_dim) / 2;
-                if (rope_cs) {
-                    const float* cs = rope_cs + 2 * ((size_t)(r0 + k) * (head_dim / 2) + i);
-                    rope_apply(&a, &b, cs[0], cs[1]);
-                } else {
-                    rope_rotate(&a, &b, p, i, head_dim, rope_base);
-                }
-            }
-            float* dst = region == 0 ? y0 + (size_t)(r0 + k) * n0
-                                     : (region == 1 ? y1 : y2) + (size_t)p * n;
-            dst[col] = a;
-            dst[col + 1] = b;
-        }
-    }
+    fused_outputs(a, p, wr, xs, blockIdx.y * ROWS_PER_PASS, scratch, res, -1, trigger_at);
 }
 
 // The logits' matmul: FUSED_PLAIN without a residual (y0 = norm(x) W0^T),

@@ -14,8 +14,10 @@ use model::QTensor;
 mod attend;
 mod fused;
 pub(crate) mod launch;
+mod persist;
 pub use attend::*;
 pub use fused::*;
+pub use persist::*;
 
 /// Warps per block of the matmul kernels (`WARPS` in matmul.cu).
 const MATMUL_WARPS: u32 = 4;

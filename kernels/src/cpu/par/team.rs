@@ -29,6 +29,9 @@ const SPIN: Duration = Duration::from_millis(1);
 
 type Task<'a> = &'a (dyn Fn(usize) + Sync);
 
+/// What a panic carries (its message, for `panic!` with one).
+type Payload = Box<dyn std::any::Any + Send>;
+
 /// A value on its own cache lines (two, for the adjacent-line prefetcher).
 #[repr(align(128))]
 struct Line<T>(T);
@@ -45,8 +48,9 @@ struct Team {
     task: Line<(AtomicPtr<Task<'static>>, AtomicBool)>,
     /// Team threads inside the current region.
     active: Line<AtomicUsize>,
-    /// Set when a task panicked on a team thread (the caller panics too).
-    panicked: Line<AtomicBool>,
+    /// The payload of a task's panic on a team thread, the first of a
+    /// region's: the caller raises it again when the region closes.
+    panicked: Line<Mutex<Option<Payload>>>,
     /// Each thread's range of tasks, `next` in the low 32 bits, `end` in
     /// the high ones (slot 0 is the caller's).
     ranges: Box<[Line<AtomicU64>]>,
@@ -92,26 +96,30 @@ fn start(helpers: usize) -> &'static Team {
         gen: Line(AtomicUsize::new(0)),
         task: Line((AtomicPtr::new(std::ptr::null_mut()), AtomicBool::new(false))),
         active: Line(AtomicUsize::new(0)),
-        panicked: Line(AtomicBool::new(false)),
+        panicked: Line(Mutex::new(None)),
         ranges: (0..=helpers).map(|_| Line(AtomicU64::new(0))).collect(),
         rest: Line(AtomicBool::new(false)),
         sleepers: Line(AtomicUsize::new(0)),
         sleep: Mutex::new(()),
         wake: Condvar::new(),
     }));
+    // The generation before any region: a helper that starts after the
+    // first region opened still joins it (reading `gen` when it starts, it
+    // would wait for the next one).
+    let first = team.gen.0.load(SeqCst);
     for me in 1..=helpers {
         std::thread::Builder::new()
             .name(format!("taptree-cpu-{me}"))
-            .spawn(move || team.work(me))
+            .spawn(move || team.work(me, first))
             .expect("spawning a CPU forward thread");
     }
     team
 }
 
 impl Team {
-    /// Team thread `me`: waits for each region, joins it, takes tasks.
-    fn work(&self, me: usize) {
-        let mut seen = self.gen.0.load(SeqCst);
+    /// Team thread `me`: waits for each region after generation `seen`,
+    /// joins it, takes tasks.
+    fn work(&self, me: usize, mut seen: usize) {
         loop {
             seen = self.wait(seen);
             self.active.0.fetch_add(1, SeqCst);
@@ -121,9 +129,9 @@ impl Team {
                 // reference it points to outlives the region, which waits
                 // for `active` to fall to zero.
                 if let Some(task) = unsafe { task.as_ref() } {
-                    let ran = catch_unwind(AssertUnwindSafe(|| self.claim(me, *task)));
-                    if ran.is_err() {
-                        self.panicked.0.store(true, SeqCst);
+                    if let Err(p) = catch_unwind(AssertUnwindSafe(|| self.claim(me, *task))) {
+                        let mut first = self.panicked.0.lock().unwrap_or_else(|e| e.into_inner());
+                        first.get_or_insert(p);
                     }
                 }
             }
@@ -250,14 +258,17 @@ pub(super) fn for_each<'a>(n: usize, f: Task<'a>) -> Result<(), Task<'a>> {
         }
     }
     team.task.0 .0.store(std::ptr::null_mut(), SeqCst);
-    let theirs = team.panicked.0.swap(false, SeqCst);
+    let theirs = team
+        .panicked
+        .0
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
     drop(guard);
-    if let Err(p) = ran {
+    // The caller's own panic first, else a team thread's, with its payload
+    // (its message), as rayon raises a task's panic in the caller.
+    if let Some(p) = ran.err().or(theirs) {
         resume_unwind(p);
     }
-    assert!(
-        !theirs,
-        "a task of a CPU forward region panicked on a team thread"
-    );
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! The regions on the team: every task once, whatever the thread count;
-//! regions inside tasks and from several threads at once; a task's panic.
+//! the team's threads (not rayon's) run them; regions inside tasks and from
+//! several threads at once; a task's panic, with its message.
 
 use super::*;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -31,6 +32,40 @@ fn every_task_runs_once_on_1_to_5_threads() {
             }
         });
     }
+}
+
+/// Whether this thread is one of a team's (see `team::start`).
+fn on_team_thread() -> bool {
+    std::thread::current()
+        .name()
+        .is_some_and(|n| n.starts_with("taptree-cpu-"))
+}
+
+#[test]
+fn the_team_threads_run_tasks_unless_the_team_is_off() {
+    // Tasks long enough (64 of 1 ms) that the helpers join the region
+    // before the caller has taken them all, even on a loaded machine.
+    // 6 threads: a team no other test uses, so none keeps it busy (a busy
+    // team sends the region to rayon).
+    let on = std::env::var("TAPTREE_CPU_TEAM").as_deref() != Ok("0");
+    pool(6).install(|| {
+        let team = AtomicUsize::new(0);
+        for_each(64, &|_| {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            if on_team_thread() {
+                team.fetch_add(1, Relaxed);
+            }
+        });
+        let team = team.into_inner();
+        if on {
+            assert!(
+                team > 0,
+                "no task ran on a team thread: the region went to rayon"
+            );
+        } else {
+            assert_eq!(team, 0, "TAPTREE_CPU_TEAM=0, yet team threads ran tasks");
+        }
+    });
 }
 
 #[test]
@@ -71,6 +106,29 @@ fn a_task_that_panics_panics_the_region_and_the_team_goes_on() {
 }
 
 #[test]
+fn a_panic_on_a_team_thread_keeps_its_message() {
+    if std::env::var("TAPTREE_CPU_TEAM").as_deref() == Ok("0") {
+        eprintln!("skipped: TAPTREE_CPU_TEAM=0 sends every region to rayon");
+        return;
+    }
+    // 7 threads: a team of its own (see above).
+    pool(7).install(|| {
+        let r = std::panic::catch_unwind(|| {
+            for_each(64, &|i| {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                if on_team_thread() {
+                    panic!("task {i} broke here");
+                }
+            });
+        });
+        let p = r.expect_err("no task ran on a team thread, or its panic was lost");
+        let msg = p.downcast_ref::<String>().map(String::as_str).unwrap_or("");
+        assert!(msg.contains("broke here"), "the payload was lost: {msg:?}");
+        assert_eq!(counts(16), vec![1; 16]);
+    });
+}
+
+#[test]
 fn fresh_rows_are_zeroed_before_each_task_sees_them() {
     pool(3).install(|| {
         // Memory of the new buffer's size freed dirty just before: the
@@ -91,5 +149,26 @@ fn fresh_rows_are_zeroed_before_each_task_sees_them() {
             assert_eq!(row, want);
         }
         assert!(a.chunks(2).all(|r| r == [2, 1]));
+    });
+}
+
+#[test]
+fn drop_rows_drops_each_row_once() {
+    /// Counts its drops in `DROPS[i]`.
+    struct Row(usize);
+    static DROPS: [AtomicUsize; 40] = [const { AtomicUsize::new(0) }; 40];
+    impl Drop for Row {
+        fn drop(&mut self) {
+            DROPS[self.0].fetch_add(1, Relaxed);
+        }
+    }
+    pool(3).install(|| {
+        // 37 rows of 576 (a prefill's: in parallel), then one (in place).
+        for (n, width) in [(37, 576), (1, 576), (37, 4)] {
+            DROPS.iter().for_each(|d| d.store(0, Relaxed));
+            drop_rows((0..n).map(Row).collect(), width);
+            let drops: Vec<usize> = DROPS[..n].iter().map(|d| d.load(Relaxed)).collect();
+            assert_eq!(drops, vec![1; n], "{n} rows of {width}");
+        }
     });
 }

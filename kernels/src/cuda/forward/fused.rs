@@ -17,10 +17,11 @@
 //! sequences at once, int8 activations, the families with q/k norms, post
 //! norms, RoPE over halves or GeGLU (Gemma 3).
 
-use super::{CudaForward, Group};
+use super::{CudaForward, Group, KvCache, Scratch, WeightsOnDevice};
+use crate::cuda::device::Device;
 use crate::cuda::ops::{self, AttentionShape, Norm, QkvOut};
 use crate::cuda::CudaError;
-use model::{FfnActivation, RopeStyle};
+use model::{FfnActivation, LlamaConfig, RopeStyle};
 
 impl CudaForward {
     /// Whether [`Self::encode_fused`] can run `groups` (`rows` rows): fusion
@@ -63,12 +64,7 @@ impl CudaForward {
         let dev = self.dev.clone();
         let c = self.config.clone();
         let g = &groups[0];
-        let (d, qw, kvw, ff) = (
-            c.n_embd,
-            c.n_head * c.head_dim,
-            c.n_head_kv * c.head_dim,
-            c.n_ff,
-        );
+        let d = c.n_embd;
         let w = &self.w;
         let sc = self
             .scratch
@@ -76,7 +72,6 @@ impl CudaForward {
             .expect("scratch allocated before encode");
         let cache = self.caches.get_mut(&g.slot).expect("cache ensured above");
         super::encode::embed(&dev, &c, &w.token_embd, sc, rows)?;
-        let pos = sc.pos.slice(..rows);
         let max_keys = if graphed {
             cache.capacity
         } else {
@@ -86,82 +81,13 @@ impl CudaForward {
         // a base (else each launch computes its own).
         if let Some(base) = self.shared_rope_base {
             let table = &mut sc.rope.slice_mut(..rows * c.head_dim);
-            ops::rope_table(&dev, &pos, table, rows, c.head_dim, base)?;
+            ops::rope_table(&dev, &sc.pos.slice(..rows), table, rows, c.head_dim, base)?;
         }
-        let table = sc.rope.slice(..rows * c.head_dim);
-        let table = self.shared_rope_base.is_some().then_some(&table);
-        for (l, lw) in w.layers.iter().enumerate() {
-            let la = c.family.attention(l, c.rope_base);
-            let layer = l * cache.capacity * kvw..(l + 1) * cache.capacity * kvw;
-            let attn_norm = lw.attn_norm.as_view();
-            ops::qkv_rope_tabled(
-                &dev,
-                [&lw.wq, &lw.wk, &lw.wv],
-                &sc.x.slice(..rows * d),
-                Some(Norm {
-                    weight: &attn_norm,
-                    eps: c.rms_eps,
-                }),
-                QkvOut {
-                    q: &mut sc.q.slice_mut(..rows * qw),
-                    k_cache: &mut cache.k.slice_mut(layer.clone()),
-                    v_cache: &mut cache.v.slice_mut(layer.clone()),
-                },
-                &pos,
-                table,
-                c.head_dim,
-                la.rope_base,
-                rows,
-            )?;
-            ops::attention_split_at(
-                &dev,
-                &sc.q.slice(..rows * qw),
-                &cache.k.slice(layer.clone()),
-                &cache.v.slice(layer),
-                &mut sc.att.slice_mut(..rows * qw),
-                &pos,
-                AttentionShape {
-                    rows,
-                    pos0: g.start_pos,
-                    n_head: c.n_head,
-                    n_kv: c.n_head_kv,
-                    head_dim: c.head_dim,
-                },
-                la.window,
-                max_keys,
-                &[&lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down],
-            )?;
-            ops::matmul_fused(
-                &dev,
-                &lw.wo,
-                &sc.att.slice(..rows * qw),
-                None,
-                Some(&sc.x.slice(..rows * d)),
-                &mut sc.x2.slice_mut(..rows * d),
-                rows,
-            )?;
-            let ffn_norm = lw.ffn_norm.as_view();
-            ops::gate_up_swiglu(
-                &dev,
-                &lw.w_gate,
-                &lw.w_up,
-                &sc.x2.slice(..rows * d),
-                Some(Norm {
-                    weight: &ffn_norm,
-                    eps: c.rms_eps,
-                }),
-                &mut sc.s.slice_mut(..rows * ff),
-                rows,
-            )?;
-            ops::matmul_fused(
-                &dev,
-                &lw.w_down,
-                &sc.s.slice(..rows * ff),
-                None,
-                Some(&sc.x2.slice(..rows * d)),
-                &mut sc.x.slice_mut(..rows * d),
-                rows,
-            )?;
+        let tabled = self.shared_rope_base.is_some();
+        let persisted =
+            rows == 1 && super::persist::layers(&dev, &mut self.persist, &c, sc, cache, tabled)?;
+        if !persisted {
+            layers_fused(&dev, &c, w, sc, cache, g, rows, max_keys, tabled)?;
         }
         let output_norm = w.output_norm.as_view();
         ops::matmul_streamed(
@@ -177,4 +103,103 @@ impl CudaForward {
             self.logits,
         )
     }
+}
+
+/// The layers of a fused forward, five launches each (see the module
+/// comment): `sc.x` in, the last layer's output in `sc.x`.
+#[allow(clippy::too_many_arguments)]
+fn layers_fused(
+    dev: &Device,
+    c: &LlamaConfig,
+    w: &WeightsOnDevice,
+    sc: &mut Scratch,
+    cache: &mut KvCache,
+    g: &Group,
+    rows: usize,
+    max_keys: usize,
+    tabled: bool,
+) -> Result<(), CudaError> {
+    let (d, qw, kvw, ff) = (
+        c.n_embd,
+        c.n_head * c.head_dim,
+        c.n_head_kv * c.head_dim,
+        c.n_ff,
+    );
+    let pos = sc.pos.slice(..rows);
+    let table = sc.rope.slice(..rows * c.head_dim);
+    let table = tabled.then_some(&table);
+    for (l, lw) in w.layers.iter().enumerate() {
+        let la = c.family.attention(l, c.rope_base);
+        let layer = l * cache.capacity * kvw..(l + 1) * cache.capacity * kvw;
+        let attn_norm = lw.attn_norm.as_view();
+        ops::qkv_rope_tabled(
+            dev,
+            [&lw.wq, &lw.wk, &lw.wv],
+            &sc.x.slice(..rows * d),
+            Some(Norm {
+                weight: &attn_norm,
+                eps: c.rms_eps,
+            }),
+            QkvOut {
+                q: &mut sc.q.slice_mut(..rows * qw),
+                k_cache: &mut cache.k.slice_mut(layer.clone()),
+                v_cache: &mut cache.v.slice_mut(layer.clone()),
+            },
+            &pos,
+            table,
+            c.head_dim,
+            la.rope_base,
+            rows,
+        )?;
+        ops::attention_split_at(
+            dev,
+            &sc.q.slice(..rows * qw),
+            &cache.k.slice(layer.clone()),
+            &cache.v.slice(layer),
+            &mut sc.att.slice_mut(..rows * qw),
+            &pos,
+            AttentionShape {
+                rows,
+                pos0: g.start_pos,
+                n_head: c.n_head,
+                n_kv: c.n_head_kv,
+                head_dim: c.head_dim,
+            },
+            la.window,
+            max_keys,
+            &[&lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down],
+        )?;
+        ops::matmul_fused(
+            dev,
+            &lw.wo,
+            &sc.att.slice(..rows * qw),
+            None,
+            Some(&sc.x.slice(..rows * d)),
+            &mut sc.x2.slice_mut(..rows * d),
+            rows,
+        )?;
+        let ffn_norm = lw.ffn_norm.as_view();
+        ops::gate_up_swiglu(
+            dev,
+            &lw.w_gate,
+            &lw.w_up,
+            &sc.x2.slice(..rows * d),
+            Some(Norm {
+                weight: &ffn_norm,
+                eps: c.rms_eps,
+            }),
+            &mut sc.s.slice_mut(..rows * ff),
+            rows,
+        )?;
+        ops::matmul_fused(
+            dev,
+            &lw.w_down,
+            &sc.s.slice(..rows * ff),
+            None,
+            Some(&sc.x2.slice(..rows * d)),
+            &mut sc.x.slice_mut(..rows * d),
+            rows,
+        )?;
+    }
+    Ok(())
 }

@@ -117,14 +117,6 @@ pub(crate) unsafe fn launch(
     early: bool,
     name: &str,
 ) -> Result<(), CudaError> {
-    let err = |e| CudaError::driver(&format!("launch {name}"), e);
-    dev.context().bind_to_thread().map_err(err)?;
-    let base = args.words.as_mut_ptr();
-    let mut ptrs = [std::ptr::null_mut::<c_void>(); ARGS];
-    for (p, &at) in ptrs.iter_mut().zip(&args.starts[..args.count]) {
-        // SAFETY: `at` is below `used` <= ARG_WORDS: inside `words`.
-        *p = unsafe { base.add(at) }.cast::<c_void>();
-    }
     // SAFETY: an all-zero attribute is a valid plain C struct; its id and
     // value are set below.
     let mut attr: CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -133,6 +125,56 @@ pub(crate) unsafe fn launch(
         programmaticStreamSerializationAllowed: 1,
     };
     let early = early && dev.early_launch() != EarlyLaunch::Off;
+    let attrs = if early {
+        std::slice::from_mut(&mut attr)
+    } else {
+        &mut []
+    };
+    // SAFETY: the caller's.
+    unsafe { launch_with(dev, f, cfg, args, attrs, name) }
+}
+
+/// Launches `f` cooperatively: every block of the grid resident at once
+/// (the driver refuses a grid that could not be), as a kernel whose blocks
+/// wait for each other needs.
+///
+/// # Safety
+/// As [`launch`].
+pub(crate) unsafe fn launch_cooperative(
+    dev: &Device,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    args: &mut KernelArgs,
+    name: &str,
+) -> Result<(), CudaError> {
+    // SAFETY: as in `launch`.
+    let mut attr: CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attr.value = CUlaunchAttributeValue { cooperative: 1 };
+    // SAFETY: the caller's.
+    unsafe { launch_with(dev, f, cfg, args, std::slice::from_mut(&mut attr), name) }
+}
+
+/// `cuLaunchKernelEx` of `f` with `attrs`.
+///
+/// # Safety
+/// As [`launch`].
+unsafe fn launch_with(
+    dev: &Device,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    args: &mut KernelArgs,
+    attrs: &mut [CUlaunchAttribute],
+    name: &str,
+) -> Result<(), CudaError> {
+    let err = |e| CudaError::driver(&format!("launch {name}"), e);
+    dev.context().bind_to_thread().map_err(err)?;
+    let base = args.words.as_mut_ptr();
+    let mut ptrs = [std::ptr::null_mut::<c_void>(); ARGS];
+    for (p, &at) in ptrs.iter_mut().zip(&args.starts[..args.count]) {
+        // SAFETY: `at` is below `used` <= ARG_WORDS: inside `words`.
+        *p = unsafe { base.add(at) }.cast::<c_void>();
+    }
     let config = CUlaunchConfig {
         gridDimX: cfg.grid_dim.0,
         gridDimY: cfg.grid_dim.1,
@@ -142,10 +184,10 @@ pub(crate) unsafe fn launch(
         blockDimZ: cfg.block_dim.2,
         sharedMemBytes: cfg.shared_mem_bytes,
         hStream: dev.stream().cu_stream(),
-        attrs: &mut attr,
-        numAttrs: early as u32,
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: attrs.len() as u32,
     };
-    // SAFETY: the configuration, the attribute and the argument words live
+    // SAFETY: the configuration, the attributes and the argument words live
     // until the call returns (the driver copies the arguments at launch);
     // the caller vouches for the arguments and buffers.
     unsafe {
