@@ -148,23 +148,33 @@ pub(crate) fn tree_hashes_by(
     inputs: &VerdictInputs,
 ) -> (BTreeMap<String, String>, String) {
     use rayon::prelude::*;
-    // Each directory's taps (consecutive taps mostly share a layer: the
-    // last one is tried first), then (a directory per core) its lines in
-    // one buffer, sorted in byte order and hashed.
+    // Each directory's taps, found a chunk of taps per core (consecutive
+    // taps mostly share a layer: runs of one layer), the chunks' runs then
+    // joined in order; then (a directory per core) its lines in one
+    // buffer, sorted in byte order and hashed.
+    const CHUNK: usize = 4096;
+    let runs: Vec<Vec<(Option<u32>, std::ops::Range<u32>)>> = (0..n.div_ceil(CHUNK))
+        .into_par_iter()
+        .map(|c| {
+            let mut runs: Vec<(Option<u32>, std::ops::Range<u32>)> = Vec::new();
+            for i in c * CHUNK..n.min((c + 1) * CHUNK) {
+                let l = layer(i);
+                match runs.last_mut() {
+                    Some((x, r)) if *x == l => r.end = i as u32 + 1,
+                    _ => runs.push((l, i as u32..i as u32 + 1)),
+                }
+            }
+            runs
+        })
+        .collect();
     let mut groups: Vec<(Option<u32>, Vec<u32>)> = Vec::new();
     let mut group_of: std::collections::HashMap<Option<u32>, usize> = Default::default();
-    let mut last: Option<(Option<u32>, usize)> = None;
-    for i in 0..n {
-        let l = layer(i);
-        let g = match last {
-            Some((x, g)) if x == l => g,
-            _ => *group_of.entry(l).or_insert_with(|| {
-                groups.push((l, Vec::new()));
-                groups.len() - 1
-            }),
-        };
-        last = Some((l, g));
-        groups[g].1.push(i as u32);
+    for (l, r) in runs.into_iter().flatten() {
+        let g = *group_of.entry(l).or_insert_with(|| {
+            groups.push((l, Vec::new()));
+            groups.len() - 1
+        });
+        groups[g].1.extend(r);
     }
     let dirs: BTreeMap<String, String> = groups
         .into_par_iter()
@@ -471,7 +481,9 @@ mod tests {
         // Directories far larger than one hashing batch, their entries
         // interleaved as a decode loop writes them.
         let mut entries = Vec::new();
-        for p in 0..1000u32 {
+        // More taps than one chunk of the grouping (4096): runs of a
+        // layer are joined across chunks.
+        for p in 0..1500u32 {
             for layer in [Some(0), Some(1), None] {
                 let key = Key::new("ffn_down", layer, p..p + 1);
                 entries.push(Entry {

@@ -168,9 +168,68 @@ pub(crate) fn read_from_start(mut file: &std::fs::File, len: u64) -> std::io::Re
     Ok(bytes)
 }
 
+/// The whole of `file`, which must be `len` bytes long, read by several
+/// threads at once: a part of the file per task, each read at its offset
+/// into its own part of one buffer. The buffer's pages are fresh from the
+/// kernel (a zeroed allocation this large is mapped, not written), so the
+/// page faults of filling them, most of the cost of copying a file of a few
+/// MB, are shared by the threads rather than taken one after the other.
+/// Nothing is allocated for a file of another size (an error); a file that
+/// changes while it is read gives an error or other bytes, which the
+/// callers' checks refuse.
+#[cfg(unix)]
+pub(crate) fn read_whole_on_every_core(file: &std::fs::File, len: u64) -> std::io::Result<Vec<u8>> {
+    use rayon::prelude::*;
+    use std::os::unix::fs::FileExt;
+    /// What one task reads: small enough to share a few MB, large enough
+    /// that each `pread` is worth its call.
+    const PART: usize = 128 << 10;
+    if file.metadata()?.len() != len {
+        return Err(std::io::Error::other("not the size expected"));
+    }
+    let len = usize::try_from(len).map_err(|_| std::io::Error::other("larger than memory"))?;
+    let mut bytes = vec![0u8; len];
+    bytes
+        .par_chunks_mut(PART)
+        .enumerate()
+        .try_for_each(|(i, part)| file.read_exact_at(part, (i * PART) as u64))?;
+    Ok(bytes)
+}
+
+/// The whole of `file`, which must be `len` bytes long (no threads where
+/// there is no `pread`).
+#[cfg(not(unix))]
+pub(crate) fn read_whole_on_every_core(file: &std::fs::File, len: u64) -> std::io::Result<Vec<u8>> {
+    if file.metadata()?.len() != len {
+        return Err(std::io::Error::other("not the size expected"));
+    }
+    read_from_start(file, len)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file read by parts on every core is its bytes, at sizes around
+    /// the part's; a file of another size than the one expected is an
+    /// error, one byte more or less.
+    #[test]
+    fn a_file_read_by_parts_is_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let part = 128 << 10;
+        for len in [0, 1, 4096, part - 1, part, part + 1, 3 << 20] {
+            let bytes: Vec<u8> = (0..len as u32).map(|i| (i * 7 + i / 251) as u8).collect();
+            std::fs::write(&path, &bytes).unwrap();
+            let file = std::fs::File::open(&path).unwrap();
+            let n = len as u64;
+            assert_eq!(read_whole_on_every_core(&file, n).unwrap(), bytes, "{len}");
+            assert!(read_whole_on_every_core(&file, n + 1).is_err(), "{len}");
+            if n > 0 {
+                assert!(read_whole_on_every_core(&file, n - 1).is_err(), "{len}");
+            }
+        }
+    }
 
     /// procfs files cannot be mapped: the bytes are read instead.
     #[cfg(target_os = "linux")]

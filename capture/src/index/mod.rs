@@ -225,7 +225,19 @@ pub(crate) fn open_manifest(tree: &Path, json: &[u8]) -> Result<Manifest> {
     // cannot map takes the file whole; the head's sizes are checked after.
     let index_path = tree.join(INDEX_FILE);
     let index = map_or_read(&file, u64::MAX, true).map_err(|e| Error::io(&index_path, e))?;
-    let head = IndexHead::parse(&index).map_err(|r| bad_index(tree, r))?;
+    let (head, mut m) = open_head(tree, &index, json)?;
+    m.entries = decode(&index, &head).map_err(|r| bad_index(tree, r))?;
+    Ok(m)
+}
+
+/// The head of the index whose bytes are `index` and the manifest's fields
+/// besides its entries (left empty), `json` (the manifest's bytes) checked
+/// against that head (its size, its checksum, its bytes outside the entries
+/// and the `manifest_blake3` they hold) and its version and root the
+/// head's: what opening a format 2.1 tree checks before its records, owned
+/// or read in place.
+fn open_head(tree: &Path, index: &[u8], json: &[u8]) -> Result<(IndexHead, Manifest)> {
+    let head = IndexHead::parse(index).map_err(|r| bad_index(tree, r))?;
     let span = head
         .entries_span(json.len() as u64)
         .map_err(|r| bad_manifest(tree, r))?;
@@ -233,11 +245,10 @@ pub(crate) fn open_manifest(tree: &Path, json: &[u8]) -> Result<Manifest> {
     let mut text = json[..span.start].to_vec();
     text.extend_from_slice(b"[]");
     text.extend_from_slice(&json[span.end..]);
-    let mut m: Manifest = serde_json::from_slice(&text)
+    let m: Manifest = serde_json::from_slice(&text)
         .map_err(|e| bad_manifest(tree, format!("its fields before the entries: {e}")))?;
     check_version_and_root(tree, &head, &m.format_version, &m.root)?;
-    m.entries = decode(&index, &head).map_err(|r| bad_index(tree, r))?;
-    Ok(m)
+    Ok((head, m))
 }
 
 /// Writes `manifest.idx` for the tree at `tree` from its `manifest.json`

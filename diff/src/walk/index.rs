@@ -122,13 +122,28 @@ pub(crate) fn picked(tree: &dyn Tree, pick: Option<Option<u32>>, stages: &mut St
         .iter()
         .map(|(names, _)| names.iter().map(|n| stages.id(n)).collect())
         .collect();
-    let mut out = Vec::with_capacity(chunks.iter().map(|(_, t)| t.len()).sum());
-    for ((_, taps), ids) in chunks.into_iter().zip(&ids) {
-        out.extend(taps.into_iter().map(|mut t| {
-            t.key.0 = ids[t.key.0 as usize];
-            t
-        }));
+    // The taps renumbered, collected on every core (so the output's fresh
+    // pages are faulted in side by side, not one after the other here):
+    // tap `k` of the output is in the chunk whose first tap is the last at
+    // or before `k`.
+    let mut starts = Vec::with_capacity(chunks.len());
+    let mut total = 0;
+    for (_, taps) in &chunks {
+        starts.push(total);
+        total += taps.len();
     }
+    let mut out = Vec::new();
+    (0..total)
+        .into_par_iter()
+        .map(|k| {
+            let c = starts.partition_point(|&s| s <= k) - 1;
+            let t = chunks[c].1[k - starts[c]];
+            Tap {
+                key: (ids[c][t.key.0 as usize], t.key.1, t.key.2, t.key.3),
+                ..t
+            }
+        })
+        .collect_into_vec(&mut out);
     out
 }
 

@@ -172,6 +172,10 @@ pub fn walk(
             )
         })
         .collect();
+    // What the rows were built from is freed on the pool, off this
+    // thread's path: freeing it is megabytes of pages given back, and each
+    // unmap interrupts every core the process runs on.
+    rayon::spawn(move || drop((states, merged, oa, ob)));
     for row in in_forward_order(rows, (a, b)) {
         if delegate.visit(Change::Row(Box::new(row))) == Action::Cancel {
             walked.cancelled = true;

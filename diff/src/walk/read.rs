@@ -133,31 +133,38 @@ pub(crate) fn read(
             }
         })
         .collect();
-    // `to_read`: segment, why not comparable.
-    let mut states: Vec<Option<SegState>> = Vec::with_capacity(matched.len());
-    let mut to_read: Vec<(usize, Option<Reason>)> = Vec::new();
+    // Which taps of A were skipped and which compared (one pass: two
+    // flags a tap), and the segments to read with why they are not
+    // comparable, if they are not.
     let mut skipped_taps = vec![false; la.len()];
     let mut compared_taps = vec![false; la.len()];
-    for (i, (seg, judged)) in matched.iter().zip(judged).enumerate() {
+    let mut to_read: Vec<(usize, Option<Reason>)> = Vec::new();
+    for (i, (seg, judged)) in matched.iter().zip(&judged).enumerate() {
         match judged {
-            Judged::Skipped(n) => {
-                skipped_taps[seg.a.entry()] = true;
-                states.push(Some(SegState::Skipped(n)));
-            }
+            Judged::Skipped(_) => skipped_taps[seg.a.entry()] = true,
             Judged::Read(why) => {
                 compared_taps[seg.a.entry()] = true;
-                to_read.push((i, why));
-                states.push(None);
+                to_read.push((i, why.clone()));
             }
-            Judged::Apart(why) => {
-                compared_taps[seg.a.entry()] = true;
-                states.push(Some(SegState::Compared {
-                    mismatch: Some(why),
-                    results: (0..seg.len).map(|_| Acc::default()).collect(),
-                }));
-            }
+            Judged::Apart(_) => compared_taps[seg.a.entry()] = true,
         }
     }
+    // One state per segment, built on every core (a state a segment, the
+    // most memory the walk touches: its pages are faulted in side by
+    // side); those to read are filled in below.
+    let mut states: Vec<Option<SegState>> = Vec::new();
+    judged
+        .into_par_iter()
+        .zip(matched.par_iter())
+        .map(|(judged, seg)| match judged {
+            Judged::Skipped(n) => Some(SegState::Skipped(n)),
+            Judged::Read(_) => None,
+            Judged::Apart(why) => Some(SegState::Compared {
+                mismatch: Some(why),
+                results: (0..seg.len).map(|_| Acc::default()).collect(),
+            }),
+        })
+        .collect_into_vec(&mut states);
     // Two taps overlap in one run of positions: each pair is one segment,
     // read once.
     let total: u64 = to_read
