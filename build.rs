@@ -23,13 +23,6 @@ fn main() {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    // Position-dependent executables on Linux: a position-independent one
-    // has the dynamic loader apply some 25,000 relocations at every start,
-    // faulting in the pages they lie on (about 125 page faults and 0.6-0.9
-    // ms of a 2-3 ms start; a diff of two mostly equal trees is a few ms).
-    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
-        println!("cargo:rustc-link-arg-bins=-no-pie");
-    }
     println!(
         "cargo:rustc-env=TAPTREE_BUILD_ID={now:x}-{:x}",
         std::process::id()
