@@ -145,6 +145,10 @@ fn flags(r: &[u8]) -> u16 {
     u16::from_le_bytes([r[22], r[23]])
 }
 
+/// The largest index read whole into memory at open (4 GiB: some 40
+/// million taps).
+const MOST_READ: u64 = 4 << 30;
+
 /// The manifest of the tree at `tree` (its fields besides the entries; the
 /// entries left empty) and its index's records, where everything the owned
 /// path ([`super::open_manifest`], then the entries' checks) would accept
@@ -167,6 +171,11 @@ pub(crate) fn open_views(
         .ok()?
         .body_len
         .checked_add(HEAD_LEN as u64)?;
+    // A head claiming more than any real index (a few MB for 37,000 taps)
+    // is not read into memory here: the owned path decides.
+    if len > MOST_READ {
+        return None;
+    }
     let index = FileBytes::Read(crate::open::read_whole_on_every_core(&file, len).ok()?);
     let (head, m) = super::open_head(tree, &index, json).ok()?;
     let (records, dims, strings) = {

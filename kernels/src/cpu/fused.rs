@@ -25,7 +25,7 @@ pub struct Prepared<T> {
 }
 
 impl<T: Send> Prepared<T> {
-    /// Drops the rows, the quantized ones in parallel ([`par::drop_rows`]).
+    /// Drops the rows, the quantized ones in parallel (`par::drop_rows`).
     pub fn release(self) {
         let width = self
             .qs
