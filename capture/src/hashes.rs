@@ -478,41 +478,50 @@ mod tests {
 
     #[test]
     fn directory_hashes_of_many_entries_equal_the_hash_of_the_whole_text() {
-        // Directories far larger than one hashing batch, their entries
-        // interleaved as a decode loop writes them.
-        let mut entries = Vec::new();
-        // More taps than one chunk of the grouping (4096): runs of a
-        // layer are joined across chunks.
-        for p in 0..1500u32 {
-            for layer in [Some(0), Some(1), None] {
-                let key = Key::new("ffn_down", layer, p..p + 1);
-                entries.push(Entry {
-                    path: path_of(&key),
-                    key,
-                    dtype: DType::F32,
-                    shape: vec![1, 576],
-                    blake3: format!("{:064x}", p as u64 * 7 + layer.map_or(9, u64::from)),
-                    bytes: 576 * 4,
-                    header_blake3: None,
-                });
+        let entry = |layer: Option<u32>, p: u32| {
+            let key = Key::new("ffn_down", layer, p..p + 1);
+            Entry {
+                path: path_of(&key),
+                key,
+                dtype: DType::F32,
+                shape: vec![1, 576],
+                blake3: format!("{:064x}", p as u64 * 7 + layer.map_or(9, u64::from)),
+                bytes: 576 * 4,
+                header_blake3: None,
             }
-        }
-        let (dirs, _) = hashes(&entries);
-        for layer in [Some(0), Some(1), None] {
-            let mut lines: Vec<String> = entries
-                .iter()
-                .filter(|e| e.key.layer == layer)
-                .map(|e| {
-                    let mut line = String::new();
-                    hash_line(&mut line, &e.key, e.dtype, &e.shape, &e.blake3);
-                    line
-                })
-                .collect();
-            lines.sort();
-            let text = format!("taptree dir v2\n{}", lines.concat());
-            assert!(text.len() > 3 * 16 * 1024);
-            let want = blake3::hash(text.as_bytes()).to_hex().to_string();
-            assert_eq!(dirs[&dir_of_layer(layer)], want);
+        };
+        // Directories far larger than one hashing batch, their entries
+        // interleaved as a decode loop writes them: more taps than one
+        // chunk of the grouping (4096), every run one tap long.
+        let interleaved: Vec<Entry> = (0..1500u32)
+            .flat_map(|p| [Some(0), Some(1), None].map(|l| entry(l, p)))
+            .collect();
+        // Long runs of one layer, one of them across the chunks' boundary
+        // at 4096, and a layer that comes back after others.
+        let runs: Vec<Entry> = (0..3000)
+            .map(|p| entry(Some(0), p))
+            .chain((0..2000).map(|p| entry(Some(1), p)))
+            .chain((0..1500).map(|p| entry(None, p)))
+            .chain((3000..3100).map(|p| entry(Some(0), p)))
+            .collect();
+        for entries in [interleaved, runs] {
+            let (dirs, _) = hashes(&entries);
+            for layer in [Some(0), Some(1), None] {
+                let mut lines: Vec<String> = entries
+                    .iter()
+                    .filter(|e| e.key.layer == layer)
+                    .map(|e| {
+                        let mut line = String::new();
+                        hash_line(&mut line, &e.key, e.dtype, &e.shape, &e.blake3);
+                        line
+                    })
+                    .collect();
+                lines.sort();
+                let text = format!("taptree dir v2\n{}", lines.concat());
+                assert!(text.len() > 3 * 16 * 1024);
+                let want = blake3::hash(text.as_bytes()).to_hex().to_string();
+                assert_eq!(dirs[&dir_of_layer(layer)], want, "layer {layer:?}");
+            }
         }
     }
 
