@@ -34,6 +34,19 @@ fn every_task_runs_once_on_1_to_5_threads() {
     }
 }
 
+/// A thread count no other test's pool has (they use 1 to 5 threads, or
+/// the global pool's count: every core, or RAYON_NUM_THREADS), plus `k`:
+/// its team is then this test's alone (a team busy with another test's
+/// region sends this one's to rayon).
+fn lone_team(k: usize) -> usize {
+    let global = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let env = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    global.max(env).max(5) + 1 + k
+}
+
 /// Whether this thread is one of a team's (see `team::start`).
 fn on_team_thread() -> bool {
     std::thread::current()
@@ -45,10 +58,9 @@ fn on_team_thread() -> bool {
 fn the_team_threads_run_tasks_unless_the_team_is_off() {
     // Tasks long enough (64 of 1 ms) that the helpers join the region
     // before the caller has taken them all, even on a loaded machine.
-    // 6 threads: a team no other test uses, so none keeps it busy (a busy
-    // team sends the region to rayon).
+    // A team no other test uses, so none keeps it busy.
     let on = std::env::var("TAPTREE_CPU_TEAM").as_deref() != Ok("0");
-    pool(6).install(|| {
+    pool(lone_team(0)).install(|| {
         let team = AtomicUsize::new(0);
         for_each(64, &|_| {
             std::thread::sleep(std::time::Duration::from_millis(1));
@@ -111,8 +123,8 @@ fn a_panic_on_a_team_thread_keeps_its_message() {
         eprintln!("skipped: TAPTREE_CPU_TEAM=0 sends every region to rayon");
         return;
     }
-    // 7 threads: a team of its own (see above).
-    pool(7).install(|| {
+    // A team of its own (see above).
+    pool(lone_team(1)).install(|| {
         let r = std::panic::catch_unwind(|| {
             for_each(64, &|i| {
                 std::thread::sleep(std::time::Duration::from_millis(1));
