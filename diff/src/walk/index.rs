@@ -239,9 +239,14 @@ mod tests {
 
     /// A tree of `n` taps, tap `i` of stage `stage(i)`, in slot `i % 2`.
     fn tree(n: u32, stage: impl Fn(u32) -> &'static str) -> Bare {
+        tree_in(n, stage, |i| i % 2)
+    }
+
+    /// A tree of `n` taps, tap `i` of stage `stage(i)`, in slot `slot(i)`.
+    fn tree_in(n: u32, stage: impl Fn(u32) -> &'static str, slot: impl Fn(u32) -> u32) -> Bare {
         let entries = (0..n)
             .map(|i| {
-                let key = Key::new(stage(i), Some(0), i..i + 1).with_slot(Some(i % 2));
+                let key = Key::new(stage(i), Some(0), i..i + 1).with_slot(Some(slot(i)));
                 Entry {
                     path: capture::manifest::path_of(&key),
                     key,
@@ -276,12 +281,29 @@ mod tests {
             4 => "in_chunk_3",
             _ => "common",
         });
-        for pick in [None, Some(Some(1)), Some(Some(0))] {
+        // And a tree whose chunks alternate slots, so that a pick leaves
+        // whole chunks empty: the first, middle ones, the last.
+        let stage = |i: u32| match i % 7 {
+            0 => "common",
+            3 => "three",
+            _ => "other",
+        };
+        let chunked = tree_in(4 * CHUNK as u32 + 3, stage, |i| (i / CHUNK as u32) % 2);
+        let c = |pick| (pick, &a, &b);
+        let alternating = |pick| (pick, &chunked, &a);
+        let cases = [
+            c(None),
+            c(Some(Some(1))),
+            c(Some(Some(0))),
+            alternating(Some(Some(1))),
+            alternating(Some(Some(0))),
+        ];
+        for (pick, a, b) in cases {
             let mut stages = Stages::default();
-            let (pa, pb) = (picked(&a, pick, &mut stages), picked(&b, pick, &mut stages));
+            let (pa, pb) = (picked(a, pick, &mut stages), picked(b, pick, &mut stages));
             // The definition: one pass, A then B.
             let mut want = Stages::default();
-            for (t, taps) in [(&a, &pa), (&b, &pb)] {
+            for (t, taps) in [(a, &pa), (b, &pb)] {
                 let kept: Vec<(usize, &Entry)> = (t.manifest().entries.iter().enumerate())
                     .filter(|(_, e)| pick.is_none_or(|want| e.key.slot == want))
                     .collect();
