@@ -163,7 +163,9 @@ pub fn matmul_with_mins<T: Real, W: WeightRows>(
         llama: llama.as_deref(),
     };
     let y = run_jobs(&[job]).pop().expect("one output per job");
-    drop(llama);
+    if let Some(llama) = llama {
+        super::par::drop_rows(llama, cols);
+    }
     if let Some(own) = own {
         super::par::drop_rows(own, cols);
     }
@@ -233,6 +235,10 @@ pub fn apply_group_quantized<T: Real>(
         })
         .collect();
     let mut ys = run_jobs(&jobs);
+    drop(jobs);
+    if let Some(llama) = llama {
+        super::par::drop_rows(llama, x.len() / n.max(1));
+    }
     for (y, l) in ys.iter_mut().zip(ls) {
         l.add_bias(y);
     }

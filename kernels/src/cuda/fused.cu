@@ -182,6 +182,11 @@ __device__ void fused_stage_weights(const FusedArgs& a, const FusedPlan& p, u8* 
         stage_bytes_async(dst + p.bytes_a, p.wb + (size_t)p.first * p.rbb, (size_t)p.cnt * p.rbb);
 }
 
+// The RoPE table's cosine and sine for output column `col` of row `r`.
+__device__ __forceinline__ const float* rope_pair(const FusedArgs& a, int r, int col) {
+    return a.rope_cs + 2 * ((size_t)r * (a.head_dim / 2) + (col % a.head_dim) / 2);
+}
+
 // Everything after the input is readable: rows [r0, r0 + nr) of x staged
 // into xs (normalized where asked), the weights' copies waited for (all of
 // them with `keep` < 0, else all but the last `keep` committed groups),
@@ -205,8 +210,7 @@ __device__ void fused_outputs(const FusedArgs& a, const FusedPlan& p, const u8* 
         int k = t0 / pairs, col = first + 2 * (t0 % pairs);
         early_pos = a.pos[r0 + k];
         if (p.region < 2 && a.rope_cs) {
-            const float* cs =
-                a.rope_cs + 2 * ((size_t)(r0 + k) * (a.head_dim / 2) + (col % a.head_dim) / 2);
+            const float* cs = rope_pair(a, r0 + k, col);
             early_c = cs[0], early_s = cs[1];
         }
     }
@@ -245,16 +249,15 @@ __device__ void fused_outputs(const FusedArgs& a, const FusedPlan& p, const u8* 
             u32 ps = t == t0 ? early_pos : a.pos[r0 + k];
             float x0 = res[k][o], x1 = res[k][o + 1];
             int col = first + o;
-            if (p.region < 2) {
-                int i = (col % a.head_dim) / 2;
-                if (a.rope_cs && t == t0) {
-                    rope_apply(&x0, &x1, early_c, early_s);
-                } else if (a.rope_cs) {
-                    const float* cs = a.rope_cs + 2 * ((size_t)(r0 + k) * (a.head_dim / 2) + i);
-                    rope_apply(&x0, &x1, cs[0], cs[1]);
-                } else {
-                    rope_rotate(&x0, &x1, ps, i, a.head_dim, a.rope_base);
+            if (p.region < 2 && a.rope_cs) {
+                float c = early_c, sn = early_s;
+                if (t != t0) {
+                    const float* cs = rope_pair(a, r0 + k, col);
+                    c = cs[0], sn = cs[1];
                 }
+                rope_apply(&x0, &x1, c, sn);
+            } else if (p.region < 2) {
+                rope_rotate(&x0, &x1, ps, (col % a.head_dim) / 2, a.head_dim, a.rope_base);
             }
             float* dst = p.region == 0 ? a.y0 + (size_t)(r0 + k) * a.n0
                                        : (p.region == 1 ? a.y1 : a.y2) + (size_t)ps * p.n;

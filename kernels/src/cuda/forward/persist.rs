@@ -21,6 +21,10 @@ pub(super) struct Persist {
     table: LayerTable,
     barrier: CudaSlice<u32>,
     runs: u64,
+    /// The last plan made and the caches' capacity and cap it was made for
+    /// (a plan asks the driver three things: made once per capacity, not
+    /// on every step).
+    plan: Option<(usize, usize, Option<ops::PersistPlan>)>,
     /// The timeline of the last persistent launch, where asked for, and
     /// the grid it ran on.
     stamps: Option<CudaSlice<u64>>,
@@ -64,6 +68,7 @@ impl Persist {
             table,
             barrier,
             runs: 0,
+            plan: None,
             stamps: None,
             blocks: 0,
         })
@@ -95,7 +100,15 @@ pub(super) fn layers(
         eps: c.rms_eps,
         pos,
     };
-    let Some(plan) = ops::persist_plan(dev, &p.table, &shape, p.cap)? else {
+    let plan = match p.plan {
+        Some((capacity, cap, plan)) if capacity == cache.capacity && cap == p.cap => plan,
+        _ => {
+            let plan = ops::persist_plan(dev, &p.table, &shape, p.cap)?;
+            p.plan = Some((cache.capacity, p.cap, plan));
+            plan
+        }
+    };
+    let Some(plan) = plan else {
         return Ok(false);
     };
     let (d, qw) = (c.n_embd, c.n_head * c.head_dim);
