@@ -543,3 +543,51 @@ fn a_truncated_tap_file_is_an_unreadable_row_in_the_report_and_exit_2() {
     assert_eq!(v["outcome"], "unreadable");
     assert_eq!(v["counts"]["rows_unreadable"], 1);
 }
+
+#[test]
+fn timing_names_the_phases_only_when_asked() {
+    let (_d, a, b) = dirs();
+    plain(&a);
+    tree(
+        &b,
+        |x| x,
+        |stage, layer, pos, v| {
+            if layer == Some(0) && pos == 1 && stage == "ffn_down" {
+                v[3] += 1.0;
+            }
+        },
+    );
+    let timed = |var: Option<&str>| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_taptree"));
+        c.args([std::ffi::OsStr::new("diff"), a.as_ref(), b.as_ref()]);
+        c.arg("--json").env_remove("TAPTREE_TIMING");
+        if let Some(v) = var {
+            c.env("TAPTREE_TIMING", v);
+        }
+        let o = c.output().unwrap();
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o).1);
+        text(&o).1
+    };
+    let err = timed(Some("1"));
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("diff timing (ms): "))
+        .unwrap_or_else(|| panic!("{err}"));
+    let phases: Vec<&str> = line
+        .trim_start_matches("diff timing (ms): ")
+        .split("; ")
+        .map(|p| p.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(
+        phases,
+        [
+            "opened", "checked", "picked", "indexed", "merged", "read", "by_row", "rows",
+            "ordered", "walked", "report", "written", "total"
+        ],
+        "{line}"
+    );
+    for v in [None, Some("0")] {
+        let err = timed(v);
+        assert!(!err.contains("diff timing"), "{v:?}: {err}");
+    }
+}

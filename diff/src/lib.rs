@@ -38,6 +38,7 @@ pub mod metrics;
 pub mod render;
 pub mod report;
 pub mod stat;
+pub mod timing;
 pub mod tolerance;
 pub mod tree;
 pub mod truth;

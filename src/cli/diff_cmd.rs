@@ -143,6 +143,7 @@ fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
 }
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
+    let start = std::time::Instant::now();
     let tolerance = if args.bitwise {
         Tolerance::bitwise()
     } else {
@@ -167,6 +168,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         (a, join(b), join(truth))
     });
     let (a, b, truth) = (a?, b?, truth?);
+    diff::timing::mark("opened");
     if let (Some(t), false) = (&truth, args.force_truth) {
         if let Some(why) = diff::truth::not_all_f64(t.manifest()) {
             anyhow::bail!(
@@ -227,6 +229,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         progress: bar.as_ref().map(|b| b as &(dyn Progress + Sync)),
         common_only: args.common_only,
     };
+    diff::timing::mark("checked");
     let mut report = diff::diff(a_ref, b_ref, t_ref, &opts)?;
     tp.explain(&report, (&a, &b), &mut notes)?;
     report.notes = notes;
@@ -236,6 +239,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     }
 
     present(&args, &report, a_ref, b_ref)?;
+    diff::timing::mark("written");
+    if diff::timing::on() {
+        eprintln!("{}", diff::timing::line(start));
+    }
     let code = exit::of_outcome(report.outcome);
     // The process ends here: freeing the manifests' and the report's many
     // small allocations one by one would only delay the exit.

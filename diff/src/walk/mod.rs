@@ -66,7 +66,10 @@ pub fn diff(
 ) -> Result<DiffReport, Error> {
     let mut recorder = Recorder::default();
     let walked = walk(a, b, truth, opts, &mut recorder)?;
-    Ok(recorder.report(walked, (a, b, truth), opts))
+    crate::timing::mark("walked");
+    let report = recorder.report(walked, (a, b, truth), opts);
+    crate::timing::mark("report");
+    Ok(report)
 }
 
 /// Walks `a` against `b` (and `truth`), emitting what it finds to `delegate`.
@@ -90,8 +93,10 @@ pub fn walk(
         index::picked(a, opts.slot_a, &mut stages),
         index::picked(b, opts.slot_b, &mut stages),
     );
+    crate::timing::mark("picked");
     let (oa, ob) = rayon::join(|| index::index(a, pa), || index::index(b, pb));
     let (oa, ob) = (oa?, ob?);
+    crate::timing::mark("indexed");
     // Where the runs' input tokens part, per slot: later positions compute
     // different things and are not compared. The merge asks once per tap;
     // an ordered map keeps each question logarithmic however many slots a
@@ -113,6 +118,7 @@ pub fn walk(
             .filter(|_| !opts.all_positions)
     };
     let merged = merge::merge(&oa, &ob, &mut split_at);
+    crate::timing::mark("merged");
     let mut walked = Walked {
         inputs_split: (splits.into_values().flatten()).min_by_key(|s| (s.pos, s.slot)),
         ..Walked::default()
@@ -132,6 +138,7 @@ pub fn walk(
     };
     let matched = &merged.matched;
     let (states, read) = read::read((a, b), matched, picking, opts);
+    crate::timing::mark("read");
     walked.counts = Counts {
         positions: matched.iter().map(|s| u64::from(s.len)).sum(),
         positions_inputs_differ: merged.inputs_differ,
@@ -152,6 +159,7 @@ pub fn walk(
             _ => by_row.push(((seg.key.1, stages.name(seg.key.0).to_string()), i..i + 1)),
         }
     }
+    crate::timing::mark("by_row");
     // Rows are built on every core: a row that is not all equal by hash
     // derives and stores the metrics of each of its positions.
     let truth_at = |seg: &merge::Segment, j: u32| match &truth {
@@ -175,8 +183,11 @@ pub fn walk(
     // What the rows were built from is freed on the pool, off this
     // thread's path: freeing it is megabytes of pages given back, and each
     // unmap interrupts every core the process runs on.
+    crate::timing::mark("rows");
     rayon::spawn(move || drop((states, merged, oa, ob)));
-    for row in in_forward_order(rows, (a, b)) {
+    let rows = in_forward_order(rows, (a, b));
+    crate::timing::mark("ordered");
+    for row in rows {
         if delegate.visit(Change::Row(Box::new(row))) == Action::Cancel {
             walked.cancelled = true;
             break;
