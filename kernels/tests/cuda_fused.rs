@@ -353,12 +353,21 @@ fn fused_launches_equal_the_unfused_ones() {
     let up = |v: &[f32]| ops::upload(dev, v).unwrap();
     let rand = |rng: &mut ks::Rng, n: usize| -> Vec<f32> { (0..n).map(|_| rng.f32()).collect() };
     let get = |b: &cudarc::driver::CudaSlice<f32>| ops::download(dev, &b.as_view()).unwrap();
-    for (ty, cols) in [
+    // One row goes through the dequantized staging where the width is a
+    // multiple of 32 (each type's decoding: Q4_1, Q8_0 and Q4_0 by blocks,
+    // Q5_0 by the fallback, K-quants and f16 element by element), and
+    // through the weights decoded in the products with it turned off.
+    let cases = [
         (GgmlType::Q4_1, 576),
         (GgmlType::Q8_0, 96),
+        (GgmlType::Q4_0, 128),
+        (GgmlType::Q5_0, 64),
         (GgmlType::Q4_K, 512),
         (GgmlType::F16, 72),
-    ] {
+        (GgmlType::F16, 64),
+    ];
+    for ((ty, cols), deq) in cases.into_iter().flat_map(|c| [(c, true), (c, false)]) {
+        ops::set_dequant_staging(Some(deq));
         let (out, ff, hd) = (cols + 16 * 3 + 2, 2 * cols + 6, 16);
         let w = |rng: &mut ks::Rng, r: usize| {
             DeviceMatrix::upload(dev, &ks::weight(rng, ty, r, cols, 0.5)).unwrap()
@@ -370,7 +379,7 @@ fn fused_launches_equal_the_unfused_ones() {
             w(&mut rng, 2 * hd),
         );
         for rows in [1usize, 9] {
-            let what = format!("{ty} cols {cols} rows {rows}");
+            let what = format!("{ty} cols {cols} rows {rows} dequantized staging {deq}");
             let x = up(&rand(&mut rng, rows * cols));
             let nw = up(&rand(&mut rng, cols)
                 .iter()
@@ -526,6 +535,7 @@ fn fused_launches_equal_the_unfused_ones() {
             ks::assert_bitwise(&format!("{what}: v cache"), &get(&vc2), &get(&vc1));
         }
     }
+    ops::set_dequant_staging(None);
 }
 
 /// The fused pass's attention (`attention_split_at`: 16 dimensions a block,

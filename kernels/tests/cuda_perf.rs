@@ -381,30 +381,33 @@ fn gpu_figures() {
     // logits' blocks per SM (0: one block per 16 logits) and stages, the
     // layers in one persistent launch: None for five launches a layer, else
     // the most blocks of its grid, 0 for as many as fit).
+    // The last field forces the one-row fused matmuls' dequantized staging
+    // on or off (None: as the mode has it, on for `start`, `after-wait`
+    // and `staged`).
     let five = None;
+    let staged = EarlyLaunch::Staged;
     let configs = [
-        (false, false, off, true, (4, 4), five),
-        (true, false, off, true, (4, 4), five),
-        (false, true, off, true, (4, 4), five),
-        (true, true, off, true, (4, 4), five),
-        (false, true, late, true, (4, 4), five),
-        (true, true, start, true, (4, 4), five),
-        (true, true, late, false, (0, 2), five),
-        (true, true, late, true, (0, 2), five),
-        (true, true, late, true, (4, 2), five),
-        (true, true, late, true, (8, 3), five),
-        (false, true, after_wait, true, (4, 4), five),
-        (true, true, after_wait, true, (4, 4), five),
-        (false, true, late, true, (4, 2), Some(0)),
-        (true, true, off, true, (4, 2), Some(0)),
-        (true, true, late, false, (4, 2), Some(0)),
-        (true, true, late, true, (4, 2), Some(0)),
-        (true, true, late, true, (4, 2), Some(132)),
-        (true, true, late, true, (4, 2), Some(96)),
-        (true, true, late, true, (4, 2), Some(66)),
-        (true, true, late, true, (4, 2), Some(36)),
+        (false, false, off, true, (4, 4), five, None),
+        (true, false, off, true, (4, 4), five, None),
+        (false, true, off, true, (4, 4), five, None),
+        (true, true, off, true, (4, 4), five, None),
+        (false, true, late, true, (4, 4), five, None),
+        (false, true, staged, true, (4, 4), five, None),
+        (true, true, late, true, (4, 2), five, None),
+        (true, true, late, true, (4, 2), five, Some(true)),
+        (true, true, start, true, (4, 2), five, None),
+        (true, true, start, true, (4, 2), five, Some(false)),
+        (true, true, after_wait, true, (4, 2), five, None),
+        (true, true, staged, true, (4, 2), five, Some(false)),
+        (true, true, staged, false, (0, 2), five, None),
+        (true, true, staged, true, (8, 3), five, None),
+        (true, true, staged, true, (4, 2), five, None),
+        (false, true, staged, true, (4, 2), Some(0), None),
+        (true, true, staged, true, (4, 2), Some(0), None),
+        (true, true, staged, true, (4, 2), Some(66), None),
     ];
-    for (graphs, fused, early, copies, (blocks_per_sm, stages), persist) in configs {
+    for (graphs, fused, early, copies, (blocks_per_sm, stages), persist, deq) in configs {
+        ops::set_dequant_staging(deq);
         fwd.set_persistent(persist.is_some());
         fwd.set_persistent_blocks(persist.unwrap_or(0));
         fwd.set_graphs(graphs);
@@ -448,7 +451,7 @@ fn gpu_figures() {
             "persistent {persist:?}: the persistent step ran, or did not, against the setting"
         );
         println!(
-            "decode at 128..192, disarmed, m=1, {}, {}{}{}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
+            "decode at 128..192, disarmed, m=1, {}, {}{}{}{}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
             if graphs {
                 "CUDA graph"
             } else {
@@ -460,6 +463,7 @@ fn gpu_figures() {
                 EarlyLaunch::AtStart => ", early launch at start",
                 EarlyLaunch::AfterWait => ", early launch after the wait",
                 EarlyLaunch::Late => ", early launch late",
+                EarlyLaunch::Staged => ", early launch staged",
             },
             match (graphs && copies, fused) {
                 (true, true) => format!(
@@ -474,10 +478,16 @@ fn gpu_figures() {
                 (true, Some(n)) => format!(", layers persistent on at most {n} blocks"),
                 _ => String::new(),
             },
+            match (fused && persist.is_none(), deq) {
+                (true, Some(true)) => ", dequantized staging forced on",
+                (true, Some(false)) => ", dequantized staging forced off",
+                _ => "",
+            },
             median(decode)
         );
     }
 
+    ops::set_dequant_staging(None);
     persistent_timeline(&mut fwd, &prompt, vocab);
     // The defaults again, for the figures below.
     fwd.set_early_launch(EarlyLaunch::DEFAULT);

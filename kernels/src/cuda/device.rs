@@ -139,10 +139,18 @@ pub enum EarlyLaunch {
     /// A kernel lets the next one start once its blocks have computed
     /// their outputs (before they write them).
     Late,
+    /// The fused matmuls let the next kernel start as soon as all their
+    /// blocks run, attention once it is past its wait, and a one-row fused
+    /// matmul decodes its block's weights into shared memory before its
+    /// wait (fused.cu, "the dequantized staging"): the decoding runs while
+    /// the kernel before computes, and the products after the wait read
+    /// plain floats.
+    Staged,
 }
 
 impl EarlyLaunch {
-    /// From `TAPTREE_CUDA_PDL`: `0`/`off`, `start`, `after-wait`, `late`;
+    /// From `TAPTREE_CUDA_PDL`: `0`/`off`, `start`, `after-wait`, `late`,
+    /// `staged`;
     /// unset is [`EarlyLaunch::DEFAULT`].
     fn from_env() -> EarlyLaunch {
         match std::env::var("TAPTREE_CUDA_PDL").as_deref() {
@@ -150,20 +158,33 @@ impl EarlyLaunch {
             Ok("start") => EarlyLaunch::AtStart,
             Ok("after-wait") => EarlyLaunch::AfterWait,
             Ok("late") => EarlyLaunch::Late,
+            Ok("staged") => EarlyLaunch::Staged,
             _ => EarlyLaunch::DEFAULT,
         }
     }
 
     /// The mode used unless `TAPTREE_CUDA_PDL` says otherwise.
-    pub const DEFAULT: EarlyLaunch = EarlyLaunch::Late;
+    pub const DEFAULT: EarlyLaunch = EarlyLaunch::Staged;
 
     /// Every mode, the serialized one first.
-    pub const ALL: [EarlyLaunch; 4] = [
+    pub const ALL: [EarlyLaunch; 5] = [
         EarlyLaunch::Off,
         EarlyLaunch::AtStart,
         EarlyLaunch::AfterWait,
         EarlyLaunch::Late,
+        EarlyLaunch::Staged,
     ];
+
+    /// Whether a one-row fused matmul decodes its weights before its wait
+    /// in this mode: where the kernel before lets it start while it still
+    /// computes. Launched `Late` (the next kernel starts once the products
+    /// are done) or serialized, the decoding would add to the step instead.
+    pub fn stages_weights(self) -> bool {
+        matches!(
+            self,
+            EarlyLaunch::AtStart | EarlyLaunch::AfterWait | EarlyLaunch::Staged
+        )
+    }
 }
 
 impl std::fmt::Debug for Device {
@@ -240,6 +261,7 @@ impl Device {
             1 => EarlyLaunch::AtStart,
             2 => EarlyLaunch::AfterWait,
             3 => EarlyLaunch::Late,
+            4 => EarlyLaunch::Staged,
             _ => EarlyLaunch::Off,
         }
     }

@@ -134,7 +134,7 @@ struct FusedPlan {
     const u8 *wa, *wb;
     size_t rba, rbb, bytes_a, wbytes, rb, wr_off;
     const u8* wr;
-    int first, cnt, per, region, n, type, slot, j;
+    int first, cnt, per, region, n, type, slot, j, ta, tb;
     bool live;
 };
 
@@ -160,6 +160,7 @@ __device__ FusedPlan fused_plan(const FusedArgs& a, int bx) {
     if (p.region == 2) bx -= (a.n0 + p.per - 1) / p.per + (a.n1 + p.per - 1) / p.per;
     p.first = bx * p.per;
     p.cnt = min(p.per, p.n - p.first);
+    p.ta = ta, p.tb = tb;
     p.rba = row_bytes_of(ta, a.in);
     p.rbb = a.mode == FUSED_SWIGLU ? row_bytes_of(tb, a.in) : 0;
     bool in_b = p.slot >= p.per;
@@ -187,6 +188,90 @@ __device__ __forceinline__ const float* rope_pair(const FusedArgs& a, int r, int
     return a.rope_cs + 2 * ((size_t)r * (a.head_dim / 2) + (col % a.head_dim) / 2);
 }
 
+// The dequantized staging (matmul_fused's `staged` 2, one row only): the
+// block's weight rows, once their copy has landed, dequantized into shared
+// memory before `pdl_wait` (so, launched early, while the kernel before
+// still runs), each element the f32 value `block_weights` or
+// `dequant_elem` gives the products, laid out for the lanes: slot s's
+// element i = 8k + j (lane j's k-th) at deq[(8 s + j) L + k], L = in / 8 +
+// 4 (the 4 puts the eight lanes' 16-byte loads on distinct banks). The
+// input row is laid out the same way (`xp`). A lane's products then read
+// four weights and four inputs a load, in the order of `partial_sums`
+// (i = j, j + 8, ...: k increasing), so every output keeps its bits; what
+// leaves the critical path is the weights' decoding (a generic byte load,
+// a convert, a multiply and an add per element).
+__device__ __forceinline__ int deq_stride(int in) { return in / 8 + 4; }
+
+template <int TYPE>
+__device__ __forceinline__ void deq_blocks(float* deq, const u8* row, int s, int nb, int L,
+                                           int t0, int step) {
+    // Item (b, j) of slot s: lane j's four weights of block b, k = 4b .. 4b + 3.
+    for (int it = t0; it < nb * 8; it += step) {
+        int b = it >> 3, j = it & 7;
+        float w[4];
+        block_weights<TYPE>(row, b, j, w);
+        f32x4 v;
+        v.x = w[0], v.y = w[1], v.z = w[2], v.w = w[3];
+        *(f32x4*)(deq + (size_t)(8 * s + j) * L + 4 * b) = v;
+    }
+}
+
+__device__ void fused_dequant(const FusedArgs& a, const FusedPlan& p, const u8* staged,
+                              float* deq) {
+    int L = deq_stride(a.in);
+    for (int s = 0; s < FUSED_OUTS; ++s) {
+        bool in_b = s >= p.per;
+        int r = in_b ? s - p.per : s;
+        if (r >= p.cnt) continue;
+        int type = in_b ? p.tb : p.ta;
+        const u8* row = staged + (in_b ? p.bytes_a : 0) + (size_t)r * (in_b ? p.rbb : p.rba);
+        if (block_size(type) == QK) {
+            int nb = a.in / QK;
+            switch (type) {
+                case T_Q4_1: deq_blocks<T_Q4_1>(deq, row, s, nb, L, threadIdx.x, blockDim.x); break;
+                case T_Q8_0: deq_blocks<T_Q8_0>(deq, row, s, nb, L, threadIdx.x, blockDim.x); break;
+                case T_Q4_0: deq_blocks<T_Q4_0>(deq, row, s, nb, L, threadIdx.x, blockDim.x); break;
+                default:
+                    // block_weights' own fallback: four dequant_elem calls.
+                    for (int it = threadIdx.x; it < nb * 8; it += blockDim.x) {
+                        int b = it >> 3, j = it & 7, i = b * QK + j;
+                        f32x4 v;
+                        v.x = dequant_elem(row, type, i), v.y = dequant_elem(row, type, i + 8);
+                        v.z = dequant_elem(row, type, i + 16), v.w = dequant_elem(row, type, i + 24);
+                        *(f32x4*)(deq + (size_t)(8 * s + j) * L + 4 * b) = v;
+                    }
+                    break;
+            }
+        } else {
+            for (int i = threadIdx.x; i < a.in; i += blockDim.x)
+                deq[(size_t)(8 * s + (i & 7)) * L + (i >> 3)] = dequant_elem(row, type, i);
+        }
+    }
+}
+
+// One row's output of this thread's slot from the dequantized weights:
+// lane j's sum over k in order, then the lanes combined.
+__device__ __forceinline__ void deq_outputs(const float* xp, const float* deq, int in,
+                                            const FusedPlan& p,
+                                            float res[ROWS_PER_PASS][FUSED_OUTS]) {
+    int L = deq_stride(in);
+    float acc = 0.0f;
+    if (p.live) {
+        const float* xr = xp + (size_t)p.j * L;
+        const float* wr = deq + (size_t)(8 * p.slot + p.j) * L;
+#pragma unroll 4
+        for (int k = 0; k < in / 8; k += 4) {
+            f32x4 x = *(const f32x4*)(xr + k), w = *(const f32x4*)(wr + k);
+            acc = mul_add_unfused(acc, x.x, w.x);
+            acc = mul_add_unfused(acc, x.y, w.y);
+            acc = mul_add_unfused(acc, x.z, w.z);
+            acc = mul_add_unfused(acc, x.w, w.w);
+        }
+    }
+    float r = combine_lanes(acc);
+    if (p.j == 0) res[0][p.slot] = r;
+}
+
 // Everything after the input is readable: rows [r0, r0 + nr) of x staged
 // into xs (normalized where asked), the weights' copies waited for (all of
 // them with `keep` < 0, else all but the last `keep` committed groups),
@@ -194,7 +279,7 @@ __device__ __forceinline__ const float* rope_pair(const FusedArgs& a, int r, int
 // outputs written in its mode.
 __device__ void fused_outputs(const FusedArgs& a, const FusedPlan& p, const u8* wr, float* xs,
                               int r0, double* scratch, float res[ROWS_PER_PASS][FUSED_OUTS],
-                              int keep, int trigger_at) {
+                              int keep, int trigger_at, const float* deq = nullptr) {
     int nr = min(ROWS_PER_PASS, a.rows - r0);
     int per = p.per, cnt = p.cnt, first = p.first, pairs = per / 2;
     // What this thread's first element of the epilogue (t = threadIdx.x)
@@ -222,7 +307,16 @@ __device__ void fused_outputs(const FusedArgs& a, const FusedPlan& p, const u8* 
     }
     __syncthreads();
 
-    slot_outputs_any(p.type, wr, xs, nr, a.in, p.j, p.live, p.slot, res);
+    if (deq) {
+        // One row (the launcher's rule): laid out as the weights are.
+        float* xp = xs + a.in;
+        int L = deq_stride(a.in);
+        for (int i = threadIdx.x; i < a.in; i += blockDim.x) xp[(i & 7) * L + (i >> 3)] = xs[i];
+        __syncthreads();
+        deq_outputs(xp, deq, a.in, p, res);
+    } else {
+        slot_outputs_any(p.type, wr, xs, nr, a.in, p.j, p.live, p.slot, res);
+    }
     if (trigger_at == 2) pdl_launch_dependents();
     __syncthreads();
 
@@ -282,17 +376,28 @@ extern "C" __global__ void matmul_fused(int mode, const u8* w0, const u8* w1, co
                    y0, y1, y2, pos, rope_cs, head_dim, rope_base, rows, in};
     FusedPlan p = fused_plan(a, blockIdx.x);
     float* xs = (float*)(smem + (staged ? ((p.wbytes + 15) & ~(size_t)15) : 0));
+    float* deq = nullptr;
+    if (staged == 2) {
+        deq = xs;
+        xs = deq + (size_t)FUSED_OUTS * 8 * deq_stride(in);
+    }
     const u8* wr = p.wr;
     // The weights' copy runs while the input is staged and normalized,
     // and, launched early, while the kernel before this one finishes: the
-    // weights are the only global memory read before `pdl_wait`.
+    // weights are the only global memory read before `pdl_wait`. Staged
+    // dequantized (2), they are also decoded before it.
     if (staged) {
         fused_stage_weights(a, p, smem);
         wr = smem + p.wr_off;
     }
+    if (deq) {
+        copy_async_wait_all();
+        __syncthreads();
+        fused_dequant(a, p, smem, deq);
+    }
     pdl_wait();
     if (trigger_at == 1) pdl_launch_dependents();
-    fused_outputs(a, p, wr, xs, blockIdx.y * ROWS_PER_PASS, scratch, res, -1, trigger_at);
+    fused_outputs(a, p, wr, xs, blockIdx.y * ROWS_PER_PASS, scratch, res, -1, trigger_at, deq);
 }
 
 // The logits' matmul: FUSED_PLAIN without a residual (y0 = norm(x) W0^T),

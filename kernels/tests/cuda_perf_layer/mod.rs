@@ -524,12 +524,19 @@ fn streamed_layer_figures() {
     };
     // per_call_graph_us replays 100 steps: µs per step, then per layer;
     // each launch after the one before has finished, then launched early.
+    // Each mode with the one-row dequantized staging as the mode has it,
+    // then forced the other way.
     for early in EarlyLaunch::ALL {
-        dev.set_early_launch(early);
-        let per_step = per_call_graph_us(dev, &mut step);
-        println!(
-            "fused, 30 layers with their own weights (streamed from memory), one graph, early launch {early:?}: {per_step:.1} us a step, {:.1} us a layer",
-            per_step / layers as f64
-        );
+        for deq in [None, Some(!early.stages_weights())] {
+            ops::set_dequant_staging(deq);
+            dev.set_early_launch(early);
+            let per_step = per_call_graph_us(dev, &mut step);
+            println!(
+                "fused, 30 layers with their own weights (streamed from memory), one graph, early launch {early:?}, dequantized staging {}: {per_step:.1} us a step, {:.1} us a layer",
+                deq.unwrap_or(early.stages_weights()),
+                per_step / layers as f64
+            );
+        }
     }
+    ops::set_dequant_staging(None);
 }

@@ -2,7 +2,7 @@
 
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 
-use super::launch::{launch, trigger_at, KernelArgs};
+use super::launch::{launch, trigger_attention, KernelArgs};
 use super::{check, grid, launch_err, raise_shared, upload, DeviceMatrix};
 use crate::cuda::device::{Device, Family};
 use crate::cuda::CudaError;
@@ -323,7 +323,11 @@ pub fn attention_split_at(
         .buf(dev, &*out)
         .buf(dev, pos);
     a.val(&nh).val(&nkv).val(&hd).val(&scale).val(&win);
-    a.val(&dsi).val(&ch).val(&mk).val(&pf).val(&trigger_at(dev));
+    a.val(&dsi)
+        .val(&ch)
+        .val(&mk)
+        .val(&pf)
+        .val(&trigger_attention(dev));
     // A key's score per thread: 256 threads past 128 keys take them in
     // one round (which thread scores a key changes no sum).
     let threads = if seen > 128 { 256 } else { 128 };

@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
-use super::launch::{launch, trigger_at, KernelArgs};
+use super::launch::{launch, trigger_fused, KernelArgs};
 use super::{check, launch_err, raise_shared, DeviceMatrix, MATMUL_F32_OUTS, MATMUL_MAX_STAGED};
 use crate::cuda::device::{Device, Family};
 use crate::cuda::CudaError;
@@ -32,6 +32,67 @@ pub fn fused_fits(cols: usize, rows: usize) -> bool {
 
 fn x_bytes(cols: usize, rows: usize) -> usize {
     rows.min(8) * cols * 4
+}
+
+/// The most shared memory a block of the dequantized staging takes (the
+/// architectures with early launch allow 227 KiB a block).
+const MATMUL_MAX_DEQUANT: usize = 200 * 1024;
+
+/// The dequantized staging forced on (1) or off (2), or as the launch
+/// mode says (0): `TAPTREE_CUDA_DEQUANT_STAGING=1|0`, or
+/// [`set_dequant_staging`].
+static DEQUANT_STAGING: std::sync::OnceLock<std::sync::atomic::AtomicU8> =
+    std::sync::OnceLock::new();
+
+fn dequant_flag() -> &'static std::sync::atomic::AtomicU8 {
+    DEQUANT_STAGING.get_or_init(|| {
+        std::sync::atomic::AtomicU8::new(
+            match std::env::var("TAPTREE_CUDA_DEQUANT_STAGING").as_deref() {
+                Ok("1") => 1,
+                Ok("0") => 2,
+                _ => 0,
+            },
+        )
+    })
+}
+
+/// Whether one-row fused matmuls decode their weights into shared memory
+/// before their wait (fused.cu, "the dequantized staging"): where the launch
+/// mode lets them start early enough
+/// ([`EarlyLaunch::stages_weights`](crate::cuda::EarlyLaunch::stages_weights)),
+/// unless forced. The same bits either way.
+pub fn dequant_staging(dev: &Device) -> bool {
+    match dequant_flag().load(std::sync::atomic::Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => dev.early_launch().stages_weights(),
+    }
+}
+
+/// Forces the dequantized staging on or off (`None`: as the launch mode
+/// says) for the launches that follow; a CUDA graph keeps what it captured.
+pub fn set_dequant_staging(on: Option<bool>) {
+    let v = match on {
+        Some(true) => 1,
+        Some(false) => 2,
+        None => 0,
+    };
+    dequant_flag().store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The shared memory of a dequantized staging, where it applies: one row,
+/// inputs a multiple of 32 (each lane's run of weights four floats a
+/// load), and all of it within [`MATMUL_MAX_DEQUANT`]: the block's weight
+/// rows as stored (rounded up to 16 bytes), the same rows decoded (16
+/// slots of 8 lanes, `cols / 8 + 4` floats each), and the input row twice
+/// (as staged, and laid out per lane).
+fn dequant_bytes(dev: &Device, weight_bytes: usize, cols: usize, rows: usize) -> Option<usize> {
+    if rows != 1 || !cols.is_multiple_of(32) || !dequant_staging(dev) {
+        return None;
+    }
+    let lane = cols / 8 + 4;
+    let bytes = weight_bytes.div_ceil(16) * 16 + (MATMUL_F32_OUTS * 8 * lane + cols + 8 * lane) * 4;
+    (bytes <= MATMUL_MAX_DEQUANT).then_some(bytes)
 }
 
 /// `y = norm(x) W^T` (or `x W^T` without a norm), plus `resid` where given
@@ -126,7 +187,7 @@ pub fn matmul_streamed(
         None => a.null(),
     };
     a.val(&eps).buf(dev, &*y).val(&r).val(&c);
-    a.val(&(stages as i32)).val(&trigger_at(dev));
+    a.val(&(stages as i32)).val(&trigger_fused(dev));
     let groups = w.rows.div_ceil(MATMUL_F32_OUTS);
     let blocks = groups.min(dev.sm_count() * how.blocks_per_sm).max(1);
     let cfg = LaunchConfig {
@@ -324,11 +385,11 @@ impl Fused<'_> {
             )));
         }
         let staged_bytes = self.weight_bytes.div_ceil(16) * 16 + x_bytes(cols, rows);
-        let staged = staged_bytes <= MATMUL_MAX_STAGED;
-        let shared = if staged {
-            staged_bytes
-        } else {
-            x_bytes(cols, rows)
+        let deq_bytes = dequant_bytes(dev, self.weight_bytes, cols, rows);
+        let (staged, shared) = match deq_bytes {
+            Some(b) => (2, b),
+            None if staged_bytes <= MATMUL_MAX_STAGED => (1, staged_bytes),
+            None => (0, x_bytes(cols, rows)),
         };
         let f = dev.function(Family::Fused, "matmul_fused")?;
         raise_shared(&f, shared, "matmul_fused")?;
@@ -340,7 +401,7 @@ impl Fused<'_> {
             head_dim as i32,
             rows as i32,
             cols as i32,
-            staged as i32,
+            staged,
         );
         let mut a = KernelArgs::default();
         a.val(&self.mode);
@@ -373,7 +434,7 @@ impl Fused<'_> {
             None => a.null(),
         };
         a.val(&hd).val(&base).val(&r).val(&c).val(&st);
-        a.val(&trigger_at(dev));
+        a.val(&trigger_fused(dev));
         let per_block = match self.mode {
             SWIGLU => MATMUL_F32_OUTS / 2,
             _ => MATMUL_F32_OUTS,

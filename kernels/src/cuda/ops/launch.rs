@@ -97,7 +97,25 @@ pub(crate) fn trigger_at(dev: &Device) -> i32 {
     match dev.early_launch() {
         EarlyLaunch::Off | EarlyLaunch::AtStart => 0,
         EarlyLaunch::AfterWait => 1,
-        EarlyLaunch::Late => 2,
+        EarlyLaunch::Late | EarlyLaunch::Staged => 2,
+    }
+}
+
+/// [`trigger_at`] for a fused matmul: at its start under
+/// [`EarlyLaunch::Staged`].
+pub(crate) fn trigger_fused(dev: &Device) -> i32 {
+    match dev.early_launch() {
+        EarlyLaunch::Staged => 0,
+        _ => trigger_at(dev),
+    }
+}
+
+/// [`trigger_at`] for attention: after its wait under
+/// [`EarlyLaunch::Staged`].
+pub(crate) fn trigger_attention(dev: &Device) -> i32 {
+    match dev.early_launch() {
+        EarlyLaunch::Staged => 1,
+        _ => trigger_at(dev),
     }
 }
 
