@@ -202,49 +202,44 @@ __device__ __forceinline__ const float* rope_pair(const FusedArgs& a, int r, int
 // a convert, a multiply and an add per element).
 __device__ __forceinline__ int deq_stride(int in) { return in / 8 + 4; }
 
+// Where slot s's lane j keeps its k-th weight.
+template <typename F>
+__device__ __forceinline__ F* deq_at(F* deq, int s, int j, int k, int L) {
+    return deq + (size_t)(8 * s + j) * L + k;
+}
+
 template <int TYPE>
-__device__ __forceinline__ void deq_blocks(float* deq, const u8* row, int s, int nb, int L,
-                                           int t0, int step) {
+__device__ __forceinline__ void deq_blocks(float* deq, const u8* row, int s, int nb, int L) {
     // Item (b, j) of slot s: lane j's four weights of block b, k = 4b .. 4b + 3.
-    for (int it = t0; it < nb * 8; it += step) {
+    for (int it = threadIdx.x; it < nb * 8; it += blockDim.x) {
         int b = it >> 3, j = it & 7;
         float w[4];
         block_weights<TYPE>(row, b, j, w);
         f32x4 v;
         v.x = w[0], v.y = w[1], v.z = w[2], v.w = w[3];
-        *(f32x4*)(deq + (size_t)(8 * s + j) * L + 4 * b) = v;
+        *(f32x4*)deq_at(deq, s, j, 4 * b, L) = v;
     }
 }
 
 __device__ void fused_dequant(const FusedArgs& a, const FusedPlan& p, const u8* staged,
                               float* deq) {
-    int L = deq_stride(a.in);
+    int L = deq_stride(a.in), nb = a.in / QK;
     for (int s = 0; s < FUSED_OUTS; ++s) {
         bool in_b = s >= p.per;
         int r = in_b ? s - p.per : s;
         if (r >= p.cnt) continue;
         int type = in_b ? p.tb : p.ta;
         const u8* row = staged + (in_b ? p.bytes_a : 0) + (size_t)r * (in_b ? p.rbb : p.rba);
-        if (block_size(type) == QK) {
-            int nb = a.in / QK;
-            switch (type) {
-                case T_Q4_1: deq_blocks<T_Q4_1>(deq, row, s, nb, L, threadIdx.x, blockDim.x); break;
-                case T_Q8_0: deq_blocks<T_Q8_0>(deq, row, s, nb, L, threadIdx.x, blockDim.x); break;
-                case T_Q4_0: deq_blocks<T_Q4_0>(deq, row, s, nb, L, threadIdx.x, blockDim.x); break;
-                default:
-                    // block_weights' own fallback: four dequant_elem calls.
-                    for (int it = threadIdx.x; it < nb * 8; it += blockDim.x) {
-                        int b = it >> 3, j = it & 7, i = b * QK + j;
-                        f32x4 v;
-                        v.x = dequant_elem(row, type, i), v.y = dequant_elem(row, type, i + 8);
-                        v.z = dequant_elem(row, type, i + 16), v.w = dequant_elem(row, type, i + 24);
-                        *(f32x4*)(deq + (size_t)(8 * s + j) * L + 4 * b) = v;
-                    }
-                    break;
-            }
-        } else {
-            for (int i = threadIdx.x; i < a.in; i += blockDim.x)
-                deq[(size_t)(8 * s + (i & 7)) * L + (i >> 3)] = dequant_elem(row, type, i);
+        switch (type) {
+            case T_Q4_1: deq_blocks<T_Q4_1>(deq, row, s, nb, L); break;
+            case T_Q8_0: deq_blocks<T_Q8_0>(deq, row, s, nb, L); break;
+            case T_Q4_0: deq_blocks<T_Q4_0>(deq, row, s, nb, L); break;
+            case T_Q5_0: deq_blocks<T_Q5_0>(deq, row, s, nb, L); break;
+            default:
+                // K-quants and floats: element by element, as the products'
+                // own loop decodes them (`dequant_elem`).
+                for (int i = threadIdx.x; i < a.in; i += blockDim.x)
+                    *deq_at(deq, s, i & 7, i >> 3, L) = dequant_elem(row, type, i);
         }
     }
 }
@@ -258,7 +253,7 @@ __device__ __forceinline__ void deq_outputs(const float* xp, const float* deq, i
     float acc = 0.0f;
     if (p.live) {
         const float* xr = xp + (size_t)p.j * L;
-        const float* wr = deq + (size_t)(8 * p.slot + p.j) * L;
+        const float* wr = deq_at(deq, p.slot, p.j, 0, L);
 #pragma unroll 4
         for (int k = 0; k < in / 8; k += 4) {
             f32x4 x = *(const f32x4*)(xr + k), w = *(const f32x4*)(wr + k);
