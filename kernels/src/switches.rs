@@ -15,6 +15,11 @@
 //! `TAPTREE_LLAMACPP_FLASH_ATTN` (`0` or `1`) selects, under `--precision
 //! llamacpp`, llama.cpp's flash attention instead of its plain attention (the
 //! same variable switches it in the llama.cpp adapter's captures).
+//! `TAPTREE_LLAMACPP_SIMD` (`avx2` or `avx512`) says, under `--precision
+//! llamacpp`, which build of llama.cpp's CPU backend to model: its vector
+//! width fixes the lane order of attention's sums
+//! ([`crate::cpu::llamacpp::GgmlSimd`]). Unset, it is what `-march=native`
+//! gives on this CPU, and a capture records that value.
 //!
 //! `TAPTREE_FAULT_TP_SKIP_ALLREDUCE=RANK@LAYER/STAGE` (`STAGE` `o_proj` or
 //! `ffn_down`) is a **fault-injection** switch for testing the diff, not a
@@ -26,6 +31,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::cpu::llamacpp::GgmlSimd;
 use crate::forward::Precision;
 
 /// A family of matmuls that one switch controls.
@@ -98,6 +104,12 @@ pub enum SwitchError {
         /// The value given.
         value: String,
     },
+    /// `TAPTREE_LLAMACPP_SIMD` holds something other than `avx2` or `avx512`.
+    #[error("TAPTREE_LLAMACPP_SIMD: bad value {value:?}: expected avx2 or avx512")]
+    BadSimd {
+        /// The value given.
+        value: String,
+    },
     /// A fault switch that does not parse.
     #[error("TAPTREE_FAULT_TP_SKIP_ALLREDUCE: bad value {value:?}: expected RANK@LAYER/STAGE with STAGE o_proj or ffn_down, e.g. 1@5/o_proj")]
     BadTpSkip {
@@ -165,12 +177,17 @@ impl std::fmt::Display for TpSkip {
 /// `--precision llamacpp`.
 pub const FLASH_ATTN_VAR: &str = "TAPTREE_LLAMACPP_FLASH_ATTN";
 
+/// The variable that names the llama.cpp build `--precision llamacpp`
+/// models (`avx2` or `avx512`).
+pub const SIMD_VAR: &str = "TAPTREE_LLAMACPP_SIMD";
+
 /// The families whose activation precision is overridden, and whether
 /// llama.cpp's flash attention is asked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Switches {
     set: BTreeMap<Family, ActPrecision>,
     flash_attn: Option<bool>,
+    simd: Option<GgmlSimd>,
     tp_skip: Option<TpSkip>,
 }
 
@@ -212,6 +229,12 @@ impl Switches {
                 });
                 continue;
             }
+            if k == SIMD_VAR {
+                s.simd = Some(GgmlSimd::parse(v).ok_or_else(|| SwitchError::BadSimd {
+                    value: v.to_string(),
+                })?);
+                continue;
+            }
             if k == TP_SKIP_VAR {
                 s.tp_skip = Some(TpSkip::parse(v)?);
                 continue;
@@ -250,6 +273,28 @@ impl Switches {
         self
     }
 
+    /// Names the llama.cpp build `--precision llamacpp` models.
+    pub fn with_llamacpp_simd(mut self, simd: GgmlSimd) -> Switches {
+        self.simd = Some(simd);
+        self
+    }
+
+    /// The llama.cpp build asked for, if `TAPTREE_LLAMACPP_SIMD` is set.
+    pub fn llamacpp_simd(&self) -> Option<GgmlSimd> {
+        self.simd
+    }
+
+    /// These switches with what `precision` leaves to this machine made
+    /// explicit, so a capture records what its forward ran: under
+    /// `--precision llamacpp`, an unset `TAPTREE_LLAMACPP_SIMD` becomes this
+    /// CPU's ([`GgmlSimd::host`]).
+    pub fn resolved_for(mut self, precision: Precision) -> Switches {
+        if precision == Precision::LlamaCpp && self.simd.is_none() {
+            self.simd = Some(GgmlSimd::host());
+        }
+        self
+    }
+
     /// Plants a tensor-parallel fault (see [`TpSkip`]).
     pub fn with_tp_skip(mut self, skip: TpSkip) -> Switches {
         self.tp_skip = Some(skip);
@@ -272,6 +317,11 @@ impl Switches {
         if self.flash_attn() && precision != Precision::LlamaCpp {
             return Err(crate::forward::ForwardError::Unsupported(format!(
                 "{FLASH_ATTN_VAR}=1: only --precision llamacpp models llama.cpp's flash attention (got {precision})"
+            )));
+        }
+        if let (Some(simd), false) = (self.simd, precision == Precision::LlamaCpp) {
+            return Err(crate::forward::ForwardError::Unsupported(format!(
+                "{SIMD_VAR}={simd}: only --precision llamacpp models a llama.cpp build (got {precision})"
             )));
         }
         Ok(())
@@ -302,6 +352,9 @@ impl Switches {
                 FLASH_ATTN_VAR.to_string(),
                 if on { "1" } else { "0" }.into(),
             );
+        }
+        if let Some(simd) = self.simd {
+            m.insert(SIMD_VAR.to_string(), simd.name().to_string());
         }
         if let Some(skip) = self.tp_skip {
             m.insert(TP_SKIP_VAR.to_string(), skip.to_string());
@@ -363,6 +416,33 @@ mod tests {
             e.to_string(),
             "TAPTREE_LLAMACPP_FLASH_ATTN: bad value \"on\": expected 0 or 1"
         );
+    }
+
+    #[test]
+    fn the_llamacpp_build_is_a_recorded_switch_resolved_for_llamacpp_only() {
+        let s = Switches::from_vars([(SIMD_VAR, "avx512")]).unwrap();
+        assert_eq!(s.llamacpp_simd(), Some(GgmlSimd::Avx512));
+        assert_eq!(s.to_map()[SIMD_VAR], "avx512");
+        assert!(s.check(Precision::LlamaCpp).is_ok());
+        let e = s.check(Precision::Q8).unwrap_err().to_string();
+        assert!(e.contains("TAPTREE_LLAMACPP_SIMD=avx512"), "{e}");
+        let e = Switches::from_vars([(SIMD_VAR, "avx-512")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "TAPTREE_LLAMACPP_SIMD: bad value \"avx-512\": expected avx2 or avx512"
+        );
+        // Unset: recorded as this CPU's under llamacpp, absent otherwise.
+        let host = Switches::none().resolved_for(Precision::LlamaCpp);
+        assert_eq!(host.llamacpp_simd(), Some(GgmlSimd::host()));
+        assert!(Switches::none()
+            .resolved_for(Precision::F32)
+            .to_map()
+            .is_empty());
+        // Set: kept as given.
+        let kept = Switches::none()
+            .with_llamacpp_simd(GgmlSimd::Avx2)
+            .resolved_for(Precision::LlamaCpp);
+        assert_eq!(kept.llamacpp_simd(), Some(GgmlSimd::Avx2));
     }
 
     #[test]

@@ -17,20 +17,16 @@
 
 mod llamacpp_common;
 
-use std::collections::HashMap;
-
 use kernels::cpu::attention::{attention, Heads};
 use kernels::cpu::embedding::embed;
 use kernels::cpu::ffn::swiglu;
-use kernels::cpu::llamacpp;
+use kernels::cpu::llamacpp::{self, GgmlSimd};
 use kernels::cpu::matmul::Act;
 use kernels::cpu::norm::rms_norm;
 use kernels::cpu::rope::rope;
-use kernels::cpu::weights::DenseWeights;
 use llamacpp_common::{
     outside_tolerance, print_table, rel_rms, worst, worst_per_stage, Run, TOLERANCE,
 };
-use model::LlamaConfig;
 
 /// How an op is recomputed: llama.cpp's arithmetic, taptree's plain q8, or
 /// f32 activations throughout (within ~1e-7 of exact: against it, an op's
@@ -47,13 +43,13 @@ enum Ops {
 
 /// Recomputes every tapped op from the tree's own inputs; returns
 /// `(stage, layer, relative RMS error against llama.cpp)` in forward order.
-fn replay(
-    cfg: &LlamaConfig,
-    w: &DenseWeights,
-    tokens: &[u32],
-    t: &HashMap<(String, Option<u32>), Vec<f32>>,
-    ops: Ops,
-) -> Vec<(String, Option<u32>, f64)> {
+fn replay(r: &Run, ops: Ops) -> Vec<(String, Option<u32>, f64)> {
+    replay_on(r, ops, r.simd)
+}
+
+/// [`replay`] modelling the llama.cpp build `simd`, whichever ran.
+fn replay_on(r: &Run, ops: Ops, simd: GgmlSimd) -> Vec<(String, Option<u32>, f64)> {
+    let (cfg, w, tokens, t) = (&r.cfg, &r.weights, &r.tokens, &r.taps);
     let n = tokens.len();
     let get = |s: &str, l: Option<u32>| -> &Vec<f32> {
         t.get(&(s.to_string(), l))
@@ -107,8 +103,10 @@ fn replay(
                 .collect::<Vec<_>>()
         };
         let a = match ops {
-            Ops::LlamaCpp => llamacpp::attention(q, n, 0, &f16(k), &f16(v), heads),
-            Ops::LlamaCppFlashAttn => llamacpp::flash_attention(q, n, 0, &f16(k), &f16(v), heads),
+            Ops::LlamaCpp => llamacpp::attention(q, n, 0, &f16(k), &f16(v), heads, simd),
+            Ops::LlamaCppFlashAttn => {
+                llamacpp::flash_attention(q, n, 0, &f16(k), &f16(v), heads, simd)
+            }
             Ops::PlainQ8 | Ops::F32 => attention(q, n, 0, k, v, heads),
         };
         check("attn", li, a);
@@ -168,11 +166,11 @@ fn every_op_of_a_llamacpp_tree_recomputes_within_1e_6_and_plain_q8_does_not() {
     let Some(r) = llamacpp_run(false) else {
         return;
     };
-    let rows = replay(&r.cfg, &r.weights, &r.tokens, &r.taps, Ops::LlamaCpp);
+    let rows = replay(&r, Ops::LlamaCpp);
     // Every stage of the vocabulary at every layer was recomputed.
     assert_eq!(rows.len(), 1 + 15 * r.cfg.n_layer + 2);
-    let plain = replay(&r.cfg, &r.weights, &r.tokens, &r.taps, Ops::PlainQ8);
-    let exact = replay(&r.cfg, &r.weights, &r.tokens, &r.taps, Ops::F32);
+    let plain = replay(&r, Ops::PlainQ8);
+    let exact = replay(&r, Ops::F32);
     eprintln!(
         "relative RMS error of llama.cpp's output per stage, recomputed from its own inputs:"
     );
@@ -188,6 +186,24 @@ fn every_op_of_a_llamacpp_tree_recomputes_within_1e_6_and_plain_q8_does_not() {
     for stage in ["q_rope", "k_rope"] {
         assert_eq!(worst(&rows, stage), 0.0, "{stage}: not llama.cpp's bits");
     }
+    // The red case of the build: attention summed in the lane order of the
+    // other vector width (AVX2 for an AVX-512 build, and the reverse) is
+    // not what llama.cpp computed.
+    let other = match r.simd {
+        GgmlSimd::Avx2 => GgmlSimd::Avx512,
+        GgmlSimd::Avx512 => GgmlSimd::Avx2,
+    };
+    let wrong = worst(&replay_on(&r, Ops::LlamaCpp, other), "attn");
+    eprintln!(
+        "attn: worst {:.2e} modelling the {} build that ran, {wrong:.2e} modelling {other}",
+        worst(&rows, "attn"),
+        r.simd
+    );
+    assert!(
+        wrong > worst(&rows, "attn"),
+        "the {other} lane order matched a {} build's attention as well",
+        r.simd
+    );
     // The red case: taptree's plain q8 model of llama.cpp leaves the
     // tolerance at attention (no f16 operands) and at every kind of
     // quantized matmul (round half away from zero, 1/d scaling). Its RoPE
@@ -215,13 +231,7 @@ fn with_flash_attention_every_op_recomputes_within_1e_6_and_plain_attention_does
         return;
     };
     assert!(r.tokens.len() < llamacpp::FLASH_ATTN_TILE_ROWS);
-    let rows = replay(
-        &r.cfg,
-        &r.weights,
-        &r.tokens,
-        &r.taps,
-        Ops::LlamaCppFlashAttn,
-    );
+    let rows = replay(&r, Ops::LlamaCppFlashAttn);
     assert_eq!(rows.len(), 1 + 15 * r.cfg.n_layer + 2);
     let bad = outside_tolerance(&rows);
     let per_stage = worst_per_stage(&rows);
@@ -233,7 +243,7 @@ fn with_flash_attention_every_op_recomputes_within_1e_6_and_plain_attention_does
     assert!(bad.is_empty(), "ops outside {TOLERANCE:e}: {bad:?}");
     // The red case: llama.cpp's attention without flash attention (f16
     // probabilities, f32 sums) is not what it computed here.
-    let plain = replay(&r.cfg, &r.weights, &r.tokens, &r.taps, Ops::LlamaCpp);
+    let plain = replay(&r, Ops::LlamaCpp);
     assert!(plain.iter().any(|(s, _, e)| s == "attn" && *e > TOLERANCE));
 }
 

@@ -14,7 +14,6 @@
 
 mod llamacpp_common;
 
-use std::collections::HashMap;
 use std::process::Command;
 
 use kernels::cpu::attention::{attention_windowed, Heads};
@@ -26,13 +25,10 @@ use kernels::cpu::matmul::Act;
 use kernels::cpu::norm::rms_norm;
 use kernels::cpu::qmatrix::Weight;
 use kernels::cpu::rope::rope_halves;
-use kernels::cpu::weights::DenseWeights;
 use llamacpp_common::{
     llama_cpp_available, outside_tolerance, print_table, rel_rms, worst, Rows, Run, TOLERANCE,
 };
-use model::{GgmlType, LlamaConfig};
-
-type Taps = HashMap<(String, Option<u32>), Vec<f32>>;
+use model::GgmlType;
 
 /// How an op is recomputed (see `tests/llamacpp.rs`): llama.cpp's
 /// arithmetic, taptree's reference ops with q8 activations, or with f32
@@ -50,7 +46,8 @@ enum Ops {
 /// Recomputes every tapped op of a Gemma 3 tree from its own inputs;
 /// returns `(stage, layer, relative RMS error against llama.cpp)` in
 /// forward order.
-fn replay(cfg: &LlamaConfig, w: &DenseWeights, tokens: &[u32], t: &Taps, ops: Ops) -> Rows {
+fn replay(r: &Run, ops: Ops) -> Rows {
+    let (cfg, w, tokens, t) = (&r.cfg, &r.weights, &r.tokens, &r.taps);
     let n = tokens.len();
     let get = |s: &str, l: Option<u32>| -> &Vec<f32> {
         t.get(&(s.to_string(), l))
@@ -105,7 +102,7 @@ fn replay(cfg: &LlamaConfig, w: &DenseWeights, tokens: &[u32], t: &Taps, ops: Op
             check(stage, li, r);
         }
         let (q, k, v) = (get("q_rope", li), get("k_rope", li), get("v_proj", li));
-        let graph = lg::graph_of(cfg, l).unwrap();
+        let graph = lg::graph_of(cfg, l, r.simd).unwrap();
         let a = if ops == Ops::LlamaCppFlashAttn {
             flash_attention_in(q, n, 0, &f16_rows(k), &f16_rows(v), heads, graph)
         } else if llamacpp {
@@ -165,11 +162,11 @@ fn every_op_of_a_gemma3_llamacpp_tree_recomputes_within_1e_6_and_the_reference_o
         return;
     };
     assert_eq!(r.cfg.arch, "gemma3");
-    let rows = replay(&r.cfg, &r.weights, &r.tokens, &r.taps, Ops::LlamaCpp);
+    let rows = replay(&r, Ops::LlamaCpp);
     // Every stage of Gemma's vocabulary at every layer was recomputed.
     assert_eq!(rows.len(), 1 + 19 * r.cfg.n_layer + 2);
-    let plain = replay(&r.cfg, &r.weights, &r.tokens, &r.taps, Ops::PlainQ8);
-    let exact = replay(&r.cfg, &r.weights, &r.tokens, &r.taps, Ops::F32);
+    let plain = replay(&r, Ops::PlainQ8);
+    let exact = replay(&r, Ops::F32);
     eprintln!(
         "Gemma 3 270M, {} positions: relative RMS error of llama.cpp's output per stage, \
          recomputed from its own inputs",
@@ -230,13 +227,7 @@ fn with_flash_attention_every_op_recomputes_within_1e_6_and_plain_attention_does
         return;
     };
     assert!(r.tokens.len() < FLASH_ATTN_TILE_ROWS);
-    let rows = replay(
-        &r.cfg,
-        &r.weights,
-        &r.tokens,
-        &r.taps,
-        Ops::LlamaCppFlashAttn,
-    );
+    let rows = replay(&r, Ops::LlamaCppFlashAttn);
     assert_eq!(rows.len(), 1 + 19 * r.cfg.n_layer + 2);
     eprintln!(
         "Gemma 3, flash attention: worst attn error {:.2e}, worst of every op {:.2e}",
@@ -247,7 +238,7 @@ fn with_flash_attention_every_op_recomputes_within_1e_6_and_plain_attention_does
     assert!(bad.is_empty(), "ops outside {TOLERANCE:e}: {bad:?}");
     // The red case: llama.cpp's attention without flash attention is not
     // what it computed here.
-    let plain = replay(&r.cfg, &r.weights, &r.tokens, &r.taps, Ops::LlamaCpp);
+    let plain = replay(&r, Ops::LlamaCpp);
     assert!(worst(&plain, "attn") > TOLERANCE);
 }
 

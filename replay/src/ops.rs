@@ -18,7 +18,7 @@ use kernels::cpu::attention::{attention_windowed, Heads};
 use kernels::cpu::embedding::{embed, scale_embedding};
 use kernels::cpu::ffn::gated;
 use kernels::cpu::forward::Acts;
-use kernels::cpu::llamacpp;
+use kernels::cpu::llamacpp::{self, GgmlSimd};
 use kernels::cpu::llamacpp_gemma;
 use kernels::cpu::norm::rms_norm;
 use kernels::cpu::residual::add_residual;
@@ -26,7 +26,7 @@ use kernels::cpu::rope::rope_styled;
 use kernels::cpu::weights::DenseWeights;
 use kernels::cpu::Real;
 use kernels::stages as st;
-use kernels::switches::Switches;
+use kernels::switches::{Switches, SIMD_VAR};
 use model::LlamaConfig;
 use model::{FfnActivation, ModelFamily, RopeStyle};
 use std::ops::Range;
@@ -42,6 +42,8 @@ pub struct Ops<'a> {
     arith: Arith,
     acts: Acts,
     flash_attn: bool,
+    /// The llama.cpp build whose arithmetic `LlamaCpp` recomputes.
+    simd: GgmlSimd,
     run: RunInfo,
     tree: PathBuf,
 }
@@ -53,6 +55,30 @@ fn family_name(f: &ModelFamily) -> &'static str {
         "gemma3"
     } else {
         "custom"
+    }
+}
+
+/// The llama.cpp build a run's arithmetic is recomputed as: what a
+/// llama.cpp capture's `engine_versions.system_info` says it was compiled
+/// for, else the run's `TAPTREE_LLAMACPP_SIMD` switch (taptree's own
+/// `--precision llamacpp` records it), else AVX2 (what that forward computed
+/// before it recorded the switch). A switch that contradicts the engine's
+/// own account is an error, not a choice.
+fn llamacpp_build(run: &RunInfo, switches: &Switches) -> Result<GgmlSimd, String> {
+    let info = run
+        .extra
+        .get("engine_versions")
+        .and_then(|v| v.get("system_info"))
+        .and_then(|v| v.as_str());
+    let Some(info) = info else {
+        return Ok(switches.llamacpp_simd().unwrap_or(GgmlSimd::Avx2));
+    };
+    let simd = GgmlSimd::from_system_info(info)?;
+    match switches.llamacpp_simd() {
+        Some(asked) if asked != simd => Err(format!(
+            "run.switches says {SIMD_VAR}={asked}, but llama.cpp's system_info says it was built for {simd} ({info:?})"
+        )),
+        _ => Ok(simd),
     }
 }
 
@@ -74,8 +100,11 @@ impl<'a> Ops<'a> {
         let extra = |k: &str| run.extra.get(k);
         let flash_attn =
             switches.flash_attn() || extra("flash_attn").and_then(|v| v.as_bool()) == Some(true);
+        // Only llama.cpp's arithmetic depends on its build.
+        let mut simd = GgmlSimd::Avx2;
         if arith == Arith::LlamaCpp {
-            if llamacpp_gemma::graph_of(cfg, 0).is_none() {
+            simd = llamacpp_build(run, &switches).map_err(unsupported)?;
+            if !llamacpp_gemma::modelled(cfg) {
                 return Err(unsupported(format!(
                     "--precision llamacpp models llama.cpp's arithmetic for llama and gemma3, not {}",
                     cfg.arch
@@ -101,6 +130,7 @@ impl<'a> Ops<'a> {
                 Acts::resolve(arith, &switches)
             },
             flash_attn: arith == Arith::LlamaCpp && flash_attn,
+            simd,
             run: run.clone(),
             tree,
         })
@@ -371,7 +401,7 @@ impl<'a> Ops<'a> {
         // llama.cpp's K/V cache holds f16 values.
         let f16 = |x: Vec<T>| x.into_iter().map(llamacpp::f16_round).collect::<Vec<T>>();
         let (k, v) = (f16(k), f16(v));
-        let graph = llamacpp_gemma::graph_of(c, l).expect("family checked at open");
+        let graph = llamacpp_gemma::graph_of(c, l, self.simd).expect("family checked at open");
         if !self.flash_attn {
             return Ok(llamacpp::attention_in(q, n, start, &k, &v, heads, graph));
         }

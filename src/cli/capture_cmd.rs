@@ -109,7 +109,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             args.precision.name()
         )
     })?;
-    let switches = Switches::from_env()?;
+    // What this machine decides (llama.cpp's build) is recorded as a switch.
+    let switches = Switches::from_env()?.resolved_for(precision);
     let out = out_dir(&args);
     let selection = selection(&args)?;
     let (model, seqs) = load_sequences(&args)?;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::attention::{attention_windowed, Heads};
 use super::embedding::{embed, scale_embedding};
 use super::fused::{add_norm_quantize, gated_quantize, Prepared};
-use super::llamacpp;
+use super::llamacpp::{self, GgmlSimd};
 use super::llamacpp_gemma;
 use super::matmul::{apply_group_quantized, quant_blocks, quantize_for, Act, Linear};
 use super::norm::rms_norm;
@@ -86,6 +86,9 @@ enum Ops {
     /// (`super::llamacpp`), with its flash attention or without.
     LlamaCpp {
         flash_attn: bool,
+        /// The llama.cpp build modelled (`TAPTREE_LLAMACPP_SIMD`, or this
+        /// CPU's).
+        simd: GgmlSimd,
     },
 }
 
@@ -135,7 +138,7 @@ impl CpuForward {
         switches.check(precision)?;
         // The regions' threads, started before the first forward needs them.
         super::par::start();
-        if precision == Precision::LlamaCpp && llamacpp_gemma::graph_of(&config, 0).is_none() {
+        if precision == Precision::LlamaCpp && !llamacpp_gemma::modelled(&config) {
             return Err(ForwardError::Unsupported(format!(
                 "--precision llamacpp models llama.cpp's arithmetic for the llama family and gemma3 only, not {}",
                 config.arch
@@ -151,6 +154,7 @@ impl CpuForward {
                 ops: if precision == Precision::LlamaCpp {
                     Ops::LlamaCpp {
                         flash_attn: switches.flash_attn(),
+                        simd: switches.llamacpp_simd().unwrap_or_else(GgmlSimd::host),
                     }
                 } else {
                     Ops::Reference
@@ -187,7 +191,9 @@ impl CpuForward {
     ) -> Result<(), ForwardError> {
         crate::forward::check_tokens(&self.config, tokens)?;
         if let EngineOf::F32(Engine {
-            ops: Ops::LlamaCpp { flash_attn: true },
+            ops: Ops::LlamaCpp {
+                flash_attn: true, ..
+            },
             ..
         }) = &self.engine
         {
@@ -414,7 +420,7 @@ fn attention_block<T: Real>(
     s.tap(st::Q_ROPE, li, q_width, &q);
     s.tap(st::K_ROPE, li, kv_width, &k);
 
-    let a = if let Ops::LlamaCpp { flash_attn } = ops {
+    let a = if let Ops::LlamaCpp { flash_attn, simd } = ops {
         cache.k[l].extend(k.iter().map(|x| llamacpp::f16_round(*x)));
         cache.v[l].extend(v.iter().map(|x| llamacpp::f16_round(*x)));
         let attend = if flash_attn {
@@ -422,7 +428,7 @@ fn attention_block<T: Real>(
         } else {
             llamacpp::attention_in
         };
-        let graph = llamacpp_gemma::graph_of(cfg, l).expect("checked at open");
+        let graph = llamacpp_gemma::graph_of(cfg, l, simd).expect("checked at open");
         attend(&q, n, start, &cache.k[l], &cache.v[l], heads, graph)
     } else {
         cache.k[l].extend_from_slice(&k);

@@ -53,6 +53,8 @@
 use half::f16;
 
 use super::attention::Heads;
+pub use super::llamacpp_simd::GgmlSimd;
+use super::llamacpp_simd::{dot_f16, exp_sum, lanes};
 use super::quant_row::QuantRow;
 use super::Real;
 
@@ -156,132 +158,8 @@ pub fn rope_cache(pos: usize, head_dim: usize, base: f32, cs: &mut [(f32, f32)])
     }
 }
 
-/// The horizontal sum of eight f32 lanes as ggml's AVX2 code does it
-/// (`hsum` in tinyBLAS, the soft max's per-vector sum): the high half
-/// onto the low, then `(a0 + a2) + (a1 + a3)`.
-#[inline(always)]
-pub(crate) fn hsum8(l: [f32; 8]) -> f32 {
-    let a = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
-    (a[0] + a[2]) + (a[1] + a[3])
-}
-
-/// A dot product of f16 values (held in f32, so each product is exact) in
-/// the order of the kernel llama.cpp picks for a matmul of `rows` rows:
-/// tinyBLAS (`llamafile_sgemm`, two rows or more) keeps one 8-lane
-/// accumulator and [`hsum8`]s it; one row goes through `ggml_vec_dot_f16`,
-/// four 8-lane accumulators folded pairwise, then `hadd` twice. Lengths are
-/// padded with zeros to whole vectors, as llama.cpp's padded cache is.
-fn dot_f16(a: &[f32], b: &[f32], rows: usize) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if super::rows_avx::block_loops() {
-            // SAFETY: AVX2 and FMA checked.
-            return unsafe { dot_f16_fma(a, b, rows) };
-        }
-    }
-    dot_f16_in(a, b, rows)
-}
-
-/// [`dot_f16_in`] compiled with FMA, whose `mul_add`s are then instructions
-/// rather than calls to `fmaf`: the same bits.
-///
-/// # Safety
-/// The CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_f16_fma(a: &[f32], b: &[f32], rows: usize) -> f32 {
-    dot_f16_in(a, b, rows)
-}
-
-/// [`dot_f16`]'s arithmetic.
-#[inline(always)]
-fn dot_f16_in(a: &[f32], b: &[f32], rows: usize) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    if rows >= 2 {
-        let mut acc = [0f32; 8];
-        for (i, (x, y)) in a.iter().zip(b).enumerate() {
-            acc[i % 8] = x.mul_add(*y, acc[i % 8]);
-        }
-        return hsum8(acc);
-    }
-    let mut acc = [[0f32; 8]; 4];
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        let (j, l) = ((i / 8) % 4, i % 8);
-        acc[j][l] = x.mul_add(*y, acc[j][l]);
-    }
-    let l: [f32; 8] = std::array::from_fn(|k| (acc[0][k] + acc[2][k]) + (acc[1][k] + acc[3][k]));
-    let t = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
-    (t[0] + t[1]) + (t[2] + t[3])
-}
-
-/// The soft max's exponentials in place, `p[i] = v_expf(p[i] - max)`, and
-/// their sum: each 8-lane vector [`hsum8`]ed, the vectors summed in f64.
-fn exp_sum(p: &mut [f32], max: f32) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if super::rows_avx::block_loops() {
-            // SAFETY: AVX2 and FMA checked.
-            return unsafe { exp_sum_fma(p, max) };
-        }
-    }
-    exp_sum_in(p, max)
-}
-
-/// [`exp_sum_in`] compiled with FMA (instructions, not `fmaf` calls).
-///
-/// # Safety
-/// The CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn exp_sum_fma(p: &mut [f32], max: f32) -> f64 {
-    exp_sum_in(p, max)
-}
-
-/// [`exp_sum`]'s arithmetic.
-#[inline(always)]
-fn exp_sum_in(p: &mut [f32], max: f32) -> f64 {
-    let mut sum = 0f64;
-    for chunk in p.chunks_exact_mut(8) {
-        for s in chunk.iter_mut() {
-            *s = v_expf(*s - max);
-        }
-        sum += hsum8(chunk.try_into().unwrap()) as f64;
-    }
-    sum
-}
-
-/// `expf` as ggml's AVX2 `ggml_v_expf` computes it, one lane: a degree-5
-/// polynomial after range reduction by `n = round(x / ln 2)`, with the
-/// special scaling of `|n| > 126` (so large negative `x` gives exact zeros).
-#[inline(always)]
-fn v_expf(x: f32) -> f32 {
-    let c = |bits: u32| f32::from_bits(bits);
-    let r = c(0x4b40_0000); // 0x1.8p23
-    let z = x.mul_add(c(0x3fb8_aa3b), r); // x / ln 2 + r
-    let n = z - r;
-    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
-    let e = z.to_bits() << 23;
-    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
-    let big = n.abs() > 126.0;
-    let u = b * b;
-    let j = c(0x3c07_2010)
-        .mul_add(b, c(0x3d2b_9f17))
-        .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)))
-        .mul_add(u, c(0x3f7f_fff6) * b);
-    if !big {
-        return j.mul_add(k, k);
-    }
-    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
-    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
-    let s2 = f32::from_bits(e.wrapping_sub(g));
-    if n.abs() > 192.0 {
-        s1 * s1
-    } else {
-        s2.mul_add(j, s2) * s1
-    }
-}
-
-/// Where a family's llama.cpp graph applies attention's scale, and its mask.
+/// Where a family's llama.cpp graph applies attention's scale, its mask, and
+/// the vector width of the build that runs it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttnGraph {
     /// `Some(s)`: the graph scales the roped queries by `s` in f32
@@ -292,14 +170,21 @@ pub struct AttnGraph {
     /// Sliding window: a query at `p` sees `p + 1 - window ..= p`
     /// (llama.cpp's `LLAMA_SWA_TYPE_STANDARD` masks `p - p0 >= window`).
     pub window: Option<usize>,
+    /// The vector width of the build that runs the graph: the lane order of
+    /// its sums (see [`GgmlSimd`]).
+    pub simd: GgmlSimd,
 }
 
 impl AttnGraph {
-    /// llama's graph: scores scaled by `1 / sqrt(head_dim)`, causal only.
-    pub const LLAMA: AttnGraph = AttnGraph {
-        query_scale: None,
-        window: None,
-    };
+    /// llama's graph on a `simd` build: scores scaled by
+    /// `1 / sqrt(head_dim)`, causal only.
+    pub fn llama(simd: GgmlSimd) -> AttnGraph {
+        AttnGraph {
+            query_scale: None,
+            window: None,
+            simd,
+        }
+    }
 }
 
 /// One attention layer's geometry, as both attention kernels index it.
@@ -315,11 +200,14 @@ struct Geometry {
     /// The queries' scale, applied in f32 before their f16 rounding.
     q_scale: Option<f32>,
     window: Option<usize>,
+    /// The build's vector width (the sums' lane order).
+    simd: GgmlSimd,
 }
 
 impl Geometry {
     fn of(heads: Heads, graph: AttnGraph) -> Geometry {
         Geometry {
+            simd: graph.simd,
             heads,
             q_width: heads.n_head * heads.head_dim,
             kv_width: heads.n_head_kv * heads.head_dim,
@@ -387,11 +275,11 @@ impl Geometry {
 /// already hold f16 values (the cache stores them so: see [`f16_round`]).
 /// `kq = mul_mat(k, q)` and `kqv = mul_mat(v, kq)` sum in the order of the
 /// kernel llama.cpp runs for `n` rows (`dot_f16`); `soft_max_ext` scales
-/// in f32, exponentiates with `v_expf` and sums per 8-lane vector into an
+/// in f32, exponentiates with `ggml_v_expf` and sums per vector into an
 /// f64 total; the probabilities are rounded to f16 before they weight the
 /// values. Row `r` sees positions `0..=start + r`: the padded, masked cache
 /// cells contribute exact zeros in llama.cpp, and do here. llama's graph:
-/// [`attention_in`] with [`AttnGraph::LLAMA`].
+/// [`attention_in`] with [`AttnGraph::llama`].
 pub fn attention<T: Real>(
     q: &[T],
     n: usize,
@@ -399,8 +287,9 @@ pub fn attention<T: Real>(
     k: &[T],
     v: &[T],
     heads: Heads,
+    simd: GgmlSimd,
 ) -> Vec<T> {
-    attention_in(q, n, start, k, v, heads, AttnGraph::LLAMA)
+    attention_in(q, n, start, k, v, heads, AttnGraph::llama(simd))
 }
 
 /// [`attention`] in the graph of a family: where the scale is applied, and
@@ -437,22 +326,28 @@ pub fn attention_in<T: Real>(
             g.query_f16(q, r, h, qh16);
             // Whole 8-lane vectors of scores; the masked tail is -inf.
             p.clear();
-            p.resize(cells.div_ceil(8) * 8, f32::NEG_INFINITY);
+            let w = lanes(g.simd);
+            p.resize(cells.div_ceil(w) * w, f32::NEG_INFINITY);
             let mut max = f32::NEG_INFINITY;
             let first = g.first_seen(start, r);
             for (t, s) in p.iter_mut().enumerate().take(start + r + 1).skip(first) {
                 g.cached(k, t, kvh, kh);
-                *s = dot_f16(kh, qh16, n) * g.scale;
+                *s = dot_f16(kh, qh16, n, g.simd) * g.scale;
                 max = max.max(*s);
             }
-            let sum = exp_sum(p, max);
+            let sum = exp_sum(p, max, g.simd);
             let inv = (1.0 / sum) as f32;
             for x in p.iter_mut() {
                 *x = f16_round(*x * inv);
             }
             let vt = &vt[kvh];
             for (d, o) in o.iter_mut().enumerate() {
-                *o = T::from_f32(dot_f16(&vt[d * cells..(d + 1) * cells], &p[..cells], n));
+                *o = T::from_f32(dot_f16(
+                    &vt[d * cells..(d + 1) * cells],
+                    &p[..cells],
+                    n,
+                    g.simd,
+                ));
             }
         },
     )
@@ -471,7 +366,7 @@ pub const FLASH_ATTN_TILE_ROWS: usize = 64;
 /// accumulator is rescaled (`f16(acc * e^(M_old - M))`), then each value row
 /// is added as `f16(v * e^(s - M) + acc)`; the f32 sum of weights divides at
 /// the end. Masked cells are skipped. `k` and `v` must hold f16 values.
-/// llama's graph: [`flash_attention_in`] with [`AttnGraph::LLAMA`].
+/// llama's graph: [`flash_attention_in`] with [`AttnGraph::llama`].
 pub fn flash_attention<T: Real>(
     q: &[T],
     n: usize,
@@ -479,8 +374,9 @@ pub fn flash_attention<T: Real>(
     k: &[T],
     v: &[T],
     heads: Heads,
+    simd: GgmlSimd,
 ) -> Vec<T> {
-    flash_attention_in(q, n, start, k, v, heads, AttnGraph::LLAMA)
+    flash_attention_in(q, n, start, k, v, heads, AttnGraph::llama(simd))
 }
 
 /// [`flash_attention`] in the graph of a family (see [`attention_in`]).
@@ -507,7 +403,7 @@ pub fn flash_attention_in<T: Real>(
             let (mut sum, mut max) = (0f32, f32::NEG_INFINITY);
             for t in g.first_seen(start, r)..start + r + 1 {
                 g.cached(k, t, kvh, kh);
-                let s = dot_f16(kh, qh16, 1) * g.scale;
+                let s = dot_f16(kh, qh16, 1, g.simd) * g.scale;
                 let (mut ms, mut vs) = (1f32, 1f32);
                 if s > max {
                     ms = (max - s).exp();

@@ -19,7 +19,7 @@
 //!   `block_q8_1`'s stored sum;
 //! - the output is `hsum(acc) (+ summs)`, `hsum` folding the high half of
 //!   the lanes onto the low, then `(a0 + a2) + (a1 + a3)`
-//!   (`llamacpp::hsum8`).
+//!   (`llamacpp_simd::hsum8`).
 //!
 //! For a prefill, llama.cpp first offers a matmul to `llamafile_sgemm`,
 //! which on AVX2 takes Q8_0 (with Q8_0 activations), Q4_0, Q5_0 and IQ4_NL
@@ -40,7 +40,7 @@
 use half::f16;
 use model::quant::GgmlType;
 
-use super::llamacpp::hsum8;
+use super::llamacpp_simd::hsum8;
 use super::qmatrix::{f16_at, WeightRows};
 use super::quant_row::QuantRow;
 use super::Real;

@@ -40,7 +40,7 @@ use std::sync::OnceLock;
 
 use half::f16;
 
-use super::llamacpp::{f16_round, rope_cache, AttnGraph};
+use super::llamacpp::{f16_round, rope_cache, AttnGraph, GgmlSimd};
 use super::Real;
 use model::{FfnActivation, LlamaConfig, ModelFamily, RopeStyle};
 
@@ -126,25 +126,33 @@ pub fn rope_styled<T: Real>(
 }
 
 /// Gemma 3's attention graph for a layer with `window` (`None`: global):
-/// queries scaled by `1 / sqrt(head_dim)` in f32, scores unscaled.
-pub fn attn_graph(head_dim: usize, window: Option<usize>) -> AttnGraph {
+/// queries scaled by `1 / sqrt(head_dim)` in f32, scores unscaled, on a
+/// `simd` build.
+pub fn attn_graph(head_dim: usize, window: Option<usize>, simd: GgmlSimd) -> AttnGraph {
     AttnGraph {
         query_scale: Some(1.0f32 / (head_dim as f32).sqrt()),
         window,
+        simd,
     }
 }
 
-/// The attention graph llama.cpp builds for `cfg`'s layer `l`, or `None`
-/// for a family whose llama.cpp graph this mode does not model.
-pub fn graph_of(cfg: &LlamaConfig, l: usize) -> Option<AttnGraph> {
+/// The attention graph llama.cpp builds for `cfg`'s layer `l` on a `simd`
+/// build, or `None` for a family whose llama.cpp graph this mode does not
+/// model.
+pub fn graph_of(cfg: &LlamaConfig, l: usize, simd: GgmlSimd) -> Option<AttnGraph> {
     if cfg.family == ModelFamily::llama() {
-        return Some(AttnGraph::LLAMA);
+        return Some(AttnGraph::llama(simd));
     }
     if cfg.arch == "gemma3" {
         let la = cfg.family.attention(l, cfg.rope_base);
-        return Some(attn_graph(cfg.head_dim, la.window));
+        return Some(attn_graph(cfg.head_dim, la.window, simd));
     }
     None
+}
+
+/// Whether this mode models llama.cpp's graph for `cfg`'s family.
+pub fn modelled(cfg: &LlamaConfig) -> bool {
+    graph_of(cfg, 0, GgmlSimd::Avx2).is_some()
 }
 
 /// The gate's product in llama.cpp's arithmetic for a family.
@@ -212,8 +220,16 @@ mod tests {
         ];
         let k: Vec<f32> = (0..12).map(|i| f16_round(i as f32 * 0.37 - 2.0)).collect();
         let v: Vec<f32> = (0..12).map(|i| f16_round(i as f32 * 0.11)).collect();
-        let global = attention_in(&q, 3, 0, &k, &v, heads, attn_graph(4, None));
-        let windowed = attention_in(&q, 3, 0, &k, &v, heads, attn_graph(4, Some(2)));
+        let global = attention_in(&q, 3, 0, &k, &v, heads, attn_graph(4, None, GgmlSimd::Avx2));
+        let windowed = attention_in(
+            &q,
+            3,
+            0,
+            &k,
+            &v,
+            heads,
+            attn_graph(4, Some(2), GgmlSimd::Avx2),
+        );
         // Rows 0 and 1 see at most 2 positions: the window changes nothing.
         assert_eq!(global[..8], windowed[..8]);
         // Row 2 sees positions 1 and 2 only: position 0's value is gone.

@@ -19,6 +19,7 @@ pub mod fused;
 pub mod llamacpp;
 pub mod llamacpp_dot;
 pub mod llamacpp_gemma;
+mod llamacpp_simd;
 pub mod matmul;
 pub mod norm;
 mod par;

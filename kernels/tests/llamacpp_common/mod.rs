@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use capture::TreeReader;
+use kernels::cpu::llamacpp::GgmlSimd;
 use kernels::cpu::weights::DenseWeights;
 use kernels::switches::FLASH_ATTN_VAR;
 use model::load::load_model;
@@ -159,6 +160,8 @@ pub struct Run {
     pub weights: DenseWeights,
     pub tokens: Vec<u32>,
     pub taps: HashMap<(String, Option<u32>), Vec<f32>>,
+    /// The build of llama.cpp that ran, from the tree's `system_info`.
+    pub simd: GgmlSimd,
     _dir: tempfile::TempDir,
 }
 
@@ -182,7 +185,13 @@ pub fn llamacpp_run(fetch: impl FnOnce() -> PathBuf, flash_attn: bool) -> Option
     let out = dir.path().join("llamacpp");
     capture_llamacpp(&model_path, &tokens, &out, flash_attn);
     let tree = TreeReader::open(&out).unwrap();
+    let info = tree.manifest().run.extra["engine_versions"]["system_info"]
+        .as_str()
+        .expect("the tree records llama.cpp's system_info");
+    let simd = GgmlSimd::from_system_info(info).unwrap();
+    eprintln!("llama.cpp's CPU backend: {simd} ({info})");
     Some(Run {
+        simd,
         cfg: model.weights.config.clone(),
         weights: DenseWeights::new(&model.weights).unwrap(),
         tokens,
