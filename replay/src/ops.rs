@@ -418,3 +418,43 @@ impl<'a> Ops<'a> {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(info: Option<&str>, switch: Option<&str>) -> (RunInfo, Switches) {
+        let mut r = RunInfo::default();
+        if let Some(info) = info {
+            r.extra.insert(
+                "engine_versions".into(),
+                serde_json::json!({ "system_info": info }),
+            );
+        }
+        let vars: Vec<(&str, &str)> = switch.map(|v| (SIMD_VAR, v)).into_iter().collect();
+        let s = Switches::from_vars(vars).unwrap();
+        (r, s)
+    }
+
+    #[test]
+    fn the_build_is_the_engines_account_then_the_switch_then_avx2() {
+        const AVX512: &str = "CPU : AVX2 = 1 | F16C = 1 | FMA = 1 | AVX512 = 1 | ";
+        const AVX2: &str = "CPU : AVX2 = 1 | F16C = 1 | FMA = 1 | ";
+        let build = |info, switch| {
+            let (r, s) = run(info, switch);
+            llamacpp_build(&r, &s)
+        };
+        assert_eq!(build(Some(AVX512), None), Ok(GgmlSimd::Avx512));
+        assert_eq!(build(Some(AVX2), None), Ok(GgmlSimd::Avx2));
+        assert_eq!(build(Some(AVX512), Some("avx512")), Ok(GgmlSimd::Avx512));
+        assert_eq!(build(None, Some("avx512")), Ok(GgmlSimd::Avx512));
+        // A tree from before the switch: summed in the AVX2 order.
+        assert_eq!(build(None, None), Ok(GgmlSimd::Avx2));
+        // A switch that contradicts the engine, and a build not modelled:
+        // errors, never a guess.
+        let e = build(Some(AVX2), Some("avx512")).unwrap_err();
+        assert!(e.contains("TAPTREE_LLAMACPP_SIMD=avx512"), "{e}");
+        let e = build(Some("CPU : NEON = 1 | ARM_FMA = 1 | "), None).unwrap_err();
+        assert!(e.contains("without AVX2"), "{e}");
+    }
+}

@@ -25,7 +25,8 @@
 //!   `ggml_float`, the exponential ggml's vectorized `ggml_v_expf`), and
 //!   `kqv = mul_mat(v, kq)` converts the probabilities to f16 before their
 //!   dot with the f16 values; both products sum in the lane order of the
-//!   kernel llama.cpp picks. Each f16 rounding is 2^-11 relative: far above
+//!   kernel llama.cpp picks, on 8 lanes or 16 as the build's vector width
+//!   ([`GgmlSimd`], `super::llamacpp_simd`). Each f16 rounding is 2^-11 relative: far above
 //!   what an f32 recomputation of the op could tell apart from its truth.
 //! - **Flash attention** ([`flash_attention`], `TAPTREE_LLAMACPP_FLASH_ATTN=1`):
 //!   the per-row kernel llama.cpp runs for fewer than 64 query rows, whose
