@@ -325,7 +325,7 @@ pub fn attention_in<T: Real>(
         n,
         |(qh16, kh, p): &mut (Vec<f32>, Vec<f32>, Vec<f32>), r, h, kvh, o: &mut [T]| {
             g.query_f16(q, r, h, qh16);
-            // Whole 8-lane vectors of scores; the masked tail is -inf.
+            // Whole vectors of scores (the build's width); the masked tail is -inf.
             p.clear();
             let w = lanes(g.simd);
             p.resize(cells.div_ceil(w) * w, f32::NEG_INFINITY);
