@@ -29,6 +29,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod forward;
 pub mod generate;
+pub mod ggml_build;
 pub mod stages;
 pub mod switches;
 

@@ -18,7 +18,7 @@
 //! `TAPTREE_LLAMACPP_SIMD` (`avx2` or `avx512`) says, under `--precision
 //! llamacpp`, which build of llama.cpp's CPU backend to model: its vector
 //! width fixes the lane order of attention's sums
-//! ([`crate::cpu::llamacpp::GgmlSimd`]). Unset, it is what `-march=native`
+//! ([`crate::ggml_build::GgmlSimd`]). Unset, it is what `-march=native`
 //! gives on this CPU, and a capture records that value.
 //!
 //! `TAPTREE_FAULT_TP_SKIP_ALLREDUCE=RANK@LAYER/STAGE` (`STAGE` `o_proj` or
@@ -31,8 +31,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::cpu::llamacpp::GgmlSimd;
 use crate::forward::Precision;
+use crate::ggml_build::GgmlSimd;
 
 /// A family of matmuls that one switch controls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

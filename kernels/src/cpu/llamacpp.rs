@@ -54,10 +54,10 @@
 use half::f16;
 
 use super::attention::Heads;
-pub use super::llamacpp_simd::GgmlSimd;
 use super::llamacpp_simd::{dot_f16, exp_sum, lanes};
 use super::quant_row::QuantRow;
 use super::Real;
+pub use crate::ggml_build::GgmlSimd;
 
 /// Rounds to f16 and back, round-to-nearest-even (F16C's `vcvtps2ph` with
 /// rounding mode 0, which `GGML_CPU_FP32_TO_FP16` is on x86).

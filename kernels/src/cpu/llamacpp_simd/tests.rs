@@ -72,30 +72,6 @@ fn dot_f16_orders_lanes_as_the_builds_vector_width() {
 }
 
 #[test]
-fn the_build_is_read_from_llamas_system_info() {
-    let avx512 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | \
-                  AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | ";
-    assert_eq!(GgmlSimd::from_system_info(avx512), Ok(GgmlSimd::Avx512));
-    let avx2 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | ";
-    assert_eq!(GgmlSimd::from_system_info(avx2), Ok(GgmlSimd::Avx2));
-    // AVX512_VBMI alone is not AVX512; a feature at 0 is off.
-    let off = "CPU : AVX2 = 1 | F16C = 1 | FMA = 1 | AVX512 = 0 | AVX512_VBMI = 1 | ";
-    assert_eq!(GgmlSimd::from_system_info(off), Ok(GgmlSimd::Avx2));
-    for other in [
-        "CPU : NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 | DOTPROD = 1 | ",
-        "",
-        "CPU : AVX2 = 1 | FMA = 1 | ",
-    ] {
-        let e = GgmlSimd::from_system_info(other).unwrap_err();
-        assert!(e.contains("without AVX2, F16C and FMA"), "{e}");
-    }
-    for s in [GgmlSimd::Avx2, GgmlSimd::Avx512] {
-        assert_eq!(GgmlSimd::parse(s.name()), Some(s));
-    }
-    assert_eq!(GgmlSimd::parse("sse"), None);
-}
-
-#[test]
 fn the_fma_builds_give_the_portable_bits() {
     let mut s = 0x1234_5678u32;
     let mut next = || {
