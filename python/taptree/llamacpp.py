@@ -299,13 +299,32 @@ class Mapper:
         return found
 
 
+def _avx512_flags():
+    """This CPU's AVX-512 flags (/proc/cpuinfo), sorted; None where unreadable.
+    llama-cpp-python compiles llama.cpp with -march=native, and its
+    system_info does not name every extension that changes ggml's
+    arithmetic (AVX512-FP16 makes flash attention sum values in f16)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return sorted({x for x in line.split(":", 1)[1].split() if x.startswith("avx512")})
+    except OSError:
+        pass
+    return None
+
+
 def _version(llama_cpp, ggml):
-    return {
+    out = {
         "llama_cpp_python": getattr(llama_cpp, "__version__", "unknown"),
         "ggml_version": ggml.ggml_version().decode(),
         "ggml_commit": ggml.ggml_commit().decode(),
         "system_info": llama_cpp.llama_print_system_info().decode().strip(),
     }
+    flags = _avx512_flags()
+    if flags is not None:
+        out["cpu_avx512_flags"] = flags
+    return out
 
 
 def default_threads():

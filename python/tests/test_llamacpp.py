@@ -106,6 +106,11 @@ def test_every_stage_at_every_layer_in_forward_order_with_the_run_facts(captured
     assert extra["engine"] == "llama.cpp"
     assert extra["engine_versions"]["llama_cpp_python"]
     assert extra["engine_versions"]["ggml_commit"]
+    # The build's account of itself, and the AVX-512 flags it does not report.
+    assert "AVX2" in extra["engine_versions"]["system_info"]
+    if os.path.exists("/proc/cpuinfo"):
+        flags = extra["engine_versions"]["cpu_avx512_flags"]
+        assert flags == sorted(flags) and all(f.startswith("avx512") for f in flags)
     assert (extra["threads"], extra["kv_cache_type"], extra["flash_attn"], extra["n_batch"]) == (2, "f16", False, 512)
     assert m["run"]["prompt_tokens"] == TOKENS
 

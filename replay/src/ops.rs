@@ -82,6 +82,18 @@ fn llamacpp_build(run: &RunInfo, switches: &Switches) -> Result<GgmlSimd, String
     }
 }
 
+/// Whether a llama.cpp capture's host had AVX512-FP16
+/// (`engine_versions.cpu_avx512_flags`, which llama.cpp's `system_info` does
+/// not report): `-march=native` then turns ggml's f16 vector ops into f16
+/// arithmetic.
+fn has_avx512_fp16(run: &RunInfo) -> bool {
+    run.extra
+        .get("engine_versions")
+        .and_then(|v| v.get("cpu_avx512_flags"))
+        .and_then(|v| v.as_array())
+        .is_some_and(|flags| flags.iter().any(|f| f.as_str() == Some("avx512_fp16")))
+}
+
 impl<'a> Ops<'a> {
     /// The recomputation of `run`'s ops (a tree at `tree`) in `arith`.
     pub fn new(
@@ -104,6 +116,14 @@ impl<'a> Ops<'a> {
         let mut simd = GgmlSimd::Avx2;
         if arith == Arith::LlamaCpp {
             simd = llamacpp_build(run, &switches).map_err(unsupported)?;
+            if flash_attn && simd == GgmlSimd::Avx512 && has_avx512_fp16(run) {
+                return Err(unsupported(
+                    "llama.cpp was built on a CPU with AVX512-FP16, where its flash attention \
+                     accumulates the values in f16 arithmetic (ggml_vec_mad_f16 on _Float16), \
+                     which --precision llamacpp does not model"
+                        .into(),
+                ));
+            }
             if !llamacpp_gemma::modelled(cfg) {
                 return Err(unsupported(format!(
                     "--precision llamacpp models llama.cpp's arithmetic for llama and gemma3, not {}",
@@ -456,5 +476,21 @@ mod tests {
         assert!(e.contains("TAPTREE_LLAMACPP_SIMD=avx512"), "{e}");
         let e = build(Some("CPU : NEON = 1 | ARM_FMA = 1 | "), None).unwrap_err();
         assert!(e.contains("without AVX2"), "{e}");
+    }
+
+    #[test]
+    fn avx512_fp16_is_read_from_the_captures_cpu_flags() {
+        let (mut r, _) = run(None, None);
+        assert!(!has_avx512_fp16(&r));
+        r.extra.insert(
+            "engine_versions".into(),
+            serde_json::json!({ "cpu_avx512_flags": ["avx512bw", "avx512f"] }),
+        );
+        assert!(!has_avx512_fp16(&r));
+        r.extra.insert(
+            "engine_versions".into(),
+            serde_json::json!({ "cpu_avx512_flags": ["avx512_fp16", "avx512f"] }),
+        );
+        assert!(has_avx512_fp16(&r));
     }
 }

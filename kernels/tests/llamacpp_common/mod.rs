@@ -153,6 +153,17 @@ pub fn print_table(rows: &Rows, plain: &Rows, exact: &Rows) {
     }
 }
 
+impl Run {
+    /// Why llama.cpp's flash attention on this build is not modelled, if it
+    /// is not: with AVX512-FP16 its values are summed in f16 arithmetic.
+    pub fn unmodelled_flash_attn(&self) -> Option<&'static str> {
+        (self.simd == GgmlSimd::Avx512 && self.avx512_fp16).then_some(
+            "skipped: llama.cpp here was built with AVX512-FP16, whose flash attention \
+             (f16 arithmetic) --precision llamacpp does not model",
+        )
+    }
+}
+
 /// One llama.cpp capture of the France chat prompt, and what recomputing
 /// its ops needs.
 pub struct Run {
@@ -162,6 +173,8 @@ pub struct Run {
     pub taps: HashMap<(String, Option<u32>), Vec<f32>>,
     /// The build of llama.cpp that ran, from the tree's `system_info`.
     pub simd: GgmlSimd,
+    /// Whether its host had AVX512-FP16 (the tree's `cpu_avx512_flags`).
+    pub avx512_fp16: bool,
     _dir: tempfile::TempDir,
 }
 
@@ -189,9 +202,14 @@ pub fn llamacpp_run(fetch: impl FnOnce() -> PathBuf, flash_attn: bool) -> Option
         .as_str()
         .expect("the tree records llama.cpp's system_info");
     let simd = GgmlSimd::from_system_info(info).unwrap();
+    let avx512_fp16 = tree.manifest().run.extra["engine_versions"]
+        .get("cpu_avx512_flags")
+        .and_then(|f| f.as_array())
+        .is_some_and(|f| f.iter().any(|x| x == "avx512_fp16"));
     eprintln!("llama.cpp's CPU backend: {simd} ({info})");
     Some(Run {
         simd,
+        avx512_fp16,
         cfg: model.weights.config.clone(),
         weights: DenseWeights::new(&model.weights).unwrap(),
         tokens,
