@@ -5,12 +5,12 @@
 //! under CI on SmolLM2 and llama.cpp (per-op conformance of `--precision
 //! llamacpp`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 
-use crate::harness::clean::{code, fixture, run, taptree, text};
+use crate::harness::clean::{code, fixture, run, text};
 use crate::harness::{row_name, CAPTURE};
 
 const TOKENS: &str = "0,75,108,35,104";
@@ -31,7 +31,7 @@ fn capture(model: &str, out: &Path, extra: &[&str]) {
 }
 
 /// `taptree replay TREE --model M ARGS --json`: its exit code and report.
-fn replay_json(tree: &Path, model: &str, extra: &[&str]) -> (i32, Value) {
+pub(crate) fn replay_json(tree: &Path, model: &str, extra: &[&str]) -> (i32, Value) {
     let mut args = vec!["replay", tree.to_str().unwrap(), "--model", model, "--json"];
     args.extend_from_slice(extra);
     let o = run(&args);
@@ -40,7 +40,7 @@ fn replay_json(tree: &Path, model: &str, extra: &[&str]) -> (i32, Value) {
     (c, serde_json::from_slice(&o.stdout).expect("JSON report"))
 }
 
-fn rows(report: &Value) -> &Vec<Value> {
+pub(crate) fn rows(report: &Value) -> &Vec<Value> {
     report["rows"].as_array().unwrap()
 }
 
@@ -48,7 +48,7 @@ fn err(row: &Value) -> f64 {
     row["local_error"].as_f64().unwrap_or(f64::INFINITY)
 }
 
-const MATMULS: [&str; 8] = [
+pub(crate) const MATMULS: [&str; 8] = [
     "q_proj", "k_proj", "v_proj", "o_proj", "ffn_gate", "ffn_up", "ffn_down", "logits",
 ];
 
@@ -349,7 +349,7 @@ fn what_cannot_be_replayed_is_exit_2_naming_the_tap_and_why() {
 
 /// A copy of the tree at `from` written to `out` with its vocabulary
 /// edited, plus (with `extra`) one tap of that stage at L0.
-fn write_tree(
+pub(crate) fn write_tree(
     out: &Path,
     from: &Path,
     edit: impl FnOnce(&mut Vec<capture::StageSpec>, &mut capture::RunInfo),
@@ -384,147 +384,6 @@ fn write_tree(
         capture::tap(stage, Some(0), 0..1, None, &[1, 2], &[1.0f32, 2.0]);
     }
     cap.finish().unwrap();
-}
-
-/// Whether llama-cpp-python can run; without it the llama.cpp tests skip,
-/// saying why, unless `TAPTREE_REQUIRE_LLAMACPP=1` (scripts/test.sh).
-fn llama_cpp_ready(test: &str) -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import llama_cpp, numpy, safetensors, blake3"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        let why = "python3 cannot import llama_cpp (bash scripts/test.sh installs llama-cpp-python==0.3.36)";
-        if std::env::var("TAPTREE_REQUIRE_LLAMACPP").as_deref() == Ok("1") {
-            panic!("{test}: {why}, and TAPTREE_REQUIRE_LLAMACPP=1");
-        }
-        eprintln!("skipping {test}: {why}");
-    }
-    ok
-}
-
-/// SmolLM2 through llama.cpp: a chat prompt (37 positions) and two decode
-/// steps, with llama.cpp's flash attention or without.
-fn llamacpp_tree(out: &Path, flash_attn: bool) -> PathBuf {
-    let o = taptree()
-        .args(["capture", "--engine", "llama.cpp", "--model", "smollm2"])
-        .args(["--chat", "What is the capital of France?", "--gen", "3"])
-        .args(["--out", out.to_str().unwrap()])
-        .env(
-            kernels::switches::FLASH_ATTN_VAR,
-            if flash_attn { "1" } else { "0" },
-        )
-        .output()
-        .unwrap();
-    assert_eq!(code(&o), 0, "{}", text(&o));
-    fetch::ensure_smollm2().unwrap()
-}
-
-fn stages_above(r: &Value) -> std::collections::BTreeSet<String> {
-    rows(r)
-        .iter()
-        .filter(|row| row["above"].as_bool().unwrap())
-        .map(|row| row["stage"].as_str().unwrap().to_string())
-        .collect()
-}
-
-#[test]
-fn every_op_of_a_llamacpp_tree_replays_within_1e_6_in_precision_llamacpp() {
-    if !llama_cpp_ready("every_op_of_a_llamacpp_tree_replays_within_1e_6_in_precision_llamacpp") {
-        return;
-    }
-    let d = tempfile::tempdir().unwrap();
-    let tree = d.path().join("llamacpp");
-    let model = llamacpp_tree(&tree, false);
-    let m = model.to_str().unwrap();
-    let (c, r) = replay_json(
-        &tree,
-        m,
-        &["--precision", "llamacpp", "--tolerance", "1e-6"],
-    );
-    assert_eq!(c, 0, "ops outside 1e-6: {:?}", stages_above(&r));
-    // Every stage of SmolLM2's vocabulary at every layer, prefill and decode.
-    assert_eq!(rows(&r).len(), 1 + 15 * 30 + 2);
-    assert!(rows(&r).iter().all(|row| row["positions"] == 39));
-    // Against the exact recomputation, llama.cpp's error is in its
-    // quantized matmuls and its attention (F16 K/V, f16 probabilities);
-    // its norms, RoPE, SwiGLU and adds are f32 rounding.
-    let (c, r) = replay_json(&tree, m, &[]);
-    assert_eq!(c, 1);
-    let mut want: std::collections::BTreeSet<String> =
-        MATMULS.iter().map(|s| s.to_string()).collect();
-    want.insert("attn".into());
-    assert_eq!(stages_above(&r), want);
-    // The red case: taptree's plain q8 is not llama.cpp's arithmetic.
-    let (c, r) = replay_json(&tree, m, &["--precision", "q8", "--tolerance", "1e-6"]);
-    assert_eq!(c, 1);
-    // Its attention (no f16 operands) leaves 1e-6 at every layer; its
-    // activation rounding (half away from zero, scaled by 1/d) differs from
-    // llama.cpp's only at ties, in a few matmuls.
-    let attn = rows(&r).iter().filter(|row| row["stage"] == "attn");
-    assert!(attn.clone().count() == 30 && attn.into_iter().all(|row| row["above"] == true));
-    let above = stages_above(&r);
-    assert!(
-        MATMULS.iter().any(|s| above.contains(*s)),
-        "plain q8 matched llama.cpp at every matmul: {above:?}"
-    );
-}
-
-#[test]
-fn with_flash_attention_every_op_replays_within_1e_6_in_precision_llamacpp() {
-    if !llama_cpp_ready("with_flash_attention_every_op_replays_within_1e_6_in_precision_llamacpp") {
-        return;
-    }
-    let d = tempfile::tempdir().unwrap();
-    let tree = d.path().join("llamacpp-fa");
-    let model = llamacpp_tree(&tree, true);
-    let m = model.to_str().unwrap();
-    let opened = capture::TreeReader::open(&tree).unwrap();
-    let versions = &opened.manifest().run.extra["engine_versions"];
-    let fp16 = versions["cpu_avx512_flags"]
-        .as_array()
-        .is_some_and(|f| f.iter().any(|x| x == "avx512_fp16"));
-    if fp16
-        && versions["system_info"]
-            .as_str()
-            .unwrap_or("")
-            .contains("AVX512 = 1")
-    {
-        // Not modelled on this build: replay must say so (exit 2), not judge.
-        let t = tree.to_str().unwrap();
-        let out = run(&["replay", t, "--model", m, "--precision", "llamacpp"]);
-        assert_eq!(code(&out), 2, "{}", text(&out));
-        assert!(text(&out).contains("AVX512-FP16"), "{}", text(&out));
-        eprintln!("llama.cpp built with AVX512-FP16: its flash attention is not modelled");
-        return;
-    }
-    let (c, r) = replay_json(
-        &tree,
-        m,
-        &["--precision", "llamacpp", "--tolerance", "1e-6"],
-    );
-    assert_eq!(c, 0, "ops outside 1e-6: {:?}", stages_above(&r));
-    // The red case: the same taps under a manifest that says flash
-    // attention was off replay through llama.cpp's plain kernel, which is
-    // not what ran.
-    let claims_off = d.path().join("claims-off");
-    write_tree(
-        &claims_off,
-        &tree,
-        |_, run| {
-            run.extra
-                .insert("flash_attn".into(), serde_json::json!(false));
-        },
-        None,
-    );
-    let (c, r) = replay_json(
-        &claims_off,
-        m,
-        &["--precision", "llamacpp", "--tolerance", "1e-6"],
-    );
-    assert_eq!(c, 1);
-    assert!(stages_above(&r).contains("attn"), "{:?}", stages_above(&r));
 }
 
 #[test]
@@ -608,4 +467,12 @@ fn a_hugging_face_tree_replays_with_its_half_split_layout_reconciled() {
         "{:?}",
         stages_above(&r)
     );
+}
+
+pub(crate) fn stages_above(r: &Value) -> std::collections::BTreeSet<String> {
+    rows(r)
+        .iter()
+        .filter(|row| row["above"].as_bool().unwrap())
+        .map(|row| row["stage"].as_str().unwrap().to_string())
+        .collect()
 }

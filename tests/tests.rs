@@ -29,6 +29,8 @@ mod engine_cli;
 mod engines_cli;
 // `taptree replay`.
 mod replay_cli;
+// `taptree replay` of llama.cpp trees.
+mod replay_llamacpp_cli;
 // The HTML report clicked in headless Chromium.
 mod report_browser;
 // `taptree capture --tp` and the diff of tensor-parallel trees.
