@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use kernels::ggml_build::EngineBuild;
+
 use crate::harness::clean::{code, run, taptree, text};
 use crate::replay_cli::{replay_json, rows, stages_above, write_tree, MATMULS};
 
@@ -96,15 +98,13 @@ fn with_flash_attention_every_op_replays_within_1e_6_in_precision_llamacpp() {
     let m = model.to_str().unwrap();
     let opened = capture::TreeReader::open(&tree).unwrap();
     let versions = &opened.manifest().run.extra["engine_versions"];
-    let fp16 = versions["cpu_avx512_flags"]
+    let flags = versions["cpu_avx512_flags"]
         .as_array()
-        .is_some_and(|f| f.iter().any(|x| x == "avx512_fp16"));
-    if fp16
-        && versions["system_info"]
-            .as_str()
-            .unwrap_or("")
-            .contains("AVX512 = 1")
-    {
+        .into_iter()
+        .flatten();
+    let info = versions["system_info"].as_str().unwrap();
+    let build = EngineBuild::from_account(info, flags.filter_map(|f| f.as_str())).unwrap();
+    if build.flash_attn_unmodelled().is_some() {
         // Not modelled on this build: replay must say so (exit 2), not judge.
         let t = tree.to_str().unwrap();
         let out = run(&["replay", t, "--model", m, "--precision", "llamacpp"]);

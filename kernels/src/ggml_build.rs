@@ -72,6 +72,45 @@ impl GgmlSimd {
     }
 }
 
+/// What a llama.cpp capture says of the build that ran: its vector width
+/// (from `llama_print_system_info()`) and whether its host had
+/// AVX512-FP16, which `system_info` does not report but `-march=native`
+/// compiles in, turning ggml's f16 vector ops into f16 arithmetic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineBuild {
+    /// The vector width.
+    pub simd: GgmlSimd,
+    /// Whether the build has AVX512-FP16.
+    pub avx512_fp16: bool,
+}
+
+impl EngineBuild {
+    /// The build a capture records as `system_info` and its host's AVX-512
+    /// flags (`cpu_avx512_flags`: `avx512f`, `avx512_fp16`, ...); an error,
+    /// as [`GgmlSimd::from_system_info`], for a build not modelled.
+    pub fn from_account<'a>(
+        system_info: &str,
+        avx512_flags: impl IntoIterator<Item = &'a str>,
+    ) -> Result<EngineBuild, String> {
+        let simd = GgmlSimd::from_system_info(system_info)?;
+        Ok(EngineBuild {
+            simd,
+            avx512_fp16: simd == GgmlSimd::Avx512
+                && avx512_flags.into_iter().any(|f| f == "avx512_fp16"),
+        })
+    }
+
+    /// Why this build's flash attention is not modelled, if it is not: with
+    /// AVX512-FP16 its values accumulate in f16 arithmetic.
+    pub fn flash_attn_unmodelled(&self) -> Option<&'static str> {
+        self.avx512_fp16.then_some(
+            "llama.cpp was built on a CPU with AVX512-FP16, where its flash attention \
+             accumulates the values in f16 arithmetic (ggml_vec_mad_f16 on _Float16), \
+             which --precision llamacpp does not model",
+        )
+    }
+}
+
 impl fmt::Display for GgmlSimd {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

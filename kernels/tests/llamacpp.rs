@@ -44,7 +44,7 @@ enum Ops {
 /// Recomputes every tapped op from the tree's own inputs; returns
 /// `(stage, layer, relative RMS error against llama.cpp)` in forward order.
 fn replay(r: &Run, ops: Ops) -> Vec<(String, Option<u32>, f64)> {
-    replay_on(r, ops, r.simd)
+    replay_on(r, ops, r.build.simd)
 }
 
 /// [`replay`] modelling the llama.cpp build `simd`, whichever ran.
@@ -189,7 +189,7 @@ fn every_op_of_a_llamacpp_tree_recomputes_within_1e_6_and_plain_q8_does_not() {
     // The red case of the build: attention summed in the lane order of the
     // other vector width (AVX2 for an AVX-512 build, and the reverse) is
     // not what llama.cpp computed.
-    let other = match r.simd {
+    let other = match r.build.simd {
         GgmlSimd::Avx2 => GgmlSimd::Avx512,
         GgmlSimd::Avx512 => GgmlSimd::Avx2,
     };
@@ -197,12 +197,12 @@ fn every_op_of_a_llamacpp_tree_recomputes_within_1e_6_and_plain_q8_does_not() {
     eprintln!(
         "attn: worst {:.2e} modelling the {} build that ran, {wrong:.2e} modelling {other}",
         worst(&rows, "attn"),
-        r.simd
+        r.build.simd
     );
     assert!(
         wrong > worst(&rows, "attn"),
         "the {other} lane order matched a {} build's attention as well",
-        r.simd
+        r.build.simd
     );
     // The red case: taptree's plain q8 model of llama.cpp leaves the
     // tolerance at attention (no f16 operands) and at every kind of

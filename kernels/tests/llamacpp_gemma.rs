@@ -102,7 +102,7 @@ fn replay(r: &Run, ops: Ops) -> Rows {
             check(stage, li, r);
         }
         let (q, k, v) = (get("q_rope", li), get("k_rope", li), get("v_proj", li));
-        let graph = lg::graph_of(cfg, l, r.simd).unwrap();
+        let graph = lg::graph_of(cfg, l, r.build.simd).unwrap();
         let a = if ops == Ops::LlamaCppFlashAttn {
             flash_attention_in(q, n, 0, &f16_rows(k), &f16_rows(v), heads, graph)
         } else if llamacpp {

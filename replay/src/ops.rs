@@ -25,6 +25,7 @@ use kernels::cpu::residual::add_residual;
 use kernels::cpu::rope::rope_styled;
 use kernels::cpu::weights::DenseWeights;
 use kernels::cpu::Real;
+use kernels::ggml_build::EngineBuild;
 use kernels::stages as st;
 use kernels::switches::{Switches, SIMD_VAR};
 use model::LlamaConfig;
@@ -59,39 +60,41 @@ fn family_name(f: &ModelFamily) -> &'static str {
 }
 
 /// The llama.cpp build a run's arithmetic is recomputed as: what a
-/// llama.cpp capture's `engine_versions.system_info` says it was compiled
-/// for, else the run's `TAPTREE_LLAMACPP_SIMD` switch (taptree's own
-/// `--precision llamacpp` records it), else AVX2 (what that forward computed
-/// before it recorded the switch). A switch that contradicts the engine's
-/// own account is an error, not a choice.
-fn llamacpp_build(run: &RunInfo, switches: &Switches) -> Result<GgmlSimd, String> {
-    let info = run
-        .extra
-        .get("engine_versions")
+/// llama.cpp capture's `engine_versions` says it was compiled for, else the
+/// run's `TAPTREE_LLAMACPP_SIMD` switch (taptree's own `--precision
+/// llamacpp` records it), else AVX2 (what that forward computed before it
+/// recorded the switch). A switch that contradicts the engine's own
+/// account is an error, not a choice; so is flash attention on a build
+/// whose flash attention is not modelled.
+fn llamacpp_build(
+    run: &RunInfo,
+    switches: &Switches,
+    flash_attn: bool,
+) -> Result<GgmlSimd, String> {
+    let versions = run.extra.get("engine_versions");
+    let info = versions
         .and_then(|v| v.get("system_info"))
         .and_then(|v| v.as_str());
     let Some(info) = info else {
         return Ok(switches.llamacpp_simd().unwrap_or(GgmlSimd::Avx2));
     };
-    let simd = GgmlSimd::from_system_info(info)?;
-    match switches.llamacpp_simd() {
-        Some(asked) if asked != simd => Err(format!(
-            "run.switches says {SIMD_VAR}={asked}, but llama.cpp's system_info says it was built for {simd} ({info:?})"
-        )),
-        _ => Ok(simd),
-    }
-}
-
-/// Whether a llama.cpp capture's host had AVX512-FP16
-/// (`engine_versions.cpu_avx512_flags`, which llama.cpp's `system_info` does
-/// not report): `-march=native` then turns ggml's f16 vector ops into f16
-/// arithmetic.
-fn has_avx512_fp16(run: &RunInfo) -> bool {
-    run.extra
-        .get("engine_versions")
+    let flags = versions
         .and_then(|v| v.get("cpu_avx512_flags"))
         .and_then(|v| v.as_array())
-        .is_some_and(|flags| flags.iter().any(|f| f.as_str() == Some("avx512_fp16")))
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f.as_str());
+    let build = EngineBuild::from_account(info, flags)?;
+    if let Some(asked) = switches.llamacpp_simd().filter(|a| *a != build.simd) {
+        return Err(format!(
+            "run.switches says {SIMD_VAR}={asked}, but llama.cpp's system_info says it was built for {} ({info:?})",
+            build.simd
+        ));
+    }
+    match build.flash_attn_unmodelled() {
+        Some(why) if flash_attn => Err(why.to_string()),
+        _ => Ok(build.simd),
+    }
 }
 
 impl<'a> Ops<'a> {
@@ -115,15 +118,7 @@ impl<'a> Ops<'a> {
         // Only llama.cpp's arithmetic depends on its build.
         let mut simd = GgmlSimd::Avx2;
         if arith == Arith::LlamaCpp {
-            simd = llamacpp_build(run, &switches).map_err(unsupported)?;
-            if flash_attn && simd == GgmlSimd::Avx512 && has_avx512_fp16(run) {
-                return Err(unsupported(
-                    "llama.cpp was built on a CPU with AVX512-FP16, where its flash attention \
-                     accumulates the values in f16 arithmetic (ggml_vec_mad_f16 on _Float16), \
-                     which --precision llamacpp does not model"
-                        .into(),
-                ));
-            }
+            simd = llamacpp_build(run, &switches, flash_attn).map_err(unsupported)?;
             if !llamacpp_gemma::modelled(cfg) {
                 return Err(unsupported(format!(
                     "--precision llamacpp models llama.cpp's arithmetic for llama and gemma3, not {}",
@@ -462,7 +457,7 @@ mod tests {
         const AVX2: &str = "CPU : AVX2 = 1 | F16C = 1 | FMA = 1 | ";
         let build = |info, switch| {
             let (r, s) = run(info, switch);
-            llamacpp_build(&r, &s)
+            llamacpp_build(&r, &s, false)
         };
         assert_eq!(build(Some(AVX512), None), Ok(GgmlSimd::Avx512));
         assert_eq!(build(Some(AVX2), None), Ok(GgmlSimd::Avx2));
@@ -476,21 +471,5 @@ mod tests {
         assert!(e.contains("TAPTREE_LLAMACPP_SIMD=avx512"), "{e}");
         let e = build(Some("CPU : NEON = 1 | ARM_FMA = 1 | "), None).unwrap_err();
         assert!(e.contains("without AVX2"), "{e}");
-    }
-
-    #[test]
-    fn avx512_fp16_is_read_from_the_captures_cpu_flags() {
-        let (mut r, _) = run(None, None);
-        assert!(!has_avx512_fp16(&r));
-        r.extra.insert(
-            "engine_versions".into(),
-            serde_json::json!({ "cpu_avx512_flags": ["avx512bw", "avx512f"] }),
-        );
-        assert!(!has_avx512_fp16(&r));
-        r.extra.insert(
-            "engine_versions".into(),
-            serde_json::json!({ "cpu_avx512_flags": ["avx512_fp16", "avx512f"] }),
-        );
-        assert!(has_avx512_fp16(&r));
     }
 }

@@ -23,3 +23,26 @@ fn the_build_is_read_from_llamas_system_info() {
     }
     assert_eq!(GgmlSimd::parse("sse"), None);
 }
+
+#[test]
+fn avx512_fp16_is_read_from_the_captures_cpu_flags() {
+    const AVX512: &str = "CPU : AVX2 = 1 | F16C = 1 | FMA = 1 | AVX512 = 1 | ";
+    const AVX2: &str = "CPU : AVX2 = 1 | F16C = 1 | FMA = 1 | ";
+    let build = |info, flags: &[&'static str]| {
+        EngineBuild::from_account(info, flags.iter().copied()).unwrap()
+    };
+    assert!(build(AVX512, &[]).flash_attn_unmodelled().is_none());
+    assert!(build(AVX512, &["avx512bw", "avx512f"])
+        .flash_attn_unmodelled()
+        .is_none());
+    let fp16 = build(AVX512, &["avx512_fp16", "avx512f"]);
+    assert_eq!(fp16.simd, GgmlSimd::Avx512);
+    assert!(fp16
+        .flash_attn_unmodelled()
+        .unwrap()
+        .contains("AVX512-FP16"));
+    // A build that did not compile for AVX-512 has no f16 vector ops.
+    assert!(build(AVX2, &["avx512_fp16"])
+        .flash_attn_unmodelled()
+        .is_none());
+}

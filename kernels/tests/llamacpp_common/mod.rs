@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use capture::TreeReader;
-use kernels::cpu::llamacpp::GgmlSimd;
 use kernels::cpu::weights::DenseWeights;
+use kernels::ggml_build::EngineBuild;
 use kernels::switches::FLASH_ATTN_VAR;
 use model::load::load_model;
 use model::LlamaConfig;
@@ -155,12 +155,11 @@ pub fn print_table(rows: &Rows, plain: &Rows, exact: &Rows) {
 
 impl Run {
     /// Why llama.cpp's flash attention on this build is not modelled, if it
-    /// is not: with AVX512-FP16 its values are summed in f16 arithmetic.
-    pub fn unmodelled_flash_attn(&self) -> Option<&'static str> {
-        (self.simd == GgmlSimd::Avx512 && self.avx512_fp16).then_some(
-            "skipped: llama.cpp here was built with AVX512-FP16, whose flash attention \
-             (f16 arithmetic) --precision llamacpp does not model",
-        )
+    /// is not (see [`EngineBuild::flash_attn_unmodelled`]).
+    pub fn unmodelled_flash_attn(&self) -> Option<String> {
+        self.build
+            .flash_attn_unmodelled()
+            .map(|why| format!("skipped: {why}"))
     }
 }
 
@@ -171,10 +170,8 @@ pub struct Run {
     pub weights: DenseWeights,
     pub tokens: Vec<u32>,
     pub taps: HashMap<(String, Option<u32>), Vec<f32>>,
-    /// The build of llama.cpp that ran, from the tree's `system_info`.
-    pub simd: GgmlSimd,
-    /// Whether its host had AVX512-FP16 (the tree's `cpu_avx512_flags`).
-    pub avx512_fp16: bool,
+    /// The build of llama.cpp that ran, from the tree's `engine_versions`.
+    pub build: EngineBuild,
     _dir: tempfile::TempDir,
 }
 
@@ -198,18 +195,18 @@ pub fn llamacpp_run(fetch: impl FnOnce() -> PathBuf, flash_attn: bool) -> Option
     let out = dir.path().join("llamacpp");
     capture_llamacpp(&model_path, &tokens, &out, flash_attn);
     let tree = TreeReader::open(&out).unwrap();
-    let info = tree.manifest().run.extra["engine_versions"]["system_info"]
+    let versions = &tree.manifest().run.extra["engine_versions"];
+    let info = versions["system_info"]
         .as_str()
         .expect("the tree records llama.cpp's system_info");
-    let simd = GgmlSimd::from_system_info(info).unwrap();
-    let avx512_fp16 = tree.manifest().run.extra["engine_versions"]
-        .get("cpu_avx512_flags")
-        .and_then(|f| f.as_array())
-        .is_some_and(|f| f.iter().any(|x| x == "avx512_fp16"));
-    eprintln!("llama.cpp's CPU backend: {simd} ({info})");
+    let flags = versions["cpu_avx512_flags"]
+        .as_array()
+        .into_iter()
+        .flatten();
+    let build = EngineBuild::from_account(info, flags.filter_map(|f| f.as_str())).unwrap();
+    eprintln!("llama.cpp's CPU backend: {} ({info})", build.simd);
     Some(Run {
-        simd,
-        avx512_fp16,
+        build,
         cfg: model.weights.config.clone(),
         weights: DenseWeights::new(&model.weights).unwrap(),
         tokens,
