@@ -45,35 +45,118 @@ pub fn attention_windowed<T: Real>(
     window: Option<usize>,
 ) -> Vec<T> {
     let Heads {
-        n_head,
-        n_head_kv,
-        head_dim,
+        n_head, head_dim, ..
     } = heads;
-    let q_width = n_head * head_dim;
-    let kv_width = n_head_kv * head_dim;
-    let group = n_head / n_head_kv;
     let scale = T::from_f64(1.0 / (head_dim as f64).sqrt());
     let _p = super::profile::op(super::profile::Op::Attention);
     let mut tasks = vec![(); n * n_head];
-    let (out, _) = super::par::chunks_fresh_map(&mut tasks, 1, head_dim, |i, _, o: &mut [T]| {
-        let mut scores = Vec::with_capacity(start + n);
+    let task = Task {
+        q,
+        k,
+        v,
+        heads,
+        start,
+        window,
+        scale,
+    };
+    let (out, _) =
+        super::par::chunks_fresh_map(&mut tasks, 1, head_dim, |i, _, o: &mut [T]| task.run(i, o));
+    out
+}
+
+/// One (row, head) of [`attention_windowed`]: its inputs.
+struct Task<'a, T> {
+    q: &'a [T],
+    k: &'a [T],
+    v: &'a [T],
+    heads: Heads,
+    start: usize,
+    window: Option<usize>,
+    scale: T,
+}
+
+impl<T: Real> Task<'_, T> {
+    /// Task `i` (row `i / n_head`, head `i % n_head`) into `o`, in the
+    /// widest vector registers this CPU has: the loops are the same
+    /// sequence of operations either way (Rust fuses no multiply and add),
+    /// so the registers change no bit, only how many keys or dimensions
+    /// one instruction takes.
+    fn run(&self, i: usize, o: &mut [T]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if super::rows_avx512::enabled() {
+                // SAFETY: the CPU has AVX-512F (checked by `enabled`).
+                return unsafe { self.run_avx512(i, o) };
+            }
+            if super::rows_avx::block_loops() {
+                // SAFETY: the CPU has AVX2 (checked by `block_loops`).
+                return unsafe { self.run_avx2(i, o) };
+            }
+        }
+        self.body(i, o)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx2")]
+    unsafe fn run_avx512(&self, i: usize, o: &mut [T]) {
+        self.body(i, o)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn run_avx2(&self, i: usize, o: &mut [T]) {
+        self.body(i, o)
+    }
+
+    #[inline(always)]
+    fn body(&self, i: usize, o: &mut [T]) {
+        let Task {
+            q,
+            k,
+            v,
+            heads,
+            start,
+            window,
+            scale,
+        } = *self;
+        let Heads {
+            n_head,
+            n_head_kv,
+            head_dim,
+        } = heads;
+        let (q_width, kv_width, group) =
+            (n_head * head_dim, n_head_kv * head_dim, n_head / n_head_kv);
         let (r, h) = (i / n_head, i % n_head);
         let kvh = h / group;
         let qh = &q[r * q_width + h * head_dim..][..head_dim];
         let seen = start + r + 1;
         let first = window.map_or(0, |w| seen.saturating_sub(w));
+        let mut scores = Vec::with_capacity(seen - first);
         let mut max = T::from_f64(f64::NEG_INFINITY);
-        for t in first..seen {
-            let kh = &k[t * kv_width + kvh * head_dim..][..head_dim];
-            let mut s = T::ZERO;
-            for (a, b) in qh.iter().zip(kh) {
-                s += *a * *b;
+        let key = |t: usize| &k[t * kv_width + kvh * head_dim..][..head_dim];
+        let mut t = first;
+        while t < seen {
+            // KEYS keys at a time: each key's sum is its own chain over the
+            // dimensions in order, as one key alone; the chains run side by
+            // side instead of one after another.
+            let m = KEYS.min(seen - t);
+            let sums = if m == KEYS {
+                key_dots::<T, KEYS>(qh, std::array::from_fn(|j| key(t + j)))
+            } else {
+                let mut one = [T::ZERO; KEYS];
+                for (j, s) in one.iter_mut().take(m).enumerate() {
+                    *s = key_dots::<T, 1>(qh, [key(t + j)])[0];
+                }
+                one
+            };
+            for s in sums.into_iter().take(m) {
+                let s = s * scale;
+                if s > max {
+                    max = s;
+                }
+                scores.push(s);
             }
-            let s = s * scale;
-            if s > max {
-                max = s;
-            }
-            scores.push(s);
+            t += m;
         }
         let mut sum = T::ZERO;
         for s in scores.iter_mut() {
@@ -88,8 +171,35 @@ pub fn attention_windowed<T: Real>(
                 *acc += p * *x;
             }
         }
-    });
-    out
+    }
+}
+
+/// How many keys' dot products with the query run side by side.
+const KEYS: usize = 4;
+
+/// The dot products of `q` with each of `N` (1 or [`KEYS`]) keys, each
+/// `q.len()` long: key j's sum is `((q0 k0 + q1 k1) + q2 k2) + ...` over
+/// the dimensions in order, its products and adds unfused, whatever `N`
+/// is. The sums are locals, so that they stay in registers.
+#[inline(always)]
+fn key_dots<T: Real, const N: usize>(q: &[T], keys: [&[T]; N]) -> [T; N] {
+    if N == 1 {
+        let mut s = T::ZERO;
+        for (a, b) in q.iter().zip(keys[0]) {
+            s += *a * *b;
+        }
+        return std::array::from_fn(|_| s);
+    }
+    let [k0, k1, k2, k3] = [keys[0], keys[1], keys[2], keys[3]];
+    let (mut s0, mut s1, mut s2, mut s3) = (T::ZERO, T::ZERO, T::ZERO, T::ZERO);
+    for ((((a, b0), b1), b2), b3) in q.iter().zip(k0).zip(k1).zip(k2).zip(k3) {
+        s0 += *a * *b0;
+        s1 += *a * *b1;
+        s2 += *a * *b2;
+        s3 += *a * *b3;
+    }
+    let s = [s0, s1, s2, s3];
+    std::array::from_fn(|j| s[j])
 }
 
 #[cfg(test)]
@@ -155,5 +265,105 @@ mod tests {
         };
         let out = attention(&[0.0f64; 4], 1, 0, &[1.0, 1.0], &[10.0, 20.0], heads);
         assert_eq!(out, vec![10.0, 10.0, 20.0, 20.0]);
+    }
+
+    /// The one-key-at-a-time order, written out: each key's score a chain
+    /// over the dimensions, the softmax's sum and each output a chain over
+    /// the keys.
+    fn one_key_at_a_time(
+        q: &[f32],
+        (n, start): (usize, usize),
+        (k, v): (&[f32], &[f32]),
+        heads: Heads,
+        window: Option<usize>,
+    ) -> Vec<f32> {
+        let Heads {
+            n_head,
+            n_head_kv,
+            head_dim,
+        } = heads;
+        let (qw, kvw, group) = (n_head * head_dim, n_head_kv * head_dim, n_head / n_head_kv);
+        let scale = (1.0 / (head_dim as f64).sqrt()) as f32;
+        let mut out = vec![0f32; n * qw];
+        for r in 0..n {
+            for h in 0..n_head {
+                let qh = &q[r * qw + h * head_dim..][..head_dim];
+                let kvh = h / group;
+                let seen = start + r + 1;
+                let first = window.map_or(0, |w| seen.saturating_sub(w));
+                let mut scores = Vec::new();
+                let mut max = f32::NEG_INFINITY;
+                for t in first..seen {
+                    let mut s = 0f32;
+                    for d in 0..head_dim {
+                        s += qh[d] * k[t * kvw + kvh * head_dim + d];
+                    }
+                    let s = s * scale;
+                    if s > max {
+                        max = s;
+                    }
+                    scores.push(s);
+                }
+                let mut sum = 0f32;
+                for s in scores.iter_mut() {
+                    *s = (*s - max).exp();
+                    sum += *s;
+                }
+                let inv = 1.0 / sum;
+                let o = &mut out[r * qw + h * head_dim..][..head_dim];
+                for (t, p) in (first..seen).zip(&scores) {
+                    for d in 0..head_dim {
+                        o[d] += *p * inv * v[t * kvw + kvh * head_dim + d];
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Keys taken several at a time give the one-key order's bits, for
+    /// every count of keys around the block's size, with and without a
+    /// window; a changed key moves them (the comparison can fail).
+    #[test]
+    fn keys_side_by_side_give_the_one_key_bits() {
+        let heads = Heads {
+            n_head: 6,
+            n_head_kv: 2,
+            head_dim: 20,
+        };
+        let val = |i: usize, seed: u32| {
+            ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / (1 << 24) as f32
+                - 0.5
+        };
+        let (qw, kvw) = (6 * 20, 2 * 20);
+        for (n, start) in [(1, 0), (1, 3), (1, 4), (1, 8), (1, 13), (5, 0), (9, 6)] {
+            let ctx = start + n;
+            let q: Vec<f32> = (0..n * qw).map(|i| val(i, 1) * 3.0).collect();
+            let mut k: Vec<f32> = (0..ctx * kvw).map(|i| val(i, 2) * 3.0).collect();
+            let v: Vec<f32> = (0..ctx * kvw).map(|i| val(i, 3)).collect();
+            for window in [None, Some(3), Some(6)] {
+                let got = attention_windowed(&q, n, start, &k, &v, heads, window);
+                let want = one_key_at_a_time(&q, (n, start), (&k, &v), heads, window);
+                let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "n {n} start {start} window {window:?}"
+                );
+            }
+            // A changed key moves the output where it is one of two or more
+            // (one key alone is softmaxed to 1 whatever it scores).
+            if ctx >= 2 {
+                let before = attention_windowed(&q, n, start, &k, &v, heads, None);
+                k[0] += 0.25;
+                let moved = attention_windowed(&q, n, start, &k, &v, heads, None);
+                let want = one_key_at_a_time(&q, (n, start), (&k, &v), heads, None);
+                assert_eq!(moved, want, "n {n} start {start}, the key changed");
+                assert_ne!(
+                    moved, before,
+                    "n {n} start {start}: a key's change moved nothing"
+                );
+            }
+        }
     }
 }

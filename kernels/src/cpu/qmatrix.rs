@@ -28,6 +28,7 @@ pub struct QMatrix {
 
 impl QMatrix {
     /// The raw bytes of one row.
+    #[inline(always)]
     fn row_bytes(&self, r: usize) -> &[u8] {
         let n = self.ty.row_bytes(self.cols);
         &self.bytes[r * n..(r + 1) * n]

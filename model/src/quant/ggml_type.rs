@@ -33,6 +33,7 @@ pub enum GgmlType {
 
 impl GgmlType {
     /// Elements per block.
+    #[inline]
     pub fn block_size(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
@@ -44,6 +45,7 @@ impl GgmlType {
     }
 
     /// Bytes per block.
+    #[inline]
     pub fn type_size(self) -> usize {
         match self {
             GgmlType::F32 => 4,
@@ -103,6 +105,7 @@ impl GgmlType {
     }
 
     /// Bytes of a row of `n` elements (`n` a multiple of the block size).
+    #[inline]
     pub fn row_bytes(self, n: usize) -> usize {
         n / self.block_size() * self.type_size()
     }
