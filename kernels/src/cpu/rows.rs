@@ -270,6 +270,11 @@ pub trait Dots: Sized + Copy {
     fn dot4x2_fast(_a: [&[Self]; 4], _w: [&[f32]; 2]) -> Option<[[Self; 4]; 2]> {
         None
     }
+    /// Four rows of `a` dotted with four weight rows at once (sixteen sums,
+    /// each [`dot4`]'s), or `None`.
+    fn dot4x4_fast(_a: [&[Self]; 4], _w: [&[f32]; 4]) -> Option<[[Self; 4]; 4]> {
+        None
+    }
     /// Four q8 rows dotted with two weight rows in blocks of `b`, or `None`.
     fn q8_rows4x2_fast(
         _q: [&[Self]; 4],
@@ -361,6 +366,16 @@ impl Dots for f32 {
         let ok = avx(len) && w[1].len() == len && a.iter().all(|r| r.len() >= len);
         // SAFETY: AVX checked by `avx` (AVX-512F by `enabled`), lengths just above.
         ok.then(|| unsafe { widest!(dot4x2(a, w)) })
+    }
+    #[inline(always)]
+    fn dot4x4_fast(a: [&[f32]; 4], w: [&[f32]; 4]) -> Option<[[f32; 4]; 4]> {
+        let len = w[0].len();
+        let ok = super::rows_avx512::enabled()
+            && avx(len)
+            && w.iter().all(|r| r.len() == len)
+            && a.iter().all(|r| r.len() >= len);
+        // SAFETY: AVX-512F checked by `enabled`, lengths just above.
+        ok.then(|| unsafe { super::rows_avx512::dot4x4(a, w) })
     }
     #[inline(always)]
     fn q8_rows4x2_fast(
@@ -473,7 +488,23 @@ fn float_group<T: Real, W>(job: &Job<T, W>, g: usize, wr: [&[f32]; 4], out: &mut
         }
         return;
     }
-    // Weight rows in pairs (eight sums in flight), a last odd one alone.
+    // Four weight rows at once where there is a loop for it (sixteen sums
+    // in flight), else in pairs (eight), a last odd one alone.
+    if g == 4 {
+        for r in (0..n).step_by(4) {
+            let a = four(row, r, n);
+            let Some(y) = T::dot4x4_fast(a, wr) else {
+                break;
+            };
+            let m = (n - r).min(4);
+            for (t, yt) in y.iter().enumerate() {
+                out[t * n + r..][..m].copy_from_slice(&yt[..m]);
+            }
+            if r + 4 >= n {
+                return;
+            }
+        }
+    }
     let mut j = 0;
     while j < g {
         let pair = g - j >= 2;

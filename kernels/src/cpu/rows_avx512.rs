@@ -461,6 +461,31 @@ pub unsafe fn dot4x2(a: [&[f32]; 4], w: [&[f32]; 2]) -> [[f32; 4]; 2] {
     split(reduce_pairs4(&acc))
 }
 
+/// [`dot4x2`] of weight rows `w[0], w[1]` and of `w[2], w[3]` in one loop:
+/// each activation row's eight lanes loaded once for the four weight rows,
+/// every sum [`dot4x2`]'s own (the same bits).
+///
+/// # Safety
+/// As [`dot4x2`], for all four weight rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub unsafe fn dot4x4(a: [&[f32]; 4], w: [&[f32]; 4]) -> [[f32; 4]; 4] {
+    let mut lo = [_mm512_setzero_ps(); 4];
+    let mut hi = [_mm512_setzero_ps(); 4];
+    for c in (0..w[0].len()).step_by(8) {
+        let w01 = pair(w[0].as_ptr().add(c), w[1].as_ptr().add(c));
+        let w23 = pair(w[2].as_ptr().add(c), w[3].as_ptr().add(c));
+        for r in 0..4 {
+            let av = both_halves(a[r].as_ptr().add(c));
+            lo[r] = _mm512_add_ps(lo[r], _mm512_mul_ps(av, w01));
+            hi[r] = _mm512_add_ps(hi[r], _mm512_mul_ps(av, w23));
+        }
+    }
+    let [y0, y1] = split(reduce_pairs4(&lo));
+    let [y2, y3] = split(reduce_pairs4(&hi));
+    [y0, y1, y2, y3]
+}
+
 /// `rows_avx::q8_rows4x2` (four q8 rows against two weight rows, blocks of
 /// `block`) on 512-bit registers: the same bits.
 ///

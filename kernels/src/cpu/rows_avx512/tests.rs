@@ -185,3 +185,32 @@ fn the_512_bit_prefill_loops_give_the_avx2_bits() {
         }
     }
 }
+
+#[test]
+fn four_weight_rows_at_once_give_the_pairs_bits() {
+    if !supported() {
+        eprintln!("skipped: this CPU has no AVX-512F and BW (the AVX2 loops run instead)");
+        return;
+    }
+    for (i, len) in [8, 32, 40, 576, 1536].into_iter().enumerate() {
+        let s = 100 * i as u64;
+        let a: Vec<Vec<f32>> = (0..4).map(|r| acts(len, s + r, false)).collect();
+        let mut w: Vec<Vec<f32>> = (0..4).map(|r| acts(len, s + 30 + r, false)).collect();
+        let a = rows4(&a);
+        // SAFETY: AVX-512F checked above; every row `len` long.
+        let (got, want) = unsafe {
+            let w4 = rows4(&w);
+            let [y0, y1] = super::super::rows_avx::dot4x2(a, [w4[0], w4[1]]);
+            let [y2, y3] = super::super::rows_avx::dot4x2(a, [w4[2], w4[3]]);
+            (dot4x4(a, w4), [y0, y1, y2, y3])
+        };
+        assert_eq!(got.map(bits), want.map(bits), "len {len}");
+        // A changed weight of row 2 moves row 2's four sums and no other.
+        w[2][len / 2] += 0.5;
+        // SAFETY: as above.
+        let moved = unsafe { dot4x4(a, rows4(&w)) };
+        for (t, (m, g)) in moved.iter().zip(&got).enumerate() {
+            assert_eq!(bits(*m) != bits(*g), t == 2, "len {len} weight row {t}");
+        }
+    }
+}
