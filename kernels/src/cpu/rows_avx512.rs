@@ -14,9 +14,7 @@
 //! (to compare the two).
 
 #[cfg(target_arch = "x86_64")]
-use super::rows_avx::{
-    add_scaled, by_type, prefetch_ahead, reduce4, reduce8, split, Q4_0, Q4_1, Q8_0,
-};
+use super::rows_avx::{by_type, prefetch_ahead, reduce4, reduce8, Q4_0, Q4_1, Q8_0};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -404,175 +402,10 @@ unsafe fn rows_of(acc: [__m512; 2]) -> [__m256; 4] {
     ]
 }
 
-/// Two weight rows' eight floats at `c` side by side: `w0`'s in the low
-/// half, `w1`'s in the high.
-///
-/// # Safety
-/// The CPU must support AVX-512F; 8 floats readable at each pointer.
 #[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn pair(w0: *const f32, w1: *const f32) -> __m512 {
-    let lo = _mm512_castps256_ps512(_mm256_loadu_ps(w0));
-    _mm512_castpd_ps(_mm512_insertf64x4(
-        _mm512_castps_pd(lo),
-        _mm256_loadu_pd(w1 as *const f64),
-        1,
-    ))
-}
-
-/// The eight sums of four two-row accumulators (activation row `r`'s
-/// sums against two weight rows in `acc[r]`), as the AVX2 loops sum them:
-/// `[first weight row's four | second's four]`.
-///
-/// # Safety
-/// The CPU must support AVX-512F.
+mod prefill;
 #[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn reduce_pairs4(acc: &[__m512; 4]) -> __m256 {
-    let lo = [
-        _mm512_castps512_ps256(acc[0]),
-        _mm512_castps512_ps256(acc[1]),
-        _mm512_castps512_ps256(acc[2]),
-        _mm512_castps512_ps256(acc[3]),
-    ];
-    reduce8(lo, [high(acc[0]), high(acc[1]), high(acc[2]), high(acc[3])])
-}
-
-/// `rows_avx::dot4x2` (four activation rows against two weight rows) on
-/// 512-bit registers, activation row `r`'s two sums in one register: the
-/// same bits.
-///
-/// # Safety
-/// The CPU must support AVX-512F; both weight rows the same length, a
-/// multiple of 8, and every activation row at least that long.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-pub unsafe fn dot4x2(a: [&[f32]; 4], w: [&[f32]; 2]) -> [[f32; 4]; 2] {
-    let mut acc = [_mm512_setzero_ps(); 4];
-    for c in (0..w[0].len()).step_by(8) {
-        let wv = pair(w[0].as_ptr().add(c), w[1].as_ptr().add(c));
-        for (acc_r, a_r) in acc.iter_mut().zip(a) {
-            let av = both_halves(a_r.as_ptr().add(c));
-            *acc_r = _mm512_add_ps(*acc_r, _mm512_mul_ps(av, wv));
-        }
-    }
-    split(reduce_pairs4(&acc))
-}
-
-/// [`dot4x2`] of weight rows `w[0], w[1]` and of `w[2], w[3]` in one loop:
-/// each activation row's eight lanes loaded once for the four weight rows,
-/// every sum [`dot4x2`]'s own (the same bits).
-///
-/// # Safety
-/// As [`dot4x2`], for all four weight rows.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-pub unsafe fn dot4x4(a: [&[f32]; 4], w: [&[f32]; 4]) -> [[f32; 4]; 4] {
-    let mut lo = [_mm512_setzero_ps(); 4];
-    let mut hi = [_mm512_setzero_ps(); 4];
-    for c in (0..w[0].len()).step_by(8) {
-        let w01 = pair(w[0].as_ptr().add(c), w[1].as_ptr().add(c));
-        let w23 = pair(w[2].as_ptr().add(c), w[3].as_ptr().add(c));
-        for r in 0..4 {
-            let av = both_halves(a[r].as_ptr().add(c));
-            lo[r] = _mm512_add_ps(lo[r], _mm512_mul_ps(av, w01));
-            hi[r] = _mm512_add_ps(hi[r], _mm512_mul_ps(av, w23));
-        }
-    }
-    let [y0, y1] = split(reduce_pairs4(&lo));
-    let [y2, y3] = split(reduce_pairs4(&hi));
-    [y0, y1, y2, y3]
-}
-
-/// `rows_avx::q8_rows4x2` (four q8 rows against two weight rows, blocks of
-/// `block`) on 512-bit registers: the same bits.
-///
-/// # Safety
-/// As [`dot4x2`], with `block` a multiple of 8 dividing the length, `q[r]`
-/// as long as the weight rows and `d[r]` holding a scale per block.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-pub unsafe fn q8_rows4x2(
-    q: [&[f32]; 4],
-    d: [&[f32]; 4],
-    w: [&[f32]; 2],
-    block: usize,
-) -> [[f32; 4]; 2] {
-    let nb = w[0].len() / block;
-    let mut b = 0;
-    let mut out = [[0f32; 4]; 2];
-    if nb >= 2 {
-        // Two blocks' sixteen sums reduced in one register
-        // ([`reduce_blocks4`]): quarter 0 holds (activation row, weight row)
-        // (0, 0), (2, 0) of block b, then of block b + 1; quarter 1 the same
-        // rows against weight row 1; quarters 2 and 3 activation rows 1 and
-        // 3. The running totals sit in lanes 0 and 1 of each quarter, each
-        // block's terms added in order.
-        let mut t = _mm512_setzero_ps();
-        while b + 2 <= nb {
-            let (x, y) = (
-                rows4x2_block(q, w, block, b),
-                rows4x2_block(q, w, block, b + 1),
-            );
-            let s = reduce_blocks4([[x[0], x[1]], [x[2], x[3]], [y[0], y[1]], [y[2], y[3]]]);
-            let d02 = _mm_setr_ps(d[0][b], d[2][b], d[0][b + 1], d[2][b + 1]);
-            let d13 = _mm_setr_ps(d[1][b], d[3][b], d[1][b + 1], d[3][b + 1]);
-            let dv = _mm512_insertf64x4::<1>(
-                _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set_m128(d02, d02))),
-                _mm256_castps_pd(_mm256_set_m128(d13, d13)),
-            );
-            let p = _mm512_mul_ps(_mm512_castpd_ps(dv), s);
-            t = _mm512_mask_add_ps(t, FIRST_TWO_OF_QUARTERS, t, p);
-            t = _mm512_mask_add_ps(t, FIRST_TWO_OF_QUARTERS, t, _mm512_permute_ps::<0b1110>(p));
-            b += 2;
-        }
-        let mut lanes = [0f32; 16];
-        _mm512_storeu_ps(lanes.as_mut_ptr(), t);
-        for (k, out_k) in out.iter_mut().enumerate() {
-            for (r, o) in out_k.iter_mut().enumerate() {
-                *o = lanes[4 * (2 * (r % 2) + k) + r / 2];
-            }
-        }
-    }
-    let mut total = _mm256_set_m128(_mm_loadu_ps(out[1].as_ptr()), _mm_loadu_ps(out[0].as_ptr()));
-    while b < nb {
-        total = add_scaled(total, d, b, reduce_pairs4(&rows4x2_block(q, w, block, b)));
-        b += 1;
-    }
-    split(total)
-}
-
-/// Lanes 0 and 1 of each 128-bit quarter.
-#[cfg(target_arch = "x86_64")]
-const FIRST_TWO_OF_QUARTERS: __mmask16 = 0x3333;
-
-/// Block `b`'s eight-lane sums of four q8 rows against two weight rows, row
-/// `r`'s pair in `acc[r]`, each started from its first product (`rows_avx`'s
-/// "First products": the same output bits).
-///
-/// # Safety
-/// As [`q8_rows4x2`]; block `b` whole in every row.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn rows4x2_block(q: [&[f32]; 4], w: [&[f32]; 2], block: usize, b: usize) -> [__m512; 4] {
-    let (w0b, w1b) = (w[0].as_ptr().add(b * block), w[1].as_ptr().add(b * block));
-    let wv = pair(w0b, w1b);
-    let mut acc = [_mm512_setzero_ps(); 4];
-    for (acc_r, q_r) in acc.iter_mut().zip(q) {
-        *acc_r = _mm512_mul_ps(both_halves(q_r.as_ptr().add(b * block)), wv);
-    }
-    for c in (8..block).step_by(8) {
-        let wv = pair(w0b.add(c), w1b.add(c));
-        for (acc_r, q_r) in acc.iter_mut().zip(q) {
-            let qv = both_halves(q_r.as_ptr().add(b * block + c));
-            *acc_r = _mm512_add_ps(*acc_r, _mm512_mul_ps(qv, wv));
-        }
-    }
-    acc
-}
+pub use prefill::{dot4x2, dot4x4, q8_rows4x2, q8_rows4x4};
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests;

@@ -214,3 +214,34 @@ fn four_weight_rows_at_once_give_the_pairs_bits() {
         }
     }
 }
+
+#[test]
+fn four_weight_rows_of_q8_at_once_give_the_pairs_bits() {
+    if !supported() {
+        eprintln!("skipped: this CPU has no AVX-512F and BW (the AVX2 loops run instead)");
+        return;
+    }
+    // One block, an odd count and an even count of blocks of 32.
+    for (i, len) in [32, 96, 576, 1536].into_iter().enumerate() {
+        let s = 100 * i as u64;
+        let q: Vec<Vec<f32>> = (0..4).map(|r| acts(len, s + 10 + r, true)).collect();
+        let d: Vec<Vec<f32>> = (0..4).map(|r| acts(len / 32, s + 20 + r, false)).collect();
+        let mut w: Vec<Vec<f32>> = (0..4).map(|r| acts(len, s + 30 + r, false)).collect();
+        let (q, d) = (rows4(&q), rows4(&d));
+        // SAFETY: AVX-512F checked above; every row `len` long, a scale per block.
+        let (got, want) = unsafe {
+            let w4 = rows4(&w);
+            let [y0, y1] = super::super::rows_avx::q8_rows4x2(q, d, [w4[0], w4[1]], 32);
+            let [y2, y3] = super::super::rows_avx::q8_rows4x2(q, d, [w4[2], w4[3]], 32);
+            (q8_rows4x4(q, d, w4, 32), [y0, y1, y2, y3])
+        };
+        assert_eq!(got.map(bits), want.map(bits), "len {len}");
+        // A changed weight of row 3 moves row 3's four sums and no other.
+        w[3][len - 1] += 0.5;
+        // SAFETY: as above.
+        let moved = unsafe { q8_rows4x4(q, d, rows4(&w), 32) };
+        for (t, (m, g)) in moved.iter().zip(&got).enumerate() {
+            assert_eq!(bits(*m) != bits(*g), t == 3, "len {len} weight row {t}");
+        }
+    }
+}
