@@ -166,11 +166,13 @@ impl Default for Totals {
     }
 }
 
+// The methods and `rows4xk_block` are inlined into their callers, whose
+// AVX-512F their intrinsics need: called, they took and gave the blocks'
+// registers through memory (a sixth of a q8 prefill).
 impl Totals {
     /// Blocks `b` and `b + 1` (their eight-lane sums `x` and `y`) scaled by
     /// their rows' `d` and added.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[inline(always)]
     unsafe fn add_two(&mut self, d: [&[f32]; 4], x: [__m512; 4], y: [__m512; 4]) {
         let b = self.b;
         let s = reduce_blocks4([[x[0], x[1]], [x[2], x[3]], [y[0], y[1]], [y[2], y[3]]]);
@@ -187,8 +189,7 @@ impl Totals {
     }
 
     /// The totals so far as `[weight row][activation row]`.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[inline(always)]
     unsafe fn rows(&self) -> [[f32; 4]; 2] {
         let mut out = [[0f32; 4]; 2];
         if self.b == 0 {
@@ -207,8 +208,7 @@ impl Totals {
     /// `out` (the totals as [`Totals::rows`] gives them) with block `b`
     /// alone (its sums `x`) scaled and added, as the AVX2 loop adds a last
     /// odd block.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[inline(always)]
     unsafe fn add_one(
         &mut self,
         out: [[f32; 4]; 2],
@@ -232,8 +232,7 @@ const FIRST_TWO_OF_QUARTERS: __mmask16 = 0x3333;
 ///
 /// # Safety
 /// As [`q8_rows4x2`]; block `b` whole in every row.
-#[inline]
-#[target_feature(enable = "avx512f")]
+#[inline(always)]
 unsafe fn rows4xk_block<const K: usize, const P: usize>(
     q: [&[f32]; 4],
     w: [&[f32]; K],
