@@ -12,12 +12,12 @@ pub trait Dots: Sized + Copy {
         None
     }
     /// Four rows of `a` dotted with two weight rows at once (eight sums, each
-    /// [`dot4`]'s), or `None`.
+    /// [`dot4`](super::dot4)'s), or `None`.
     fn dot4x2_fast(_a: [&[Self]; 4], _w: [&[f32]; 2]) -> Option<[[Self; 4]; 2]> {
         None
     }
     /// Four rows of `a` dotted with four weight rows at once (sixteen sums,
-    /// each [`dot4`]'s), or `None`.
+    /// each [`dot4`](super::dot4)'s), or `None`.
     fn dot4x4_fast(_a: [&[Self]; 4], _w: [&[f32]; 4]) -> Option<[[Self; 4]; 4]> {
         None
     }
@@ -72,7 +72,7 @@ pub trait Dots: Sized + Copy {
     fn min_terms_w4_fast(_acc: [Self; 4], _m: [&[f32]; 4], _e: &[Self]) -> Option<[Self; 4]> {
         None
     }
-    /// [`dot_w4`] on four rows of blocks of `ty`, dequantized in registers.
+    /// [`dot_w4`](super::dot_w4) on four rows of blocks of `ty`, dequantized in registers.
     fn dot_w4_blocks_fast(_a: &[Self], _ty: GgmlType, _w: [&[u8]; 4]) -> Option<[Self; 4]> {
         None
     }
