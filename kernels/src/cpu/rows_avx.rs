@@ -120,26 +120,7 @@ pub unsafe fn min_terms4x2(acc: [[f32; 4]; 2], m: [&[f32]; 2], e: [&[f32]; 4]) -
 #[target_feature(enable = "avx")]
 pub unsafe fn min_terms_w4(acc: [f32; 4], m: [&[f32]; 4], e: &[f32]) -> [f32; 4] {
     let mut t = _mm_loadu_ps(acc.as_ptr());
-    // Four blocks at a time: the four rows' minimums of blocks b..b + 4
-    // loaded a row at a time and transposed, then each block's term added
-    // in order, as one block at a time does.
-    let mut b = 0;
-    while b + 4 <= e.len() {
-        let r: [__m128; 4] = std::array::from_fn(|j| _mm_loadu_ps(m[j].as_ptr().add(b)));
-        let (t01l, t01h) = (_mm_unpacklo_ps(r[0], r[1]), _mm_unpackhi_ps(r[0], r[1]));
-        let (t23l, t23h) = (_mm_unpacklo_ps(r[2], r[3]), _mm_unpackhi_ps(r[2], r[3]));
-        let cols = [
-            _mm_movelh_ps(t01l, t23l),
-            _mm_movehl_ps(t23l, t01l),
-            _mm_movelh_ps(t01h, t23h),
-            _mm_movehl_ps(t23h, t01h),
-        ];
-        for (k, m4) in cols.into_iter().enumerate() {
-            t = _mm_add_ps(t, _mm_mul_ps(m4, _mm_set1_ps(e[b + k])));
-        }
-        b += 4;
-    }
-    for (b, &eb) in e.iter().enumerate().skip(b) {
+    for (b, &eb) in e.iter().enumerate() {
         let m4 = _mm_setr_ps(m[0][b], m[1][b], m[2][b], m[3][b]);
         t = _mm_add_ps(t, _mm_mul_ps(m4, _mm_set1_ps(eb)));
     }

@@ -1,8 +1,8 @@
-/// Four blocks' minimums transposed at a time add each block's term in
-/// the order one block at a time does, at every count of blocks around
-/// four; a changed minimum moves only its row.
+/// The four rows' min terms add each block's term in block order, as one
+/// output at a time does, at every count of blocks around the register's
+/// width; a changed minimum moves only its row.
 #[test]
-fn min_terms_four_blocks_at_a_time_keep_the_block_order() {
+fn min_terms_of_four_rows_keep_the_block_order() {
     if !super::block_loops() {
         eprintln!("skipped: this CPU has no AVX2");
         return;
