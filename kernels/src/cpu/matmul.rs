@@ -312,14 +312,10 @@ fn run_jobs_split<T: Real, W: WeightRows>(
         let mut buf = vec![T::ZERO; k * part.n];
         SCRATCH.with(|s| fill_chunk(&part, first, &mut buf, &mut s.borrow_mut()));
         let out = &outs[i];
-        for (o, col) in buf.chunks_exact(part.n).enumerate() {
-            for (r, v) in col.iter().enumerate() {
-                // SAFETY: in bounds (r0 + r < n, first + o < rows of the
-                // capacity); this task alone writes features
-                // first..first + k of rows r0..r1 of output i.
-                unsafe { out.at((r0 + r) * rows + first + o).write(*v) };
-            }
-        }
+        // SAFETY: in bounds (r0 + r < n, first + o < rows of the capacity);
+        // this task alone writes features first..first + k of rows r0..r1
+        // of output i.
+        unsafe { transpose_into(&buf, k, part.n, out.at(r0 * rows + first), rows) };
     });
     for (y, j) in ys.iter_mut().zip(jobs) {
         // SAFETY: the tasks above wrote all `n * rows` elements of each
@@ -328,6 +324,51 @@ fn run_jobs_split<T: Real, W: WeightRows>(
         unsafe { y.set_len(n * j.w.rows()) };
     }
     ys
+}
+
+/// `buf` (`[k, n]`: feature-major) into `n` rows of `k` features at `dst`,
+/// row `r` at `dst + r * stride`: four features by four rows a step through
+/// SSE registers where an element is four bytes (the values only move), one
+/// at a time elsewhere and at the edges.
+///
+/// # Safety
+/// `dst + r * stride + o` must be writable for every `r < n`, `o < k`.
+unsafe fn transpose_into<T: Copy>(buf: &[T], k: usize, n: usize, dst: *mut T, stride: usize) {
+    debug_assert_eq!(buf.len(), k * n);
+    let (mut o4, mut r4) = (0, 0);
+    #[cfg(target_arch = "x86_64")]
+    if std::mem::size_of::<T>() == 4 {
+        use std::arch::x86_64::*;
+        (o4, r4) = (k / 4 * 4, n / 4 * 4);
+        let src = buf.as_ptr() as *const f32;
+        let dst = dst as *mut f32;
+        for o in (0..o4).step_by(4) {
+            for r in (0..r4).step_by(4) {
+                // SAFETY: rows o..o + 4 of `buf` hold columns r..r + 4 (in
+                // bounds: o + 4 <= k, r + 4 <= n); SSE is x86_64's baseline.
+                let [a, b, c, d] = [0, 1, 2, 3].map(|i| _mm_loadu_ps(src.add((o + i) * n + r)));
+                let (ab_l, ab_h) = (_mm_unpacklo_ps(a, b), _mm_unpackhi_ps(a, b));
+                let (cd_l, cd_h) = (_mm_unpacklo_ps(c, d), _mm_unpackhi_ps(c, d));
+                let rows4 = [
+                    _mm_movelh_ps(ab_l, cd_l),
+                    _mm_movehl_ps(cd_l, ab_l),
+                    _mm_movelh_ps(ab_h, cd_h),
+                    _mm_movehl_ps(cd_h, ab_h),
+                ];
+                for (j, v) in rows4.into_iter().enumerate() {
+                    _mm_storeu_ps(dst.add((r + j) * stride + o), v);
+                }
+            }
+        }
+    }
+    for o in 0..k {
+        for r in 0..n {
+            if o < o4 && r < r4 {
+                continue;
+            }
+            dst.add(r * stride + o).write(buf[o * n + r]);
+        }
+    }
 }
 
 /// Into how many parts a matmul's rows are cut: 1 (never), or
@@ -367,179 +408,4 @@ fn tasks_per_thread() -> usize {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::qmatrix::Matrix;
-    use super::super::rows::{dot, dot4};
-    use super::*;
-
-    fn seq(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32
-                    / (1 << 24) as f32
-                    - 0.5
-            })
-            .collect()
-    }
-
-    #[test]
-    fn dot4_is_dot_bit_for_bit_at_boundary_lengths() {
-        for len in [1, 7, 8, 9, 31, 32, 33, 576] {
-            let w = seq(len, 1);
-            let rows: Vec<Vec<f32>> = (0..4).map(|r| seq(len, 10 + r)).collect();
-            let got = dot4([&rows[0], &rows[1], &rows[2], &rows[3]], &w);
-            for r in 0..4 {
-                assert_eq!(
-                    got[r].to_bits(),
-                    dot(&rows[r], &w).to_bits(),
-                    "len {len} row {r}"
-                );
-            }
-        }
-    }
-
-    /// A Q8_0 matrix of `rows` × `cols` with small finite scales.
-    fn q8_0(rows: usize, cols: usize) -> super::super::qmatrix::QMatrix {
-        let mut bytes = Vec::new();
-        for (b, v) in seq(rows * cols / 32, 11).into_iter().enumerate() {
-            bytes.extend_from_slice(&half::f16::from_f32(0.01 + v.abs() / 50.0).to_le_bytes());
-            bytes.extend((0..32).map(|i| ((b * 37 + i * 11) % 255) as u8));
-        }
-        super::super::qmatrix::QMatrix {
-            rows,
-            cols,
-            ty: model::quant::GgmlType::Q8_0,
-            bytes: bytes.into(),
-        }
-    }
-
-    #[test]
-    fn rows_cut_into_parts_give_the_same_bits() {
-        // 37 rows (a prefill) and 5 (parts of one to four rows take the
-        // decode's loops), each activation handling, cut into 1 to 6 parts:
-        // every output the same bits. A wrong part offset goes red.
-        let (cols, rows) = (64, 24);
-        let dense = Matrix {
-            rows,
-            cols,
-            data: seq(rows * cols, 3),
-            block: 1,
-        };
-        let quant = q8_0(rows, cols);
-        for n in [37, 5] {
-            let x = seq(n * cols, 7);
-            for act in [Act::Float, Act::Q8, Act::LlamaCpp] {
-                let q = quantize_rows(&x, n, 32, act);
-                let llama =
-                    super::super::llamacpp_dot::rows_for(act == Act::LlamaCpp, true, 32, Some(&q));
-                let quantized = Job {
-                    x: &x,
-                    n,
-                    w: &quant,
-                    mins: None,
-                    q: (act != Act::Float).then_some(&q[..]),
-                    llama: llama.as_deref(),
-                };
-                let float = Job {
-                    x: &x,
-                    n,
-                    w: &dense,
-                    mins: None,
-                    q: None,
-                    llama: None,
-                };
-                let whole = run_jobs_split(std::slice::from_ref(&quantized), 8, 1);
-                let dense_whole = run_jobs_split(std::slice::from_ref(&float), 4, 1);
-                for parts in 2..=6 {
-                    let bits = |v: &[Vec<f32>]| -> Vec<Vec<u32>> {
-                        v.iter()
-                            .map(|r| r.iter().map(|x| x.to_bits()).collect())
-                            .collect()
-                    };
-                    let cut = run_jobs_split(std::slice::from_ref(&quantized), 8, parts);
-                    assert_eq!(bits(&cut), bits(&whole), "{n} rows, {act:?}, {parts} parts");
-                    let cut = run_jobs_split(std::slice::from_ref(&float), 4, parts);
-                    assert_eq!(
-                        bits(&cut),
-                        bits(&dense_whole),
-                        "dense, {n} rows, {parts} parts"
-                    );
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn batched_rows_equal_single_rows() {
-        // 1 to 9 rows: blocks of four plus a remainder.
-        let w = Matrix {
-            rows: 3,
-            cols: 40,
-            data: seq(120, 3),
-            block: 1,
-        };
-        for n in [1, 3, 4, 5, 8, 9] {
-            let x = seq(n * 40, 7);
-            let batched = matmul(&x, n, &w, Act::Float);
-            for r in 0..n {
-                let one = matmul(&x[r * 40..(r + 1) * 40], 1, &w, Act::Float);
-                assert_eq!(&batched[r * 3..(r + 1) * 3], &one[..], "n {n} row {r}");
-            }
-        }
-    }
-
-    #[test]
-    fn quantize_row_crushes_a_block_with_an_outlier() {
-        // One massive value: the rest of its 32-block rounds to zero, the
-        // next block keeps its resolution.
-        let mut x = vec![0.01f32; 64];
-        x[7] = -3000.0;
-        let q = quantize_row(&x, 32);
-        assert_eq!(q.q[7], -127.0);
-        assert!(q.q[..32]
-            .iter()
-            .enumerate()
-            .all(|(i, v)| i == 7 || *v == 0.0));
-        assert!(q.q[32..].iter().all(|v| *v == 127.0));
-        // The 32-block scale is stored as f16, as block_q8_0 does.
-        assert_eq!(q.d[0], half::f16::from_f64(3000.0 / 127.0).to_f32());
-    }
-
-    #[test]
-    fn q8_matmul_is_close_without_outliers_and_far_with_one() {
-        let w = Matrix {
-            rows: 16,
-            cols: 64,
-            data: seq(16 * 64, 5),
-            block: 32,
-        };
-        let x = seq(64, 9);
-        let f = matmul(&x, 1, &w, Act::Float);
-        let q = matmul(&x, 1, &w, Act::Q8);
-        let err = |a: &[f32], b: &[f32]| {
-            a.iter()
-                .zip(b)
-                .map(|(p, q)| (p - q).abs())
-                .fold(0.0, f32::max)
-        };
-        assert!(err(&f, &q) < 0.01, "{}", err(&f, &q));
-        assert_ne!(f, q);
-        // Float weights (block 1) are never quantized.
-        let wf = Matrix {
-            block: 1,
-            ..w.clone()
-        };
-        assert_eq!(matmul(&x, 1, &wf, Act::Q8), f);
-        // An outlier in block 0: the product with column 0 stays exact-ish,
-        // but the other 31 values of the block are lost.
-        let mut xo = x.clone();
-        xo[0] = 1000.0;
-        let (fo, qo) = (matmul(&xo, 1, &w, Act::Float), matmul(&xo, 1, &w, Act::Q8));
-        assert!(
-            err(&fo, &qo) > 10.0 * err(&f, &q),
-            "{} vs {}",
-            err(&fo, &qo),
-            err(&f, &q)
-        );
-    }
-}
+mod tests;
