@@ -141,11 +141,11 @@ impl<T: Real> Task<'_, T> {
             // side instead of one after another.
             let m = KEYS.min(seen - t);
             let sums = if m == KEYS {
-                key_dots::<T, KEYS>(qh, std::array::from_fn(|j| key(t + j)))
+                key_dots4(qh, [0, 1, 2, 3].map(|j| key(t + j)))
             } else {
                 let mut one = [T::ZERO; KEYS];
                 for (j, s) in one.iter_mut().take(m).enumerate() {
-                    *s = key_dots::<T, 1>(qh, [key(t + j)])[0];
+                    *s = key_dot(qh, key(t + j));
                 }
                 one
             };
@@ -177,20 +177,22 @@ impl<T: Real> Task<'_, T> {
 /// How many keys' dot products with the query run side by side.
 const KEYS: usize = 4;
 
-/// The dot products of `q` with each of `N` (1 or [`KEYS`]) keys, each
-/// `q.len()` long: key j's sum is `((q0 k0 + q1 k1) + q2 k2) + ...` over
-/// the dimensions in order, its products and adds unfused, whatever `N`
-/// is. The sums are locals, so that they stay in registers.
+/// The dot product of `q` with key `k`: `((q0 k0 + q1 k1) + q2 k2) + ...`
+/// over the dimensions in order, products and adds unfused.
 #[inline(always)]
-fn key_dots<T: Real, const N: usize>(q: &[T], keys: [&[T]; N]) -> [T; N] {
-    if N == 1 {
-        let mut s = T::ZERO;
-        for (a, b) in q.iter().zip(keys[0]) {
-            s += *a * *b;
-        }
-        return std::array::from_fn(|_| s);
+fn key_dot<T: Real>(q: &[T], k: &[T]) -> T {
+    let mut s = T::ZERO;
+    for (a, b) in q.iter().zip(k) {
+        s += *a * *b;
     }
-    let [k0, k1, k2, k3] = [keys[0], keys[1], keys[2], keys[3]];
+    s
+}
+
+/// [`key_dot`] of `q` with four keys, each its own chain in the same order,
+/// the four side by side; the sums are locals, so that they stay in
+/// registers.
+#[inline(always)]
+fn key_dots4<T: Real>(q: &[T], [k0, k1, k2, k3]: [&[T]; KEYS]) -> [T; KEYS] {
     let (mut s0, mut s1, mut s2, mut s3) = (T::ZERO, T::ZERO, T::ZERO, T::ZERO);
     for ((((a, b0), b1), b2), b3) in q.iter().zip(k0).zip(k1).zip(k2).zip(k3) {
         s0 += *a * *b0;
@@ -198,8 +200,7 @@ fn key_dots<T: Real, const N: usize>(q: &[T], keys: [&[T]; N]) -> [T; N] {
         s2 += *a * *b2;
         s3 += *a * *b3;
     }
-    let s = [s0, s1, s2, s3];
-    std::array::from_fn(|j| s[j])
+    [s0, s1, s2, s3]
 }
 
 #[cfg(test)]
