@@ -361,11 +361,9 @@ unsafe fn transpose_into<T: Copy>(buf: &[T], k: usize, n: usize, dst: *mut T, st
             }
         }
     }
+    // What the registers left: rows r4.. of features ..o4, all of the rest.
     for o in 0..k {
-        for r in 0..n {
-            if o < o4 && r < r4 {
-                continue;
-            }
+        for r in if o < o4 { r4 } else { 0 }..n {
             dst.add(r * stride + o).write(buf[o * n + r]);
         }
     }

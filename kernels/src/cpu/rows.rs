@@ -266,6 +266,25 @@ fn four<'a, U: ?Sized>(rows: impl Fn(usize) -> &'a U, r: usize, n: usize) -> [&'
     [0, 1, 2, 3].map(|t| rows((r + t).min(n - 1)))
 }
 
+/// Four weight rows against every activation row, four rows a tile:
+/// `tile(r)` gives the sums of activation rows `r..r + 4` (the last
+/// repeated past `n`, see [`four`]) against the four weight rows, or `None`
+/// where there is no loop for it (on this CPU, at these lengths: then for
+/// every `r`, and nothing is written). Whether the tiles were written.
+#[inline(always)]
+fn tiles4x4<T: Copy>(n: usize, out: &mut [T], tile: impl Fn(usize) -> Option<[[T; 4]; 4]>) -> bool {
+    for r in (0..n).step_by(4) {
+        let Some(y) = tile(r) else {
+            return false;
+        };
+        let m = (n - r).min(4);
+        for (t, yt) in y.iter().enumerate() {
+            out[t * n + r..][..m].copy_from_slice(&yt[..m]);
+        }
+    }
+    true
+}
+
 /// `g` weight rows (`wr[..g]`) against every activation row, in float.
 #[inline(always)]
 fn float_group<T: Real, W>(job: &Job<T, W>, g: usize, wr: [&[f32]; 4], out: &mut [T]) {
@@ -282,20 +301,8 @@ fn float_group<T: Real, W>(job: &Job<T, W>, g: usize, wr: [&[f32]; 4], out: &mut
     }
     // Four weight rows at once where there is a loop for it (sixteen sums
     // in flight), else in pairs (eight), a last odd one alone.
-    if g == 4 {
-        for r in (0..n).step_by(4) {
-            let a = four(row, r, n);
-            let Some(y) = T::dot4x4_fast(a, wr) else {
-                break;
-            };
-            let m = (n - r).min(4);
-            for (t, yt) in y.iter().enumerate() {
-                out[t * n + r..][..m].copy_from_slice(&yt[..m]);
-            }
-            if r + 4 >= n {
-                return;
-            }
-        }
+    if g == 4 && tiles4x4(n, out, |r| T::dot4x4_fast(four(row, r, n), wr)) {
+        return;
     }
     let mut j = 0;
     while j < g {
@@ -355,23 +362,16 @@ fn q8_group<T: Real, W: WeightRows>(
     }
     // Four weight rows at once where there is a loop for it, else in
     // pairs, as in `float_group`.
-    if g == 4 {
-        for r in (0..n).step_by(4) {
-            let qs = four(|i| &q[i], r, n);
-            let (qv, dv) = (qs.map(|x| &x.q[..]), qs.map(|x| &x.d[..]));
-            let Some(y) = T::q8_rows4x4_fast(qv, dv, wr, block) else {
-                break;
-            };
-            let lo = min_terms4x2(job.mins, o0, nb, qs, [y[0], y[1]]);
-            let hi = min_terms4x2(job.mins, o0 + 2, nb, qs, [y[2], y[3]]);
-            let m = (n - r).min(4);
-            for (t, acc) in lo.iter().chain(&hi).enumerate() {
-                out[t * n + r..][..m].copy_from_slice(&acc[..m]);
-            }
-            if r + 4 >= n {
-                return;
-            }
-        }
+    let tile = |r: usize| {
+        let qs = four(|i| &q[i], r, n);
+        let (qv, dv) = (qs.map(|x| &x.q[..]), qs.map(|x| &x.d[..]));
+        let y = T::q8_rows4x4_fast(qv, dv, wr, block)?;
+        let [y0, y1] = min_terms4x2(job.mins, o0, nb, qs, [y[0], y[1]]);
+        let [y2, y3] = min_terms4x2(job.mins, o0 + 2, nb, qs, [y[2], y[3]]);
+        Some([y0, y1, y2, y3])
+    };
+    if g == 4 && tiles4x4(n, out, tile) {
+        return;
     }
     let mut j = 0;
     while j < g {
