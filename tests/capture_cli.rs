@@ -180,6 +180,65 @@ fn prefill_only_then_decode_positions() {
         .all(|(x, y)| x["blake3"] == y["blake3"]));
 }
 
+/// Logits computed only for the selected positions (and the last) have the
+/// bits of the same rows computed with every position's, in f32 and in q8;
+/// a tree of other logits (the f32 rows against q8's) goes red.
+#[test]
+fn selected_logits_rows_alone_keep_their_bits() {
+    let d = tempfile::tempdir().unwrap();
+    let m = fixture(d.path(), "tiny-q");
+    let tree = |name: &str, extra: &[&str]| {
+        let out = d.path().join(name);
+        let mut args = vec!["--tokens", TOKENS, "--gen", "2"];
+        args.extend_from_slice(extra);
+        capture(&m, &out, &args);
+        out.to_str().unwrap().to_string()
+    };
+    let diff = |a: &str, b: &str| text(&run(&["diff", a, b, "--common-only"]));
+    for precision in ["f32", "q8"] {
+        let all = tree(
+            precision,
+            &["--precision", precision, "--select", "stage=logits"],
+        );
+        // Positions 1 and 3 of the prefill (its last row, 4, computed but
+        // not kept), then decode position 5.
+        let some = tree(
+            &format!("{precision}-some"),
+            &[
+                "--precision",
+                precision,
+                "--select",
+                "stage=logits;pos=1,3,5",
+            ],
+        );
+        let m = manifest(Path::new(&some));
+        let pos: Vec<&Value> = m["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| &e["key"]["pos"])
+            .collect();
+        assert_eq!(
+            pos,
+            [
+                &serde_json::json!({"start": 1, "end": 2}),
+                &serde_json::json!({"start": 3, "end": 4}),
+                &serde_json::json!({"start": 5, "end": 6}),
+            ]
+        );
+        let out = diff(&all, &some);
+        assert!(
+            out.contains("bitwise equal by content: 3 positions"),
+            "{precision}: {out}"
+        );
+    }
+    let red = diff(
+        d.path().join("f32").to_str().unwrap(),
+        d.path().join("q8-some").to_str().unwrap(),
+    );
+    assert!(red.contains("first diverging op: logits@1"), "{red}");
+}
+
 #[test]
 fn slots_prefill_then_decode_together() {
     let d = tempfile::tempdir().unwrap();

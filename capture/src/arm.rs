@@ -33,6 +33,33 @@ pub fn wants(stage: &str, layer: Option<u32>, pos: Range<u32>, slot: Option<u32>
     is_armed() && wants_armed(TapId::new(stage, layer, pos, slot))
 }
 
+/// The runs of positions within `pos` whose rows of this tap would be kept
+/// (armed, the identity selected), in order; none when disarmed. A forward
+/// may compute only these rows of an op nothing else reads (the logits
+/// beyond the last position, say).
+#[cfg(not(feature = "compile-out"))]
+pub fn selected_runs(
+    stage: &str,
+    layer: Option<u32>,
+    pos: Range<u32>,
+    slot: Option<u32>,
+) -> Vec<Range<u32>> {
+    if !is_armed() {
+        return Vec::new();
+    }
+    let guard = ACTIVE.read().unwrap_or_else(|p| p.into_inner());
+    match guard.as_ref() {
+        Some(active)
+            if active
+                .selection
+                .matches_identity(TapId::new(stage, layer, pos.clone(), slot)) =>
+        {
+            active.selection.selected_runs(pos).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// Records a tensor. `shape[0]` must equal `pos.len()` (rows are positions)
 /// and `data` must hold exactly the shape's element count. Call in forward
 /// order. A broken contract does not panic here: it fails the capture's
@@ -140,6 +167,17 @@ pub fn is_armed() -> bool {
 #[inline(always)]
 pub fn wants(_stage: &str, _layer: Option<u32>, _pos: Range<u32>, _slot: Option<u32>) -> bool {
     false
+}
+
+/// None: taps are compiled out (feature `compile-out`).
+#[cfg(feature = "compile-out")]
+pub fn selected_runs(
+    _stage: &str,
+    _layer: Option<u32>,
+    _pos: Range<u32>,
+    _slot: Option<u32>,
+) -> Vec<Range<u32>> {
+    Vec::new()
 }
 
 /// Does nothing: taps are compiled out (feature `compile-out`).

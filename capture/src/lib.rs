@@ -62,7 +62,7 @@ mod tensor_view;
 mod tree_dir;
 mod writer;
 
-pub use arm::{is_armed, tap, tap_ranked, wants};
+pub use arm::{is_armed, selected_runs, tap, tap_ranked, wants};
 pub use compare::{compare, Comparison, Difference};
 pub use dtype::{DType, TapElem};
 pub use entries::{Dims, Entries};

@@ -239,6 +239,65 @@ impl Step<'_> {
         tap(stage, layer, self.pos.clone(), self.slot, width, data);
     }
 
+    /// The logits of the final normed rows `h`, tapped; returns the last
+    /// row's. Only the rows the logits tap keeps and the last are computed
+    /// (nothing else reads them): a capture that selects the last position's
+    /// logits, or none, does the output matmul of one row, as an engine
+    /// does. Each row is one dot product per output in one order whichever
+    /// rows share the matmul, so the rows computed have the same bits.
+    fn logits<T: Real>(&self, w: &DenseWeights, h: &[T], act: Act) -> Vec<f32> {
+        let (n, vocab, d) = (self.n(), self.cfg.vocab_size, self.cfg.n_embd);
+        let mut runs: Vec<Range<usize>> =
+            capture::selected_runs(st::LOGITS, None, self.pos.clone(), self.slot)
+                .into_iter()
+                .map(|r| (r.start - self.pos.start) as usize..(r.end - self.pos.start) as usize)
+                .collect();
+        if runs.last().is_none_or(|r| r.end < n) {
+            runs.push(n - 1..n);
+        }
+        let all = runs.len() == 1 && runs[0] == (0..n);
+        let rows: Vec<T> = if all {
+            Vec::new()
+        } else {
+            runs.iter()
+                .flat_map(|r| &h[r.start * d..r.end * d])
+                .copied()
+                .collect()
+        };
+        let logits = {
+            let _p = profile::op(profile::Op::Logits);
+            if all {
+                w.logits(h, n, act)
+            } else {
+                w.logits(&rows, rows.len() / d, act)
+            }
+        };
+        // No region follows soon: the team's threads leave the cores to the
+        // copies of a prefill's logits tap (a decode step's are small, and
+        // its next step comes sooner than the team's spin ends).
+        if n > 1 {
+            super::par::rest();
+        }
+        let mut at = 0;
+        for r in &runs {
+            let pos = self.pos.start + r.start as u32..self.pos.start + r.end as u32;
+            let len = r.len() * vocab;
+            tap(
+                st::LOGITS,
+                None,
+                pos,
+                self.slot,
+                vocab,
+                &logits[at..at + len],
+            );
+            at += len;
+        }
+        logits[logits.len() - vocab..]
+            .iter()
+            .map(|v| v.to_f32())
+            .collect()
+    }
+
     /// `x += add` (tapped as its stage and layer) when given, then the norm
     /// of `x` by `w` (tapped as `norm`), quantized for the matmuls `next`
     /// under `act`: one row pass ([`add_norm_quantize`]).
@@ -337,21 +396,7 @@ impl<T: Real> Engine<T> {
         let h = s
             .residual_norm(&mut x, add, &w.output_norm, norm, &[], acts.logits)
             .h;
-        let logits = {
-            let _p = profile::op(profile::Op::Logits);
-            w.logits(&h, n, acts.logits)
-        };
-        // No region follows soon: the team's threads leave the cores to the
-        // copies of a prefill's logits tap (a decode step's are small, and
-        // its next step comes sooner than the team's spin ends).
-        if n > 1 {
-            super::par::rest();
-        }
-        s.tap(st::LOGITS, None, cfg.vocab_size, &logits);
-        let last = logits[(n - 1) * cfg.vocab_size..]
-            .iter()
-            .map(|v| v.to_f32())
-            .collect();
+        let last = s.logits(w, &h, acts.logits);
         account.done();
         last
     }

@@ -75,7 +75,12 @@ pub trait WeightRows: Sync {
     fn row_in<'a>(&'a self, r: usize, buf: &'a mut [f32]) -> &'a [f32];
     /// Row `r`'s raw blocks and their format, when held quantized (for the
     /// loops that dequantize in registers); `None` when held as f32.
-    fn blocks(&self, _r: usize) -> Option<(GgmlType, &[u8])> {
+    fn blocks(&self, r: usize) -> Option<(GgmlType, &[u8])> {
+        self.block_rows(r, 1)
+    }
+    /// Rows `r..r + k`'s raw blocks, back to back, and their format, when
+    /// held quantized; `None` when held as f32.
+    fn block_rows(&self, _r: usize, _k: usize) -> Option<(GgmlType, &[u8])> {
         None
     }
 }
@@ -112,8 +117,9 @@ impl WeightRows for QMatrix {
         buf
     }
     #[inline(always)]
-    fn blocks(&self, r: usize) -> Option<(GgmlType, &[u8])> {
-        Some((self.ty, self.row_bytes(r)))
+    fn block_rows(&self, r: usize, k: usize) -> Option<(GgmlType, &[u8])> {
+        let n = self.ty.row_bytes(self.cols);
+        Some((self.ty, &self.bytes[r * n..(r + k) * n]))
     }
 }
 
@@ -153,10 +159,10 @@ impl WeightRows for Weight {
         }
     }
     #[inline(always)]
-    fn blocks(&self, r: usize) -> Option<(GgmlType, &[u8])> {
+    fn block_rows(&self, r: usize, k: usize) -> Option<(GgmlType, &[u8])> {
         match self {
             Weight::Dense(_) => None,
-            Weight::Quant(q) => q.blocks(r),
+            Weight::Quant(q) => q.block_rows(r, k),
         }
     }
 }

@@ -151,6 +151,9 @@ fn chunk_body<T: Real, W: WeightRows>(
     // of a decode, and a prefill on many threads runs many small tasks).
     // Only rows `row_in` just wrote are read from it.
     let mut i = 0;
+    if n == 1 {
+        i = fused_span(job, first, &mut out[..k / 4 * 4]);
+    }
     while i < k {
         if n < 4 && k - i >= 4 && fused_group(job, first + i, &mut out[i * n..(i + 4) * n]) {
             i += 4;
@@ -180,6 +183,39 @@ fn chunk_body<T: Real, W: WeightRows>(
     }
 }
 
+/// Decode of one activation row: `out.len()` (a multiple of four) weight
+/// rows from output feature `o0` in one call of the loops that read their
+/// blocks ([`Dots::dot_rows_blocks_fast`], [`Dots::q8_rows_blocks_fast`]),
+/// then Q4_1's min terms where the activation is q8: each output is
+/// [`fused_group`]'s, without a call per group. Returns how many rows it
+/// wrote: all, or none where there is no such loop.
+#[inline(always)]
+fn fused_span<T: Real, W: WeightRows>(job: &Job<T, W>, o0: usize, out: &mut [T]) -> usize {
+    let cols = job.w.cols();
+    let Some((ty, w)) = job.w.block_rows(o0, out.len()) else {
+        return 0;
+    };
+    let ran = match job.q {
+        None => T::dot_rows_blocks_fast(&job.x[..cols], ty, w, out),
+        Some(q) if job.w.block() == 32 => T::q8_rows_blocks_fast(&q[0].q, &q[0].d, ty, w, out),
+        Some(_) => false,
+    };
+    if !ran {
+        return 0;
+    }
+    if let (Some(q), Some(mins)) = (job.q, job.mins) {
+        let nb = cols / job.w.block();
+        let m = &mins[o0 * nb..(o0 + out.len()) * nb];
+        if !T::min_terms_rows_fast(out, m, &q[0].s_err) {
+            for (g, y) in out.chunks_exact_mut(4).enumerate() {
+                let y4 = min_terms_w4(mins, o0 + 4 * g, nb, &q[0], [y[0], y[1], y[2], y[3]]);
+                y.copy_from_slice(&y4);
+            }
+        }
+    }
+    out.len()
+}
+
 /// Decode (fewer than four activation rows): four weight rows from output
 /// feature `o0` against each activation row, read from their blocks and
 /// dequantized in registers where the element type and format have such a
@@ -207,20 +243,28 @@ fn fused_group<T: Real, W: WeightRows>(job: &Job<T, W>, o0: usize, out: &mut [T]
     let nb = cols / job.w.block();
     for (r, y) in ys.iter_mut().enumerate().take(n) {
         if let (Some(q), Some(mins)) = (job.q, job.mins) {
-            let m4 = [0, 1, 2, 3].map(|j| &mins[(o0 + j) * nb..][..nb]);
-            *y = T::min_terms_w4_fast(*y, m4, &q[r].s_err).unwrap_or_else(|| {
-                let mut y = *y;
-                for (j, yj) in y.iter_mut().enumerate() {
-                    add_min_term(job.mins, o0 + j, nb, &q[r], yj);
-                }
-                y
-            });
+            *y = min_terms_w4(mins, o0, nb, &q[r], *y);
         }
         for (j, yj) in y.iter().enumerate() {
             out[j * n + r] = *yj;
         }
     }
     true
+}
+
+/// Q4_1's min terms added to one q8 row's sums `y` against output features
+/// `o..o + 4`, four at once where there is a loop for it, else one by one
+/// ([`add_min_term`]): the same bits.
+#[inline(always)]
+fn min_terms_w4<T: Real>(mins: &[f32], o: usize, nb: usize, qr: &QuantRow<T>, y: [T; 4]) -> [T; 4] {
+    let m4 = [0, 1, 2, 3].map(|j| &mins[(o + j) * nb..][..nb]);
+    T::min_terms_w4_fast(y, m4, &qr.s_err).unwrap_or_else(|| {
+        let mut y = y;
+        for (j, yj) in y.iter_mut().enumerate() {
+            add_min_term(Some(mins), o + j, nb, qr, yj);
+        }
+        y
+    })
 }
 
 /// Adds Q4_1's min term for output feature `o` (see [`super::matmul`]).

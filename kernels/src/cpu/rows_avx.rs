@@ -456,8 +456,9 @@ pub unsafe fn dot_w4_blocks(ty: model::quant::GgmlType, a: &[f32], w: [&[u8]; 4]
 }
 
 #[cfg(target_arch = "x86_64")]
+#[inline]
 #[target_feature(enable = "avx2,f16c,fma")]
-unsafe fn dot_w4_ty<const TY: u32>(ts: usize, a: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
+pub(super) unsafe fn dot_w4_ty<const TY: u32>(ts: usize, a: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
     let mut acc = [_mm256_setzero_ps(); 4];
     for blk in 0..a.len() / 32 {
         let av = load32(a.as_ptr().add(32 * blk));
@@ -491,8 +492,14 @@ pub unsafe fn q8_w4_blocks(
 }
 
 #[cfg(target_arch = "x86_64")]
+#[inline]
 #[target_feature(enable = "avx2,f16c,fma")]
-unsafe fn q8_w4_ty<const TY: u32>(ts: usize, q: &[f32], d: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
+pub(super) unsafe fn q8_w4_ty<const TY: u32>(
+    ts: usize,
+    q: &[f32],
+    d: &[f32],
+    w: [&[u8]; 4],
+) -> [f32; 4] {
     let nb = (q.len() / 32).min(d.len());
     let mut total = _mm_setzero_ps();
     // Two blocks' sums reduced in one register (`reduce8`: per row the
@@ -545,6 +552,13 @@ unsafe fn block_sums_w4<const TY: u32>(
     }
     acc
 }
+
+#[cfg(target_arch = "x86_64")]
+mod spans;
+#[cfg(target_arch = "x86_64")]
+pub(super) use spans::groups;
+#[cfg(target_arch = "x86_64")]
+pub use spans::{dot_rows_blocks, min_terms_rows, q8_rows_blocks};
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests;

@@ -14,7 +14,7 @@
 //! (to compare the two).
 
 #[cfg(target_arch = "x86_64")]
-use super::rows_avx::{by_type, prefetch_ahead, reduce4, reduce8, Q4_0, Q4_1, Q8_0};
+use super::rows_avx::{by_type, groups, prefetch_ahead, reduce4, reduce8, Q4_0, Q4_1, Q8_0};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -212,7 +212,52 @@ pub unsafe fn dot_w4_blocks(ty: model::quant::GgmlType, a: &[f32], w: [&[u8]; 4]
     by_type!(ty, dot_w4_ty(ty.type_size(), a, w))
 }
 
+/// [`dot_w4_blocks`] over `out.len() / 4` groups of four rows in one call
+/// (`rows_avx::dot_rows_blocks`): the same bits as a call per group.
+///
+/// # Safety
+/// As `rows_avx::dot_rows_blocks`, with AVX-512F and BW.
 #[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx2,f16c,fma")]
+pub unsafe fn dot_rows_blocks(ty: model::quant::GgmlType, a: &[f32], w: &[u8], out: &mut [f32]) {
+    by_type!(ty, dot_rows_ty(ty.type_size(), a, w, out))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx2,f16c,fma")]
+unsafe fn dot_rows_ty<const TY: u32>(ts: usize, a: &[f32], w: &[u8], out: &mut [f32]) {
+    for (o, rows) in out.chunks_exact_mut(4).zip(groups(w, ts * (a.len() / 32))) {
+        o.copy_from_slice(&dot_w4_ty::<TY>(ts, a, rows));
+    }
+}
+
+/// [`q8_w4_blocks`] over `out.len() / 4` groups of four rows in one call
+/// (`rows_avx::q8_rows_blocks`): the same bits as a call per group.
+///
+/// # Safety
+/// As `rows_avx::q8_rows_blocks`, with AVX-512F and BW.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx2,f16c,fma")]
+pub unsafe fn q8_rows_blocks(
+    ty: model::quant::GgmlType,
+    q: &[f32],
+    d: &[f32],
+    w: &[u8],
+    out: &mut [f32],
+) {
+    by_type!(ty, q8_rows_ty(ty.type_size(), q, d, w, out))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx2,f16c,fma")]
+unsafe fn q8_rows_ty<const TY: u32>(ts: usize, q: &[f32], d: &[f32], w: &[u8], out: &mut [f32]) {
+    for (o, rows) in out.chunks_exact_mut(4).zip(groups(w, ts * (q.len() / 32))) {
+        o.copy_from_slice(&q8_w4_ty::<TY>(ts, q, d, rows));
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx2,f16c,fma")]
 unsafe fn dot_w4_ty<const TY: u32>(ts: usize, a: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
     let mut acc = [_mm512_setzero_ps(); 2];
@@ -251,6 +296,7 @@ pub unsafe fn q8_w4_blocks(
 }
 
 #[cfg(target_arch = "x86_64")]
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx2,f16c,fma")]
 unsafe fn q8_w4_ty<const TY: u32>(ts: usize, q: &[f32], d: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
     let nb = (q.len() / 32).min(d.len());

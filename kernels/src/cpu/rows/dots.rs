@@ -72,9 +72,31 @@ pub trait Dots: Sized + Copy {
     fn min_terms_w4_fast(_acc: [Self; 4], _m: [&[f32]; 4], _e: &[Self]) -> Option<[Self; 4]> {
         None
     }
+    /// Q4_1's min terms of `acc.len()` rows' sums (a multiple of four; row
+    /// `j`'s minimums at `m[j * e.len()..]`): `acc[j] += m[j][b] * e[b]`
+    /// for each block `b` in order; whether it ran (else nothing is changed).
+    fn min_terms_rows_fast(_acc: &mut [Self], _m: &[f32], _e: &[Self]) -> bool {
+        false
+    }
     /// [`dot_w4`](super::dot_w4) on four rows of blocks of `ty`, dequantized in registers.
     fn dot_w4_blocks_fast(_a: &[Self], _ty: GgmlType, _w: [&[u8]; 4]) -> Option<[Self; 4]> {
         None
+    }
+    /// [`Dots::dot_w4_blocks_fast`] over `out.len() / 4` groups of four rows
+    /// held back to back in `w`; whether it ran (else nothing is written).
+    fn dot_rows_blocks_fast(_a: &[Self], _ty: GgmlType, _w: &[u8], _out: &mut [Self]) -> bool {
+        false
+    }
+    /// [`Dots::q8_w4_blocks_fast`] over `out.len() / 4` groups of four rows
+    /// held back to back in `w`; whether it ran (else nothing is written).
+    fn q8_rows_blocks_fast(
+        _q: &[Self],
+        _d: &[Self],
+        _ty: GgmlType,
+        _w: &[u8],
+        _out: &mut [Self],
+    ) -> bool {
+        false
     }
     /// The 32-block q8 dot of one row against four rows of blocks of `ty`.
     fn q8_w4_blocks_fast(
@@ -208,6 +230,15 @@ impl Dots for f32 {
         ok.then(|| unsafe { super::super::rows_avx::min_terms_w4(acc, m, e) })
     }
     #[inline(always)]
+    fn min_terms_rows_fast(acc: &mut [f32], m: &[f32], e: &[f32]) -> bool {
+        let ok = avx(8) && acc.len().is_multiple_of(4) && m.len() >= acc.len() * e.len();
+        if ok {
+            // SAFETY: AVX checked by `avx`, lengths just above.
+            unsafe { super::super::rows_avx::min_terms_rows(acc, m, e) };
+        }
+        ok
+    }
+    #[inline(always)]
     fn dot_w4_blocks_fast(a: &[f32], ty: GgmlType, w: [&[u8]; 4]) -> Option<[f32; 4]> {
         if !fused(ty, a.len(), w) {
             return None;
@@ -215,6 +246,25 @@ impl Dots for f32 {
         // SAFETY: AVX2, F16C and FMA checked by `fused`, with the lengths;
         // AVX-512F and BW by `enabled`.
         Some(unsafe { widest!(dot_w4_blocks(ty, a, w)) })
+    }
+    #[inline(always)]
+    fn dot_rows_blocks_fast(a: &[f32], ty: GgmlType, w: &[u8], out: &mut [f32]) -> bool {
+        let ok = fused_rows(ty, a.len(), w, out.len());
+        if ok {
+            // SAFETY: AVX2, F16C and FMA checked by `fused_rows`, with the
+            // lengths; AVX-512F and BW by `enabled`.
+            unsafe { widest!(dot_rows_blocks(ty, a, w, out)) };
+        }
+        ok
+    }
+    #[inline(always)]
+    fn q8_rows_blocks_fast(q: &[f32], d: &[f32], ty: GgmlType, w: &[u8], out: &mut [f32]) -> bool {
+        let ok = fused_rows(ty, q.len(), w, out.len()) && d.len() >= q.len() / 32;
+        if ok {
+            // SAFETY: as above, and a scale per block.
+            unsafe { widest!(q8_rows_blocks(ty, q, d, w, out)) };
+        }
+        ok
     }
     #[inline(always)]
     fn q8_w4_blocks_fast(q: &[f32], d: &[f32], ty: GgmlType, w: [&[u8]; 4]) -> Option<[f32; 4]> {
@@ -234,6 +284,18 @@ fn fused(ty: GgmlType, len: usize, w: [&[u8]; 4]) -> bool {
     super::super::rows_avx::fused_type(ty)
         && len.is_multiple_of(32)
         && w.iter().all(|r| r.len() == ty.row_bytes(len))
+        && super::super::rows_avx::block_loops()
+}
+
+/// Whether the fused block loops take `rows` rows (a multiple of four) of
+/// `len` weights of `ty`, back to back in `w`, on this CPU.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn fused_rows(ty: GgmlType, len: usize, w: &[u8], rows: usize) -> bool {
+    super::super::rows_avx::fused_type(ty)
+        && len.is_multiple_of(32)
+        && rows.is_multiple_of(4)
+        && w.len() == rows * ty.row_bytes(len)
         && super::super::rows_avx::block_loops()
 }
 

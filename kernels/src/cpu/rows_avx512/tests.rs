@@ -245,3 +245,63 @@ fn four_weight_rows_of_q8_at_once_give_the_pairs_bits() {
         }
     }
 }
+
+/// The span loops (every group of four rows of a task in one call) give
+/// each group's own call's bits, on AVX2 and on 512-bit registers, float
+/// and q8; changed weights move only their row's output.
+#[test]
+fn span_loops_give_each_groups_bits() {
+    use super::super::rows_avx;
+    if !rows_avx::block_loops() {
+        eprintln!("skipped: this CPU has no AVX2, F16C and FMA");
+        return;
+    }
+    for ty in [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0] {
+        for (i, len) in [32, 96, 576].into_iter().enumerate() {
+            let mut w = blocks(ty, 12, len, 40 + i as u64);
+            let (a, q) = (acts(len, 3, false), acts(len, 4, true));
+            let d: Vec<f32> = (0..len / 32).map(|b| 0.01 * (b as f32 + 1.5)).collect();
+            // SAFETY (each block below): the CPU features checked above (and
+            // by `supported`), whole blocks of `len` weights in every row.
+            let groups = |w: &[Vec<u8>], q8: bool, wide: bool| -> Vec<u32> {
+                w.chunks_exact(4)
+                    .flat_map(|g| unsafe {
+                        let g = rows4(g);
+                        bits(match (q8, wide) {
+                            (false, false) => rows_avx::dot_w4_blocks(ty, &a, g),
+                            (false, true) => dot_w4_blocks(ty, &a, g),
+                            (true, false) => rows_avx::q8_w4_blocks(ty, &q, &d, g),
+                            (true, true) => q8_w4_blocks(ty, &q, &d, g),
+                        })
+                    })
+                    .collect()
+            };
+            let span = |w: &[Vec<u8>], q8: bool, wide: bool| -> Vec<u32> {
+                let all = w.concat();
+                let mut out = vec![0f32; w.len()];
+                unsafe {
+                    match (q8, wide) {
+                        (false, false) => rows_avx::dot_rows_blocks(ty, &a, &all, &mut out),
+                        (false, true) => dot_rows_blocks(ty, &a, &all, &mut out),
+                        (true, false) => rows_avx::q8_rows_blocks(ty, &q, &d, &all, &mut out),
+                        (true, true) => q8_rows_blocks(ty, &q, &d, &all, &mut out),
+                    }
+                }
+                out.into_iter().map(f32::to_bits).collect()
+            };
+            for q8 in [false, true] {
+                for wide in [false, true].into_iter().filter(|&x| !x || supported()) {
+                    let case = format!("{ty} len {len} q8 {q8} 512-bit {wide}");
+                    let before = span(&w, q8, wide);
+                    assert_eq!(before, groups(&w, q8, wide), "{case}");
+                    let kept = std::mem::replace(&mut w[6], blocks(ty, 1, len, 99).remove(0));
+                    let after = span(&w, q8, wide);
+                    w[6] = kept;
+                    for (j, (x, y)) in before.iter().zip(&after).enumerate() {
+                        assert_eq!(x != y, j == 6, "{case}: row {j}");
+                    }
+                }
+            }
+        }
+    }
+}
