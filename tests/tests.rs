@@ -15,6 +15,8 @@ mod bisect_cli;
 mod bisect_switches_cli;
 // `taptree capture` on the fixture models and SmolLM2.
 mod capture_cli;
+// `taptree capture --select`.
+mod capture_select_cli;
 // `taptree diff` on synthetic trees: verdicts, exit codes, bad input.
 mod diff_cli;
 // The diff's metrics against the numpy peer.
