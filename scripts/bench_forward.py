@@ -12,17 +12,19 @@ passes the taptree binary and the settings in the environment:
   GEN       decode steps timed (default 64)
   PRECISIONS  taptree's precisions timed, in order (default "f32 q8 llamacpp")
 
-Each round times, in this order: taptree prefill (each of PRECISIONS),
-llama.cpp prefill (its default, then every position's logits), taptree decode (each of PRECISIONS), llama.cpp decode.
+Each round times, in this order: taptree prefill (each of PRECISIONS: the
+last position's logits, then every position's), llama.cpp prefill (its
+default, then every position's logits), taptree decode (each of
+PRECISIONS), llama.cpp decode.
 
 - Prefill: the 37-token chat prompt "What is the capital of France?" in one
-  forward. taptree: `capture --gen 0 --select stage=logits`, its own
-  "forward" time (its positions over its printed positions/s, finer than
-  the printed seconds); taptree's forward computes the logits of every
-  position (the tree holds them). llama.cpp: `Llama.eval` of the same token
-  ids after a reset, as it runs by default (the last position's logits
-  only), and again with `logits_all=True` (every position's, the same work
-  as taptree's); both are printed.
+  forward, twice: keeping the last position's logits (taptree `capture
+  --gen 0 --select "stage=logits;pos=36"`, whose forward then computes
+  that row of the logits alone; llama.cpp's `Llama.eval` of the same token
+  ids after a reset, as it runs by default), and keeping every position's
+  (`--select stage=logits`; llama.cpp with `logits_all=True`). taptree's
+  figure is its own "forward" time (its positions over its printed
+  positions/s, finer than the printed seconds).
 - Decode: GEN greedy steps after a 23-token plain-text prompt, the end token
   ignored. taptree: the forward time of `--gen GEN+1 --ignore-eos` (one
   prefill and GEN one-token forwards) minus that of `--gen 0` on the same
@@ -60,12 +62,12 @@ PLAIN = (
 )
 
 
-def taptree(args, out, cpus=None, binary=None, env=None):
-    """Runs `taptree capture` (under `taskset -c CPUS` when given; BINARY
-    instead of TAPTREE, with ENV added to the environment, when given),
-    returns (forward seconds, manifest)."""
+def taptree(args, out, cpus=None, binary=None, env=None, select="stage=logits"):
+    """Runs `taptree capture` keeping the taps SELECT (under `taskset -c
+    CPUS` when given; BINARY instead of TAPTREE, with ENV added to the
+    environment, when given), returns (forward seconds, manifest)."""
     cmd = (["taskset", "-c", cpus] if cpus else []) + [binary or os.environ["TAPTREE"], "capture", "--model", MODEL, "--out", out, "--force",
-           "--select", "stage=logits"] + args
+           "--select", select] + args
     r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **(env or {})))
     if r.returncode != 0:
         sys.exit(f"bench_forward: {' '.join(cmd)} failed:\n{r.stdout}{r.stderr}")
@@ -186,6 +188,9 @@ def main():
         assert len(m["run"]["extra"]["generated_tokens"][0]) == gen + 1
         return t1 - t0
 
+    # The last position's logits only: the output matmul of one row, as
+    # llama.cpp computes by default.
+    last_logits = f"stage=logits;pos={len(chat_ids) - 1}"
     llama_prefill()  # warm-up
     llama_prefill(llm_all)
     assert llm_all.scores[: len(chat_ids)].any(axis=1).all(), "logits_all gave no logits"
@@ -194,7 +199,9 @@ def main():
         load = os.getloadavg()[0]
         row = {"load": load}
         for p in precisions:
-            row[f"tt_prefill_{p}"] = taptree(["--chat", CHAT, "--precision", p], out)[0]
+            row[f"tt_prefill_{p}"] = taptree(["--chat", CHAT, "--precision", p], out,
+                                             select=last_logits)[0]
+            row[f"tt_prefill_all_{p}"] = taptree(["--chat", CHAT, "--precision", p], out)[0]
         row["llama_prefill"] = llama_prefill()
         row["llama_prefill_all"] = llama_prefill(llm_all)
         for p in precisions:
@@ -202,9 +209,11 @@ def main():
         row["llama_decode"] = llama_decode()
         rows.append(row)
         rates = {what: ", ".join(f"{p} {n / row[f'tt_{what}_{p}']:.1f}" for p in precisions)
-                 for what, n in (("prefill", len(chat_ids)), ("decode", gen))}
+                 for what, n in (("prefill", len(chat_ids)), ("prefill_all", len(chat_ids)),
+                                 ("decode", gen))}
         print(f"round {r + 1}: load {load:.2f}; prefill tok/s taptree {rates['prefill']}, "
-              f"llama.cpp {len(chat_ids) / row['llama_prefill']:.1f} (every position's logits "
+              f"llama.cpp {len(chat_ids) / row['llama_prefill']:.1f} (every position's logits: "
+              f"taptree {rates['prefill_all']}, llama.cpp "
               f"{len(chat_ids) / row['llama_prefill_all']:.1f}); decode tok/s taptree "
               f"{rates['decode']}, llama.cpp {gen / row['llama_decode']:.1f}", flush=True)
 
@@ -217,13 +226,13 @@ def main():
     print("| | taptree | llama.cpp | taptree time / llama.cpp time |")
     print("|---|---|---|---|")
     for what, n, ll, label in (
-            ("prefill", len(chat_ids), "llama_prefill", ""),
-            ("prefill", len(chat_ids), "llama_prefill_all",
-             " (llama.cpp computing every position's logits, as taptree does)"),
+            ("prefill", len(chat_ids), "llama_prefill", " (the last position's logits)"),
+            ("prefill_all", len(chat_ids), "llama_prefill_all", " (every position's logits)"),
             ("decode", gen, "llama_decode", "")):
         for p in precisions:
             tt = med[f"tt_{what}_{p}"]
-            print(f"| {what} {p}{label} | {n / tt:.1f} tok/s | {n / med[ll]:.1f} tok/s | "
+            name = what.split("_")[0]
+            print(f"| {name} {p}{label} | {n / tt:.1f} tok/s | {n / med[ll]:.1f} tok/s | "
                   f"{tt / med[ll]:.2f} |")
     subprocess.run(["rm", "-rf", tmp])
 
