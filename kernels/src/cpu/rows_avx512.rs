@@ -449,6 +449,10 @@ unsafe fn rows_of(acc: [__m512; 2]) -> [__m256; 4] {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod min_terms;
+#[cfg(target_arch = "x86_64")]
+pub use min_terms::min_terms_rows;
+#[cfg(target_arch = "x86_64")]
 mod prefill;
 #[cfg(target_arch = "x86_64")]
 pub use prefill::{dot4x2, dot4x4, q8_rows4x2, q8_rows4x4};

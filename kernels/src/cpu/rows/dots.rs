@@ -233,8 +233,9 @@ impl Dots for f32 {
     fn min_terms_rows_fast(acc: &mut [f32], m: &[f32], e: &[f32]) -> bool {
         let ok = avx(8) && acc.len().is_multiple_of(4) && m.len() >= acc.len() * e.len();
         if ok {
-            // SAFETY: AVX checked by `avx`, lengths just above.
-            unsafe { super::super::rows_avx::min_terms_rows(acc, m, e) };
+            // SAFETY: AVX checked by `avx` (AVX-512F by `enabled`), lengths
+            // just above.
+            unsafe { widest!(min_terms_rows(acc, m, e)) };
         }
         ok
     }

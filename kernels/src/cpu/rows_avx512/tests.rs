@@ -305,3 +305,48 @@ fn span_loops_give_each_groups_bits() {
         }
     }
 }
+
+/// The sixteen-row min terms give the four-row loop's bits, at counts of
+/// blocks around the transposed sixteen and of rows past a multiple of
+/// sixteen; a changed minimum moves only its row.
+#[test]
+fn min_terms_sixteen_rows_at_once_give_the_four_row_bits() {
+    if !supported() {
+        eprintln!("skipped: this CPU has no AVX-512F and BW");
+        return;
+    }
+    let val = |i: usize, s: usize| {
+        ((i as u32).wrapping_mul(2654435761).wrapping_add(s as u32) >> 8) as f32 / (1 << 20) as f32
+    };
+    for rows in [16, 20, 36] {
+        for nb in [1, 15, 16, 17, 18, 33, 48] {
+            let mut m: Vec<f32> = (0..rows * nb).map(|i| val(i, 1) - 8.0).collect();
+            let e: Vec<f32> = (0..nb).map(|b| val(b, 9) * 0.1 - 0.5).collect();
+            let acc: Vec<f32> = (0..rows).map(|j| val(j, 5) * 3.0).collect();
+            let run = |m: &[f32], wide: bool| {
+                let mut out = acc.clone();
+                // SAFETY: AVX-512F checked above (AVX with it); `m` holds
+                // `rows` rows of `nb`.
+                unsafe {
+                    if wide {
+                        min_terms_rows(&mut out, m, &e)
+                    } else {
+                        super::super::rows_avx::min_terms_rows(&mut out, m, &e)
+                    }
+                }
+                out.into_iter().map(f32::to_bits).collect::<Vec<_>>()
+            };
+            let case = format!("{rows} rows, {nb} blocks");
+            let before = run(&m, true);
+            assert_eq!(before, run(&m, false), "{case}");
+            for j in [3, 17.min(rows - 1)] {
+                m[j * nb + nb - 1] += 1.0;
+                let after = run(&m, true);
+                m[j * nb + nb - 1] -= 1.0;
+                for (r, (x, y)) in before.iter().zip(&after).enumerate() {
+                    assert_eq!(x != y, r == j, "{case}: changed row {j}, row {r}");
+                }
+            }
+        }
+    }
+}
