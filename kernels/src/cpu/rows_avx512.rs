@@ -295,9 +295,10 @@ pub unsafe fn q8_w4_blocks(
     by_type!(ty, q8_w4_ty(ty.type_size(), q, d, w))
 }
 
+// Inlined into its callers (whose features its intrinsics need): called
+// once per group of a span, it was a call per 500 cycles of work.
 #[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx2,f16c,fma")]
+#[inline(always)]
 unsafe fn q8_w4_ty<const TY: u32>(ts: usize, q: &[f32], d: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
     let nb = (q.len() / 32).min(d.len());
     let mut total = _mm_setzero_ps();
