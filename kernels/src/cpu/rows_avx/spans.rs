@@ -1,6 +1,8 @@
-//! The fused block loops over a span of rows: one call for every group of
-//! four weight rows of a task (a decode's matmul), where a call per group
-//! cost a tenth of a decode step, and Q4_1's min terms of the span.
+//! The fused block loops over a span of rows: one call for all the groups
+//! of four weight rows of a task (a decode's matmul), where a call per
+//! group had cost about a tenth of a decode step, and Q4_1's min terms of
+//! the span. Their 512-bit twins are in `rows_avx512`, as for the loops
+//! they call.
 
 use super::{dot_w4_ty, q8_w4_ty, Q4_0, Q4_1, Q8_0};
 use std::arch::x86_64::*;
