@@ -27,17 +27,17 @@ pub struct QMatrix {
 }
 
 impl QMatrix {
-    /// The raw bytes of one row.
+    /// The raw bytes of rows `r..r + k`, back to back.
     #[inline(always)]
-    fn row_bytes(&self, r: usize) -> &[u8] {
+    fn rows_bytes(&self, r: usize, k: usize) -> &[u8] {
         let n = self.ty.row_bytes(self.cols);
-        &self.bytes[r * n..(r + 1) * n]
+        &self.bytes[r * n..(r + k) * n]
     }
 
     /// Dequantizes row `r` into `out` (`cols` long).
     #[inline(always)]
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        dequantize_blocks(self.ty, self.row_bytes(r), out);
+        dequantize_blocks(self.ty, self.rows_bytes(r, 1), out);
     }
 }
 
@@ -118,8 +118,7 @@ impl WeightRows for QMatrix {
     }
     #[inline(always)]
     fn block_rows(&self, r: usize, k: usize) -> Option<(GgmlType, &[u8])> {
-        let n = self.ty.row_bytes(self.cols);
-        Some((self.ty, &self.bytes[r * n..(r + k) * n]))
+        Some((self.ty, self.rows_bytes(r, k)))
     }
 }
 

@@ -151,14 +151,10 @@ fn chunk_body<T: Real, W: WeightRows>(
     // of a decode, and a prefill on many threads runs many small tasks).
     // Only rows `row_in` just wrote are read from it.
     let mut i = 0;
-    if n == 1 {
-        i = fused_span(job, first, &mut out[..k / 4 * 4]);
+    if n < 4 {
+        i = fused_span(job, first, k / 4 * 4, out);
     }
     while i < k {
-        if n < 4 && k - i >= 4 && fused_group(job, first + i, &mut out[i * n..(i + 4) * n]) {
-            i += 4;
-            continue;
-        }
         let g = (k - i).min(4);
         if buf.len() < 4 * cols {
             buf.resize(4 * cols, 0f32);
@@ -183,44 +179,60 @@ fn chunk_body<T: Real, W: WeightRows>(
     }
 }
 
-/// Decode of one activation row: `out.len()` (a multiple of four) weight
-/// rows from output feature `o0` in one call of the loops that read their
-/// blocks ([`Dots::dot_rows_blocks_fast`], [`Dots::q8_rows_blocks_fast`]),
-/// then Q4_1's min terms where the activation is q8: each output is
-/// [`fused_group`]'s, without a call per group. Returns how many rows it
-/// wrote: all, or none where there is no such loop.
+/// Decode (fewer than four activation rows): weight rows `o0..o0 + k4` (`k4`
+/// a multiple of four) against each activation row, read from their blocks
+/// and dequantized in registers, one call of the loops per activation row
+/// for all of them ([`Dots::dot_rows_blocks_fast`],
+/// [`Dots::q8_rows_blocks_fast`]), then Q4_1's min terms where the
+/// activation is q8 ([`min_terms_rows`]): the same bits as dequantizing the
+/// rows first. Writes features `..k4` of `out` (`[k, n]`) and returns `k4`,
+/// or returns 0 having written nothing where there is no such loop.
 #[inline(always)]
-fn fused_span<T: Real, W: WeightRows>(job: &Job<T, W>, o0: usize, out: &mut [T]) -> usize {
-    let cols = job.w.cols();
-    let Some((ty, w)) = job.w.block_rows(o0, out.len()) else {
+fn fused_span<T: Real, W: WeightRows>(
+    job: &Job<T, W>,
+    o0: usize,
+    k4: usize,
+    out: &mut [T],
+) -> usize {
+    let (n, cols) = (job.n, job.w.cols());
+    let Some((ty, w)) = job.w.block_rows(o0, k4) else {
         return 0;
     };
-    if let (Some(_), Some(mins)) = (job.q, job.mins) {
-        // The span's minimums, read after its sums: asked for now, so that
-        // they arrive while the sums are computed (a stream of their own, a
-        // fifth of the weights' bytes, that had waited on memory).
-        let nb = cols / job.w.block();
-        prefetch(&mins[o0 * nb..(o0 + out.len()) * nb]);
+    let nb = cols / job.w.block();
+    // The span's minimums (q8 against Q4_1), read after its sums: asked for
+    // now, so that they arrive while the sums are computed (a stream of
+    // their own, a fifth of the weights' bytes, that had waited on memory).
+    let mins = job.q.and(job.mins).map(|m| &m[o0 * nb..(o0 + k4) * nb]);
+    if let Some(m) = mins {
+        prefetch(m);
     }
-    let ran = match job.q {
-        None => T::dot_rows_blocks_fast(&job.x[..cols], ty, w, out),
-        Some(q) if job.w.block() == 32 => T::q8_rows_blocks_fast(&q[0].q, &q[0].d, ty, w, out),
-        Some(_) => false,
+    // One activation row's sums against every weight row of the span.
+    let row = |r: usize, y: &mut [T]| -> bool {
+        let ran = match job.q {
+            None => T::dot_rows_blocks_fast(&job.x[r * cols..(r + 1) * cols], ty, w, y),
+            Some(q) if job.w.block() == 32 => T::q8_rows_blocks_fast(&q[r].q, &q[r].d, ty, w, y),
+            Some(_) => false,
+        };
+        if let (true, Some(q), Some(m)) = (ran, job.q, mins) {
+            min_terms_rows(y, m, nb, &q[r]);
+        }
+        ran
     };
-    if !ran {
-        return 0;
+    if n == 1 {
+        return if row(0, &mut out[..k4]) { k4 } else { 0 };
     }
-    if let (Some(q), Some(mins)) = (job.q, job.mins) {
-        let nb = cols / job.w.block();
-        let m = &mins[o0 * nb..(o0 + out.len()) * nb];
-        if !T::min_terms_rows_fast(out, m, &q[0].s_err) {
-            for (g, y) in out.chunks_exact_mut(4).enumerate() {
-                let y4 = min_terms_w4(mins, o0 + 4 * g, nb, &q[0], [y[0], y[1], y[2], y[3]]);
-                y.copy_from_slice(&y4);
-            }
+    let mut y = vec![T::ZERO; k4];
+    for r in 0..n {
+        // Whether there is a loop does not depend on the row: only the
+        // first can find none, before anything is written.
+        if !row(r, &mut y) {
+            return 0;
+        }
+        for (j, v) in y.iter().enumerate() {
+            out[j * n + r] = *v;
         }
     }
-    out.len()
+    k4
 }
 
 /// Asks for every cache line of `v` to be on its way into the cache (a
@@ -241,55 +253,27 @@ fn prefetch<T>(v: &[T]) {
     let _ = v;
 }
 
-/// Decode (fewer than four activation rows): four weight rows from output
-/// feature `o0` against each activation row, read from their blocks and
-/// dequantized in registers where the element type and format have such a
-/// loop ([`Dots::dot_w4_blocks_fast`]); the same bits as dequantizing the
-/// rows first. Returns false, having written nothing, where they have not.
-#[inline(always)]
-fn fused_group<T: Real, W: WeightRows>(job: &Job<T, W>, o0: usize, out: &mut [T]) -> bool {
-    let (n, cols) = (job.n, job.w.cols());
-    let Some((ty, _)) = job.w.blocks(o0) else {
-        return false;
-    };
-    let w = [0, 1, 2, 3].map(|j| job.w.blocks(o0 + j).map_or(&[][..], |b| b.1));
-    let mut ys = [[T::ZERO; 4]; 3];
-    for (r, y) in ys.iter_mut().enumerate().take(n) {
-        let got = match job.q {
-            None => T::dot_w4_blocks_fast(&job.x[r * cols..(r + 1) * cols], ty, w),
-            Some(q) if job.w.block() == 32 => T::q8_w4_blocks_fast(&q[r].q, &q[r].d, ty, w),
-            Some(_) => None,
-        };
-        match got {
-            Some(v) => *y = v,
-            None => return false,
-        }
-    }
-    let nb = cols / job.w.block();
-    for (r, y) in ys.iter_mut().enumerate().take(n) {
-        if let (Some(q), Some(mins)) = (job.q, job.mins) {
-            *y = min_terms_w4(mins, o0, nb, &q[r], *y);
-        }
-        for (j, yj) in y.iter().enumerate() {
-            out[j * n + r] = *yj;
-        }
-    }
-    true
-}
-
-/// Q4_1's min terms added to one q8 row's sums `y` against output features
-/// `o..o + 4`, four at once where there is a loop for it, else one by one
+/// Q4_1's min terms added to one q8 row's sums `y` against the span's
+/// weight rows (row `j`'s `nb` minimums at `m[j * nb..]`): all at once where
+/// there is a loop for it, else four rows at a time, else one by one
 /// ([`add_min_term`]): the same bits.
 #[inline(always)]
-fn min_terms_w4<T: Real>(mins: &[f32], o: usize, nb: usize, qr: &QuantRow<T>, y: [T; 4]) -> [T; 4] {
-    let m4 = [0, 1, 2, 3].map(|j| &mins[(o + j) * nb..][..nb]);
-    T::min_terms_w4_fast(y, m4, &qr.s_err).unwrap_or_else(|| {
-        let mut y = y;
-        for (j, yj) in y.iter_mut().enumerate() {
-            add_min_term(Some(mins), o + j, nb, qr, yj);
-        }
-        y
-    })
+fn min_terms_rows<T: Real>(y: &mut [T], m: &[f32], nb: usize, qr: &QuantRow<T>) {
+    if T::min_terms_rows_fast(y, m, &qr.s_err) {
+        return;
+    }
+    for (g, y4) in y.chunks_exact_mut(4).enumerate() {
+        let m4 = [0, 1, 2, 3].map(|j| &m[(4 * g + j) * nb..][..nb]);
+        let acc = [y4[0], y4[1], y4[2], y4[3]];
+        let v = T::min_terms_w4_fast(acc, m4, &qr.s_err).unwrap_or_else(|| {
+            let mut a = acc;
+            for (j, aj) in a.iter_mut().enumerate() {
+                add_min_term(Some(m), 4 * g + j, nb, qr, aj);
+            }
+            a
+        });
+        y4.copy_from_slice(&v);
+    }
 }
 
 /// Adds Q4_1's min term for output feature `o` (see [`super::matmul`]).

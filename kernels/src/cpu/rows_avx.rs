@@ -446,10 +446,13 @@ unsafe fn dequantize_ty<const TY: u32>(ts: usize, data: &[u8], out: &mut [f32]) 
 /// the same products and sums in the same order (each row's chunks of eight
 /// in ascending order), so the same bits as dequantizing first.
 ///
+/// One group's call, the reference the tests hold the span loops (and
+/// the two register widths) to; the forward calls the span loops.
+///
 /// # Safety
 /// The CPU must support AVX2, F16C and FMA; `a.len()` a multiple of 32 and each
 /// `w[j]` that many weights of whole blocks of `ty`.
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(test, target_arch = "x86_64"))]
 #[target_feature(enable = "avx2,f16c,fma")]
 pub unsafe fn dot_w4_blocks(ty: model::quant::GgmlType, a: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
     by_type!(ty, dot_w4_ty(ty.type_size(), a, w))
@@ -478,9 +481,12 @@ pub(super) unsafe fn dot_w4_ty<const TY: u32>(ts: usize, a: &[f32], w: [&[u8]; 4
 /// [`q8_w4`] (32-blocks) with the four weight rows dequantized in registers
 /// from their Q4_0, Q4_1 or Q8_0 blocks: the same bits.
 ///
+/// One group's call, the reference the tests hold the span loops (and
+/// the two register widths) to; the forward calls the span loops.
+///
 /// # Safety
-/// As [`dot_w4_blocks`], with `q` for `a` and `d` holding `q.len() / 32` scales.
-#[cfg(target_arch = "x86_64")]
+/// As `dot_w4_blocks`, with `q` for `a` and `d` holding `q.len() / 32` scales.
+#[cfg(all(test, target_arch = "x86_64"))]
 #[target_feature(enable = "avx2,f16c,fma")]
 pub unsafe fn q8_w4_blocks(
     ty: model::quant::GgmlType,
@@ -529,7 +535,7 @@ pub(super) unsafe fn q8_w4_ty<const TY: u32>(
 /// each started from its first product (see the module's "First products").
 ///
 /// # Safety
-/// As [`q8_w4_blocks`]; `blk` a whole block of each.
+/// As `q8_w4_blocks`; `blk` a whole block of each.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,f16c,fma")]

@@ -203,16 +203,19 @@ unsafe fn high(v: __m512) -> __m256 {
 
 /// `rows_avx::dot_w4_blocks` on 512-bit registers: the same bits.
 ///
+/// One group's call, the reference the tests hold the span loops (and
+/// the two register widths) to; the forward calls the span loops.
+///
 /// # Safety
 /// The CPU must support AVX-512F and BW, AVX2, F16C and FMA; `a.len()` a multiple
 /// of 32 and each `w[j]` that many weights of whole blocks of `ty`.
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(test, target_arch = "x86_64"))]
 #[target_feature(enable = "avx512f,avx512bw,avx2,f16c,fma")]
 pub unsafe fn dot_w4_blocks(ty: model::quant::GgmlType, a: &[f32], w: [&[u8]; 4]) -> [f32; 4] {
     by_type!(ty, dot_w4_ty(ty.type_size(), a, w))
 }
 
-/// [`dot_w4_blocks`] over `out.len() / 4` groups of four rows in one call
+/// `dot_w4_blocks` over `out.len() / 4` groups of four rows in one call
 /// (`rows_avx::dot_rows_blocks`): the same bits as a call per group.
 ///
 /// # Safety
@@ -231,7 +234,7 @@ unsafe fn dot_rows_ty<const TY: u32>(ts: usize, a: &[f32], w: &[u8], out: &mut [
     }
 }
 
-/// [`q8_w4_blocks`] over `out.len() / 4` groups of four rows in one call
+/// `q8_w4_blocks` over `out.len() / 4` groups of four rows in one call
 /// (`rows_avx::q8_rows_blocks`): the same bits as a call per group.
 ///
 /// # Safety
@@ -282,9 +285,12 @@ unsafe fn dot_w4_ty<const TY: u32>(ts: usize, a: &[f32], w: [&[u8]; 4]) -> [f32;
 
 /// `rows_avx::q8_w4_blocks` on 512-bit registers: the same bits.
 ///
+/// One group's call, the reference the tests hold the span loops (and
+/// the two register widths) to; the forward calls the span loops.
+///
 /// # Safety
-/// As [`dot_w4_blocks`], with `q` for `a` and `d` holding `q.len() / 32` scales.
-#[cfg(target_arch = "x86_64")]
+/// As `dot_w4_blocks`, with `q` for `a` and `d` holding `q.len() / 32` scales.
+#[cfg(all(test, target_arch = "x86_64"))]
 #[target_feature(enable = "avx512f,avx512bw,avx2,f16c,fma")]
 pub unsafe fn q8_w4_blocks(
     ty: model::quant::GgmlType,
@@ -405,7 +411,7 @@ unsafe fn hadd_quarters(a: __m512, b: __m512) -> __m512 {
 /// two rows a register, each started from its first product.
 ///
 /// # Safety
-/// As [`q8_w4_blocks`]; `blk` a whole block of each.
+/// As `q8_w4_blocks`; `blk` a whole block of each.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx2,f16c,fma")]

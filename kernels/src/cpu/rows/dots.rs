@@ -78,17 +78,16 @@ pub trait Dots: Sized + Copy {
     fn min_terms_rows_fast(_acc: &mut [Self], _m: &[f32], _e: &[Self]) -> bool {
         false
     }
-    /// [`dot_w4`](super::dot_w4) on four rows of blocks of `ty`, dequantized in registers.
-    fn dot_w4_blocks_fast(_a: &[Self], _ty: GgmlType, _w: [&[u8]; 4]) -> Option<[Self; 4]> {
-        None
-    }
-    /// [`Dots::dot_w4_blocks_fast`] over `out.len() / 4` groups of four rows
-    /// held back to back in `w`; whether it ran (else nothing is written).
+    /// One row `a` dotted with `out.len()` (a multiple of four) weight rows
+    /// of blocks of `ty` held back to back in `w`, dequantized in registers,
+    /// four rows at a time, each sum [`dot_w4`](super::dot_w4)'s; whether
+    /// it ran (else nothing is written).
     fn dot_rows_blocks_fast(_a: &[Self], _ty: GgmlType, _w: &[u8], _out: &mut [Self]) -> bool {
         false
     }
-    /// [`Dots::q8_w4_blocks_fast`] over `out.len() / 4` groups of four rows
-    /// held back to back in `w`; whether it ran (else nothing is written).
+    /// The 32-block q8 dot of one row (values `q`, block scales `d`) against
+    /// `out.len()` (a multiple of four) weight rows of blocks of `ty` held
+    /// back to back in `w`; whether it ran (else nothing is written).
     fn q8_rows_blocks_fast(
         _q: &[Self],
         _d: &[Self],
@@ -97,15 +96,6 @@ pub trait Dots: Sized + Copy {
         _out: &mut [Self],
     ) -> bool {
         false
-    }
-    /// The 32-block q8 dot of one row against four rows of blocks of `ty`.
-    fn q8_w4_blocks_fast(
-        _q: &[Self],
-        _d: &[Self],
-        _ty: GgmlType,
-        _w: [&[u8]; 4],
-    ) -> Option<[Self; 4]> {
-        None
     }
 }
 
@@ -240,15 +230,6 @@ impl Dots for f32 {
         ok
     }
     #[inline(always)]
-    fn dot_w4_blocks_fast(a: &[f32], ty: GgmlType, w: [&[u8]; 4]) -> Option<[f32; 4]> {
-        if !fused(ty, a.len(), w) {
-            return None;
-        }
-        // SAFETY: AVX2, F16C and FMA checked by `fused`, with the lengths;
-        // AVX-512F and BW by `enabled`.
-        Some(unsafe { widest!(dot_w4_blocks(ty, a, w)) })
-    }
-    #[inline(always)]
     fn dot_rows_blocks_fast(a: &[f32], ty: GgmlType, w: &[u8], out: &mut [f32]) -> bool {
         let ok = fused_rows(ty, a.len(), w, out.len());
         if ok {
@@ -267,25 +248,6 @@ impl Dots for f32 {
         }
         ok
     }
-    #[inline(always)]
-    fn q8_w4_blocks_fast(q: &[f32], d: &[f32], ty: GgmlType, w: [&[u8]; 4]) -> Option<[f32; 4]> {
-        if !(fused(ty, q.len(), w) && d.len() >= q.len() / 32) {
-            return None;
-        }
-        // SAFETY: as above, and a scale per block.
-        Some(unsafe { widest!(q8_w4_blocks(ty, q, d, w)) })
-    }
-}
-
-/// Whether the fused block loops of [`super::rows_avx`] take `len` weights
-/// of `ty` in each of `w` on this CPU.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn fused(ty: GgmlType, len: usize, w: [&[u8]; 4]) -> bool {
-    super::super::rows_avx::fused_type(ty)
-        && len.is_multiple_of(32)
-        && w.iter().all(|r| r.len() == ty.row_bytes(len))
-        && super::super::rows_avx::block_loops()
 }
 
 /// Whether the fused block loops take `rows` rows (a multiple of four) of

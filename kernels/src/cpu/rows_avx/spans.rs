@@ -7,14 +7,14 @@
 use super::{dot_w4_ty, q8_w4_ty, Q4_0, Q4_1, Q8_0};
 use std::arch::x86_64::*;
 
-/// [`dot_w4_blocks`] over `out.len() / 4` groups of four rows in one call:
+/// `dot_w4_blocks` over `out.len() / 4` groups of four rows in one call:
 /// `w` holds `out.len()` rows of `a.len()` weights back to back (a
 /// [`super::qmatrix::QMatrix`]'s rows), and `out[j]` gets row `j`'s sum.
 /// The same bits as a call per group, without a call's overhead per group
 /// (a 576-long group is about 500 cycles of work).
 ///
 /// # Safety
-/// As [`dot_w4_blocks`]; `out.len()` a multiple of four and `w` that many
+/// As `dot_w4_blocks`; `out.len()` a multiple of four and `w` that many
 /// rows of `a.len()` weights in whole blocks of `ty`.
 #[target_feature(enable = "avx2,f16c,fma")]
 pub unsafe fn dot_rows_blocks(ty: model::quant::GgmlType, a: &[f32], w: &[u8], out: &mut [f32]) {
@@ -39,11 +39,11 @@ pub(crate) fn groups(w: &[u8], row: usize) -> impl Iterator<Item = [&[u8]; 4]> {
     })
 }
 
-/// [`q8_w4_blocks`] over `out.len() / 4` groups of four rows in one call,
-/// as [`dot_rows_blocks`] is to [`dot_w4_blocks`].
+/// `q8_w4_blocks` over `out.len() / 4` groups of four rows in one call,
+/// as [`dot_rows_blocks`] is to `dot_w4_blocks`.
 ///
 /// # Safety
-/// As [`q8_w4_blocks`] and [`dot_rows_blocks`].
+/// As `q8_w4_blocks` and [`dot_rows_blocks`].
 #[target_feature(enable = "avx2,f16c,fma")]
 pub unsafe fn q8_rows_blocks(
     ty: model::quant::GgmlType,
