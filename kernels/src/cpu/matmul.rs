@@ -245,6 +245,9 @@ pub fn apply_group_quantized<T: Real>(
     ys
 }
 
+/// The most outputs a task keeps on its stack (a decode task's 16).
+const SMALL_OUT: usize = 64;
+
 thread_local! {
     /// Each thread's buffer of dequantized weight rows, kept from task to
     /// task and region to region (see [`fill_chunk`]).
@@ -308,14 +311,23 @@ fn run_jobs_split<T: Real, W: WeightRows>(
         };
         let k = chunk.min(rows - first);
         // Output features in the outer loop: weight rows stay in cache
-        // while they meet every activation row; `buf` is `[k, r1 - r0]`.
-        let mut buf = vec![T::ZERO; k * part.n];
-        SCRATCH.with(|s| fill_chunk(&part, first, &mut buf, &mut s.borrow_mut()));
+        // while they meet every activation row; `buf` is `[k, r1 - r0]`,
+        // on the stack where it is small (a decode's task: an allocation
+        // and its free per task had been 3% of a decode step).
+        let mut small = [T::ZERO; SMALL_OUT];
+        let mut heap = Vec::new();
+        let buf = if k * part.n <= SMALL_OUT {
+            &mut small[..k * part.n]
+        } else {
+            heap.resize(k * part.n, T::ZERO);
+            &mut heap[..]
+        };
+        SCRATCH.with(|s| fill_chunk(&part, first, buf, &mut s.borrow_mut()));
         let out = &outs[i];
         // SAFETY: in bounds (r0 + r < n, first + o < rows of the capacity);
         // this task alone writes features first..first + k of rows r0..r1
         // of output i.
-        unsafe { transpose_into(&buf, k, part.n, out.at(r0 * rows + first), rows) };
+        unsafe { transpose_into(buf, k, part.n, out.at(r0 * rows + first), rows) };
     });
     for (y, j) in ys.iter_mut().zip(jobs) {
         // SAFETY: the tasks above wrote all `n * rows` elements of each
