@@ -135,6 +135,22 @@ impl<T: Real> Task<'_, T> {
         let mut max = T::from_f64(f64::NEG_INFINITY);
         let key = |t: usize| &k[t * kv_width + kvh * head_dim..][..head_dim];
         let mut t = first;
+        let mut push = |s: T| {
+            let s = s * scale;
+            if s > max {
+                max = s;
+            }
+            scores.push(s);
+        };
+        // Sixteen keys a register where there is a loop for it.
+        while seen - t >= 16 {
+            let Some(sums) = T::key_dots16_fast(qh, &k[t * kv_width + kvh * head_dim..], kv_width)
+            else {
+                break;
+            };
+            sums.into_iter().for_each(&mut push);
+            t += 16;
+        }
         while t < seen {
             // KEYS keys at a time: each key's sum is its own chain over the
             // dimensions in order, as one key alone; the chains run side by
@@ -149,13 +165,7 @@ impl<T: Real> Task<'_, T> {
                 }
                 one
             };
-            for s in sums.into_iter().take(m) {
-                let s = s * scale;
-                if s > max {
-                    max = s;
-                }
-                scores.push(s);
-            }
+            sums.into_iter().take(m).for_each(&mut push);
             t += m;
         }
         let mut sum = T::ZERO;
@@ -327,29 +337,39 @@ mod tests {
     /// window; a changed key moves them (the comparison can fail).
     #[test]
     fn keys_side_by_side_give_the_one_key_bits() {
-        let heads = Heads {
-            n_head: 6,
-            n_head_kv: 2,
-            head_dim: 20,
-        };
+        // A width of 20 takes keys four at a time; 64 (SmolLM2's) sixteen
+        // at a time where the CPU has the loop, then four, then one.
+        for head_dim in [20, 64] {
+            keys_side_by_side(Heads {
+                n_head: 6,
+                n_head_kv: 2,
+                head_dim,
+            });
+        }
+    }
+
+    fn keys_side_by_side(heads: Heads) {
+        let hd = heads.head_dim;
         let val = |i: usize, seed: u32| {
             ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / (1 << 24) as f32
                 - 0.5
         };
-        let (qw, kvw) = (6 * 20, 2 * 20);
-        for (n, start) in [(1, 0), (1, 3), (1, 4), (1, 8), (1, 13), (5, 0), (9, 6)] {
+        let (qw, kvw) = (6 * hd, 2 * hd);
+        let counts = [(1, 0), (1, 3), (1, 4), (1, 8), (1, 13), (5, 0), (9, 6)];
+        let more = [(1, 15), (1, 16), (1, 31), (1, 36), (4, 30), (2, 47)];
+        for (n, start) in counts.into_iter().chain(more) {
             let ctx = start + n;
             let q: Vec<f32> = (0..n * qw).map(|i| val(i, 1) * 3.0).collect();
             let mut k: Vec<f32> = (0..ctx * kvw).map(|i| val(i, 2) * 3.0).collect();
             let v: Vec<f32> = (0..ctx * kvw).map(|i| val(i, 3)).collect();
-            for window in [None, Some(3), Some(6)] {
+            for window in [None, Some(3), Some(6), Some(17), Some(33)] {
                 let got = attention_windowed(&q, n, start, &k, &v, heads, window);
                 let want = one_key_at_a_time(&q, (n, start), (&k, &v), heads, window);
                 let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&got),
                     bits(&want),
-                    "n {n} start {start} window {window:?}"
+                    "head_dim {hd} n {n} start {start} window {window:?}"
                 );
             }
             // A changed key moves the output where it is one of two or more

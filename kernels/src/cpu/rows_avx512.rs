@@ -456,6 +456,10 @@ unsafe fn rows_of(acc: [__m512; 2]) -> [__m256; 4] {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod keys;
+#[cfg(target_arch = "x86_64")]
+pub use keys::key_dots16;
+#[cfg(target_arch = "x86_64")]
 mod min_terms;
 #[cfg(target_arch = "x86_64")]
 pub use min_terms::min_terms_rows;

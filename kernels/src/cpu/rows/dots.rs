@@ -97,6 +97,13 @@ pub trait Dots: Sized + Copy {
     ) -> bool {
         false
     }
+    /// The dot products of `q` with sixteen keys, key `j` at `k[j *
+    /// stride..][..q.len()]`, each [`attention`](super::super::attention)'s
+    /// one-key chain over the dimensions in order; `None` where there is no
+    /// loop for it.
+    fn key_dots16_fast(_q: &[Self], _k: &[Self], _stride: usize) -> Option<[Self; 16]> {
+        None
+    }
 }
 
 impl Dots for f64 {}
@@ -228,6 +235,14 @@ impl Dots for f32 {
             unsafe { widest!(min_terms_rows(acc, m, e)) };
         }
         ok
+    }
+    #[inline(always)]
+    fn key_dots16_fast(q: &[f32], k: &[f32], stride: usize) -> Option<[f32; 16]> {
+        let ok = super::super::rows_avx512::enabled()
+            && q.len().is_multiple_of(16)
+            && k.len() >= 15 * stride + q.len();
+        // SAFETY: AVX-512F checked by `enabled`, lengths just above.
+        ok.then(|| unsafe { super::super::rows_avx512::key_dots16(q, k.as_ptr(), stride) })
     }
     #[inline(always)]
     fn dot_rows_blocks_fast(a: &[f32], ty: GgmlType, w: &[u8], out: &mut [f32]) -> bool {

@@ -58,7 +58,7 @@ pub unsafe fn min_terms_rows(out: &mut [f32], m: &[f32], e: &[f32]) {
 /// The CPU must support AVX-512F.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+pub(super) unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
     let pd = _mm512_castps_pd;
     let ps = _mm512_castpd_ps;
     // Per group of four rows, per 128-bit lane L: u[G][k] holds lane
