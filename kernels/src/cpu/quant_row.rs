@@ -68,15 +68,15 @@ fn quantize_blocks<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
     let mut d = Vec::with_capacity(x.len() / block);
     let mut s_err = Vec::with_capacity(x.len() / block);
     for b in x.chunks_exact(block) {
-        let amax = b.iter().fold(0.0f32, |m, v| m.max(v.to_f32().abs()));
-        let scale = amax / 127.0;
-        let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
-        let mut sum = 0i32;
-        for v in b {
-            let r = (v.to_f32() * inv).round().clamp(-127.0, 127.0);
-            sum += r as i32;
-            q.push(T::from_f32(r));
-        }
+        // A 32-block in vector registers where there is a loop for it.
+        let at = q.len();
+        q.resize(at + block, T::ZERO);
+        let fast = if block == 32 {
+            T::quant_block32_fast(b, &mut q[at..])
+        } else {
+            None
+        };
+        let (scale, sum) = fast.unwrap_or_else(|| quantize_block(b, &mut q[at..]));
         // block_q8_0/q8_1 store the scale as f16, block_q8_K as f32; the
         // quantized values above use the unrounded scale, as llama.cpp does.
         if block == 32 {
@@ -92,9 +92,106 @@ fn quantize_blocks<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
     QuantRow { q, d, s_err }
 }
 
+/// One block `b` quantized into `q`: `scale = max |x| / 127`, each value
+/// `round(x / scale)` (half away from zero) clamped to ±127; returns the
+/// scale and the sum of the values.
+#[inline(always)]
+fn quantize_block<T: Real>(b: &[T], q: &mut [T]) -> (f32, i32) {
+    let amax = b.iter().fold(0.0f32, |m, v| m.max(v.to_f32().abs()));
+    let scale = amax / 127.0;
+    let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+    let mut sum = 0i32;
+    for (v, qv) in b.iter().zip(q) {
+        let r = (v.to_f32() * inv).round().clamp(-127.0, 127.0);
+        sum += r as i32;
+        *qv = T::from_f32(r);
+    }
+    (scale, sum)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::rows::Dots;
+
+    /// The vector block gives the scalar block's values, scale and sum bit
+    /// for bit: on halves (away from zero), on values that round to -0, on
+    /// signed zeros, subnormals, huge values and blocks of zeros; it leaves
+    /// blocks with a NaN or an infinity to the scalar loop. A changed value
+    /// moves its quantized value (the comparison can fail).
+    #[test]
+    fn the_vector_block_gives_the_scalar_blocks_bits() {
+        if f32::quant_block32_fast(&[0.0; 32], &mut [0.0; 32]).is_none() {
+            eprintln!("skipped: no vector loop for a 32-block on this CPU");
+            return;
+        }
+        let mut s = 0x9E37_79B9u32;
+        let mut next = move || {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            s
+        };
+        let mut blocks: Vec<Vec<f32>> = vec![
+            vec![0.0; 32],
+            (0..32)
+                .map(|i| if i % 2 == 0 { -0.0 } else { 0.0 })
+                .collect(),
+            (0..32).map(|i| i as f32 - 15.5).collect(),
+            (0..32)
+                .map(|i| (i as f32 - 16.0) * 0.4 / 127.0 * 127.0)
+                .collect(),
+            (0..32).map(|i| f32::from_bits(i + 1)).collect(),
+            (0..32).map(|i| (i as f32 - 16.0) * 1e37).collect(),
+        ];
+        // Halves and near-halves: amax 127 makes x / scale = x.
+        let mut halves: Vec<f32> = (0..31).map(|i| (i as f32 - 15.0) + 0.5).collect();
+        halves.push(127.0);
+        blocks.push(halves);
+        let mut neg: Vec<f32> = (0..31).map(|i| -0.4 - i as f32 * 0.001).collect();
+        neg.push(127.0);
+        blocks.push(neg);
+        for _ in 0..2000 {
+            let e = (next() % 40) as i32 - 20;
+            blocks.push(
+                (0..32)
+                    .map(|_| ((next() >> 8) as f32 / (1 << 24) as f32 - 0.5) * 2f32.powi(e))
+                    .collect(),
+            );
+        }
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for (i, b) in blocks.iter().enumerate() {
+            let (mut got, mut want) = ([0f32; 32], [0f32; 32]);
+            let fast = f32::quant_block32_fast(b, &mut got).expect("no NaN here");
+            let slow = quantize_block(b, &mut want);
+            assert_eq!(bits(&got), bits(&want), "block {i}: {b:?}");
+            assert_eq!(
+                (fast.0.to_bits(), fast.1),
+                (slow.0.to_bits(), slow.1),
+                "block {i}"
+            );
+        }
+        // Halves away from zero; what rounds to zero keeps its sign.
+        let (mut h, mut z) = ([0f32; 32], [0f32; 32]);
+        f32::quant_block32_fast(&blocks[6], &mut h);
+        f32::quant_block32_fast(&blocks[7], &mut z);
+        assert_eq!((blocks[6][0], h[0], h[1]), (-14.5, -15.0, -14.0));
+        assert_eq!(z[0].to_bits(), (-0f32).to_bits());
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut b = blocks[9].clone();
+            b[5] = bad;
+            let mut untouched = [1f32; 32];
+            assert!(
+                f32::quant_block32_fast(&b, &mut untouched).is_none(),
+                "{bad}"
+            );
+            assert_eq!(untouched, [1.0; 32], "{bad}: nothing written");
+        }
+        let mut b = blocks[9].clone();
+        let (mut before, mut after) = ([0f32; 32], [0f32; 32]);
+        f32::quant_block32_fast(&b, &mut before);
+        b[3] += b.iter().fold(0f32, |m, v| m.max(v.abs())) / 20.0;
+        f32::quant_block32_fast(&b, &mut after);
+        assert_ne!(before[3], after[3], "a changed value moved nothing");
+    }
 
     /// The AVX2 build of the loop gives the portable build's values, on
     /// rows whose scaled values fall exactly halfway between integers

@@ -560,6 +560,10 @@ unsafe fn block_sums_w4<const TY: u32>(
 }
 
 #[cfg(target_arch = "x86_64")]
+mod quant;
+#[cfg(target_arch = "x86_64")]
+pub use quant::quant_block32;
+#[cfg(target_arch = "x86_64")]
 mod spans;
 #[cfg(target_arch = "x86_64")]
 pub(super) use spans::groups;

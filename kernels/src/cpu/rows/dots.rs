@@ -104,6 +104,14 @@ pub trait Dots: Sized + Copy {
     fn key_dots16_fast(_q: &[Self], _k: &[Self], _stride: usize) -> Option<[Self; 16]> {
         None
     }
+    /// One 32-block `b` quantized into `q` (32 long) as
+    /// [`quant_row`](super::super::quant_row)'s loop does, returning the
+    /// scale and the sum of the quantized values; `None`, having written
+    /// nothing, where there is no loop for it or the loop's own handling of
+    /// a NaN must decide.
+    fn quant_block32_fast(_b: &[Self], _q: &mut [Self]) -> Option<(f32, i32)> {
+        None
+    }
 }
 
 impl Dots for f64 {}
@@ -235,6 +243,13 @@ impl Dots for f32 {
             unsafe { widest!(min_terms_rows(acc, m, e)) };
         }
         ok
+    }
+    #[inline(always)]
+    fn quant_block32_fast(b: &[f32], q: &mut [f32]) -> Option<(f32, i32)> {
+        let ok = avx(8) && b.len() == 32 && q.len() == 32;
+        // SAFETY: AVX checked by `avx`, lengths just above.
+        ok.then(|| unsafe { super::super::rows_avx::quant_block32(b, q) })
+            .flatten()
     }
     #[inline(always)]
     fn key_dots16_fast(q: &[f32], k: &[f32], stride: usize) -> Option<[f32; 16]> {
