@@ -16,9 +16,12 @@
 //! Format 1 (capture-order lines, nothing but the entries in the root) is
 //! still read. docs/FORMAT.md is the normative description.
 
+use crate::dir_text;
 use crate::dtype::DType;
 use crate::key::Key;
-use crate::manifest::{dir_of_layer, parse_version, push_decimal, Entry, Manifest, RunInfo};
+use crate::manifest::{
+    dir_of_layer, parse_version, push_decimal, push_decimal_bytes, Entry, Manifest, RunInfo,
+};
 use crate::stage::StageSpec;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -40,6 +43,14 @@ pub struct VerdictInputs<'a> {
 
 /// The line an entry contributes to its directory's hash.
 pub fn hash_line(out: &mut String, key: &Key, dtype: DType, shape: &[usize], blake3: &str) {
+    let mut line = Vec::with_capacity(128);
+    hash_line_bytes(&mut line, key, dtype, shape, blake3);
+    out.push_str(std::str::from_utf8(&line).expect("a hash line is its fields' text"));
+}
+
+/// [`hash_line`] appended to bytes (the directory hashes build their text
+/// as bytes: no UTF-8 check per piece).
+fn hash_line_bytes(out: &mut Vec<u8>, key: &Key, dtype: DType, shape: &[usize], blake3: &str) {
     let dims = shape.iter().map(|&d| d as u64);
     line_fields(
         out,
@@ -47,57 +58,54 @@ pub fn hash_line(out: &mut String, key: &Key, dtype: DType, shape: &[usize], bla
         (key.layer, &key.pos, key.slot),
         dtype,
         dims,
-        blake3,
     );
+    out.extend_from_slice(blake3.as_bytes());
     // Format 2.2: only a ranked tap's line grows, so trees without ranks
     // keep their hashes.
     if let Some(rank) = key.rank {
-        out.push_str("\trank ");
-        push_decimal(out, rank as u64);
+        out.extend_from_slice(b"\trank ");
+        push_decimal_bytes(out, rank as u64);
     }
     if let Some(shard) = key.shard {
-        use std::fmt::Write as _;
-        let _ = write!(out, "\tshard {shard}");
+        out.extend_from_slice(format!("\tshard {shard}").as_bytes());
     }
-    out.push('\n');
+    out.push(b'\n');
 }
 
-/// The fields of a hash line up to its tap's hash (no rank, shard or
-/// newline): from an owned entry ([`hash_line`]) or an index's record.
+/// The fields of a hash line before its tap's hash, through the tab that
+/// precedes it: from an owned entry ([`hash_line`]) or an index's record.
 pub(crate) fn line_fields(
-    out: &mut String,
+    out: &mut Vec<u8>,
     stage: &str,
     (layer, pos, slot): (Option<u32>, &std::ops::Range<u32>, Option<u32>),
     dtype: DType,
     shape: impl Iterator<Item = u64>,
-    blake3: &str,
 ) {
     // Written piece by piece, not through `write!`: opening a tree hashes
     // every entry, and formatting was most of that.
-    let opt = |out: &mut String, v: Option<u32>| match v {
-        Some(v) => push_decimal(out, v as u64),
-        None => out.push('-'),
+    let opt = |out: &mut Vec<u8>, v: Option<u32>| match v {
+        Some(v) => push_decimal_bytes(out, v as u64),
+        None => out.push(b'-'),
     };
-    out.push_str(stage);
-    out.push('\t');
+    out.extend_from_slice(stage.as_bytes());
+    out.push(b'\t');
     opt(out, layer);
-    out.push('\t');
-    push_decimal(out, pos.start as u64);
-    out.push('\t');
-    push_decimal(out, pos.end as u64);
-    out.push('\t');
+    out.push(b'\t');
+    push_decimal_bytes(out, pos.start as u64);
+    out.push(b'\t');
+    push_decimal_bytes(out, pos.end as u64);
+    out.push(b'\t');
     opt(out, slot);
-    out.push('\t');
-    out.push_str(dtype.name());
-    out.push('\t');
+    out.push(b'\t');
+    out.extend_from_slice(dtype.name().as_bytes());
+    out.push(b'\t');
     for (i, d) in shape.enumerate() {
         if i > 0 {
-            out.push(',');
+            out.push(b',');
         }
-        push_decimal(out, d);
+        push_decimal_bytes(out, d);
     }
-    out.push('\t');
-    out.push_str(blake3);
+    out.push(b'\t');
 }
 
 impl Manifest {
@@ -132,7 +140,7 @@ pub fn tree_hashes(
         |i| entries[i].key.layer,
         |out, i| {
             let e = &entries[i];
-            hash_line(out, &e.key, e.dtype, &e.shape, &e.blake3)
+            hash_line_bytes(out, &e.key, e.dtype, &e.shape, &e.blake3)
         },
         inputs,
     )
@@ -144,7 +152,7 @@ pub fn tree_hashes(
 pub(crate) fn tree_hashes_by(
     n: usize,
     layer: impl Fn(usize) -> Option<u32> + Sync,
-    line: impl Fn(&mut String, usize) + Sync,
+    line: impl Fn(&mut Vec<u8>, usize) + Sync,
     inputs: &VerdictInputs,
 ) -> (BTreeMap<String, String>, String) {
     use rayon::prelude::*;
@@ -179,29 +187,14 @@ pub(crate) fn tree_hashes_by(
     let dirs: BTreeMap<String, String> = groups
         .into_par_iter()
         .map(|(layer, d)| {
-            let mut text = String::with_capacity(d.len() * 128);
-            let mut lines: Vec<std::ops::Range<usize>> = Vec::with_capacity(d.len());
+            let mut text = Vec::with_capacity(d.len() * 128);
+            let mut lines: Vec<dir_text::Line> = Vec::with_capacity(d.len());
             for i in d {
                 let start = text.len();
                 line(&mut text, i as usize);
-                lines.push(start..text.len());
+                lines.push(dir_text::Line::new(&text, start));
             }
-            let text = text.as_bytes();
-            lines.sort_unstable_by(|a, b| text[a.clone()].cmp(&text[b.clone()]));
-            let mut hasher = blake3::Hasher::new();
-            hasher.update(b"taptree dir v2\n");
-            // Hashed a batch of lines at a time: each update still hashes
-            // many blake3 chunks at once.
-            let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
-            for line in lines {
-                batch.extend_from_slice(&text[line]);
-                if batch.len() >= 60 * 1024 {
-                    hasher.update(&batch);
-                    batch.clear();
-                }
-            }
-            hasher.update(&batch);
-            (dir_of_layer(layer), hasher.finalize().to_hex().to_string())
+            (dir_of_layer(layer), dir_text::hash(&text, lines))
         })
         .collect();
     let root = root_hash(&dirs, inputs);
@@ -271,15 +264,15 @@ pub fn tree_hashes_v1(entries: &[Entry]) -> (BTreeMap<String, String>, String) {
     struct Dir {
         layer: Option<u32>,
         hasher: blake3::Hasher,
-        pending: String,
+        pending: Vec<u8>,
     }
     const CHUNK: usize = 1024;
     const BATCH: usize = 16 * CHUNK;
     let dirs = by_layer(
         entries,
         |layer| {
-            let mut pending = String::with_capacity(BATCH + 256);
-            pending.push_str("taptree dir v1\n");
+            let mut pending = Vec::with_capacity(BATCH + 256);
+            pending.extend_from_slice(b"taptree dir v1\n");
             Dir {
                 layer,
                 hasher: blake3::Hasher::new(),
@@ -287,11 +280,11 @@ pub fn tree_hashes_v1(entries: &[Entry]) -> (BTreeMap<String, String>, String) {
             }
         },
         |d, e| {
-            hash_line(&mut d.pending, &e.key, e.dtype, &e.shape, &e.blake3);
+            hash_line_bytes(&mut d.pending, &e.key, e.dtype, &e.shape, &e.blake3);
             if d.pending.len() >= BATCH {
                 // Whole chunks only, so that the next update starts on a chunk.
                 let whole = d.pending.len() / CHUNK * CHUNK;
-                d.hasher.update(&d.pending.as_bytes()[..whole]);
+                d.hasher.update(&d.pending[..whole]);
                 d.pending.drain(..whole);
             }
         },
@@ -299,7 +292,7 @@ pub fn tree_hashes_v1(entries: &[Entry]) -> (BTreeMap<String, String>, String) {
     let dirs: BTreeMap<String, String> = dirs
         .into_iter()
         .map(|(_, mut d)| {
-            d.hasher.update(d.pending.as_bytes());
+            d.hasher.update(&d.pending);
             (
                 dir_of_layer(d.layer),
                 d.hasher.finalize().to_hex().to_string(),

@@ -41,6 +41,7 @@
 #![deny(missing_docs)]
 mod arm;
 pub mod compare;
+mod dir_text;
 pub mod dtype;
 pub mod entries;
 mod error;

@@ -348,6 +348,21 @@ pub(crate) fn push_decimal(out: &mut String, mut v: u64) {
     out.extend(digits[i..].iter().map(|&d| char::from(d)));
 }
 
+/// [`push_decimal`] appended to bytes (a directory hash's text).
+pub(crate) fn push_decimal_bytes(out: &mut Vec<u8>, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
 /// The largest layer index a key may have: far beyond any model, small
 /// enough that nothing sized by a layer index can exhaust memory.
 pub const MAX_LAYER: u32 = 65_535;

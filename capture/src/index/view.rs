@@ -283,18 +283,19 @@ fn hashes(r: &Records, m: &Manifest) -> (std::collections::BTreeMap<String, Stri
         |i| r.layer(i),
         |out, i| {
             let pos = r.pos(i);
-            let mut hex = [0u8; 64];
-            hex_into(&mut hex, r.blake3(i));
-            let hex = std::str::from_utf8(&hex).expect("hex digits");
             crate::hashes::line_fields(
                 out,
                 r.stage(i),
                 (r.layer(i), &pos, r.slot(i)),
                 r.dtype(i),
                 shape_of(r.dims(i)),
-                hex,
             );
-            out.push('\n');
+            // The tap's hash in hex straight into the line.
+            let at = out.len();
+            out.resize(at + 64, 0);
+            let hex: &mut [u8; 64] = (&mut out[at..]).try_into().expect("64 bytes");
+            hex_into(hex, r.blake3(i));
+            out.push(b'\n');
         },
         &m.verdict_inputs(),
     )
