@@ -541,7 +541,8 @@ fn fused_launches_equal_the_unfused_ones() {
 /// The fused pass's attention (`attention_split_at`: 16 dimensions a block,
 /// the values staged in chunks) against `attention_at`, bitwise, at head
 /// sizes 16 to 128, key counts around the staging chunk (512 keys at 16
-/// dimensions) and with a window; and `qkv_rope_tabled` with `rope_table`'s
+/// dimensions) and past the keys staged before the wait (512 at 64
+/// dimensions, 256 at 128), with a window, the key staging on and off; and `qkv_rope_tabled` with `rope_table`'s
 /// cosines and sines against `qkv_rope`. Controls: one changed value of
 /// the cache must move the split attention's output, and a table for other
 /// positions must move the roped q.
@@ -560,7 +561,7 @@ fn split_attention_and_rope_table_equal_the_plain_launches() {
         let kc = rng.vec(cap * kvw, 1.0);
         let mut vc = rng.vec(cap * kvw, 1.0);
         let (k, v) = (up(&kc), up(&vc));
-        for (rows, pos0, window) in [
+        let cases = [
             (1usize, 0usize, None),
             (1, 227, None),
             (1, 511, None),
@@ -568,9 +569,16 @@ fn split_attention_and_rope_table_equal_the_plain_launches() {
             (3, 600, None),
             (1, 1099, Some(700)),
             (2, 300, Some(64)),
-        ] {
-            let what =
-                format!("head {hd} x {n_head}/{n_kv}, rows {rows} at {pos0}, window {window:?}");
+            (3, 1, None),
+        ];
+        for ((rows, pos0, window), keys) in cases
+            .into_iter()
+            .flat_map(|c| [(c, Some(true)), (c, Some(false))])
+        {
+            ops::set_key_staging(keys);
+            let what = format!(
+                "head {hd} x {n_head}/{n_kv}, rows {rows} at {pos0}, window {window:?}, key staging {keys:?}"
+            );
             let q = up(&rng.vec(rows * n_head * hd, 1.0));
             let pos = up_u32(dev, pos0);
             let shape = ops::AttentionShape {
@@ -610,6 +618,7 @@ fn split_attention_and_rope_table_equal_the_plain_launches() {
             .unwrap();
             ks::assert_bitwise(&format!("{what}: split attention"), &get(&b), &get(&a));
         }
+        ops::set_key_staging(None);
         // Control: the last visible key's value of KV head 0, dimension 5.
         let (rows, pos0) = (1, 600);
         vc[pos0 * kvw + 5] += 0.5;

@@ -381,33 +381,37 @@ fn gpu_figures() {
     // logits' blocks per SM (0: one block per 16 logits) and stages, the
     // layers in one persistent launch: None for five launches a layer, else
     // the most blocks of its grid, 0 for as many as fit).
-    // The last field forces the one-row fused matmuls' dequantized staging
+    // The next field forces the one-row fused matmuls' dequantized staging
     // on or off (None: as the mode has it, on for `start`, `after-wait`
-    // and `staged`).
+    // and `staged`), the last split attention's key staging (None: on
+    // wherever the launches are early).
     let five = None;
     let staged = EarlyLaunch::Staged;
     let configs = [
-        (false, false, off, true, (4, 4), five, None),
-        (true, false, off, true, (4, 4), five, None),
-        (false, true, off, true, (4, 4), five, None),
-        (true, true, off, true, (4, 4), five, None),
-        (false, true, late, true, (4, 4), five, None),
-        (false, true, staged, true, (4, 4), five, None),
-        (true, true, late, true, (4, 2), five, None),
-        (true, true, late, true, (4, 2), five, Some(true)),
-        (true, true, start, true, (4, 2), five, None),
-        (true, true, start, true, (4, 2), five, Some(false)),
-        (true, true, after_wait, true, (4, 2), five, None),
-        (true, true, staged, true, (4, 2), five, Some(false)),
-        (true, true, staged, false, (0, 2), five, None),
-        (true, true, staged, true, (8, 3), five, None),
-        (true, true, staged, true, (4, 2), five, None),
-        (false, true, staged, true, (4, 2), Some(0), None),
-        (true, true, staged, true, (4, 2), Some(0), None),
-        (true, true, staged, true, (4, 2), Some(66), None),
+        (false, false, off, true, (4, 4), five, None, None),
+        (true, false, off, true, (4, 4), five, None, None),
+        (false, true, off, true, (4, 4), five, None, None),
+        (true, true, off, true, (4, 4), five, None, None),
+        (false, true, late, true, (4, 4), five, None, None),
+        (false, true, staged, true, (4, 4), five, None, None),
+        (true, true, late, true, (4, 2), five, None, None),
+        (true, true, late, true, (4, 2), five, Some(true), None),
+        (true, true, start, true, (4, 2), five, None, None),
+        (true, true, start, true, (4, 2), five, Some(false), None),
+        (true, true, after_wait, true, (4, 2), five, None, None),
+        (true, true, staged, true, (4, 2), five, Some(false), None),
+        (true, true, staged, false, (0, 2), five, None, None),
+        (true, true, staged, true, (8, 3), five, None, None),
+        (true, true, staged, true, (4, 2), five, None, None),
+        (true, true, staged, true, (4, 2), five, None, Some(false)),
+        (true, true, staged, true, (4, 2), five, None, Some(true)),
+        (false, true, staged, true, (4, 2), Some(0), None, None),
+        (true, true, staged, true, (4, 2), Some(0), None, None),
+        (true, true, staged, true, (4, 2), Some(66), None, None),
     ];
-    for (graphs, fused, early, copies, (blocks_per_sm, stages), persist, deq) in configs {
+    for (graphs, fused, early, copies, (blocks_per_sm, stages), persist, deq, keys) in configs {
         ops::set_dequant_staging(deq);
+        ops::set_key_staging(keys);
         fwd.set_persistent(persist.is_some());
         fwd.set_persistent_blocks(persist.unwrap_or(0));
         fwd.set_graphs(graphs);
@@ -451,7 +455,7 @@ fn gpu_figures() {
             "persistent {persist:?}: the persistent step ran, or did not, against the setting"
         );
         println!(
-            "decode at 128..192, disarmed, m=1, {}, {}{}{}{}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
+            "decode at 128..192, disarmed, m=1, {}, {}{}{}{}{}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
             if graphs {
                 "CUDA graph"
             } else {
@@ -483,11 +487,17 @@ fn gpu_figures() {
                 (true, Some(false)) => ", dequantized staging forced off",
                 _ => "",
             },
+            match (fused && persist.is_none(), keys) {
+                (true, Some(true)) => ", key staging forced on",
+                (true, Some(false)) => ", key staging forced off",
+                _ => "",
+            },
             median(decode)
         );
     }
 
     ops::set_dequant_staging(None);
+    ops::set_key_staging(None);
     persistent_timeline(&mut fwd, &prompt, vocab);
     // The defaults again, for the figures below.
     fwd.set_early_launch(EarlyLaunch::DEFAULT);

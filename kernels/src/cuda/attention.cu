@@ -35,17 +35,20 @@ __device__ __forceinline__ float key_dot(const float* qh, const float* kj) {
 // The scores of query row `qh` against keys [first, first + n_keys) of KV
 // head `kvh`, softmaxed in place: scores[j] = exp(s_j - max), and the
 // return value 1 / sum_j scores[j], the sum over j in order by one thread.
+// Keys j < n_staged are read from ks ([n_staged, head_dim], staged by the
+// caller and visible to every thread), the rest from k: the same values.
 // Every thread of the block calls it; it ends with the block synchronized.
 __device__ __forceinline__ float scores_softmax(const float* qh, const float* k, int first,
                                                 int n_keys, int kvh, int head_dim, int kv_stride,
                                                 float scale, float* scores, float* scratch,
-                                                float* inv_sum) {
+                                                float* inv_sum, const float* ks, int n_staged) {
     // Four dimensions per load where the layout allows: one key's 64 loads
     // otherwise wait out 4 memory latencies even unrolled. The sum still
     // runs over d in order.
     bool vec = head_dim % 4 == 0 && kv_stride % 4 == 0 && (((size_t)k | (size_t)qh) & 15) == 0;
     for (int j = threadIdx.x; j < n_keys; j += blockDim.x) {
-        const float* kj = k + (size_t)(first + j) * kv_stride + kvh * head_dim;
+        const float* kj = j < n_staged ? ks + (size_t)j * head_dim
+                                       : k + (size_t)(first + j) * kv_stride + kvh * head_dim;
         float s = 0.0f;
         if (vec && head_dim == 64) {
             s = key_dot<64>(qh, kj);
@@ -116,7 +119,7 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
     int kv_stride = n_kv * head_dim;
     const float* qh = q + (size_t)r * n_head * head_dim + h * head_dim;
     float inv = scores_softmax(qh, k, first, n_keys, kvh, head_dim, kv_stride, scale, scores,
-                               scratch, &inv_sum);
+                               scratch, &inv_sum, nullptr, 0);
 
     float* oh = out + (size_t)r * n_head * head_dim + h * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
@@ -150,9 +153,11 @@ __device__ __forceinline__ void stage_values(float* vs, const float* v, int c0, 
 // values read from shared memory, staged `chunk` keys at a time; the
 // first chunk's copy is issued before the scores and runs under them.
 // Before anything, the blocks ask L2 for `pf` (the weights of the launches
-// that follow).
+// that follow); launched early, they then copy what earlier forwards wrote
+// before they wait (`attention_split_block`).
 // Dynamic shared memory: the scores (max_keys floats), then chunk * ds
-// floats (16-byte aligned: max_keys rounded up to 4 by the caller).
+// floats of values (16-byte aligned: max_keys rounded up to 4 by the
+// caller), then key_cap * head_dim floats of keys.
 #define PREFETCH_RANGES 4
 // Byte ranges of global memory for the L2 cache to fetch (unused: 0 bytes).
 struct Prefetch {
@@ -175,34 +180,63 @@ __device__ __forceinline__ void prefetch_l2(const Prefetch& pf) {
 }
 
 // An attention_split launch's arguments past the prefetch (the persistent
-// decode, decode.cu, fills one per layer).
+// decode, decode.cu, fills one per layer). key_cap: the most keys a block
+// stages in shared memory before `pdl_wait` (0: none).
 struct SplitArgs {
     const float *q, *k, *v;
     float* out;
     const u32* pos;
     int n_head, n_kv, head_dim;
     float scale;
-    int window, ds, chunk, max_keys;
+    int window, ds, chunk, max_keys, key_cap;
 };
 
-// Block (r, h, z) of attention_split once its inputs are readable: the
-// head's scores and softmax, then dimensions [z ds, (z + 1) ds) of the
-// output. `smem_f` is the launch's dynamic shared memory; `trigger_at`
-// as the kernel's (-1: never).
+// Block (r, h, z) of attention_split: the head's scores and softmax, then
+// dimensions [z ds, (z + 1) ds) of the output. `smem_f` is the launch's
+// dynamic shared memory; `trigger_at` as the kernel's (-1: never).
+//
+// With `wait` the block itself calls `pdl_wait`, and first stages what
+// earlier forwards wrote: the keys and values before position pos[0] (this
+// forward's first row), which no kernel of this forward writes, and pos
+// itself, uploaded before the forward's first kernel. Up to key_cap of
+// those keys go to shared memory, so the scores' loads after the wait are
+// the query and this forward's keys: the same values, read sooner. Without
+// `wait` (the persistent step, past a grid barrier) nothing is waited for.
 __device__ void attention_split_block(const SplitArgs& a, int r, int h, int z, float* smem_f,
-                                      float* scratch, float* inv_sum, int trigger_at) {
+                                      float* scratch, float* inv_sum, int trigger_at, bool wait) {
     float* scores = smem_f;
     float* vs = smem_f + ((a.max_keys + 3) & ~3);
+    float* ks = vs + (size_t)a.chunk * a.ds;
     int ds = a.ds, d0 = z * ds;
+    int pos0 = (int)a.pos[0];
     int first, n_keys;
-    visible_keys((int)a.pos[0], r, a.window, &first, &n_keys);
+    visible_keys(pos0, r, a.window, &first, &n_keys);
     int kvh = h / (a.n_head / a.n_kv);
     int kv_stride = a.n_kv * a.head_dim;
     int col = kvh * a.head_dim + d0;
-    stage_values(vs, a.v, first, min(a.chunk, n_keys), ds, kv_stride, col);
+    // Keys [first, first + n_old) are older than this forward.
+    int n_old = max(0, min(pos0 - first, n_keys));
+    int n_staged = min(n_old, a.key_cap);
+    int nv = min(a.chunk, n_keys), nv_old = min(nv, n_old);
+    if (wait) {
+        stage_values(ks, a.k, first, n_staged, a.head_dim, kv_stride, kvh * a.head_dim);
+        stage_values(vs, a.v, first, nv_old, ds, kv_stride, col);
+        pdl_wait();
+        if (trigger_at == 1) pdl_launch_dependents();
+        stage_values(vs + (size_t)nv_old * ds, a.v, first + nv_old, nv - nv_old, ds, kv_stride,
+                     col);
+    } else {
+        n_staged = 0;
+        stage_values(vs, a.v, first, nv, ds, kv_stride, col);
+    }
+    if (n_staged > 0) {
+        // The same for every thread of the block (it depends on r and h).
+        copy_async_wait_all();
+        __syncthreads();
+    }
     const float* qh = a.q + (size_t)r * a.n_head * a.head_dim + h * a.head_dim;
     float inv = scores_softmax(qh, a.k, first, n_keys, kvh, a.head_dim, kv_stride, a.scale,
-                               scores, scratch, inv_sum);
+                               scores, scratch, inv_sum, ks, n_staged);
     if (trigger_at == 2) pdl_launch_dependents();
 
     int d = threadIdx.x;
@@ -239,20 +273,21 @@ __device__ void attention_split_block(const SplitArgs& a, int r, int h, int z, f
 extern "C" __global__ void attention_split(const float* q, const float* k, const float* v,
                                            float* out, const u32* pos, int n_head, int n_kv,
                                            int head_dim, float scale, int window, int ds,
-                                           int chunk, int max_keys, Prefetch pf,
+                                           int chunk, int max_keys, int key_cap, Prefetch pf,
                                            int trigger_at) {
     if (trigger_at == 0) pdl_launch_dependents();
     prefetch_l2(pf);
-    // Launched early, the block waits here for the kernel before (q, the
-    // cache) to finish: only the prefetch of weights ran before.
-    pdl_wait();
-    if (trigger_at == 1) pdl_launch_dependents();
     extern __shared__ __align__(16) float smem_f[];
     __shared__ float scratch[32];
     __shared__ float inv_sum;
-    SplitArgs a = {q, k, v, out, pos, n_head, n_kv, head_dim, scale, window, ds, chunk, max_keys};
+    SplitArgs a = {q, k, v, out, pos, n_head, n_kv, head_dim, scale, window, ds, chunk,
+                   max_keys, key_cap};
+    // Launched early, the block waits in there for the kernel before (q,
+    // this forward's keys and values) to finish: only the prefetch of
+    // weights and the staging of earlier forwards' keys and values run
+    // before.
     attention_split_block(a, blockIdx.x, blockIdx.y, blockIdx.z, smem_f, scratch, &inv_sum,
-                          trigger_at);
+                          trigger_at, true);
 }
 
 // The new keys and values of `rows` rows (`[rows, kv_width]` each) into one

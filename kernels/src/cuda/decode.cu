@@ -173,10 +173,10 @@ __device__ void run_attention(const StepArgs& s, int l, float* smem_f, float* sc
     size_t cache = (size_t)l * s.layer_floats;
     SplitArgs a = {s.q, s.k_cache + cache, s.v_cache + cache, s.att, s.pos, s.n_head,
                    s.n_kv, s.head_dim, s.scale, s.layers[l].window, s.ds, s.chunk,
-                   s.max_keys};
+                   s.max_keys, 0};
     int zs = s.head_dim / s.ds, blocks = s.n_head * zs;
     for (int b = blockIdx.x; b < blocks; b += gridDim.x) {
-        attention_split_block(a, 0, b / zs, b % zs, smem_f, scratch, inv_sum, -1);
+        attention_split_block(a, 0, b / zs, b % zs, smem_f, scratch, inv_sum, -1, false);
         __syncthreads();
     }
 }

@@ -119,6 +119,8 @@ pub struct Device {
     early: AtomicU8,
     /// Its streaming multiprocessors.
     sms: usize,
+    /// The most shared memory a block may opt in to, in bytes.
+    shared_optin: usize,
 }
 
 /// Whether the fused pass's kernels start before the kernel ahead of them
@@ -230,6 +232,11 @@ impl Device {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .map_err(|e| CudaError::driver("query multiprocessor count", e))?;
+        let shared_optin = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(|e| CudaError::driver("query a block's shared memory", e))?;
         // A stream of our own, not the legacy default one: only a created
         // stream can be captured into a CUDA graph (the decode step's).
         let stream = ctx
@@ -251,6 +258,7 @@ impl Device {
             has_early,
             early: AtomicU8::new(early as u8),
             sms: sms.max(1) as usize,
+            shared_optin: shared_optin.max(0) as usize,
         }))
     }
 
@@ -281,6 +289,12 @@ impl Device {
     /// How many streaming multiprocessors it has.
     pub fn sm_count(&self) -> usize {
         self.sms
+    }
+
+    /// The most shared memory (static and dynamic) a block may opt in to,
+    /// in bytes.
+    pub fn shared_optin(&self) -> usize {
+        self.shared_optin
     }
 
     /// The stream every launch and copy of this device goes through.

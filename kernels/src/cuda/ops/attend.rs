@@ -2,9 +2,9 @@
 
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 
-use super::launch::{launch, trigger_attention, KernelArgs};
+use super::launch::{launch, trigger_attention, Forced, KernelArgs};
 use super::{check, grid, launch_err, raise_shared, upload, DeviceMatrix};
-use crate::cuda::device::{Device, Family};
+use crate::cuda::device::{Device, EarlyLaunch, Family};
 use crate::cuda::CudaError;
 use model::RopeStyle;
 
@@ -242,6 +242,47 @@ fn check_attention(
 /// Values staged per block of [`attention_split_at`], at most: 32 KiB.
 const SPLIT_VALUE_FLOATS: usize = 8 * 1024;
 
+/// Keys staged per block of [`attention_split_at`] before its wait, at
+/// most: 128 KiB (SmolLM2's first 512 positions, Gemma 3 270M's 128).
+const SPLIT_KEY_FLOATS: usize = 32 * 1024;
+
+/// The static shared memory of `attention_split` and some to spare, kept
+/// out of what its keys may take.
+const SPLIT_STATIC_BYTES: usize = 1024;
+
+/// The key staging forced on or off: `TAPTREE_CUDA_KEY_STAGING=1|0`, or
+/// [`set_key_staging`].
+static KEY_STAGING: Forced = Forced::new("TAPTREE_CUDA_KEY_STAGING");
+
+/// Whether [`attention_split_at`]'s blocks copy the keys of earlier
+/// forwards into shared memory before their wait (attention.cu,
+/// `attention_split_block`): where they are launched early, unless
+/// forced. The same bits either way.
+pub fn key_staging(dev: &Device) -> bool {
+    KEY_STAGING
+        .get()
+        .unwrap_or_else(|| dev.early_launch() != EarlyLaunch::Off)
+}
+
+/// Forces the key staging on or off (`None`: as the launch mode says)
+/// for the launches that follow; a CUDA graph keeps what it captured.
+pub fn set_key_staging(on: Option<bool>) {
+    KEY_STAGING.set(on);
+}
+
+/// The keys a block of [`attention_split_at`] stages: up to `seen` (the
+/// most any row sees), within [`SPLIT_KEY_FLOATS`] and what the device
+/// lets a block hold beside `shared` bytes; none where the staging is off
+/// or the cache `k` is not 16-byte aligned.
+fn staged_keys(dev: &Device, k: u64, head_dim: usize, seen: usize, shared: usize) -> usize {
+    if !key_staging(dev) || !k.is_multiple_of(16) {
+        return 0;
+    }
+    let room = dev.shared_optin().saturating_sub(shared + SPLIT_STATIC_BYTES);
+    seen.min(SPLIT_KEY_FLOATS / head_dim)
+        .min(room / (head_dim * 4))
+}
+
 /// The matrices [`attention_split_at`] can ask L2 to fetch, at most.
 pub const PREFETCH_MATRICES: usize = 4;
 
@@ -262,7 +303,9 @@ unsafe impl cudarc::driver::DeviceRepr for Prefetch {}
 /// head (the `attention_split` kernel): every block computes its head's
 /// scores and softmax as [`attention_at`] does and sums its outputs in the
 /// same order, so the bits are the same; its values are staged in shared
-/// memory while the scores are computed. Where the layout does not allow
+/// memory while the scores are computed, and the keys of earlier forwards
+/// are staged before the block waits for the launch ahead ([`key_staging`]).
+/// Where the layout does not allow
 /// it (a head of other than a multiple of 16 dimensions, a cache not
 /// 16-byte aligned), it is [`attention_at`]. Its blocks also ask the L2
 /// cache for the weights of `prefetch` (at most [`PREFETCH_MATRICES`]:
@@ -290,6 +333,7 @@ pub fn attention_split_at(
     let kv_stride = s.n_kv * s.head_dim;
     let aligned = |p: u64| p.is_multiple_of(16);
     let (vp, _g) = v.device_ptr(dev.stream());
+    let (kp, _gk) = k.device_ptr(dev.stream());
     if !s.head_dim.is_multiple_of(ds)
         || !kv_stride.is_multiple_of(4)
         || !aligned(vp)
@@ -301,12 +345,14 @@ pub fn attention_split_at(
     let seen = window.map_or(keys, |w| w.min(keys));
     let chunk = seen.min(SPLIT_VALUE_FLOATS / ds);
     let shared = (seen.div_ceil(4) * 4 + chunk * ds) * 4;
+    let key_cap = staged_keys(dev, kp, s.head_dim, seen, shared);
+    let shared = shared + key_cap * s.head_dim * 4;
     let f = dev.function(Family::Attention, "attention_split")?;
     raise_shared(&f, shared, "attention_split")?;
     let scale = (1.0 / (s.head_dim as f64).sqrt()) as f32;
     let (nh, nkv, hd) = (s.n_head as i32, s.n_kv as i32, s.head_dim as i32);
     let win = window.map_or(0, |w| w.min(i32::MAX as usize) as i32);
-    let (dsi, ch, mk) = (ds as i32, chunk as i32, seen as i32);
+    let (dsi, ch, mk, kc) = (ds as i32, chunk as i32, seen as i32, key_cap as i32);
     let mut pf = Prefetch {
         ptr: [0; PREFETCH_MATRICES],
         bytes: [0; PREFETCH_MATRICES],
@@ -326,6 +372,7 @@ pub fn attention_split_at(
     a.val(&dsi)
         .val(&ch)
         .val(&mk)
+        .val(&kc)
         .val(&pf)
         .val(&trigger_attention(dev));
     // A key's score per thread: 256 threads past 128 keys take them in
@@ -340,9 +387,11 @@ pub fn attention_split_at(
     // the kernel copies in 16-byte pieces are 16-byte aligned (checked
     // above: v's address, kv_stride, head_dim and ds multiples of 4 floats),
     // and the shared memory holds the longest row's scores (`seen` keys, no
-    // row seeing more) and `chunk` keys of ds values; the prefetched ranges
-    // are whole device allocations, and a prefetch reads nothing back. The
-    // kernel only prefetches before `pdl_wait`.
+    // row seeing more), `chunk` keys of ds values and `key_cap` keys of
+    // head_dim (k's address, too, 16-byte aligned); the prefetched ranges
+    // are whole device allocations, and a prefetch reads nothing back.
+    // Before `pdl_wait` the kernel only prefetches and copies the keys and
+    // values of positions before pos[0], which this forward does not write.
     unsafe { launch(dev, &f, cfg, &mut a, true, "attention_split") }
 }
 

@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
-use super::launch::{launch, trigger_fused, KernelArgs};
+use super::launch::{launch, trigger_fused, Forced, KernelArgs};
 use super::{check, launch_err, raise_shared, DeviceMatrix, MATMUL_F32_OUTS, MATMUL_MAX_STAGED};
 use crate::cuda::device::{Device, Family};
 use crate::cuda::CudaError;
@@ -38,23 +38,9 @@ fn x_bytes(cols: usize, rows: usize) -> usize {
 /// architectures with early launch allow 227 KiB a block).
 const MATMUL_MAX_DEQUANT: usize = 200 * 1024;
 
-/// The dequantized staging forced on (1) or off (2), or as the launch
-/// mode says (0): `TAPTREE_CUDA_DEQUANT_STAGING=1|0`, or
-/// [`set_dequant_staging`].
-static DEQUANT_STAGING: std::sync::OnceLock<std::sync::atomic::AtomicU8> =
-    std::sync::OnceLock::new();
-
-fn dequant_flag() -> &'static std::sync::atomic::AtomicU8 {
-    DEQUANT_STAGING.get_or_init(|| {
-        std::sync::atomic::AtomicU8::new(
-            match std::env::var("TAPTREE_CUDA_DEQUANT_STAGING").as_deref() {
-                Ok("1") => 1,
-                Ok("0") => 2,
-                _ => 0,
-            },
-        )
-    })
-}
+/// The dequantized staging forced on or off:
+/// `TAPTREE_CUDA_DEQUANT_STAGING=1|0`, or [`set_dequant_staging`].
+static DEQUANT_STAGING: Forced = Forced::new("TAPTREE_CUDA_DEQUANT_STAGING");
 
 /// Whether one-row fused matmuls decode their weights into shared memory
 /// before their wait (fused.cu, "the dequantized staging"): where the launch
@@ -62,22 +48,15 @@ fn dequant_flag() -> &'static std::sync::atomic::AtomicU8 {
 /// ([`EarlyLaunch::stages_weights`](crate::cuda::EarlyLaunch::stages_weights)),
 /// unless forced. The same bits either way.
 pub fn dequant_staging(dev: &Device) -> bool {
-    match dequant_flag().load(std::sync::atomic::Ordering::Relaxed) {
-        1 => true,
-        2 => false,
-        _ => dev.early_launch().stages_weights(),
-    }
+    DEQUANT_STAGING
+        .get()
+        .unwrap_or_else(|| dev.early_launch().stages_weights())
 }
 
 /// Forces the dequantized staging on or off (`None`: as the launch mode
 /// says) for the launches that follow; a CUDA graph keeps what it captured.
 pub fn set_dequant_staging(on: Option<bool>) {
-    let v = match on {
-        Some(true) => 1,
-        Some(false) => 2,
-        None => 0,
-    };
-    dequant_flag().store(v, std::sync::atomic::Ordering::Relaxed);
+    DEQUANT_STAGING.set(on);
 }
 
 /// The shared memory of a dequantized staging, where it applies: one row,

@@ -17,6 +17,54 @@ use cudarc::driver::{CudaFunction, DevicePtr, DeviceRepr, LaunchConfig};
 use crate::cuda::device::{Device, EarlyLaunch};
 use crate::cuda::CudaError;
 
+/// A staging of the early-launched kernels forced on or off (by its
+/// environment variable, `1` or `0`, or its setter), else as the launch
+/// mode says: how `cuda_perf` times both forms in one process. The same
+/// bits either way; a CUDA graph keeps what it captured.
+pub(crate) struct Forced {
+    var: &'static str,
+    cell: std::sync::OnceLock<std::sync::atomic::AtomicU8>,
+}
+
+impl Forced {
+    pub(crate) const fn new(var: &'static str) -> Forced {
+        Forced {
+            var,
+            cell: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn flag(&self) -> &std::sync::atomic::AtomicU8 {
+        self.cell.get_or_init(|| {
+            std::sync::atomic::AtomicU8::new(match std::env::var(self.var).as_deref() {
+                Ok("1") => 1,
+                Ok("0") => 2,
+                _ => 0,
+            })
+        })
+    }
+
+    /// On or off where forced; `None`: as the launch mode says.
+    pub(crate) fn get(&self) -> Option<bool> {
+        match self.flag().load(std::sync::atomic::Ordering::Relaxed) {
+            1 => Some(true),
+            2 => Some(false),
+            _ => None,
+        }
+    }
+
+    /// Forces it on or off (`None`: as the launch mode says) for the
+    /// launches that follow.
+    pub(crate) fn set(&self, on: Option<bool>) {
+        let v = match on {
+            Some(true) => 1,
+            Some(false) => 2,
+            None => 0,
+        };
+        self.flag().store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// The most 8-byte words a kernel's arguments take here.
 const ARG_WORDS: usize = 48;
 /// The most arguments a kernel takes here.
