@@ -278,7 +278,9 @@ fn staged_keys(dev: &Device, k: u64, head_dim: usize, seen: usize, shared: usize
     if !key_staging(dev) || !k.is_multiple_of(16) {
         return 0;
     }
-    let room = dev.shared_optin().saturating_sub(shared + SPLIT_STATIC_BYTES);
+    let room = dev
+        .shared_optin()
+        .saturating_sub(shared + SPLIT_STATIC_BYTES);
     seen.min(SPLIT_KEY_FLOATS / head_dim)
         .min(room / (head_dim * 4))
 }
