@@ -541,9 +541,10 @@ fn fused_launches_equal_the_unfused_ones() {
 /// The fused pass's attention (`attention_split_at`: 16 dimensions a block,
 /// the values staged in chunks) against `attention_at`, bitwise, at head
 /// sizes 16 to 128, key counts around the staging chunk (512 keys at 16
-/// dimensions) and past the keys staged before the wait (512 at 64
-/// dimensions, 256 at 128), with a window, the key staging on and off; and `qkv_rope_tabled` with `rope_table`'s
-/// cosines and sines against `qkv_rope`. Controls: one changed value of
+/// dimensions) and past the keys staged before the wait (481 at 64
+/// dimensions, 248 at 128), with a window, the key staging on and off;
+/// and `qkv_rope_tabled` with `rope_table`'s cosines and sines against
+/// `qkv_rope`. Controls: one changed value of
 /// the cache must move the split attention's output, and a table for other
 /// positions must move the roped q.
 #[test]

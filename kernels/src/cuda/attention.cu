@@ -14,6 +14,12 @@
 // the softmax denominator over keys, the output over keys), so the kernel
 // differs from the CPU only where exp does.
 
+// Floats after each key staged in shared memory: a warp's threads read
+// one key each, four dimensions a load, and rows 4 banks apart put eight
+// threads' 16-byte loads (one pass of the load) on distinct banks, where
+// rows of a head's width would put them all on the same four.
+#define KEY_PAD 4
+
 // One key's dot product with the query over a head of HD (a compile-time
 // width) dimensions, four per load: with the trip count known, every load
 // of the key is issued before the first product (a runtime width makes
@@ -35,8 +41,9 @@ __device__ __forceinline__ float key_dot(const float* qh, const float* kj) {
 // The scores of query row `qh` against keys [first, first + n_keys) of KV
 // head `kvh`, softmaxed in place: scores[j] = exp(s_j - max), and the
 // return value 1 / sum_j scores[j], the sum over j in order by one thread.
-// Keys j < n_staged are read from ks ([n_staged, head_dim], staged by the
-// caller and visible to every thread), the rest from k: the same values.
+// Keys j < n_staged are read from ks (rows of head_dim + KEY_PAD floats,
+// staged by the caller and visible to every thread), the rest from k: the
+// same values.
 // Every thread of the block calls it; it ends with the block synchronized.
 __device__ __forceinline__ float scores_softmax(const float* qh, const float* k, int first,
                                                 int n_keys, int kvh, int head_dim, int kv_stride,
@@ -47,7 +54,7 @@ __device__ __forceinline__ float scores_softmax(const float* qh, const float* k,
     // runs over d in order.
     bool vec = head_dim % 4 == 0 && kv_stride % 4 == 0 && (((size_t)k | (size_t)qh) & 15) == 0;
     for (int j = threadIdx.x; j < n_keys; j += blockDim.x) {
-        const float* kj = j < n_staged ? ks + (size_t)j * head_dim
+        const float* kj = j < n_staged ? ks + (size_t)j * (head_dim + KEY_PAD)
                                        : k + (size_t)(first + j) * kv_stride + kvh * head_dim;
         float s = 0.0f;
         if (vec && head_dim == 64) {
@@ -132,17 +139,24 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
     }
 }
 
-// Keys [c0, c0 + n) of the values' dimensions [d0, d0 + ds) of KV head kvh
-// into vs ([n, ds]), by cp.async where the architecture has it: the copy
-// runs while the block goes on. 16-byte pieces (the caller checks the
-// alignment).
-__device__ __forceinline__ void stage_values(float* vs, const float* v, int c0, int n, int ds,
-                                             int kv_stride, int col) {
+// Rows [c0, c0 + n) of v's columns [col, col + ds) (a KV head's values or
+// keys) into vs, a row every `row` floats, by cp.async where the
+// architecture has it: the copy runs while the block goes on. 16-byte
+// pieces (the caller checks the alignment).
+__device__ __forceinline__ void stage_rows(float* vs, const float* v, int c0, int n, int ds,
+                                           int row, int kv_stride, int col) {
     int per_key = ds / 4;
     for (int t = threadIdx.x; t < n * per_key; t += blockDim.x) {
         int j = t / per_key, e = 4 * (t % per_key);
-        copy16_async(vs + (size_t)j * ds + e, v + (size_t)(c0 + j) * kv_stride + col + e);
+        copy16_async(vs + (size_t)j * row + e, v + (size_t)(c0 + j) * kv_stride + col + e);
     }
+}
+
+// Rows [c0, c0 + n) of the values' dimensions of KV head kvh at col into
+// vs ([n, ds]).
+__device__ __forceinline__ void stage_values(float* vs, const float* v, int c0, int n, int ds,
+                                             int kv_stride, int col) {
+    stage_rows(vs, v, c0, n, ds, ds, kv_stride, col);
 }
 
 // `attention` split over more blocks, for the forwards whose every launch is
@@ -157,7 +171,7 @@ __device__ __forceinline__ void stage_values(float* vs, const float* v, int c0, 
 // before they wait (`attention_split_block`).
 // Dynamic shared memory: the scores (max_keys floats), then chunk * ds
 // floats of values (16-byte aligned: max_keys rounded up to 4 by the
-// caller), then key_cap * head_dim floats of keys.
+// caller), then key_cap rows of head_dim + KEY_PAD floats of keys.
 #define PREFETCH_RANGES 4
 // Byte ranges of global memory for the L2 cache to fetch (unused: 0 bytes).
 struct Prefetch {
@@ -219,7 +233,8 @@ __device__ void attention_split_block(const SplitArgs& a, int r, int h, int z, f
     int n_staged = min(n_old, a.key_cap);
     int nv = min(a.chunk, n_keys), nv_old = min(nv, n_old);
     if (wait) {
-        stage_values(ks, a.k, first, n_staged, a.head_dim, kv_stride, kvh * a.head_dim);
+        stage_rows(ks, a.k, first, n_staged, a.head_dim, a.head_dim + KEY_PAD, kv_stride,
+                   kvh * a.head_dim);
         stage_values(vs, a.v, first, nv_old, ds, kv_stride, col);
         pdl_wait();
         if (trigger_at == 1) pdl_launch_dependents();

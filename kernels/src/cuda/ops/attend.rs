@@ -243,8 +243,12 @@ fn check_attention(
 const SPLIT_VALUE_FLOATS: usize = 8 * 1024;
 
 /// Keys staged per block of [`attention_split_at`] before its wait, at
-/// most: 128 KiB (SmolLM2's first 512 positions, Gemma 3 270M's 128).
+/// most: 128 KiB (SmolLM2's first 481 positions, Gemma 3 270M's 126).
 const SPLIT_KEY_FLOATS: usize = 32 * 1024;
+
+/// Floats after each staged key (attention.cu's `KEY_PAD`): a row of a
+/// head's width plus these.
+const KEY_PAD: usize = 4;
 
 /// The static shared memory of `attention_split` and some to spare, kept
 /// out of what its keys may take.
@@ -281,8 +285,8 @@ fn staged_keys(dev: &Device, k: u64, head_dim: usize, seen: usize, shared: usize
     let room = dev
         .shared_optin()
         .saturating_sub(shared + SPLIT_STATIC_BYTES);
-    seen.min(SPLIT_KEY_FLOATS / head_dim)
-        .min(room / (head_dim * 4))
+    let row = head_dim + KEY_PAD;
+    seen.min(SPLIT_KEY_FLOATS / row).min(room / (row * 4))
 }
 
 /// The matrices [`attention_split_at`] can ask L2 to fetch, at most.
@@ -348,7 +352,7 @@ pub fn attention_split_at(
     let chunk = seen.min(SPLIT_VALUE_FLOATS / ds);
     let shared = (seen.div_ceil(4) * 4 + chunk * ds) * 4;
     let key_cap = staged_keys(dev, kp, s.head_dim, seen, shared);
-    let shared = shared + key_cap * s.head_dim * 4;
+    let shared = shared + key_cap * (s.head_dim + KEY_PAD) * 4;
     let f = dev.function(Family::Attention, "attention_split")?;
     raise_shared(&f, shared, "attention_split")?;
     let scale = (1.0 / (s.head_dim as f64).sqrt()) as f32;
@@ -390,8 +394,8 @@ pub fn attention_split_at(
     // above: v's address, kv_stride, head_dim and ds multiples of 4 floats),
     // and the shared memory holds the longest row's scores (`seen` keys, no
     // row seeing more), `chunk` keys of ds values and `key_cap` keys of
-    // head_dim (k's address, too, 16-byte aligned); the prefetched ranges
-    // are whole device allocations, and a prefetch reads nothing back.
+    // head_dim + KEY_PAD floats (k's address, too, 16-byte aligned); the
+    // prefetched ranges are whole device allocations, and a prefetch reads nothing back.
     // Before `pdl_wait` the kernel only prefetches and copies the keys and
     // values of positions before pos[0], which this forward does not write.
     unsafe { launch(dev, &f, cfg, &mut a, true, "attention_split") }
