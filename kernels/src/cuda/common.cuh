@@ -38,14 +38,6 @@ __device__ __forceinline__ float f16_to_f32(u16 h) {
     return f;
 }
 
-// (float)(n - off) for 0 <= n < 2^23 and a small constant off, without a
-// conversion instruction (an integer-to-float convert issues at a quarter
-// of the f32 rate on sm_90): n in the mantissa of 2^23, then 2^23 + off
-// subtracted. Both steps are exact, so the value is the convert's.
-__device__ __forceinline__ float small_int_f32(u32 n, int off) {
-    return __fsub_rn(__int_as_float((int)(0x4B000000u | n)), (float)(8388608 + off));
-}
-
 __device__ __forceinline__ u16 load_u16(const u8* p) {
     return (u16)p[0] | ((u16)p[1] << 8);
 }

@@ -17,24 +17,23 @@ __device__ __forceinline__ void block_weights(const u8* wr, int b, int j, float 
         const u8* blk = wr + (size_t)b * 20;
         float d = f16_to_f32(load_u16(blk)), m = f16_to_f32(load_u16(blk + 2));
         int lo = blk[4 + j], hi = blk[4 + j + 8];
-        w[0] = __fadd_rn(__fmul_rn(small_int_f32(lo & 0x0F, 0), d), m);
-        w[1] = __fadd_rn(__fmul_rn(small_int_f32(hi & 0x0F, 0), d), m);
-        w[2] = __fadd_rn(__fmul_rn(small_int_f32(lo >> 4, 0), d), m);
-        w[3] = __fadd_rn(__fmul_rn(small_int_f32(hi >> 4, 0), d), m);
+        w[0] = __fadd_rn(__fmul_rn((float)(lo & 0x0F), d), m);
+        w[1] = __fadd_rn(__fmul_rn((float)(hi & 0x0F), d), m);
+        w[2] = __fadd_rn(__fmul_rn((float)(lo >> 4), d), m);
+        w[3] = __fadd_rn(__fmul_rn((float)(hi >> 4), d), m);
     } else if (TYPE == T_Q8_0) {
         const u8* blk = wr + (size_t)b * 34;
         float d = f16_to_f32(load_u16(blk));
-        // A signed byte b as b + 128 (its bits with the top one flipped).
-        for (int t = 0; t < 4; ++t)
-            w[t] = __fmul_rn(small_int_f32(blk[2 + j + 8 * t] ^ 0x80u, 128), d);
+        const i8* q = (const i8*)(blk + 2);
+        for (int t = 0; t < 4; ++t) w[t] = (float)q[j + 8 * t] * d;
     } else if (TYPE == T_Q4_0) {
         const u8* blk = wr + (size_t)b * 18;
         float d = f16_to_f32(load_u16(blk));
         int lo = blk[2 + j], hi = blk[2 + j + 8];
-        w[0] = __fmul_rn(small_int_f32(lo & 0x0F, 8), d);
-        w[1] = __fmul_rn(small_int_f32(hi & 0x0F, 8), d);
-        w[2] = __fmul_rn(small_int_f32(lo >> 4, 8), d);
-        w[3] = __fmul_rn(small_int_f32(hi >> 4, 8), d);
+        w[0] = (float)((lo & 0x0F) - 8) * d;
+        w[1] = (float)((hi & 0x0F) - 8) * d;
+        w[2] = (float)((lo >> 4) - 8) * d;
+        w[3] = (float)((hi >> 4) - 8) * d;
     } else {
         for (int t = 0; t < 4; ++t) w[t] = dequant_elem(wr, TYPE, b * QK + j + 8 * t);
     }
