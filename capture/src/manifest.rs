@@ -330,9 +330,8 @@ pub fn path_of(key: &Key) -> String {
     p
 }
 
-/// Appends `v` in decimal: paths and hash lines are written piece by
-/// piece, without `format!`.
-pub(crate) fn push_decimal(out: &mut String, mut v: u64) {
+/// `v`'s decimal digits, in the end of the array from the returned index.
+fn decimal_digits(mut v: u64) -> ([u8; 20], usize) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     loop {
@@ -343,23 +342,21 @@ pub(crate) fn push_decimal(out: &mut String, mut v: u64) {
             break;
         }
     }
+    (digits, i)
+}
+
+/// Appends `v` in decimal: paths and hash lines are written piece by
+/// piece, without `format!`.
+pub(crate) fn push_decimal(out: &mut String, v: u64) {
+    let (digits, i) = decimal_digits(v);
     // Pushed as characters: the digits are ASCII, and checking a few bytes
     // for UTF-8 cost more than the pushes (a hash line has six numbers).
     out.extend(digits[i..].iter().map(|&d| char::from(d)));
 }
 
 /// [`push_decimal`] appended to bytes (a directory hash's text).
-pub(crate) fn push_decimal_bytes(out: &mut Vec<u8>, mut v: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
+pub(crate) fn push_decimal_bytes(out: &mut Vec<u8>, v: u64) {
+    let (digits, i) = decimal_digits(v);
     out.extend_from_slice(&digits[i..]);
 }
 
