@@ -228,22 +228,20 @@ __device__ void attention_split_block(const SplitArgs& a, int r, int h, int z, f
     int kvh = h / (a.n_head / a.n_kv);
     int kv_stride = a.n_kv * a.head_dim;
     int col = kvh * a.head_dim + d0;
-    // Keys [first, first + n_old) are older than this forward.
+    // Keys [first, first + n_old) are older than this forward: their keys
+    // (key_cap of them at most; 0 in the persistent step) and the first
+    // chunk's values are copied before the wait, the rest after it.
     int n_old = max(0, min(pos0 - first, n_keys));
     int n_staged = min(n_old, a.key_cap);
     int nv = min(a.chunk, n_keys), nv_old = min(nv, n_old);
+    stage_rows(ks, a.k, first, n_staged, a.head_dim, a.head_dim + KEY_PAD, kv_stride,
+               kvh * a.head_dim);
+    stage_values(vs, a.v, first, nv_old, ds, kv_stride, col);
     if (wait) {
-        stage_rows(ks, a.k, first, n_staged, a.head_dim, a.head_dim + KEY_PAD, kv_stride,
-                   kvh * a.head_dim);
-        stage_values(vs, a.v, first, nv_old, ds, kv_stride, col);
         pdl_wait();
         if (trigger_at == 1) pdl_launch_dependents();
-        stage_values(vs + (size_t)nv_old * ds, a.v, first + nv_old, nv - nv_old, ds, kv_stride,
-                     col);
-    } else {
-        n_staged = 0;
-        stage_values(vs, a.v, first, nv, ds, kv_stride, col);
     }
+    stage_values(vs + (size_t)nv_old * ds, a.v, first + nv_old, nv - nv_old, ds, kv_stride, col);
     if (n_staged > 0) {
         // The same for every thread of the block (it depends on r and h).
         copy_async_wait_all();

@@ -395,9 +395,10 @@ pub fn attention_split_at(
     // and the shared memory holds the longest row's scores (`seen` keys, no
     // row seeing more), `chunk` keys of ds values and `key_cap` keys of
     // head_dim + KEY_PAD floats (k's address, too, 16-byte aligned); the
-    // prefetched ranges are whole device allocations, and a prefetch reads nothing back.
-    // Before `pdl_wait` the kernel only prefetches and copies the keys and
-    // values of positions before pos[0], which this forward does not write.
+    // prefetched ranges are whole device allocations, and a prefetch reads
+    // nothing back. Before `pdl_wait` the kernel only prefetches and copies
+    // the keys and values of positions before pos[0], which this forward
+    // does not write.
     unsafe { launch(dev, &f, cfg, &mut a, true, "attention_split") }
 }
 
