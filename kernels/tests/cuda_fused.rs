@@ -106,6 +106,14 @@ fn fused_forward_equals_unfused() {
                 stages: 2,
             });
             other.set_persistent(false);
+            // Five launches a layer with the step mapped (its token,
+            // position and logits read and written in page-locked memory by
+            // its kernels: the default), and with its copies in the graph.
+            let mut five = open(&dev, &w, true);
+            five.set_persistent(false);
+            let mut copies = open(&dev, &w, true);
+            copies.set_persistent(false);
+            copies.set_mapped_step(false);
             let mut narrow = open(&dev, &w, true);
             narrow.set_persistent(true);
             narrow.set_persistent_blocks(if early == EarlyLaunch::Off { 1 } else { 7 });
@@ -142,6 +150,18 @@ fn fused_forward_equals_unfused() {
                     a, c,
                     "{name}: decode step {i} (position {pos}), the other form"
                 );
+                if i == 0 {
+                    for f in [&mut five, &mut copies] {
+                        f.forward(None, &long, 0).unwrap();
+                    }
+                }
+                let m = five.forward(None, &t, pos).unwrap();
+                assert_eq!(a, m, "{name}: decode step {i} (position {pos}), mapped");
+                let m = copies.forward(None, &t, pos).unwrap();
+                assert_eq!(
+                    a, m,
+                    "{name}: decode step {i} (position {pos}), copies in the graph"
+                );
                 let n = narrow.forward(None, &t, pos).unwrap();
                 assert_eq!(
                     a, n,
@@ -161,6 +181,20 @@ fn fused_forward_equals_unfused() {
                 );
             }
             assert_eq!(other.persistent_runs(), 0, "{name}: persistent while off");
+            assert!(
+                five.mapped_replays() >= 69,
+                "{name}: the step did not run mapped"
+            );
+            assert!(
+                fused.mapped_replays() >= 69,
+                "{name}: the persistent step not mapped"
+            );
+            assert_eq!(copies.mapped_replays(), 0, "{name}: mapped while off");
+            assert_eq!(
+                other.mapped_replays(),
+                0,
+                "{name}: mapped without the copies"
+            );
         }
     }
 }

@@ -328,7 +328,9 @@ fn gpu_figures() {
     let mut reference: Option<Vec<blake3::Hash>> = None;
     let (off, start, late) = (EarlyLaunch::Off, EarlyLaunch::AtStart, EarlyLaunch::Late);
     let after_wait = EarlyLaunch::AfterWait;
-    // (graphs, fused, early launch, the step's copies in its graph, the
+    // (graphs, fused, early launch, the step's copies outside its graph, in
+    // it, or replaced by the mapped step's reads and writes of page-locked
+    // memory (the default where the step is fused), the
     // logits' blocks per SM (0: one block per 16 logits) and stages, the
     // layers in one persistent launch: None for five launches a layer, else
     // the most blocks of its grid, 0 for as many as fit).
@@ -338,29 +340,34 @@ fn gpu_figures() {
     // wherever the launches are early).
     let five = None;
     let staged = EarlyLaunch::Staged;
+    const OUTSIDE: u8 = 0;
+    const COPIES: u8 = 1;
+    const MAPPED: u8 = 2;
     let configs = [
-        (false, false, off, true, (4, 4), five, None, None),
-        (true, false, off, true, (4, 4), five, None, None),
-        (false, true, off, true, (4, 4), five, None, None),
-        (true, true, off, true, (4, 4), five, None, None),
-        (false, true, late, true, (4, 4), five, None, None),
-        (false, true, staged, true, (4, 4), five, None, None),
-        (true, true, late, true, (4, 2), five, None, None),
-        (true, true, late, true, (4, 2), five, Some(true), None),
-        (true, true, start, true, (4, 2), five, None, None),
-        (true, true, start, true, (4, 2), five, Some(false), None),
-        (true, true, after_wait, true, (4, 2), five, None, None),
-        (true, true, staged, true, (4, 2), five, Some(false), None),
-        (true, true, staged, false, (0, 2), five, None, None),
-        (true, true, staged, true, (8, 3), five, None, None),
-        (true, true, staged, true, (4, 2), five, None, None),
-        (true, true, staged, true, (4, 2), five, None, Some(false)),
-        (true, true, staged, true, (4, 2), five, None, Some(true)),
-        (false, true, staged, true, (4, 2), Some(0), None, None),
-        (true, true, staged, true, (4, 2), Some(0), None, None),
-        (true, true, staged, true, (4, 2), Some(66), None, None),
+        (false, false, off, COPIES, (4, 4), five, None, None),
+        (true, false, off, COPIES, (4, 4), five, None, None),
+        (false, true, off, COPIES, (4, 4), five, None, None),
+        (true, true, off, COPIES, (4, 4), five, None, None),
+        (false, true, late, COPIES, (4, 4), five, None, None),
+        (false, true, staged, COPIES, (4, 4), five, None, None),
+        (true, true, late, COPIES, (4, 2), five, None, None),
+        (true, true, late, COPIES, (4, 2), five, Some(true), None),
+        (true, true, start, COPIES, (4, 2), five, None, None),
+        (true, true, start, COPIES, (4, 2), five, Some(false), None),
+        (true, true, after_wait, COPIES, (4, 2), five, None, None),
+        (true, true, staged, COPIES, (4, 2), five, Some(false), None),
+        (true, true, staged, OUTSIDE, (0, 2), five, None, None),
+        (true, true, staged, MAPPED, (8, 3), five, None, None),
+        (true, true, staged, COPIES, (4, 2), five, None, None),
+        (true, true, staged, MAPPED, (4, 2), five, None, None),
+        (true, true, staged, MAPPED, (4, 2), five, None, Some(false)),
+        (true, true, staged, COPIES, (4, 2), five, None, Some(true)),
+        (false, true, staged, COPIES, (4, 2), Some(0), None, None),
+        (true, true, staged, COPIES, (4, 2), Some(0), None, None),
+        (true, true, staged, COPIES, (4, 2), Some(66), None, None),
     ];
-    for (graphs, fused, early, copies, (blocks_per_sm, stages), persist, deq, keys) in configs {
+    for (graphs, fused, early, io, (blocks_per_sm, stages), persist, deq, keys) in configs {
+        let copies = io != OUTSIDE;
         ops::set_dequant_staging(deq);
         ops::set_key_staging(keys);
         fwd.set_persistent(persist.is_some());
@@ -369,11 +376,13 @@ fn gpu_figures() {
         fwd.set_fused(fused);
         fwd.set_early_launch(early);
         fwd.set_graph_copies(copies);
+        fwd.set_mapped_step(io == MAPPED);
         fwd.set_logits_streaming(ops::Streaming {
             blocks_per_sm,
             stages,
         });
         let mut decode = Vec::new();
+        let mut gpu_only = Vec::new();
         let persisted = fwd.persistent_runs();
         for round in 0..5 {
             fwd.reset();
@@ -390,6 +399,13 @@ fn gpu_figures() {
                 }
             }
             decode.push(steps as f64 / secs(t0.elapsed()));
+            if graphs && round > 0 {
+                // The same step's graph replayed back to back: the GPU's
+                // own share of a step.
+                let t0 = Instant::now();
+                fwd.replay_last_step(steps).unwrap();
+                gpu_only.push(secs(t0.elapsed()) / steps as f64 * 1e6);
+            }
             if round == 0 {
                 match &reference {
                     None => reference = Some(hashes),
@@ -422,7 +438,12 @@ fn gpu_figures() {
             },
             match (graphs && copies, fused) {
                 (true, true) => format!(
-                    ", copies in the graph, logits {blocks_per_sm} blocks/SM x {stages} stages"
+                    ", {} the graph, logits {blocks_per_sm} blocks/SM x {stages} stages",
+                    if io == MAPPED {
+                        "inputs and logits mapped, no copies in"
+                    } else {
+                        "copies in"
+                    }
                 ),
                 (false, true) => format!(", logits {blocks_per_sm} blocks/SM x {stages} stages"),
                 (true, false) => ", copies in the graph".to_string(),
@@ -443,8 +464,16 @@ fn gpu_figures() {
                 (true, Some(false)) => ", key staging forced off",
                 _ => "",
             },
-            median(decode)
+            median(decode.clone())
         );
+        if graphs {
+            let step_us = 1e6 / median(decode);
+            let gpu_us = median(gpu_only);
+            println!(
+                "    a step {step_us:.1} us; its graph replayed back to back {gpu_us:.1} us a step (median of 4 rounds); the host's share between steps {:.1} us",
+                step_us - gpu_us
+            );
+        }
     }
 
     ops::set_dequant_staging(None);

@@ -37,6 +37,8 @@ pub(crate) use setup::{check_model, kv_capacity, Acts};
 struct DecodeGraph {
     key: GraphKey,
     graph: cudarc::driver::CudaGraph,
+    /// Whether it runs the mapped step (`graph.rs`).
+    mapped: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +150,9 @@ pub struct CudaForward {
     step_host: Option<PinnedHostSlice<u32>>,
     /// Whether a decode graph holds its step's copies (`graph.rs`).
     graph_copies: bool,
+    /// Whether a decode graph reads its inputs from, and writes its logits
+    /// into, the page-locked buffers themselves (`graph.rs`, `mappable`).
+    mapped_step: bool,
     /// How the fused pass's logits matmul is spread
     /// ([`ops::matmul_streamed`]).
     logits: ops::Streaming,
@@ -164,6 +169,8 @@ pub struct CudaForward {
     generation: u64,
     /// Decode steps run as a graph replay so far.
     replays: u64,
+    /// Of them, the mapped steps' (`graph.rs`).
+    mapped_replays: u64,
     /// Runs made fused so far (graph replays of a fused step included).
     fused_runs: u64,
     /// The persistent decode step (`persist.rs`).
@@ -265,6 +272,10 @@ impl CudaForward {
                 std::env::var("TAPTREE_CUDA_GRAPH_COPIES").as_deref(),
                 Ok("0" | "off")
             ),
+            mapped_step: !matches!(
+                std::env::var("TAPTREE_CUDA_MAPPED_STEP").as_deref(),
+                Ok("0" | "off")
+            ),
             logits: LOGITS,
             shared_rope_base: shared_rope_base(c),
             graphs: !matches!(
@@ -278,6 +289,7 @@ impl CudaForward {
             graph: None,
             generation: 0,
             replays: 0,
+            mapped_replays: 0,
             fused_runs: 0,
             persist,
         })
@@ -323,6 +335,17 @@ impl CudaForward {
         self.graph = None;
     }
 
+    /// Lets a decode step's graph, where it holds the step's copies and
+    /// runs fused, drop the copies: its first launch reads the token and
+    /// position from the page-locked step buffer, and the logits' launch
+    /// writes into the page-locked logits buffer (the default;
+    /// `TAPTREE_CUDA_MAPPED_STEP=0` starts with it off). Either way the
+    /// results are the same bits.
+    pub fn set_mapped_step(&mut self, on: bool) {
+        self.mapped_step = on;
+        self.graph = None;
+    }
+
     /// How the fused pass's logits matmul is spread
     /// ([`ops::matmul_streamed`]: 4 blocks per SM, 2 stages unless set;
     /// 0 blocks for one block per 16 logits, [`ops::matmul_fused`]). Every
@@ -335,6 +358,13 @@ impl CudaForward {
     /// How many decode steps ran as a graph replay so far.
     pub fn graph_replays(&self) -> u64 {
         self.replays
+    }
+
+    /// How many decode steps ran as a mapped graph so far (their token,
+    /// position and logits read and written in page-locked memory by the
+    /// kernels: [`Self::set_mapped_step`]).
+    pub fn mapped_replays(&self) -> u64 {
+        self.mapped_replays
     }
 
     /// How many runs (a prefill, a decode step) ran fused so far.

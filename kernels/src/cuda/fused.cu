@@ -413,12 +413,26 @@ __device__ __forceinline__ void stage_group(u8* dst, const u8* w, int g, int gro
     copy_async_commit();
 }
 
+// A group's outputs, res[k][s] for its cnt weight rows and nr input rows,
+// stored by consecutive threads into consecutive logits: a row's 16 floats
+// in one 64-byte store, which matters where y is page-locked host memory
+// (the mapped decode step, forward/graph.rs).
+__device__ __forceinline__ void store_group(float* y, const float res[ROWS_PER_PASS][FUSED_OUTS],
+                                            int r0, int nr, int n, int first, int cnt) {
+    for (int t = threadIdx.x; t < nr * cnt; t += blockDim.x) {
+        int k = t / cnt, s = t % cnt;
+        y[(size_t)(r0 + k) * n + first + s] = res[k][s];
+    }
+}
+
 extern "C" __global__ void matmul_streamed(const u8* w, int type, int n, const float* x,
                                            const float* norm_w, float eps, float* y, int rows,
                                            int in, int stages, int trigger_at) {
     extern __shared__ __align__(16) u8 smem[];
     __shared__ double scratch[NORM_THREADS / 32];
-    __shared__ float res[ROWS_PER_PASS][FUSED_OUTS];
+    // Two groups' outputs: one group's are stored while the next one's
+    // products are computed.
+    __shared__ float res[2][ROWS_PER_PASS][FUSED_OUTS];
     if (trigger_at == 0) pdl_launch_dependents();
     int lane = threadIdx.x & 31, j = lane & 7;
     int slot = (threadIdx.x >> 5) * OUTS_PER_WARP + (lane >> 3);
@@ -433,22 +447,27 @@ extern "C" __global__ void matmul_streamed(const u8* w, int type, int n, const f
     pdl_wait();
     if (trigger_at == 1) pdl_launch_dependents();
     stage_input(xs, x, r0, nr, in, norm_w, eps, scratch);
-    int it = 0;
+    int it = 0, last_first = 0, last_cnt = 0;
     for (int g = blockIdx.x; g < groups; g += gridDim.x, ++it) {
-        // This group's copy done and every thread past the products of the
-        // group before, whose buffer the next copy reuses.
+        // This group's copy done, and every thread past the products of the
+        // group before: its buffer the next copy reuses, its outputs
+        // complete in res.
         copy_async_wait_groups(stages - 2);
         __syncthreads();
+        if (it > 0) store_group(y, res[(it - 1) & 1], r0, nr, n, last_first, last_cnt);
         stage_group(smem + ((it + stages - 1) % stages) * buf, w,
                     g + (stages - 1) * gridDim.x, groups, n, rb);
         int first = g * FUSED_OUTS, cnt = min(FUSED_OUTS, n - first);
         bool live = slot < cnt;
         const u8* wr = smem + (it % stages) * buf + (size_t)(live ? slot : 0) * rb;
-        slot_outputs_any(type, wr, xs, nr, in, j, live, slot, res);
-        // res[k][slot] was written by this very lane (j == 0).
-        if (j == 0 && live)
-            for (int k = 0; k < nr; ++k) y[(size_t)(r0 + k) * n + first + slot] = res[k][slot];
+        // res[it & 1] was last read by the stores of two groups ago, which
+        // every thread finished before the barrier above.
+        slot_outputs_any(type, wr, xs, nr, in, j, live, slot, res[it & 1]);
+        last_first = first;
+        last_cnt = cnt;
     }
+    __syncthreads();
+    if (it > 0) store_group(y, res[(it - 1) & 1], r0, nr, n, last_first, last_cnt);
     copy_async_wait_groups(0);
     if (trigger_at == 2) pdl_launch_dependents();
 }
@@ -464,4 +483,26 @@ extern "C" __global__ void rope_table(const u32* pos, float* cs, int rows, int h
         int r = t / half, i = t % half;
         rope_cos_sin(pos[r], i, head_dim, base, cs + 2 * (size_t)t, cs + 2 * (size_t)t + 1);
     }
+}
+
+// The first launch of a mapped decode step (forward/graph.rs; one block):
+// the step's token and position read from page-locked host memory (in[0],
+// in[1], written by the host before the graph's launch), the position
+// stored to pos[0] for the step's later launches, the token's embedding
+// row dequantized into x as `embedding` does and, with cs, RoPE's table at
+// that position as `rope_table` computes it: the same values those
+// launches give from the uploaded token and position.
+extern "C" __global__ void step_start(const u32* in, u32* pos, const u8* table, int type,
+                                      int n_embd, float* x, float* cs, int head_dim,
+                                      float base) {
+    __shared__ u32 step[2];
+    if (threadIdx.x < 2) step[threadIdx.x] = ((const volatile u32*)in)[threadIdx.x];
+    __syncthreads();
+    u32 tok = step[0], p = step[1];
+    if (threadIdx.x == 0) pos[0] = p;
+    const u8* row = table + (size_t)tok * row_bytes_of(type, n_embd);
+    for (int i = threadIdx.x; i < n_embd; i += blockDim.x) x[i] = dequant_elem(row, type, i);
+    if (cs)
+        for (int i = threadIdx.x; i < head_dim / 2; i += blockDim.x)
+            rope_cos_sin(p, i, head_dim, base, cs + 2 * i, cs + 2 * i + 1);
 }

@@ -18,6 +18,20 @@
 //! norms, RoPE over halves or GeGLU (Gemma 3).
 
 use super::{CudaForward, Group, KvCache, Scratch, WeightsOnDevice};
+
+/// Where a fused forward's token and position come from and where its
+/// logits go.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum StepIo {
+    /// From `tok` and `pos` of the scratch (uploaded before the forward),
+    /// into its `logits`.
+    Device,
+    /// The mapped decode step (`graph.rs`): read from and written to
+    /// page-locked host memory, through these device addresses of the
+    /// forward's step buffer (token, position) and its row of logits,
+    /// which live as long as any graph recording them.
+    Mapped { input: u64, logits: u64 },
+}
 use crate::cuda::device::Device;
 use crate::cuda::ops::{self, AttentionShape, Norm, QkvOut};
 use crate::cuda::CudaError;
@@ -60,6 +74,7 @@ impl CudaForward {
         groups: &[Group],
         rows: usize,
         graphed: bool,
+        io: StepIo,
     ) -> Result<(), CudaError> {
         let dev = self.dev.clone();
         let c = self.config.clone();
@@ -71,17 +86,38 @@ impl CudaForward {
             .as_mut()
             .expect("scratch allocated before encode");
         let cache = self.caches.get_mut(&g.slot).expect("cache ensured above");
-        super::encode::embed(&dev, &c, &w.token_embd, sc, rows)?;
         let max_keys = if graphed {
             cache.capacity
         } else {
             g.start_pos + g.rows
         };
-        // RoPE's cosines and sines once for every layer, where they share
-        // a base (else each launch computes its own).
-        if let Some(base) = self.shared_rope_base {
-            let table = &mut sc.rope.slice_mut(..rows * c.head_dim);
-            ops::rope_table(&dev, &sc.pos.slice(..rows), table, rows, c.head_dim, base)?;
+        match io {
+            StepIo::Device => {
+                super::encode::embed(&dev, &c, &w.token_embd, sc, rows)?;
+                // RoPE's cosines and sines once for every layer, where they
+                // share a base (else each launch computes its own).
+                if let Some(base) = self.shared_rope_base {
+                    let table = &mut sc.rope.slice_mut(..rows * c.head_dim);
+                    ops::rope_table(&dev, &sc.pos.slice(..rows), table, rows, c.head_dim, base)?;
+                }
+            }
+            StepIo::Mapped { input, .. } => {
+                let mut table = sc.rope.slice_mut(..c.head_dim);
+                let rope = self.shared_rope_base.map(|b| (&mut table, b));
+                // SAFETY: `input` is the step buffer's device address, as
+                // `StepIo::Mapped` vouches.
+                unsafe {
+                    ops::step_start(
+                        &dev,
+                        input,
+                        &mut sc.pos.slice_mut(..1),
+                        &w.token_embd,
+                        &mut sc.x.slice_mut(..d),
+                        rope,
+                        c.head_dim,
+                    )
+                }?;
+            }
         }
         let tabled = self.shared_rope_base.is_some();
         let persisted = rows == 1
@@ -90,18 +126,27 @@ impl CudaForward {
             layers_fused(&dev, &c, w, sc, cache, g, rows, max_keys, tabled)?;
         }
         let output_norm = w.output_norm.as_view();
-        ops::matmul_streamed(
-            &dev,
-            w.output(),
-            &sc.x.slice(..rows * d),
-            Some(Norm {
-                weight: &output_norm,
-                eps: c.rms_eps,
-            }),
-            &mut sc.logits.slice_mut(..rows * c.vocab_size),
-            rows,
-            self.logits,
-        )
+        let norm = Some(Norm {
+            weight: &output_norm,
+            eps: c.rms_eps,
+        });
+        let x = sc.x.slice(..rows * d);
+        match io {
+            StepIo::Device => ops::matmul_streamed(
+                &dev,
+                w.output(),
+                &x,
+                norm,
+                &mut sc.logits.slice_mut(..rows * c.vocab_size),
+                rows,
+                self.logits,
+            ),
+            // SAFETY: `logits` is the logits buffer's device address, as
+            // `StepIo::Mapped` vouches.
+            StepIo::Mapped { logits, .. } => unsafe {
+                ops::matmul_streamed_mapped(&dev, w.output(), &x, norm, logits, rows, self.logits)
+            },
+        }
     }
 }
 

@@ -11,6 +11,7 @@
 
 use cudarc::driver::{DevicePtr, PinnedHostSlice};
 
+use super::fused::StepIo;
 use super::{CudaForward, DecodeGraph, GraphKey, Group};
 use crate::cuda::CudaError;
 
@@ -119,26 +120,69 @@ impl CudaForward {
             let mode = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
             s.begin_capture(mode)
                 .map_err(|e| CudaError::driver("begin graph capture", e))?;
-            let encoded = self.encode_step(groups, copies);
+            let mapped = copies && self.mappable(groups);
+            let encoded = self.encode_step(groups, copies, mapped);
             // Always end the capture, so a failed encode leaves the stream usable.
             let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
             encoded?;
             let graph = graph
                 .map_err(|e| CudaError::driver("end graph capture", e))?
                 .ok_or_else(|| CudaError::Shape("graph capture recorded nothing".into()))?;
-            self.graph = Some(DecodeGraph { key, graph });
+            self.graph = Some(DecodeGraph { key, graph, mapped });
         }
         let g = self.graph.as_ref().expect("captured above");
         g.graph
             .launch()
             .map_err(|e| CudaError::driver("launch decode graph", e))?;
         self.replays += 1;
+        self.mapped_replays += u64::from(g.mapped);
         Ok(())
     }
 
-    /// What a step's graph records: with `copies`, the uploads, the
-    /// forward, the logits' download; else the forward.
-    fn encode_step(&mut self, groups: &[Group], copies: bool) -> Result<(), CudaError> {
+    /// Replays the last decode step's graph `n` times back to back, then
+    /// waits for the stream: the GPU's own time for a step, without the
+    /// host's share between steps (`cuda_perf`). Each replay computes that
+    /// step again from the same token and position (its cache rows
+    /// rewritten with the same values). An error where no graph was made.
+    #[doc(hidden)]
+    pub fn replay_last_step(&mut self, n: usize) -> Result<(), CudaError> {
+        let g = self
+            .graph
+            .as_ref()
+            .ok_or_else(|| CudaError::Shape("replay_last_step: no decode graph yet".into()))?;
+        for _ in 0..n {
+            g.graph
+                .launch()
+                .map_err(|e| CudaError::driver("launch decode graph", e))?;
+        }
+        self.dev
+            .stream()
+            .synchronize()
+            .map_err(|e| CudaError::driver("synchronize", e))
+    }
+
+    /// Whether a step of `groups` runs mapped: its first launch reads the
+    /// token and position from `step_host`, its logits' launch writes into
+    /// `logits_host`, and the graph holds no copies. Needs the step's copies
+    /// in its graph, the fused pass, the logits streamed, and no embedding
+    /// scale (the first launch does not apply one).
+    fn mappable(&self, groups: &[Group]) -> bool {
+        self.mapped_step
+            && self.graph_copies
+            && self.fusable(groups, 1)
+            && !self.config.family.embed_scale
+            && crate::cuda::ops::streams(self.w.output(), 1, self.logits)
+    }
+
+    /// What a step's graph records: `mapped` ([`Self::mappable`]), the fused
+    /// forward alone; else with `copies`, the uploads, the forward, the
+    /// logits' download; else the forward.
+    fn encode_step(
+        &mut self,
+        groups: &[Group],
+        copies: bool,
+        mapped: bool,
+    ) -> Result<(), CudaError> {
         if !copies {
             return self.encode(groups, 1, true);
         }
@@ -154,6 +198,13 @@ impl CudaForward {
             .as_mut()
             .expect("allocated by ensure_host_buffers");
         let logits = logits.as_mut_ptr().map_err(err)?;
+        if mapped {
+            let io = StepIo::Mapped {
+                input: device_address(step.cast_mut())?,
+                logits: device_address(logits)?,
+            };
+            return self.encode_fused(groups, 1, true, io);
+        }
         let s = self.dev.stream().clone();
         let cs = s.cu_stream();
         {
@@ -179,4 +230,16 @@ impl CudaForward {
             cudarc::driver::result::memcpy_dtoh_async(host, src, cs).map_err(err)
         }
     }
+}
+
+/// The device address of page-locked host memory at `host` (allocated by
+/// the driver, so mapped into the device's address space).
+fn device_address<T>(host: *mut T) -> Result<u64, CudaError> {
+    let mut dptr = 0;
+    // SAFETY: `host` points into a page-locked allocation of the driver's;
+    // the call only looks its address up.
+    unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut dptr, host.cast(), 0) }
+        .result()
+        .map_err(|e| CudaError::driver("device address of page-locked memory", e))?;
+    Ok(dptr)
 }

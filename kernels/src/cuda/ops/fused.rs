@@ -2,7 +2,7 @@
 //! in five launches. Each output is bitwise what the unfused launches give
 //! (`cuda_kernels_fused.rs` holds each against them).
 
-use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::launch::{launch, trigger_fused, Forced, KernelArgs};
 use super::{check, launch_err, raise_shared, DeviceMatrix, MATMUL_F32_OUTS, MATMUL_MAX_STAGED};
@@ -134,11 +134,7 @@ pub fn matmul_streamed(
     rows: usize,
     how: Streaming,
 ) -> Result<(), CudaError> {
-    let cols = w.cols;
-    let buf = (MATMUL_F32_OUTS * w.ggml_type.row_bytes(cols)).div_ceil(16) * 16;
-    let stages = how.stages.clamp(2, 4);
-    let shared = stages * buf + x_bytes(cols, rows);
-    if how.blocks_per_sm == 0 || shared > MATMUL_MAX_STAGED {
+    if !streams(w, rows, how) {
         return matmul_fused(dev, w, x, norm, None, y, rows);
     }
     check(
@@ -146,6 +142,69 @@ pub fn matmul_streamed(
         y.len(),
         rows * w.rows,
     )?;
+    let (y, _sync) = y.device_ptr_mut(dev.stream());
+    // SAFETY: y holds rows x W.rows floats (checked above).
+    unsafe { streamed(dev, w, x, norm, y, rows, how) }
+}
+
+/// Whether [`matmul_streamed`] streams `w` at `rows` rows as `how` says
+/// (else it runs [`matmul_fused`]), as [`matmul_streamed_mapped`] needs.
+pub fn streams(w: &DeviceMatrix, rows: usize, how: Streaming) -> bool {
+    how.blocks_per_sm > 0 && streamed_shared(w, rows, how) <= MATMUL_MAX_STAGED
+}
+
+/// A block's shared memory in [`matmul_streamed`]: its stages of weight
+/// rows and its rows of `x`.
+fn streamed_shared(w: &DeviceMatrix, rows: usize, how: Streaming) -> usize {
+    let buf = (MATMUL_F32_OUTS * w.ggml_type.row_bytes(w.cols)).div_ceil(16) * 16;
+    how.stages.clamp(2, 4) * buf + x_bytes(w.cols, rows)
+}
+
+/// [`matmul_streamed`] into `y`, the device address of page-locked host
+/// memory (`cuMemHostGetDevicePointer`'s): the mapped decode step's logits,
+/// written where the host reads them, with no copy after the kernel. The
+/// same bits as into device memory. An error where it would not stream
+/// ([`streams`]).
+///
+/// # Safety
+/// `y` is the device address of page-locked host memory of at least
+/// `rows * w.rows` floats that lives, and that the host neither reads nor
+/// writes, until the launch (or a graph recording it) has run.
+pub unsafe fn matmul_streamed_mapped(
+    dev: &Device,
+    w: &DeviceMatrix,
+    x: &CudaView<f32>,
+    norm: Option<Norm>,
+    y: u64,
+    rows: usize,
+    how: Streaming,
+) -> Result<(), CudaError> {
+    if !streams(w, rows, how) {
+        return Err(CudaError::Shape(format!(
+            "matmul_streamed_mapped {}: does not stream at {rows} rows, {how:?}",
+            w.name
+        )));
+    }
+    // SAFETY: the caller's.
+    unsafe { streamed(dev, w, x, norm, y, rows, how) }
+}
+
+/// The `matmul_streamed` launch, `y` its output's device address.
+///
+/// # Safety
+/// `y` holds `rows * w.rows` floats; [`streams`] holds.
+unsafe fn streamed(
+    dev: &Device,
+    w: &DeviceMatrix,
+    x: &CudaView<f32>,
+    norm: Option<Norm>,
+    y: u64,
+    rows: usize,
+    how: Streaming,
+) -> Result<(), CudaError> {
+    let cols = w.cols;
+    let stages = how.stages.clamp(2, 4);
+    let shared = streamed_shared(w, rows, how);
     check("matmul_streamed x", x.len(), rows * cols)?;
     if let Some(n) = &norm {
         check("matmul_streamed norm weight", n.weight.len(), cols)?;
@@ -165,7 +224,7 @@ pub fn matmul_streamed(
         Some(n) => a.buf(dev, n.weight),
         None => a.null(),
     };
-    a.val(&eps).buf(dev, &*y).val(&r).val(&c);
+    a.val(&eps).val(&y).val(&r).val(&c);
     a.val(&(stages as i32)).val(&trigger_fused(dev));
     let groups = w.rows.div_ceil(MATMUL_F32_OUTS);
     let blocks = groups.min(dev.sm_count() * how.blocks_per_sm).max(1);
@@ -175,10 +234,66 @@ pub fn matmul_streamed(
         shared_mem_bytes: shared as u32,
     };
     // SAFETY: W holds rows x cols of its type (checked at upload), x and
-    // the norm weight what the shapes read, y what they write (checked
-    // above); shared memory holds `stages` groups of weight rows and 8
-    // rows of x. The kernel reads only its weights before `pdl_wait`.
+    // the norm weight what the shapes read (checked above), y what they
+    // write (the caller's); shared memory holds `stages` groups of weight
+    // rows and 8 rows of x. The kernel reads only its weights before
+    // `pdl_wait`.
     unsafe { launch(dev, &f, cfg, &mut a, true, "matmul_streamed") }
+}
+
+/// The first launch of a mapped decode step (fused.cu, `step_start`): the
+/// token and position read from `input`, the device address of two
+/// page-locked `u32`s; the position stored to `pos`, the token's embedding
+/// row into `x` and, with `table`, RoPE's cosines and sines at the position
+/// (as [`rope_table`] at `base`). The same values as the token and
+/// position uploaded, then [`embedding`](super::embedding) and
+/// [`rope_table`].
+///
+/// # Safety
+/// `input` is the device address of page-locked host memory holding the
+/// step's token (a valid row of `table`) and position, which lives, and
+/// which the host does not write, until the launch (or a graph recording
+/// it) has run.
+pub unsafe fn step_start(
+    dev: &Device,
+    input: u64,
+    pos: &mut CudaViewMut<u32>,
+    table: &DeviceMatrix,
+    x: &mut CudaViewMut<f32>,
+    rope: Option<(&mut CudaViewMut<f32>, f32)>,
+    head_dim: usize,
+) -> Result<(), CudaError> {
+    check("step_start pos", pos.len(), 1)?;
+    check("step_start x", x.len(), table.cols)?;
+    let f = dev.function(Family::Fused, "step_start")?;
+    let (ty, n, hd) = (table.type_id(), table.cols as i32, head_dim as i32);
+    let mut a = KernelArgs::default();
+    a.val(&input)
+        .buf(dev, &*pos)
+        .buf(dev, &table.data)
+        .val(&ty)
+        .val(&n)
+        .buf(dev, &*x);
+    let base = match rope {
+        Some((cs, base)) => {
+            check("step_start rope table", cs.len(), head_dim)?;
+            a.buf(dev, &*cs);
+            base
+        }
+        None => {
+            a.null();
+            0.0
+        }
+    };
+    a.val(&hd).val(&base);
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: `input` as the caller vouches, pos one position, x a row of
+    // the table's width and the table `head_dim` floats (checked above).
+    unsafe { launch(dev, &f, cfg, &mut a, false, "step_start") }
 }
 
 /// `s = swiglu(norm(x) Wg^T, norm(x) Wu^T)`: the FFN's gate, up and gated
