@@ -308,7 +308,7 @@ fn streamed_logits_equal_the_plain_launches() {
         (GgmlType::F16, 72),
     ] {
         for n in [97usize, 48, 4099, 16 * dev.sm_count() * 6 + 3] {
-            let w = DeviceMatrix::upload(dev, &ks::weight(&mut rng, ty, n, cols, 0.5)).unwrap();
+            let mut w = DeviceMatrix::upload(dev, &ks::weight(&mut rng, ty, n, cols, 0.5)).unwrap();
             for rows in [1usize, 9] {
                 let what = format!("{ty} {n}x{cols} rows {rows}");
                 let x: Vec<f32> = (0..rows * cols).map(|_| rng.f32()).collect();
@@ -327,7 +327,16 @@ fn streamed_logits_equal_the_plain_launches() {
                 )
                 .unwrap();
                 ops::matmul_f32(dev, &w, &h.as_view(), &mut want.as_view_mut(), rows).unwrap();
-                for (blocks_per_sm, stages) in [(1usize, 2usize), (1, 3), (1, 4), (4, 4)] {
+                // Q8_0 also through its relaid lanes (`relay_lanes`), as the
+                // fused pass reads the logits.
+                let lanes = [false, ty == GgmlType::Q8_0];
+                for (blocks_per_sm, stages, relaid) in [(1usize, 2usize), (1, 3), (1, 4), (4, 4)]
+                    .into_iter()
+                    .flat_map(|(b, s)| lanes.iter().map(move |&l| (b, s, l)))
+                {
+                    if relaid {
+                        w.relay_lanes(dev).unwrap();
+                    }
                     let how = ops::Streaming {
                         blocks_per_sm,
                         stages,
@@ -347,7 +356,12 @@ fn streamed_logits_equal_the_plain_launches() {
                         how,
                     )
                     .unwrap();
-                    ks::assert_bitwise(&format!("{what}, {how:?}"), &get(&y), &get(&want));
+                    ks::assert_bitwise(
+                        &format!("{what}, {how:?}, lanes {relaid}"),
+                        &get(&y),
+                        &get(&want),
+                    );
+                    w.lanes = None;
                 }
                 // Control: another norm weight must move the logits.
                 let nw2: Vec<f32> = (0..cols).map(|i| if i == 3 { 2.0 } else { 1.0 }).collect();

@@ -150,14 +150,55 @@ pub fn matmul_streamed(
 /// Whether [`matmul_streamed`] streams `w` at `rows` rows as `how` says
 /// (else it runs [`matmul_fused`]), as [`matmul_streamed_mapped`] needs.
 pub fn streams(w: &DeviceMatrix, rows: usize, how: Streaming) -> bool {
-    how.blocks_per_sm > 0 && streamed_shared(w, rows, how) <= MATMUL_MAX_STAGED
+    how.blocks_per_sm > 0 && Layout::of(w, rows, how).shared <= MATMUL_MAX_STAGED
 }
 
-/// A block's shared memory in [`matmul_streamed`]: its stages of weight
-/// rows and its rows of `x`.
-fn streamed_shared(w: &DeviceMatrix, rows: usize, how: Streaming) -> usize {
-    let buf = (MATMUL_F32_OUTS * w.ggml_type.row_bytes(w.cols)).div_ceil(16) * 16;
-    how.stages.clamp(2, 4) * buf + x_bytes(w.cols, rows)
+/// The logits' lanes forced on or off: `TAPTREE_CUDA_LOGITS_LANES=1|0`,
+/// or [`set_logits_lanes`].
+static LOGITS_LANES: Forced = Forced::new("TAPTREE_CUDA_LOGITS_LANES");
+
+/// Forces [`matmul_streamed`]'s use of a matrix's relaid lanes
+/// ([`DeviceMatrix::relay_lanes`]) on or off (`None`: on wherever they were
+/// made) for the launches that follow. The same bits either way.
+pub fn set_logits_lanes(on: Option<bool>) {
+    LOGITS_LANES.set(on);
+}
+
+/// How [`matmul_streamed`] reads `w`: its blocks (or their relaid lanes),
+/// the kernel's type for them, a row's bytes, and a block's shared memory
+/// (its stages of weight rows and its rows of `x`, twice with the lanes:
+/// the rows relaid beside them).
+struct Layout<'m> {
+    data: &'m cudarc::driver::CudaSlice<u8>,
+    type_id: i32,
+    shared: usize,
+}
+
+/// fused.cu's `T_Q8_0_LANES`.
+const T_Q8_0_LANES: i32 = 100;
+
+impl<'m> Layout<'m> {
+    fn of(w: &'m DeviceMatrix, rows: usize, how: Streaming) -> Layout<'m> {
+        let lanes = w
+            .lanes
+            .as_ref()
+            .filter(|_| LOGITS_LANES.get() != Some(false));
+        let (data, type_id, rb, xs) = match lanes {
+            Some(l) => (l, T_Q8_0_LANES, w.cols / 32 * 36, 2),
+            None => (
+                &w.data,
+                w.ggml_type.id() as i32,
+                w.ggml_type.row_bytes(w.cols),
+                1,
+            ),
+        };
+        let buf = (MATMUL_F32_OUTS * rb).div_ceil(16) * 16;
+        Layout {
+            data,
+            type_id,
+            shared: how.stages.clamp(2, 4) * buf + xs * x_bytes(w.cols, rows),
+        }
+    }
 }
 
 /// [`matmul_streamed`] into `y`, the device address of page-locked host
@@ -204,22 +245,21 @@ unsafe fn streamed(
 ) -> Result<(), CudaError> {
     let cols = w.cols;
     let stages = how.stages.clamp(2, 4);
-    let shared = streamed_shared(w, rows, how);
+    let layout = Layout::of(w, rows, how);
+    let shared = layout.shared;
     check("matmul_streamed x", x.len(), rows * cols)?;
     if let Some(n) = &norm {
         check("matmul_streamed norm weight", n.weight.len(), cols)?;
     }
     let f = dev.function(Family::Fused, "matmul_streamed")?;
     raise_shared(&f, shared, "matmul_streamed")?;
-    let (ty, n, r, c) = (
-        w.ggml_type.id() as i32,
-        w.rows as i32,
-        rows as i32,
-        cols as i32,
-    );
+    let (n, r, c) = (w.rows as i32, rows as i32, cols as i32);
     let eps = norm.map_or(0.0, |n| n.eps);
     let mut a = KernelArgs::default();
-    a.buf(dev, &w.data).val(&ty).val(&n).buf(dev, x);
+    a.buf(dev, layout.data)
+        .val(&layout.type_id)
+        .val(&n)
+        .buf(dev, x);
     match &norm {
         Some(n) => a.buf(dev, n.weight),
         None => a.null(),
@@ -233,10 +273,11 @@ unsafe fn streamed(
         block_dim: (MATMUL_F32_OUTS as u32 / 4 * 32, 1, 1),
         shared_mem_bytes: shared as u32,
     };
-    // SAFETY: W holds rows x cols of its type (checked at upload), x and
-    // the norm weight what the shapes read (checked above), y what they
-    // write (the caller's); shared memory holds `stages` groups of weight
-    // rows and 8 rows of x. The kernel reads only its weights before
+    // SAFETY: W holds rows x cols of its type (checked at upload; its
+    // lanes as many blocks of 36 bytes), x and the norm weight what the
+    // shapes read (checked above), y what they write (the caller's); shared
+    // memory holds `stages` groups of weight rows and 8 rows of x (16 with
+    // the lanes). The kernel reads only its weights before
     // `pdl_wait`.
     unsafe { launch(dev, &f, cfg, &mut a, true, "matmul_streamed") }
 }
