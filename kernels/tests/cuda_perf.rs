@@ -355,37 +355,140 @@ fn gpu_figures() {
     // The next field forces the one-row fused matmuls' dequantized staging
     // on or off (None: as the mode has it, on for `start`, `after-wait`
     // and `staged`), the last split attention's key staging (None: on
-    // wherever the launches are early).
+    // wherever the launches are early), the last the logits' relaid lanes
+    // (None: read wherever they were made, Some(false): the blocks).
     let five = None;
     let staged = EarlyLaunch::Staged;
     const OUTSIDE: u8 = 0;
     const COPIES: u8 = 1;
     const MAPPED: u8 = 2;
     let configs = [
-        (false, false, off, COPIES, (4, 4), five, None, None),
-        (true, false, off, COPIES, (4, 4), five, None, None),
-        (false, true, off, COPIES, (4, 4), five, None, None),
-        (true, true, off, COPIES, (4, 4), five, None, None),
-        (false, true, late, COPIES, (4, 4), five, None, None),
-        (false, true, staged, COPIES, (4, 4), five, None, None),
-        (true, true, late, COPIES, (4, 2), five, None, None),
-        (true, true, late, COPIES, (4, 2), five, Some(true), None),
-        (true, true, start, COPIES, (4, 2), five, None, None),
-        (true, true, start, COPIES, (4, 2), five, Some(false), None),
-        (true, true, after_wait, COPIES, (4, 2), five, None, None),
-        (true, true, staged, COPIES, (4, 2), five, Some(false), None),
-        (true, true, staged, OUTSIDE, (0, 2), five, None, None),
-        (true, true, staged, MAPPED, (8, 3), five, None, None),
-        (true, true, staged, COPIES, (4, 2), five, None, None),
-        (true, true, staged, MAPPED, (4, 2), five, None, None),
-        (true, true, staged, MAPPED, (4, 2), five, None, Some(false)),
-        (true, true, staged, COPIES, (4, 2), five, None, Some(true)),
-        (false, true, staged, COPIES, (4, 2), Some(0), None, None),
-        (true, true, staged, COPIES, (4, 2), Some(0), None, None),
-        (true, true, staged, COPIES, (4, 2), Some(66), None, None),
+        (false, false, off, COPIES, (4, 4), five, None, None, None),
+        (true, false, off, COPIES, (4, 4), five, None, None, None),
+        (false, true, off, COPIES, (4, 4), five, None, None, None),
+        (true, true, off, COPIES, (4, 4), five, None, None, None),
+        (false, true, late, COPIES, (4, 4), five, None, None, None),
+        (false, true, staged, COPIES, (4, 4), five, None, None, None),
+        (true, true, late, COPIES, (4, 2), five, None, None, None),
+        (
+            true,
+            true,
+            late,
+            COPIES,
+            (4, 2),
+            five,
+            Some(true),
+            None,
+            None,
+        ),
+        (true, true, start, COPIES, (4, 2), five, None, None, None),
+        (
+            true,
+            true,
+            start,
+            COPIES,
+            (4, 2),
+            five,
+            Some(false),
+            None,
+            None,
+        ),
+        (
+            true,
+            true,
+            after_wait,
+            COPIES,
+            (4, 2),
+            five,
+            None,
+            None,
+            None,
+        ),
+        (
+            true,
+            true,
+            staged,
+            COPIES,
+            (4, 2),
+            five,
+            Some(false),
+            None,
+            None,
+        ),
+        (true, true, staged, OUTSIDE, (0, 2), five, None, None, None),
+        (true, true, staged, MAPPED, (8, 3), five, None, None, None),
+        (true, true, staged, COPIES, (4, 2), five, None, None, None),
+        (true, true, staged, MAPPED, (4, 2), five, None, None, None),
+        (
+            true,
+            true,
+            staged,
+            MAPPED,
+            (4, 2),
+            five,
+            None,
+            Some(false),
+            None,
+        ),
+        (
+            true,
+            true,
+            staged,
+            MAPPED,
+            (4, 2),
+            five,
+            None,
+            None,
+            Some(false),
+        ),
+        (
+            true,
+            true,
+            staged,
+            COPIES,
+            (4, 2),
+            five,
+            None,
+            Some(true),
+            None,
+        ),
+        (
+            false,
+            true,
+            staged,
+            COPIES,
+            (4, 2),
+            Some(0),
+            None,
+            None,
+            None,
+        ),
+        (
+            true,
+            true,
+            staged,
+            COPIES,
+            (4, 2),
+            Some(0),
+            None,
+            None,
+            None,
+        ),
+        (
+            true,
+            true,
+            staged,
+            COPIES,
+            (4, 2),
+            Some(66),
+            None,
+            None,
+            None,
+        ),
     ];
-    for (graphs, fused, early, io, (blocks_per_sm, stages), persist, deq, keys) in configs {
+    for (graphs, fused, early, io, (blocks_per_sm, stages), persist, deq, keys, lanes) in configs {
         let copies = io != OUTSIDE;
+        ops::set_logits_lanes(lanes);
         ops::set_dequant_staging(deq);
         ops::set_key_staging(keys);
         fwd.set_persistent(persist.is_some());
@@ -440,7 +543,7 @@ fn gpu_figures() {
             "persistent {persist:?}: the persistent step ran, or did not, against the setting"
         );
         println!(
-            "decode at 128..192, disarmed, m=1, {}, {}{}{}{}{}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
+            "decode at 128..192, disarmed, m=1, {}, {}{}{}{}{}{}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
             if graphs {
                 "CUDA graph"
             } else {
@@ -482,6 +585,11 @@ fn gpu_figures() {
                 (true, Some(false)) => ", key staging forced off",
                 _ => "",
             },
+            if lanes == Some(false) {
+                ", logits from the Q8_0 blocks (lanes off)"
+            } else {
+                ""
+            },
             median(decode.clone())
         );
         if graphs {
@@ -496,6 +604,7 @@ fn gpu_figures() {
 
     ops::set_dequant_staging(None);
     ops::set_key_staging(None);
+    ops::set_logits_lanes(None);
     persistent_timeline(&mut fwd, &prompt, vocab);
     // The defaults again, for the figures below.
     fwd.set_early_launch(EarlyLaunch::DEFAULT);
