@@ -61,6 +61,28 @@ impl TreeReader {
         TreeReader::open_from(path, &bytes)
     }
 
+    /// Opens the trees at `paths` at once, each as [`TreeReader::open`]
+    /// does, and returns each one's outcome in the order of `paths`.
+    ///
+    /// The trees are opened on the thread pool, not each on a thread of
+    /// its own: the steps of opening one (reading its index by parts,
+    /// checking its records, hashing its directories) are themselves shared
+    /// by every core, and started from a thread of the pool they are handed
+    /// to the other threads directly rather than through the pool's queue,
+    /// with a wait for each, as from a thread outside it.
+    pub fn open_all(paths: &[&Path]) -> Vec<Result<TreeReader>> {
+        use rayon::prelude::*;
+        let mut out = Vec::new();
+        // One tree per part: `with_max_len(1)` keeps the pool from opening
+        // two of them one after the other on one thread.
+        paths
+            .par_iter()
+            .with_max_len(1)
+            .map(TreeReader::open)
+            .collect_into_vec(&mut out);
+        out
+    }
+
     /// Opens the tree at `path` as [`TreeReader::open`] does, every entry
     /// decoded into an owned one and checked there: what `open` falls back
     /// to, and what its view of the records is tested against.

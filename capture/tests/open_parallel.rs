@@ -101,3 +101,34 @@ fn a_key_twice_far_apart_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     TreeReader::open(tree(dir.path())).unwrap();
 }
+
+/// Trees opened at once come back in the order of their paths, each
+/// outcome the one opening it alone gives: a sound tree, a missing one
+/// and a damaged one, in each order.
+#[test]
+fn trees_opened_at_once_are_each_opened_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = tree(&dir.path().join("good"));
+    let damaged = tree(&dir.path().join("damaged"));
+    edit_nth(&damaged, &[(7, "\"shape\":[1,2]", "\"shape\":[1,3]")]);
+    let missing = dir.path().join("missing");
+    let alone = |p: &Path| TreeReader::open(p).map_err(|e| e.to_string());
+    for paths in [
+        [good.as_path(), missing.as_path(), damaged.as_path()],
+        [damaged.as_path(), good.as_path(), missing.as_path()],
+        [missing.as_path(), damaged.as_path(), good.as_path()],
+    ] {
+        let at_once = TreeReader::open_all(&paths);
+        assert_eq!(at_once.len(), 3);
+        for (p, got) in paths.iter().zip(at_once) {
+            let (got, want) = (got.map_err(|e| e.to_string()), alone(p));
+            match (got, want) {
+                (Ok(g), Ok(w)) => {
+                    assert_eq!(g.path(), w.path());
+                    assert_eq!(g.manifest().root, w.manifest().root);
+                }
+                (g, w) => assert_eq!(g.err(), w.err(), "{}", p.display()),
+            }
+        }
+    }
+}
