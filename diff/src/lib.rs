@@ -35,6 +35,7 @@ pub mod hints;
 pub mod inputs;
 pub mod layout;
 pub mod metrics;
+pub mod pool;
 pub mod render;
 pub mod report;
 pub mod stat;

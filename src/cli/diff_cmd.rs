@@ -138,11 +138,13 @@ impl Progress for Bar {
     }
 }
 
-fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
-    h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+pub fn run(args: Args) -> anyhow::Result<u8> {
+    // Its steps shared by every core are started from a thread of the pool
+    // (diff::pool says why).
+    diff::pool::run_on(|| run_on_the_pool(args))
 }
 
-pub fn run(args: Args) -> anyhow::Result<u8> {
+fn run_on_the_pool(args: Args) -> anyhow::Result<u8> {
     let start = std::time::Instant::now();
     let tolerance = if args.bitwise {
         Tolerance::bitwise()
@@ -161,13 +163,11 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     );
     // The manifests are opened at once: parsing and checking them is most of
     // a mostly-equal diff. Errors are still reported A first, then B, then truth.
-    let (a, b, truth) = std::thread::scope(|s| {
-        let b = s.spawn(|| TreeReader::open(&args.b));
-        let truth = s.spawn(|| args.truth.as_ref().map(TreeReader::open).transpose());
-        let a = TreeReader::open(&args.a);
-        (a, join(b), join(truth))
-    });
-    let (a, b, truth) = (a?, b?, truth?);
+    let mut paths = vec![args.a.as_path(), args.b.as_path()];
+    paths.extend(args.truth.as_deref());
+    let mut opened = TreeReader::open_all(&paths).into_iter();
+    let (a, b) = (opened.next().expect("A"), opened.next().expect("B"));
+    let (a, b, truth) = (a?, b?, opened.next().transpose()?);
     diff::timing::mark("opened");
     if let (Some(t), false) = (&truth, args.force_truth) {
         if let Some(why) = diff::truth::not_all_f64(t.manifest()) {
