@@ -418,7 +418,7 @@ __device__ __forceinline__ void stage_group(u8* dst, const u8* w, int g, int gro
 // stored by consecutive threads into consecutive logits: a row's 16 floats
 // in one 64-byte store, which matters where y is page-locked host memory
 // (the mapped decode step, forward/graph.rs).
-__device__ __forceinline__ void store_group(float* y, const float res[ROWS_PER_PASS][FUSED_OUTS],
+__device__ __forceinline__ void store_group(float* y, float res[ROWS_PER_PASS][FUSED_OUTS],
                                             int r0, int nr, int n, int first, int cnt) {
     for (int t = threadIdx.x; t < nr * cnt; t += blockDim.x) {
         int k = t / cnt, s = t % cnt;

@@ -120,7 +120,13 @@ impl CudaForward {
             let mode = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
             s.begin_capture(mode)
                 .map_err(|e| CudaError::driver("begin graph capture", e))?;
-            let mapped = copies && self.mappable(groups);
+            // The page-locked buffers' device addresses, looked up before
+            // the capture begins.
+            let mapped = if copies && self.mappable(groups) {
+                Some(self.mapped_io()?)
+            } else {
+                None
+            };
             let encoded = self.encode_step(groups, copies, mapped);
             // Always end the capture, so a failed encode leaves the stream usable.
             let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
@@ -128,7 +134,11 @@ impl CudaForward {
             let graph = graph
                 .map_err(|e| CudaError::driver("end graph capture", e))?
                 .ok_or_else(|| CudaError::Shape("graph capture recorded nothing".into()))?;
-            self.graph = Some(DecodeGraph { key, graph, mapped });
+            self.graph = Some(DecodeGraph {
+                key,
+                graph,
+                mapped: mapped.is_some(),
+            });
         }
         let g = self.graph.as_ref().expect("captured above");
         g.graph
@@ -174,6 +184,27 @@ impl CudaForward {
             && crate::cuda::ops::streams(self.w.output(), 1, self.logits)
     }
 
+    /// The mapped step's inputs and outputs: the device addresses of the
+    /// page-locked step and logits buffers ([`Self::ensure_host_buffers`]
+    /// first).
+    fn mapped_io(&mut self) -> Result<StepIo, CudaError> {
+        let err = |e| CudaError::driver("page-locked step buffers", e);
+        let step = self
+            .step_host
+            .as_mut()
+            .expect("allocated by ensure_host_buffers");
+        let step = step.as_mut_ptr().map_err(err)?;
+        let logits = self
+            .logits_host
+            .as_mut()
+            .expect("allocated by ensure_host_buffers");
+        let logits = logits.as_mut_ptr().map_err(err)?;
+        Ok(StepIo::Mapped {
+            input: device_address(&self.dev, step)?,
+            logits: device_address(&self.dev, logits)?,
+        })
+    }
+
     /// What a step's graph records: `mapped` ([`Self::mappable`]), the fused
     /// forward alone; else with `copies`, the uploads, the forward, the
     /// logits' download; else the forward.
@@ -181,8 +212,11 @@ impl CudaForward {
         &mut self,
         groups: &[Group],
         copies: bool,
-        mapped: bool,
+        mapped: Option<StepIo>,
     ) -> Result<(), CudaError> {
+        if let Some(io) = mapped {
+            return self.encode_fused(groups, 1, true, io);
+        }
         if !copies {
             return self.encode(groups, 1, true);
         }
@@ -198,13 +232,6 @@ impl CudaForward {
             .as_mut()
             .expect("allocated by ensure_host_buffers");
         let logits = logits.as_mut_ptr().map_err(err)?;
-        if mapped {
-            let io = StepIo::Mapped {
-                input: device_address(step.cast_mut())?,
-                logits: device_address(logits)?,
-            };
-            return self.encode_fused(groups, 1, true, io);
-        }
         let s = self.dev.stream().clone();
         let cs = s.cu_stream();
         {
@@ -234,12 +261,14 @@ impl CudaForward {
 
 /// The device address of page-locked host memory at `host` (allocated by
 /// the driver, so mapped into the device's address space).
-fn device_address<T>(host: *mut T) -> Result<u64, CudaError> {
+fn device_address<T>(dev: &crate::cuda::device::Device, host: *mut T) -> Result<u64, CudaError> {
+    let err = |e| CudaError::driver("device address of page-locked memory", e);
+    dev.context().bind_to_thread().map_err(err)?;
     let mut dptr = 0;
     // SAFETY: `host` points into a page-locked allocation of the driver's;
     // the call only looks its address up.
     unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut dptr, host.cast(), 0) }
         .result()
-        .map_err(|e| CudaError::driver("device address of page-locked memory", e))?;
+        .map_err(err)?;
     Ok(dptr)
 }
