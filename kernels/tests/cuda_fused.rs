@@ -94,6 +94,7 @@ fn fused_forward_equals_unfused() {
             let name = format!("{name}, early launch {early:?}");
             let (mut plain, mut fused) = (open(&dev, &w, false), open(&dev, &w, true));
             fused.set_persistent(true);
+            fused.set_mapped_step(true);
             // The other forms of the step: its copies outside the graph, the
             // logits from one block per 16 (or from one block per SM), the
             // layers in five launches each rather than one persistent
@@ -108,9 +109,14 @@ fn fused_forward_equals_unfused() {
             other.set_persistent(false);
             // Five launches a layer with the step mapped (its token,
             // position and logits read and written in page-locked memory by
-            // its kernels: the default), and with its copies in the graph.
+            // its kernels), and with its copies in the graph (the default).
+            // It also reads the logits through their relaid lanes (made at
+            // load where forced on).
+            ops::set_logits_lanes(Some(true));
             let mut five = open(&dev, &w, true);
+            ops::set_logits_lanes(None);
             five.set_persistent(false);
+            five.set_mapped_step(true);
             let mut copies = open(&dev, &w, true);
             copies.set_persistent(false);
             copies.set_mapped_step(false);

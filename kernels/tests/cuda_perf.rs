@@ -319,7 +319,10 @@ fn gpu_figures() {
     let prompt: Vec<u32> = (0..128u32).map(|i| (i * 7919 + 13) % vocab).collect();
     let dev = Device::open(0).unwrap();
     println!("device: {}", dev.describe());
+    // The logits' lanes made at load (then used unless forced off below).
+    ops::set_logits_lanes(Some(true));
     let mut fwd = CudaForward::new(dev.clone(), w, Precision::F32, &Switches::none()).unwrap();
+    ops::set_logits_lanes(None);
 
     // Prefill, disarmed: the whole prompt in one forward.
     let mut prefill = Vec::new();

@@ -259,7 +259,7 @@ impl CudaForward {
             output_norm: norm_weight(&dev, &weights.output_norm)?,
             output: weights.output.as_ref().map(m).transpose()?,
         };
-        if fused::fused_layers(c, &w) {
+        if fused::fused_layers(c, &w) && ops::logits_lanes_at_load() {
             // The fused pass's logits read a Q8_0 output through its lanes.
             w.output_mut().relay_lanes(&dev)?;
         }
@@ -280,9 +280,9 @@ impl CudaForward {
                 std::env::var("TAPTREE_CUDA_GRAPH_COPIES").as_deref(),
                 Ok("0" | "off")
             ),
-            mapped_step: !matches!(
+            mapped_step: matches!(
                 std::env::var("TAPTREE_CUDA_MAPPED_STEP").as_deref(),
-                Ok("0" | "off")
+                Ok("1" | "on")
             ),
             logits: LOGITS,
             shared_rope_base: shared_rope_base(c),
@@ -346,9 +346,9 @@ impl CudaForward {
     /// Lets a decode step's graph, where it holds the step's copies and
     /// runs fused, drop the copies: its first launch reads the token and
     /// position from the page-locked step buffer, and the logits' launch
-    /// writes into the page-locked logits buffer (the default;
-    /// `TAPTREE_CUDA_MAPPED_STEP=0` starts with it off). Either way the
-    /// results are the same bits.
+    /// writes into the page-locked logits buffer (off unless
+    /// `TAPTREE_CUDA_MAPPED_STEP=1`: not yet timed on a GPU). Either way
+    /// the results are the same bits.
     pub fn set_mapped_step(&mut self, on: bool) {
         self.mapped_step = on;
         self.graph = None;

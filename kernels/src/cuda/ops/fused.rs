@@ -159,9 +159,18 @@ static LOGITS_LANES: Forced = Forced::new("TAPTREE_CUDA_LOGITS_LANES");
 
 /// Forces [`matmul_streamed`]'s use of a matrix's relaid lanes
 /// ([`DeviceMatrix::relay_lanes`]) on or off (`None`: on wherever they were
-/// made) for the launches that follow. The same bits either way.
+/// made) for the launches that follow; forced on, a forward opened after
+/// makes them for its logits ([`logits_lanes_at_load`]). The same bits
+/// either way.
 pub fn set_logits_lanes(on: Option<bool>) {
     LOGITS_LANES.set(on);
+}
+
+/// Whether a forward opened now relays its Q8_0 logits matrix for the
+/// lanes: only where forced on (`TAPTREE_CUDA_LOGITS_LANES=1` or
+/// [`set_logits_lanes`]), as they are not yet timed on a GPU.
+pub fn logits_lanes_at_load() -> bool {
+    LOGITS_LANES.get() == Some(true)
 }
 
 /// How [`matmul_streamed`] reads `w`: its blocks (or their relaid lanes),
