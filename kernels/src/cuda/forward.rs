@@ -119,6 +119,20 @@ struct Scratch {
     pos: CudaSlice<u32>,
 }
 
+/// Where a fused forward's token and position come from and where its
+/// logits go.
+#[derive(Debug, Clone, Copy)]
+enum StepIo {
+    /// From `tok` and `pos` of the scratch (uploaded before the forward),
+    /// into its `logits`.
+    Device,
+    /// The mapped decode step (`graph.rs`): read from and written to
+    /// page-locked host memory, through these device addresses of the
+    /// forward's step buffer (token, position) and its row of logits,
+    /// which live as long as any graph recording them.
+    Mapped { input: u64, logits: u64 },
+}
+
 /// The rows of one sequence in a run.
 #[derive(Debug, Clone)]
 struct Group {

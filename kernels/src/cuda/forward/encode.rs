@@ -27,7 +27,7 @@ impl CudaForward {
         graphed: bool,
     ) -> Result<(), CudaError> {
         if self.fusable(groups, rows) {
-            return self.encode_fused(groups, rows, graphed, super::fused::StepIo::Device);
+            return self.encode_fused(groups, rows, graphed, super::StepIo::Device);
         }
         let dev = self.dev.clone();
         let c = self.config.clone();

@@ -17,21 +17,7 @@
 //! sequences at once, int8 activations, the families with q/k norms, post
 //! norms, RoPE over halves or GeGLU (Gemma 3).
 
-use super::{CudaForward, Group, KvCache, Scratch, WeightsOnDevice};
-
-/// Where a fused forward's token and position come from and where its
-/// logits go.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum StepIo {
-    /// From `tok` and `pos` of the scratch (uploaded before the forward),
-    /// into its `logits`.
-    Device,
-    /// The mapped decode step (`graph.rs`): read from and written to
-    /// page-locked host memory, through these device addresses of the
-    /// forward's step buffer (token, position) and its row of logits,
-    /// which live as long as any graph recording them.
-    Mapped { input: u64, logits: u64 },
-}
+use super::{CudaForward, Group, KvCache, Scratch, StepIo, WeightsOnDevice};
 use crate::cuda::device::Device;
 use crate::cuda::ops::{self, AttentionShape, Norm, QkvOut};
 use crate::cuda::CudaError;

@@ -11,8 +11,7 @@
 
 use cudarc::driver::{DevicePtr, PinnedHostSlice};
 
-use super::fused::StepIo;
-use super::{CudaForward, DecodeGraph, GraphKey, Group};
+use super::{CudaForward, DecodeGraph, GraphKey, Group, StepIo};
 use crate::cuda::CudaError;
 
 /// Page-locked host memory of `n` values.
