@@ -143,8 +143,9 @@ pub fn matmul_streamed(
         rows * w.rows,
     )?;
     let (y, _sync) = y.device_ptr_mut(dev.stream());
-    // SAFETY: y holds rows x W.rows floats (checked above).
-    unsafe { streamed(dev, w, x, norm, y, rows, how) }
+    // SAFETY: y holds rows x W.rows floats (checked above), device memory
+    // that this launch alone writes.
+    unsafe { matmul_streamed_mapped(dev, w, x, norm, y, rows, how) }
 }
 
 /// Whether [`matmul_streamed`] streams `w` at `rows` rows as `how` says
@@ -210,16 +211,17 @@ impl<'m> Layout<'m> {
     }
 }
 
-/// [`matmul_streamed`] into `y`, the device address of page-locked host
-/// memory (`cuMemHostGetDevicePointer`'s): the mapped decode step's logits,
-/// written where the host reads them, with no copy after the kernel. The
-/// same bits as into device memory. An error where it would not stream
-/// ([`streams`]).
+/// [`matmul_streamed`] into `y`, a device address: the mapped decode step
+/// gives that of page-locked host memory (`cuMemHostGetDevicePointer`'s),
+/// so its logits are written where the host reads them, with no copy
+/// after the kernel; the same bits as into device memory. An error where
+/// it would not stream ([`streams`]).
 ///
 /// # Safety
-/// `y` is the device address of page-locked host memory of at least
-/// `rows * w.rows` floats that lives, and that the host neither reads nor
-/// writes, until the launch (or a graph recording it) has run.
+/// `y` is the device address of at least `rows * w.rows` floats (in
+/// page-locked host memory, or the device's) that live, and that nothing
+/// else reads or writes, until the launch (or a graph recording it) has
+/// run.
 pub unsafe fn matmul_streamed_mapped(
     dev: &Device,
     w: &DeviceMatrix,
@@ -235,23 +237,6 @@ pub unsafe fn matmul_streamed_mapped(
             w.name
         )));
     }
-    // SAFETY: the caller's.
-    unsafe { streamed(dev, w, x, norm, y, rows, how) }
-}
-
-/// The `matmul_streamed` launch, `y` its output's device address.
-///
-/// # Safety
-/// `y` holds `rows * w.rows` floats; [`streams`] holds.
-unsafe fn streamed(
-    dev: &Device,
-    w: &DeviceMatrix,
-    x: &CudaView<f32>,
-    norm: Option<Norm>,
-    y: u64,
-    rows: usize,
-    how: Streaming,
-) -> Result<(), CudaError> {
     let cols = w.cols;
     let stages = how.stages.clamp(2, 4);
     let layout = Layout::of(w, rows, how);
