@@ -54,7 +54,26 @@ python3 scripts/module_cycles.py
 # run time): build it, and run its tests, which skip without a GPU except the
 # one that checks a missing driver is an error, not a panic (cuda_tp: the
 # tensor-parallel forward, NCCL included; cudarc loads NCCL at run time too).
-cargo test --release --features cuda -p kernels --test cuda_kernels --test cuda_kernels_q8 --test cuda_kernels_gemma --test cuda_forward --test cuda_fused --test cuda_tp
+# The kernels' sources are compiled by NVRTC without a GPU too
+# (cuda_kernels.rs, every_kernel_family_compiles_with_nvrtc): torch's wheel
+# (installed above) brings PyPI's libnvrtc.so.13, linked here under the name
+# cudarc loads; with TAPTREE_REQUIRE_NVRTC=1 that test fails rather than
+# skips without it.
+nvrtc=$(python3 - <<'PY'
+import glob, os, site
+for d in site.getsitepackages():
+    for f in sorted(glob.glob(os.path.join(d, "nvidia", "**", "libnvrtc.so.*"), recursive=True)):
+        if "builtins" not in f and "alt" not in os.path.basename(f):
+            print(f)
+            raise SystemExit
+PY
+)
+[[ -n $nvrtc ]] || { echo "test.sh: no libnvrtc.so.* among the Python packages (torch brings one)" >&2; exit 1; }
+nvrtc_dir=$(mktemp -d)
+ln -s "$nvrtc" "$nvrtc_dir/libnvrtc.so"
+LD_LIBRARY_PATH=$nvrtc_dir:$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} TAPTREE_REQUIRE_NVRTC=1 \
+    cargo test --release --features cuda -p kernels --test cuda_kernels --test cuda_kernels_q8 --test cuda_kernels_gemma --test cuda_forward --test cuda_fused --test cuda_tp
+rm -rf "$nvrtc_dir"
 
 # Every public item of the library crates carries a doc (#![deny(missing_docs)]
 # is checked by the builds above); their intra-doc links must resolve too.

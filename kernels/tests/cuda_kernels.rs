@@ -23,6 +23,34 @@ use kernels::cpu::rope::rope as cpu_rope;
 use kernels::cuda::ops::{self, AttentionShape, DeviceMatrix};
 use model::{GgmlType, QTensor};
 
+/// Every kernel family compiles with NVRTC as a device compiles it, for
+/// sm_90 (the H100/H200 of the GPU runs), with no GPU needed: where the
+/// NVRTC library is found (`scripts/test.sh` points at the one PyPI's
+/// CUDA packages bring), a `.cu` change that does not compile fails here,
+/// before a device session. The control: a source that cannot compile
+/// must fail, naming its file. `TAPTREE_REQUIRE_NVRTC=1` fails rather than
+/// skips without the library.
+#[test]
+fn every_kernel_family_compiles_with_nvrtc() {
+    use kernels::cuda::device::{compile_all, compile_source, nvrtc_available, Family};
+    if !nvrtc_available() {
+        assert!(
+            std::env::var_os("TAPTREE_REQUIRE_NVRTC").is_none_or(|v| v != "1"),
+            "TAPTREE_REQUIRE_NVRTC=1, but no NVRTC library loads here"
+        );
+        eprintln!("skipped: no NVRTC library on this host");
+        return;
+    }
+    let compiled = compile_all("compute_90").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(compiled.len(), Family::ALL.len());
+    for (family, ptx_bytes) in compiled {
+        assert!(ptx_bytes > 0, "{}: empty PTX", family.file());
+    }
+    let broken = "extern \"C\" __global__ void k(float* y) { y[0] = not_declared; }";
+    let err = compile_source(broken, "broken.cu", "compute_90").unwrap_err();
+    assert!(err.to_string().contains("broken.cu"), "{err}");
+}
+
 #[test]
 fn comparators_see_one_ulp() {
     // The helpers below must be able to fail: one ulp apart is red.

@@ -350,26 +350,9 @@ impl Device {
         Ok(module)
     }
 
-    fn options(&self) -> Vec<String> {
-        // Precise division and square root, no flush-to-zero: the CPU
-        // reference rounds every op to nearest, and so must we.
-        vec![
-            format!("--gpu-architecture={}", self.arch),
-            "--std=c++17".into(),
-            "--ftz=false".into(),
-            "--prec-div=true".into(),
-            "--prec-sqrt=true".into(),
-        ]
-    }
-
     fn ptx(&self, family: Family) -> Result<String, CudaError> {
-        let source = format!(
-            "{COMMON}\n{}\n#line 1 \"{}\"\n{}",
-            family.prelude(),
-            family.file(),
-            family.source()
-        );
-        let options = self.options();
+        let source = family_source(family);
+        let options = compile_options(&self.arch);
         let mut hasher = blake3::Hasher::new();
         hasher.update(source.as_bytes());
         for o in &options {
@@ -388,23 +371,90 @@ impl Device {
                 searched: candidates("nvrtc"),
             });
         }
-        let opts = cudarc::nvrtc::CompileOptions {
-            options,
-            name: Some(family.file().into()),
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(&source, opts)
-            .map_err(|e| CudaError::Compile {
-                file: family.file(),
-                log: e.to_string(),
-            })?
-            .to_src();
+        let ptx = compile(&source, family.file(), options)?;
         if let Some(path) = &cached {
             // The cache only saves time: a read-only home must not fail a run.
             let _ = write_atomically(path, ptx.as_bytes());
         }
         Ok(ptx)
     }
+}
+
+/// The NVRTC options every kernel is compiled with for `arch`
+/// (`compute_XY`). Precise division and square root, no flush-to-zero:
+/// the CPU reference rounds every op to nearest, and so must we.
+fn compile_options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "--ftz=false".into(),
+        "--prec-div=true".into(),
+        "--prec-sqrt=true".into(),
+    ]
+}
+
+/// A family's whole source, as NVRTC compiles it: `common.cuh`, the
+/// family's prelude, then its file.
+fn family_source(family: Family) -> String {
+    format!(
+        "{COMMON}\n{}\n#line 1 \"{}\"\n{}",
+        family.prelude(),
+        family.file(),
+        family.source()
+    )
+}
+
+/// NVRTC's PTX of `source`, compiled as file `file`.
+fn compile(source: &str, file: &'static str, options: Vec<String>) -> Result<String, CudaError> {
+    let opts = cudarc::nvrtc::CompileOptions {
+        options,
+        name: Some(file.into()),
+        ..Default::default()
+    };
+    Ok(cudarc::nvrtc::compile_ptx_with_opts(source, opts)
+        .map_err(|e| CudaError::Compile {
+            file,
+            log: e.to_string(),
+        })?
+        .to_src())
+}
+
+/// Whether the NVRTC library can be loaded here (no GPU needed).
+pub fn nvrtc_available() -> bool {
+    nvrtc_present()
+}
+
+/// Compiles every kernel family for `arch` (`compute_XY`) with NVRTC,
+/// exactly as a device of that architecture does when it first loads it
+/// (the same source and options; no GPU and no PTX cache involved): the
+/// size of each family's PTX. An error names the file and carries NVRTC's
+/// log; without the NVRTC library, [`CudaError::NoNvrtc`].
+pub fn compile_all(arch: &str) -> Result<Vec<(Family, usize)>, CudaError> {
+    if !nvrtc_present() {
+        return Err(CudaError::NoNvrtc {
+            searched: candidates("nvrtc"),
+        });
+    }
+    Family::ALL
+        .iter()
+        .map(|&f| {
+            Ok((
+                f,
+                compile(&family_source(f), f.file(), compile_options(arch))?.len(),
+            ))
+        })
+        .collect()
+}
+
+/// Compiles `source` as file `file` for `arch` with the kernels' options:
+/// [`compile_all`]'s control (a source that must not compile).
+pub fn compile_source(source: &str, file: &'static str, arch: &str) -> Result<String, CudaError> {
+    if !nvrtc_present() {
+        return Err(CudaError::NoNvrtc {
+            searched: candidates("nvrtc"),
+        });
+    }
+    compile(source, file, compile_options(arch))
 }
 
 /// The file names cudarc tries for `lib`, each once, for an error message.
