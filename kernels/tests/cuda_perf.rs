@@ -441,6 +441,7 @@ fn gpu_figures() {
                 }
             }
         }
+        let tokens_per_s = median(decode);
         assert_eq!(
             fwd.persistent_runs() > persisted,
             fused && persist.is_some(),
@@ -494,10 +495,10 @@ fn gpu_figures() {
             } else {
                 ""
             },
-            median(decode.clone())
+            tokens_per_s
         );
         if graphs {
-            let step_us = 1e6 / median(decode);
+            let step_us = 1e6 / tokens_per_s;
             let gpu_us = median(gpu_only);
             println!(
                 "    a step {step_us:.1} us; its graph replayed back to back {gpu_us:.1} us a step (median of 4 rounds); the host's share between steps {:.1} us",

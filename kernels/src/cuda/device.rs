@@ -205,9 +205,21 @@ pub fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
-fn nvrtc_present() -> bool {
+/// Whether the NVRTC library can be loaded on this host (no GPU needed).
+pub fn nvrtc_available() -> bool {
     // SAFETY: as above, for the NVRTC library.
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// [`CudaError::NoNvrtc`] where the NVRTC library cannot be loaded.
+fn require_nvrtc() -> Result<(), CudaError> {
+    if nvrtc_available() {
+        Ok(())
+    } else {
+        Err(CudaError::NoNvrtc {
+            searched: candidates("nvrtc"),
+        })
+    }
 }
 
 impl Device {
@@ -366,11 +378,7 @@ impl Device {
                 return Ok(ptx);
             }
         }
-        if !nvrtc_present() {
-            return Err(CudaError::NoNvrtc {
-                searched: candidates("nvrtc"),
-            });
-        }
+        require_nvrtc()?;
         let ptx = compile(&source, family.file(), options)?;
         if let Some(path) = &cached {
             // The cache only saves time: a read-only home must not fail a run.
@@ -419,22 +427,13 @@ fn compile(source: &str, file: &'static str, options: Vec<String>) -> Result<Str
         .to_src())
 }
 
-/// Whether the NVRTC library can be loaded here (no GPU needed).
-pub fn nvrtc_available() -> bool {
-    nvrtc_present()
-}
-
 /// Compiles every kernel family for `arch` (`compute_XY`) with NVRTC,
 /// exactly as a device of that architecture does when it first loads it
 /// (the same source and options; no GPU and no PTX cache involved): the
 /// size of each family's PTX. An error names the file and carries NVRTC's
 /// log; without the NVRTC library, [`CudaError::NoNvrtc`].
 pub fn compile_all(arch: &str) -> Result<Vec<(Family, usize)>, CudaError> {
-    if !nvrtc_present() {
-        return Err(CudaError::NoNvrtc {
-            searched: candidates("nvrtc"),
-        });
-    }
+    require_nvrtc()?;
     Family::ALL
         .iter()
         .map(|&f| {
@@ -449,11 +448,7 @@ pub fn compile_all(arch: &str) -> Result<Vec<(Family, usize)>, CudaError> {
 /// Compiles `source` as file `file` for `arch` with the kernels' options:
 /// [`compile_all`]'s control (a source that must not compile).
 pub fn compile_source(source: &str, file: &'static str, arch: &str) -> Result<String, CudaError> {
-    if !nvrtc_present() {
-        return Err(CudaError::NoNvrtc {
-            searched: candidates("nvrtc"),
-        });
-    }
+    require_nvrtc()?;
     compile(source, file, compile_options(arch))
 }
 

@@ -63,6 +63,10 @@ pub struct DeviceMatrix {
     pub lanes: Option<CudaSlice<u8>>,
 }
 
+/// The bytes of a Q8_0 block relaid for the lanes
+/// ([`DeviceMatrix::relay_lanes`]; fused.cu's `T_Q8_0_LANES`).
+pub(crate) const LANES_BLOCK_BYTES: usize = 36;
+
 impl DeviceMatrix {
     /// Copies a weight to the device, refusing a type the kernels do not decode
     /// or bytes that do not fit its shape.
@@ -110,14 +114,14 @@ impl DeviceMatrix {
         let blocks = self.rows * self.cols / 32;
         let s = dev.stream();
         let mut lanes = s
-            .alloc_zeros::<u8>(blocks * 36)
+            .alloc_zeros::<u8>(blocks * LANES_BLOCK_BYTES)
             .map_err(|e| CudaError::driver(&format!("alloc {} lanes", self.name), e))?;
         let f = dev.function(Family::Fused, "q8_0_lanes")?;
         let mut b = s.launch_builder(&f);
         let n = blocks as u64;
         b.arg(&self.data).arg(&mut lanes).arg(&n);
         // SAFETY: data holds `blocks` Q8_0 blocks of 34 bytes (checked at
-        // upload), lanes `blocks` of 36; one thread a block, past the last
+        // upload), lanes `blocks` of LANES_BLOCK_BYTES; one thread a block, past the last
         // none.
         unsafe { b.launch(grid(blocks.div_ceil(256), 256, 0)) }
             .map_err(launch_err("q8_0_lanes"))?;

@@ -170,14 +170,13 @@ impl CudaForward {
             .map_err(|e| CudaError::driver("synchronize", e))
     }
 
-    /// Whether a step of `groups` runs mapped: its first launch reads the
-    /// token and position from `step_host`, its logits' launch writes into
-    /// `logits_host`, and the graph holds no copies. Needs the step's copies
-    /// in its graph, the fused pass, the logits streamed, and no embedding
-    /// scale (the first launch does not apply one).
+    /// Whether a step of `groups` whose graph holds its copies runs mapped
+    /// instead: its first launch reads the token and position from
+    /// `step_host`, its logits' launch writes into `logits_host`, and the
+    /// graph holds no copies. Needs the fused pass, the logits streamed, and
+    /// no embedding scale (the first launch does not apply one).
     fn mappable(&self, groups: &[Group]) -> bool {
         self.mapped_step
-            && self.graph_copies
             && self.fusable(groups, 1)
             && !self.config.family.embed_scale
             && crate::cuda::ops::streams(self.w.output(), 1, self.logits)
@@ -187,21 +186,31 @@ impl CudaForward {
     /// page-locked step and logits buffers ([`Self::ensure_host_buffers`]
     /// first).
     fn mapped_io(&mut self) -> Result<StepIo, CudaError> {
-        let err = |e| CudaError::driver("page-locked step buffers", e);
-        let step = self
-            .step_host
-            .as_mut()
-            .expect("allocated by ensure_host_buffers");
-        let step = step.as_mut_ptr().map_err(err)?;
-        let logits = self
-            .logits_host
-            .as_mut()
-            .expect("allocated by ensure_host_buffers");
-        let logits = logits.as_mut_ptr().map_err(err)?;
+        let (step, logits) = self.host_pointers()?;
         Ok(StepIo::Mapped {
             input: device_address(&self.dev, step)?,
             logits: device_address(&self.dev, logits)?,
         })
+    }
+
+    /// The page-locked step buffer (token, position) and logits buffer
+    /// ([`Self::ensure_host_buffers`] first), as the graph's copies or its
+    /// mapped launches name them.
+    fn host_pointers(&mut self) -> Result<(*mut u32, *mut f32), CudaError> {
+        let err = |e| CudaError::driver("page-locked step buffers", e);
+        let step = self
+            .step_host
+            .as_mut()
+            .expect("allocated by ensure_host_buffers")
+            .as_mut_ptr()
+            .map_err(err)?;
+        let logits = self
+            .logits_host
+            .as_mut()
+            .expect("allocated by ensure_host_buffers")
+            .as_mut_ptr()
+            .map_err(err)?;
+        Ok((step, logits))
     }
 
     /// What a step's graph records: `mapped` ([`Self::mappable`]), the fused
@@ -220,17 +229,8 @@ impl CudaForward {
             return self.encode(groups, 1, true);
         }
         let err = |e| CudaError::driver("record the step's copies", e);
-        let step = self
-            .step_host
-            .as_ref()
-            .expect("allocated by ensure_host_buffers");
-        let step = step.as_ptr().map_err(err)?;
+        let (step, logits) = self.host_pointers()?;
         let vocab = self.config.vocab_size;
-        let logits = self
-            .logits_host
-            .as_mut()
-            .expect("allocated by ensure_host_buffers");
-        let logits = logits.as_mut_ptr().map_err(err)?;
         let s = self.dev.stream().clone();
         let cs = s.cu_stream();
         {

@@ -5,7 +5,10 @@
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::launch::{launch, trigger_fused, Forced, KernelArgs};
-use super::{check, launch_err, raise_shared, DeviceMatrix, MATMUL_F32_OUTS, MATMUL_MAX_STAGED};
+use super::{
+    check, launch_err, raise_shared, DeviceMatrix, LANES_BLOCK_BYTES, MATMUL_F32_OUTS,
+    MATMUL_MAX_STAGED,
+};
 use crate::cuda::device::{Device, Family};
 use crate::cuda::CudaError;
 
@@ -134,7 +137,8 @@ pub fn matmul_streamed(
     rows: usize,
     how: Streaming,
 ) -> Result<(), CudaError> {
-    if !streams(w, rows, how) {
+    let layout = Layout::of(w, rows, how);
+    if !layout.streams() {
         return matmul_fused(dev, w, x, norm, None, y, rows);
     }
     check(
@@ -144,14 +148,14 @@ pub fn matmul_streamed(
     )?;
     let (y, _sync) = y.device_ptr_mut(dev.stream());
     // SAFETY: y holds rows x W.rows floats (checked above), device memory
-    // that this launch alone writes.
-    unsafe { matmul_streamed_mapped(dev, w, x, norm, y, rows, how) }
+    // that this launch alone writes; the layout streams.
+    unsafe { launch_streamed(dev, w, x, norm, y, rows, &layout) }
 }
 
 /// Whether [`matmul_streamed`] streams `w` at `rows` rows as `how` says
 /// (else it runs [`matmul_fused`]), as [`matmul_streamed_mapped`] needs.
 pub fn streams(w: &DeviceMatrix, rows: usize, how: Streaming) -> bool {
-    how.blocks_per_sm > 0 && Layout::of(w, rows, how).shared <= MATMUL_MAX_STAGED
+    Layout::of(w, rows, how).streams()
 }
 
 /// The logits' lanes forced on or off: `TAPTREE_CUDA_LOGITS_LANES=1|0`,
@@ -174,13 +178,15 @@ pub fn logits_lanes_at_load() -> bool {
     LOGITS_LANES.get() == Some(true)
 }
 
-/// How [`matmul_streamed`] reads `w`: its blocks (or their relaid lanes),
-/// the kernel's type for them, a row's bytes, and a block's shared memory
-/// (its stages of weight rows and its rows of `x`, twice with the lanes:
-/// the rows relaid beside them).
+/// How one [`matmul_streamed`] launch reads `w`: its blocks (or their
+/// relaid lanes) and the kernel's type for them, its stages and blocks per
+/// SM, and a block's shared memory (its stages of weight rows and its rows
+/// of `x`, twice with the lanes: the rows relaid beside them).
 struct Layout<'m> {
     data: &'m cudarc::driver::CudaSlice<u8>,
     type_id: i32,
+    stages: usize,
+    blocks_per_sm: usize,
     shared: usize,
 }
 
@@ -194,7 +200,7 @@ impl<'m> Layout<'m> {
             .as_ref()
             .filter(|_| LOGITS_LANES.get() != Some(false));
         let (data, type_id, rb, xs) = match lanes {
-            Some(l) => (l, T_Q8_0_LANES, w.cols / 32 * 36, 2),
+            Some(l) => (l, T_Q8_0_LANES, w.cols / 32 * LANES_BLOCK_BYTES, 2),
             None => (
                 &w.data,
                 w.ggml_type.id() as i32,
@@ -203,11 +209,20 @@ impl<'m> Layout<'m> {
             ),
         };
         let buf = (MATMUL_F32_OUTS * rb).div_ceil(16) * 16;
+        let stages = how.stages.clamp(2, 4);
         Layout {
             data,
             type_id,
-            shared: how.stages.clamp(2, 4) * buf + xs * x_bytes(w.cols, rows),
+            stages,
+            blocks_per_sm: how.blocks_per_sm,
+            shared: stages * buf + xs * x_bytes(w.cols, rows),
         }
+    }
+
+    /// Whether the launch streams: some blocks per SM, and their shared
+    /// memory within a block's.
+    fn streams(&self) -> bool {
+        self.blocks_per_sm > 0 && self.shared <= MATMUL_MAX_STAGED
     }
 }
 
@@ -231,22 +246,37 @@ pub unsafe fn matmul_streamed_mapped(
     rows: usize,
     how: Streaming,
 ) -> Result<(), CudaError> {
-    if !streams(w, rows, how) {
+    let layout = Layout::of(w, rows, how);
+    if !layout.streams() {
         return Err(CudaError::Shape(format!(
             "matmul_streamed_mapped {}: does not stream at {rows} rows, {how:?}",
             w.name
         )));
     }
+    // SAFETY: the caller's; the layout streams.
+    unsafe { launch_streamed(dev, w, x, norm, y, rows, &layout) }
+}
+
+/// The `matmul_streamed` launch of `w` as `layout` reads it, into `y`.
+///
+/// # Safety
+/// `y` as [`matmul_streamed_mapped`] says; `layout` streams.
+unsafe fn launch_streamed(
+    dev: &Device,
+    w: &DeviceMatrix,
+    x: &CudaView<f32>,
+    norm: Option<Norm>,
+    y: u64,
+    rows: usize,
+    layout: &Layout,
+) -> Result<(), CudaError> {
     let cols = w.cols;
-    let stages = how.stages.clamp(2, 4);
-    let layout = Layout::of(w, rows, how);
-    let shared = layout.shared;
     check("matmul_streamed x", x.len(), rows * cols)?;
     if let Some(n) = &norm {
         check("matmul_streamed norm weight", n.weight.len(), cols)?;
     }
     let f = dev.function(Family::Fused, "matmul_streamed")?;
-    raise_shared(&f, shared, "matmul_streamed")?;
+    raise_shared(&f, layout.shared, "matmul_streamed")?;
     let (n, r, c) = (w.rows as i32, rows as i32, cols as i32);
     let eps = norm.map_or(0.0, |n| n.eps);
     let mut a = KernelArgs::default();
@@ -259,20 +289,20 @@ pub unsafe fn matmul_streamed_mapped(
         None => a.null(),
     };
     a.val(&eps).val(&y).val(&r).val(&c);
-    a.val(&(stages as i32)).val(&trigger_fused(dev));
+    a.val(&(layout.stages as i32)).val(&trigger_fused(dev));
     let groups = w.rows.div_ceil(MATMUL_F32_OUTS);
-    let blocks = groups.min(dev.sm_count() * how.blocks_per_sm).max(1);
+    let blocks = groups.min(dev.sm_count() * layout.blocks_per_sm).max(1);
     let cfg = LaunchConfig {
         grid_dim: (blocks as u32, rows.div_ceil(8) as u32, 1),
         block_dim: (MATMUL_F32_OUTS as u32 / 4 * 32, 1, 1),
-        shared_mem_bytes: shared as u32,
+        shared_mem_bytes: layout.shared as u32,
     };
     // SAFETY: W holds rows x cols of its type (checked at upload; its
-    // lanes as many blocks of 36 bytes), x and the norm weight what the
-    // shapes read (checked above), y what they write (the caller's); shared
-    // memory holds `stages` groups of weight rows and 8 rows of x (16 with
-    // the lanes). The kernel reads only its weights before
-    // `pdl_wait`.
+    // lanes as many blocks of LANES_BLOCK_BYTES), x and the norm weight
+    // what the shapes read (checked above), y what they write (the
+    // caller's); shared memory holds `stages` groups of weight rows and 8
+    // rows of x (16 with the lanes). The kernel reads only its weights
+    // before `pdl_wait`.
     unsafe { launch(dev, &f, cfg, &mut a, true, "matmul_streamed") }
 }
 
