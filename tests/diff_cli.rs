@@ -591,3 +591,43 @@ fn timing_names_the_phases_only_when_asked() {
         assert!(!err.contains("diff timing"), "{v:?}: {err}");
     }
 }
+
+/// A tree whose index's records are sound but not the tree's (a tap's
+/// tensor hash edited, the index sealed again): the diff runs while the
+/// trees' directory hashes are checked, yet the tree is still refused with
+/// the error opening it gives and nothing on stdout, also where the rest
+/// of the diff ends first (against a tree of the same root: "identical" at
+/// once), on one thread or several.
+#[test]
+fn a_tree_whose_records_are_not_its_own_is_refused_before_any_report() {
+    use capture::index::{self, HEAD_LEN, INDEX_FILE, RECORD_LEN};
+    let (_d, a, b) = dirs();
+    plain(&a);
+    plain(&b);
+    let idx_path = b.join(INDEX_FILE);
+    let mut idx = std::fs::read(&idx_path).unwrap();
+    idx[HEAD_LEN + 5 * RECORD_LEN + 40] ^= 1;
+    index::reseal(&mut idx);
+    std::fs::write(&idx_path, &idx).unwrap();
+    let unsealed = capture::TreeReader::open_unsealed(&b).unwrap();
+    assert!(!unsealed.check(), "the records must be sound, the root not");
+    let want = capture::TreeReader::open(&b).unwrap_err().to_string();
+    for threads in ["1", "2", "16"] {
+        for (x, y) in [(&a, &b), (&b, &a)] {
+            for json in [false, true] {
+                let mut c = Command::new(env!("CARGO_BIN_EXE_taptree"));
+                c.args([std::ffi::OsStr::new("diff"), x.as_ref(), y.as_ref()]);
+                c.env("RAYON_NUM_THREADS", threads);
+                if json {
+                    c.arg("--json");
+                }
+                let o = c.output().unwrap();
+                let (out, err) = text(&o);
+                let what = format!("{threads} threads, {} {json}", x.display());
+                assert_eq!(o.status.code(), Some(2), "{what}: {out}{err}");
+                assert_eq!(out, "", "{what}");
+                assert!(err.contains(&want), "{what}: {err} (want {want})");
+            }
+        }
+    }
+}

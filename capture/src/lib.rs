@@ -61,6 +61,7 @@ pub mod stage;
 pub mod tapfile;
 mod tensor_view;
 mod tree_dir;
+mod unsealed;
 mod writer;
 
 pub use arm::{is_armed, selected_runs, tap, tap_ranked, wants};
@@ -78,3 +79,4 @@ pub use select::Selection;
 pub use session::{force_is_set, Capture, CaptureOptions, Summary};
 pub use stage::{Scope, StageSpec};
 pub use tensor_view::TensorView;
+pub use unsealed::Unsealed;

@@ -9,6 +9,7 @@ use crate::manifest_file::*;
 use crate::open::*;
 use crate::tapfile;
 use crate::tensor_view::TensorView;
+use crate::unsealed::Unsealed;
 use memmap2::Mmap;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -49,16 +50,46 @@ impl TreeReader {
     pub fn open(path: impl AsRef<Path>) -> Result<TreeReader> {
         let path = path.as_ref().to_path_buf();
         let bytes = read_manifest(&path, None)?;
-        if let Some((manifest, records)) = open_by_views(&path, &bytes) {
-            return Ok(TreeReader {
-                path,
-                manifest,
-                views: Some(records),
-                full: Default::default(),
-                linked_dirs: Default::default(),
-            });
+        if let Some((manifest, records)) = open_by_views(&path, &bytes, crate::index::open_views) {
+            return Ok(TreeReader::of_records(path, manifest, records));
         }
         TreeReader::open_from(path, &bytes)
+    }
+
+    /// Opens the tree at `path` as [`TreeReader::open`] does but for one
+    /// check, left to [`Unsealed::check`]: of a tree opened from its
+    /// index's records, their directory hashes and root against the
+    /// manifest's. An error is the one [`TreeReader::open`] gives.
+    pub fn open_unsealed(path: impl AsRef<Path>) -> Result<Unsealed> {
+        let path = path.as_ref().to_path_buf();
+        let bytes = read_manifest(&path, None)?;
+        let views = open_by_views(&path, &bytes, crate::index::open_views_unsealed);
+        if let Some((manifest, records)) = views {
+            return Ok(Unsealed::pending(TreeReader::of_records(
+                path, manifest, records,
+            )));
+        }
+        TreeReader::open_from(path, &bytes).map(Unsealed::checked)
+    }
+
+    fn of_records(path: PathBuf, manifest: Manifest, records: Records) -> TreeReader {
+        TreeReader {
+            path,
+            manifest,
+            views: Some(records),
+            full: Default::default(),
+            linked_dirs: Default::default(),
+        }
+    }
+
+    /// Whether the directory hashes and root recomputed from the records
+    /// the tree was opened from are the manifest's (true for a tree not
+    /// opened from its records: its entries' checks made them).
+    pub(crate) fn records_hold(&self) -> bool {
+        match &self.views {
+            Some(records) => crate::index::hashes_hold(records, &self.manifest),
+            None => true,
+        }
     }
 
     /// Opens the trees at `paths` at once, each as [`TreeReader::open`]
@@ -502,9 +533,14 @@ impl TreeReader {
 
 /// The tree at `tree` opened from its index's records, where its
 /// manifest's bytes `bytes` are a taptree manifest of a version with an
-/// index and the records prove sound ([`crate::index::open_views`]);
-/// `None` where the owned path must decide.
-fn open_by_views(tree: &Path, bytes: &[u8]) -> Option<(Manifest, Records)> {
+/// index and the records prove sound by `open_views`
+/// ([`crate::index::open_views`], or its unsealed form, which leaves the
+/// root to check); `None` where the owned path must decide.
+fn open_by_views(
+    tree: &Path,
+    bytes: &[u8],
+    open_views: impl FnOnce(&Path, &[u8], (Option<u64>, Option<u64>)) -> Option<(Manifest, Records)>,
+) -> Option<(Manifest, Records)> {
     let head = scan_head(&bytes[..bytes.len().min(HEAD_PREFIX)]);
     let version = head.version.as_deref()?;
     if head.format.as_deref() != Some("taptree")
@@ -513,7 +549,7 @@ fn open_by_views(tree: &Path, bytes: &[u8]) -> Option<(Manifest, Records)> {
     {
         return None;
     }
-    crate::index::open_views(tree, bytes, (head.taps, head.bytes))
+    open_views(tree, bytes, (head.taps, head.bytes))
 }
 
 #[cfg(test)]

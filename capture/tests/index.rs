@@ -292,6 +292,7 @@ fn an_index_that_is_a_link_out_of_the_tree_or_not_a_file_is_refused() {
 /// What `open` and `open_owned` make of the tree: both refuse it with one
 /// message, or both open it to one manifest. Returns whether it opened.
 fn same_either_way(t: &Path, what: &str) -> bool {
+    unsealed_as_opened(t, what);
     match (TreeReader::open(t), TreeReader::open_owned(t)) {
         (Ok(v), Ok(o)) => {
             assert_eq!(v.manifest(), o.manifest(), "{what}");
@@ -307,6 +308,42 @@ fn same_either_way(t: &Path, what: &str) -> bool {
             o.map(|_| ())
         ),
     }
+}
+
+/// A tree opened unsealed that passes its last check is the tree `open`
+/// opens; one that cannot be opened unsealed fails `open` with the same
+/// error.
+fn unsealed_as_opened(t: &Path, what: &str) {
+    match (TreeReader::open_unsealed(t), TreeReader::open(t)) {
+        (Ok(u), Ok(o)) => {
+            assert!(!u.check() || u.tree().manifest() == o.manifest(), "{what}")
+        }
+        (Ok(u), Err(_)) => assert!(!u.check(), "{what}: passed, but open refuses it"),
+        (Err(u), Err(o)) => assert_eq!(u.to_string(), o.to_string(), "{what}"),
+        (Err(u), Ok(_)) => panic!("{what}: open opens it, unsealed {u}"),
+    }
+}
+
+/// A record edited in a field its entry's checks cannot see (a tap's
+/// tensor hash), the index sealed again: the records are sound, opened
+/// unsealed, but not the tree's; the last check says so, and `open`
+/// refuses the tree as it always did.
+#[test]
+fn a_record_not_the_trees_fails_the_last_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tree(dir.path());
+    let unsealed = TreeReader::open_unsealed(&t).unwrap();
+    assert!(unsealed.check());
+    let idx_path = t.join(INDEX_FILE);
+    let mut idx = std::fs::read(&idx_path).unwrap();
+    idx[HEAD_LEN + 3 * RECORD_LEN + 40] ^= 1;
+    index::reseal(&mut idx);
+    std::fs::write(&idx_path, &idx).unwrap();
+    let unsealed = TreeReader::open_unsealed(&t).unwrap();
+    assert!(matches!(unsealed.tree().listing(), Entries::Records(_)));
+    assert!(!unsealed.check());
+    let err = TreeReader::open(&t).unwrap_err().to_string();
+    assert!(err.contains("manifest.json"), "{err}");
 }
 
 #[test]

@@ -13,6 +13,15 @@ pub fn run_on<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
 }
 
+/// Runs `first` and `second` side by side on the pool and returns what
+/// each returns: a check, and the work that need not wait for it.
+pub fn side_by_side<A: Send, B: Send>(
+    first: impl FnOnce() -> A + Send,
+    second: impl FnOnce() -> B + Send,
+) -> (A, B) {
+    rayon::join(first, second)
+}
+
 #[cfg(test)]
 mod tests {
     /// What is run goes on a thread of the pool, and its value comes back.

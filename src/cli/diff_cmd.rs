@@ -123,8 +123,18 @@ fn slot(flag: &str, v: &Option<String>) -> anyhow::Result<Option<Option<u32>>> {
     }
 }
 
-/// A progress bar on stderr, drawn only when stderr is a terminal.
+/// A progress bar on stderr, drawn only when stderr is a terminal, and
+/// only once [`Bar::show`] is called.
 struct Bar(indicatif::ProgressBar);
+
+impl Bar {
+    /// Lets the bar be drawn: until the trees have passed their checks,
+    /// nothing of the diff is shown.
+    fn show(&self) {
+        self.0
+            .set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    }
+}
 
 impl Progress for Bar {
     fn start(&self, total: u64) {
@@ -138,6 +148,42 @@ impl Progress for Bar {
     }
 }
 
+/// What the flags ask, parsed before any tree is opened.
+struct Settings {
+    tolerance: Tolerance,
+    perturb_at: Option<At>,
+    slot_a: Option<Option<u32>>,
+    slot_b: Option<Option<u32>>,
+}
+
+impl Settings {
+    fn parse(args: &Args) -> anyhow::Result<Settings> {
+        let tolerance = if args.bitwise {
+            Tolerance::bitwise()
+        } else {
+            Tolerance::parse(&args.tolerance)?
+        };
+        let perturb_at = match &args.perturb_at {
+            Some(s) => Some(s.parse::<At>().map_err(|_| {
+                anyhow::anyhow!("--perturb-at {s:?}: expected a key like L3/ffn_down@2 or logits@0")
+            })?),
+            None => None,
+        };
+        Ok(Settings {
+            tolerance,
+            perturb_at,
+            slot_a: slot("--slot-a", &args.slot_a)?,
+            slot_b: slot("--slot-b", &args.slot_b)?,
+        })
+    }
+}
+
+/// A report and the HTML page asked for, computed and not yet written.
+struct Computed {
+    report: diff::DiffReport,
+    html: Option<String>,
+}
+
 pub fn run(args: Args) -> anyhow::Result<u8> {
     // Its steps shared by every core are started from a thread of the pool
     // (diff::pool says why).
@@ -146,30 +192,98 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
 
 fn run_on_the_pool(args: Args) -> anyhow::Result<u8> {
     let start = std::time::Instant::now();
-    let tolerance = if args.bitwise {
-        Tolerance::bitwise()
-    } else {
-        Tolerance::parse(&args.tolerance)?
-    };
-    let perturb_at = match &args.perturb_at {
-        Some(s) => Some(s.parse::<At>().map_err(|_| {
-            anyhow::anyhow!("--perturb-at {s:?}: expected a key like L3/ffn_down@2 or logits@0")
-        })?),
-        None => None,
-    };
-    let (slot_a, slot_b) = (
-        slot("--slot-a", &args.slot_a)?,
-        slot("--slot-b", &args.slot_b)?,
-    );
-    // The manifests are opened at once: parsing and checking them is most of
-    // a mostly-equal diff. Errors are still reported A first, then B, then truth.
+    let settings = Settings::parse(&args)?;
     let mut paths = vec![args.a.as_path(), args.b.as_path()];
     paths.extend(args.truth.as_deref());
-    let mut opened = TreeReader::open_all(&paths).into_iter();
+    let computed = match compare_while_checking(&args, &settings, &paths) {
+        Some(computed) => computed,
+        // A tree that could not be opened, or failed its last check: what
+        // was computed is thrown away, and the trees are opened again, every
+        // check made before anything else, so that the error (or, for a tree
+        // its owned entries prove sound, the report) is the one it always was.
+        None => compare_checked(&args, &settings, &paths),
+    }?;
+    write(&args, &computed)?;
+    diff::timing::mark("written");
+    if diff::timing::on() {
+        eprintln!("{}", diff::timing::line(start));
+    }
+    let code = exit::of_outcome(computed.report.outcome);
+    // The process ends here: freeing the report's many small allocations
+    // one by one would only delay the exit.
+    std::mem::forget(computed);
+    Ok(code)
+}
+
+/// The diff computed while the trees' last checks run beside it on the
+/// pool (capture::Unsealed): most of opening a tree is recomputing its
+/// directory hashes from its records, and no step of the diff waits on
+/// that but its outcome. `None` where a tree could not be opened or
+/// failed its check: nothing computed here leaves this function then.
+fn compare_while_checking(
+    args: &Args,
+    settings: &Settings,
+    paths: &[&std::path::Path],
+) -> Option<anyhow::Result<Computed>> {
+    let opened = TreeReader::open_all_unsealed(paths)
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .ok()?;
+    diff::timing::mark("opened");
+    let bar = progress_bar();
+    let (checked, computed) = diff::pool::side_by_side(
+        || {
+            let checked = capture::Unsealed::check_all(&opened);
+            if let (true, Some(bar)) = (checked, &bar) {
+                bar.show();
+            }
+            checked
+        },
+        || {
+            let truth = opened.get(2).map(capture::Unsealed::tree);
+            compare(
+                args,
+                settings,
+                (opened[0].tree(), opened[1].tree(), truth),
+                &bar,
+            )
+        },
+    );
+    // The process ends soon: the trees' many small allocations are not
+    // freed one by one.
+    std::mem::forget(opened);
+    checked.then_some(computed)
+}
+
+/// The diff of trees opened with every check made first.
+fn compare_checked(
+    args: &Args,
+    settings: &Settings,
+    paths: &[&std::path::Path],
+) -> anyhow::Result<Computed> {
+    let mut opened = TreeReader::open_all(paths).into_iter();
     let (a, b) = (opened.next().expect("A"), opened.next().expect("B"));
+    // Errors are reported A first, then B, then the truth.
     let (a, b, truth) = (a?, b?, opened.next().transpose()?);
     diff::timing::mark("opened");
-    if let (Some(t), false) = (&truth, args.force_truth) {
+    let bar = progress_bar();
+    if let Some(bar) = &bar {
+        bar.show();
+    }
+    let computed = compare(args, settings, (&a, &b, truth.as_ref()), &bar);
+    std::mem::forget((a, b, truth));
+    computed
+}
+
+/// The report of `a` against `b` (and the truth), and its HTML page where
+/// asked: nothing written.
+fn compare(
+    args: &Args,
+    settings: &Settings,
+    (a, b, truth): (&TreeReader, &TreeReader, Option<&TreeReader>),
+    bar: &Option<Bar>,
+) -> anyhow::Result<Computed> {
+    if let (Some(t), false) = (truth, args.force_truth) {
         if let Some(why) = diff::truth::not_all_f64(t.manifest()) {
             anyhow::bail!(
                 "{}: not a truth: {why}; a truth must compute every op in f64 \
@@ -178,10 +292,11 @@ fn run_on_the_pool(args: Args) -> anyhow::Result<u8> {
             );
         }
     }
+    let (slot_a, slot_b) = (settings.slot_a, settings.slot_b);
     let mut notes = Vec::new();
     // Tensor-parallel trees are compared unsharded (diff::unshard).
-    let tp = super::diff_tp::Views::new((&a, &b), truth.as_ref(), &mut notes)?;
-    let (a_tp, b_tp, t_tp) = tp.trees((&a, &b), truth.as_ref());
+    let tp = super::diff_tp::Views::new((a, b), truth, &mut notes)?;
+    let (a_tp, b_tp, t_tp) = tp.trees((a, b), truth);
     // --align: the side with the extra leading tokens is shifted (a truth
     // goes with A).
     let shift = u32::try_from(args.align.unsigned_abs())
@@ -220,9 +335,8 @@ fn run_on_the_pool(args: Args) -> anyhow::Result<u8> {
     let (a_ref, b_ref) = (pick(0), pick(1));
     let t_ref = t_ref.map(|_| pick(2));
 
-    let bar = progress_bar();
     let opts = Options {
-        tolerance,
+        tolerance: settings.tolerance.clone(),
         slot_a,
         slot_b,
         all_positions: args.all_positions,
@@ -231,33 +345,33 @@ fn run_on_the_pool(args: Args) -> anyhow::Result<u8> {
     };
     diff::timing::mark("checked");
     let mut report = diff::diff(a_ref, b_ref, t_ref, &opts)?;
-    tp.explain(&report, (&a, &b), &mut notes)?;
+    tp.explain(&report, (a, b), &mut notes)?;
     report.notes = notes;
     if args.controls {
-        let c = controls::run(a_ref, b_ref, &opts, perturb_at.as_ref())?;
+        let c = controls::run(a_ref, b_ref, &opts, settings.perturb_at.as_ref())?;
         controls::attach(&mut report, c);
     }
-
-    present(&args, &report, a_ref, b_ref)?;
-    diff::timing::mark("written");
-    if diff::timing::on() {
-        eprintln!("{}", diff::timing::line(start));
-    }
-    let code = exit::of_outcome(report.outcome);
-    // The process ends here: freeing the manifests' and the report's many
-    // small allocations one by one would only delay the exit.
-    std::mem::forget(report);
+    let html = match &args.html {
+        Some(_) => {
+            let ctx = diff::render::html::DiffContext::read(&report, a_ref, b_ref)?;
+            Some(diff::render::html::render_diff(&report, &ctx))
+        }
+        None => None,
+    };
+    // Freeing these would only delay the exit.
     std::mem::forget(reconciled);
     std::mem::forget((shifted_a, shifted_b, shifted_t));
     std::mem::forget(tp);
-    std::mem::forget((a, b, truth));
-    Ok(code)
+    Ok(Computed { report, html })
 }
 
-/// A progress bar on stderr when it is a terminal.
+/// A progress bar on stderr when it is a terminal, hidden until shown.
 fn progress_bar() -> Option<Bar> {
     std::io::stderr().is_terminal().then(|| {
-        let pb = indicatif::ProgressBar::new(0);
+        let pb = indicatif::ProgressBar::with_draw_target(
+            Some(0),
+            indicatif::ProgressDrawTarget::hidden(),
+        );
         pb.set_style(
             indicatif::ProgressStyle::with_template(
                 "{bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
@@ -270,16 +384,10 @@ fn progress_bar() -> Option<Bar> {
 
 /// Writes the report where the flags ask: `--html`, then `--json` or the
 /// table on stdout; every unreadable tap is named on stderr as well.
-fn present(
-    args: &Args,
-    report: &diff::DiffReport,
-    a: &dyn diff::Tree,
-    b: &dyn diff::Tree,
-) -> anyhow::Result<()> {
-    if let Some(path) = &args.html {
-        let ctx = diff::render::html::DiffContext::read(report, a, b)?;
-        std::fs::write(path, diff::render::html::render_diff(report, &ctx))
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+fn write(args: &Args, computed: &Computed) -> anyhow::Result<()> {
+    let report = &computed.report;
+    if let (Some(path), Some(html)) = (&args.html, &computed.html) {
+        std::fs::write(path, html).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
     if args.json {
         let mut out = std::io::BufWriter::new(std::io::stdout().lock());

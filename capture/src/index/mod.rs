@@ -21,8 +21,8 @@ use head::hex;
 pub(crate) use head::hex_into;
 pub use head::{checksum, chunked_rule, xxh3, xxh3_chunked, IndexHead, CHUNK};
 pub use records::{build, decode};
-pub(crate) use view::open_views;
 pub use view::Records;
+pub(crate) use view::{hashes_hold, open_views, open_views_unsealed};
 
 use crate::error::{Error, Result};
 use crate::manifest::{self, Manifest, MANIFEST_FILE};

@@ -160,6 +160,18 @@ pub(crate) fn open_views(
     json: &[u8],
     counts: (Option<u64>, Option<u64>),
 ) -> Option<(Manifest, Records)> {
+    let (m, records) = open_views_unsealed(tree, json, counts)?;
+    hashes_hold(&records, &m).then_some((m, records))
+}
+
+/// [`open_views`] but its last check, [`hashes_hold`]: until that passes,
+/// nothing binds the records to the manifest's root (they are sound as
+/// records, but may not be this tree's).
+pub(crate) fn open_views_unsealed(
+    tree: &Path,
+    json: &[u8],
+    counts: (Option<u64>, Option<u64>),
+) -> Option<(Manifest, Records)> {
     let mut file = super::open_index(tree).ok()?;
     // Read, not mapped: the records are read again for as long as the tree
     // is open, so they must be the bytes proven here, whatever happens to
@@ -201,8 +213,14 @@ pub(crate) fn open_views(
             return None;
         }
     }
-    let (dirs, root) = hashes(&records, &m);
-    (dirs == m.dirs && root == m.root).then_some((m, records))
+    Some((m, records))
+}
+
+/// Whether the directory hashes and root recomputed from `records` are the
+/// ones `m` records: what makes the records the tree's.
+pub(crate) fn hashes_hold(records: &Records, m: &Manifest) -> bool {
+    let (dirs, root) = hashes(records, m);
+    dirs == m.dirs && root == m.root
 }
 
 /// The records' total bytes if every record passes the decode's checks

@@ -1,0 +1,82 @@
+//! A tree opened with its last check still to make, so that work on the
+//! tree can start while that check runs beside it.
+//!
+//! Opening a tree from its index's records proves them sound as records,
+//! then recomputes every directory's hash and the root from them: only
+//! that last check makes them this tree's records. It is most of opening
+//! a tree, and nothing else waits on it but the answer: a diff can index,
+//! read and compare its taps while it runs, provided nothing of what it
+//! computed leaves the process before the check has passed.
+
+use crate::error::Result;
+use crate::reader::TreeReader;
+use std::path::Path;
+
+/// A tree opened as [`TreeReader::open`] opens it but for one check left
+/// to [`Unsealed::check`]: for a tree opened from its index's records,
+/// their directory hashes and root against the manifest's.
+///
+/// Until that check passes, what is computed from [`Unsealed::tree`] may
+/// come from records that are not the tree's: keep it from leaving the
+/// process. Where the check fails, throw it away and open the tree with
+/// [`TreeReader::open`], which opens it the owned way and names what is
+/// wrong.
+#[derive(Debug)]
+pub struct Unsealed {
+    tree: TreeReader,
+    /// Whether the check is still to make (not for a tree opened the owned
+    /// way: its entries' checks made it).
+    pending: bool,
+}
+
+impl Unsealed {
+    pub(crate) fn pending(tree: TreeReader) -> Unsealed {
+        Unsealed {
+            tree,
+            pending: true,
+        }
+    }
+
+    pub(crate) fn checked(tree: TreeReader) -> Unsealed {
+        Unsealed {
+            tree,
+            pending: false,
+        }
+    }
+
+    /// The tree, its last check perhaps not yet made.
+    pub fn tree(&self) -> &TreeReader {
+        &self.tree
+    }
+
+    /// Whether the tree passes its last check: the directory hashes and
+    /// root recomputed from its records are the ones its manifest records.
+    /// Where it does, the tree is what [`TreeReader::open`] would have
+    /// opened.
+    pub fn check(&self) -> bool {
+        !self.pending || self.tree.records_hold()
+    }
+
+    /// Whether every one of `trees` passes its last check, the trees
+    /// checked side by side on the thread pool.
+    pub fn check_all(trees: &[Unsealed]) -> bool {
+        use rayon::prelude::*;
+        trees.par_iter().with_max_len(1).all(Unsealed::check)
+    }
+}
+
+impl TreeReader {
+    /// Opens the trees at `paths` at once as [`TreeReader::open_unsealed`]
+    /// does, each outcome in the order of `paths` (on the thread pool, as
+    /// [`TreeReader::open_all`]).
+    pub fn open_all_unsealed(paths: &[&Path]) -> Vec<Result<Unsealed>> {
+        use rayon::prelude::*;
+        let mut out = Vec::new();
+        paths
+            .par_iter()
+            .with_max_len(1)
+            .map(TreeReader::open_unsealed)
+            .collect_into_vec(&mut out);
+        out
+    }
+}
