@@ -351,7 +351,7 @@ fn gpu_figures() {
     let after_wait = EarlyLaunch::AfterWait;
     // (graphs, fused, early launch, the step's copies outside its graph, in
     // it, or replaced by the mapped step's reads and writes of page-locked
-    // memory (off by default until timed), the
+    // memory (the default where the step is fused), the
     // logits' blocks per SM (0: one block per 16 logits) and stages, the
     // layers in one persistent launch: None for five launches a layer, else
     // the most blocks of its grid, 0 for as many as fit).

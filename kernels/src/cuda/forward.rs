@@ -294,9 +294,9 @@ impl CudaForward {
                 std::env::var("TAPTREE_CUDA_GRAPH_COPIES").as_deref(),
                 Ok("0" | "off")
             ),
-            mapped_step: matches!(
+            mapped_step: !matches!(
                 std::env::var("TAPTREE_CUDA_MAPPED_STEP").as_deref(),
-                Ok("1" | "on")
+                Ok("0" | "off")
             ),
             logits: LOGITS,
             shared_rope_base: shared_rope_base(c),
@@ -360,9 +360,9 @@ impl CudaForward {
     /// Lets a decode step's graph, where it holds the step's copies and
     /// runs fused, drop the copies: its first launch reads the token and
     /// position from the page-locked step buffer, and the logits' launch
-    /// writes into the page-locked logits buffer (off unless
-    /// `TAPTREE_CUDA_MAPPED_STEP=1`: not yet timed on a GPU). Either way
-    /// the results are the same bits.
+    /// writes into the page-locked logits buffer (the default;
+    /// `TAPTREE_CUDA_MAPPED_STEP=0` keeps the copies). Either way the
+    /// results are the same bits.
     pub fn set_mapped_step(&mut self, on: bool) {
         self.mapped_step = on;
         self.graph = None;
