@@ -110,11 +110,7 @@ fn fused_forward_equals_unfused() {
             // Five launches a layer with the step mapped (its token,
             // position and logits read and written in page-locked memory by
             // its kernels), and with its copies in the graph (the default).
-            // It also reads the logits through their relaid lanes (made at
-            // load where forced on).
-            ops::set_logits_lanes(Some(true));
             let mut five = open(&dev, &w, true);
-            ops::set_logits_lanes(None);
             five.set_persistent(false);
             five.set_mapped_step(true);
             let mut copies = open(&dev, &w, true);
@@ -314,7 +310,7 @@ fn streamed_logits_equal_the_plain_launches() {
         (GgmlType::F16, 72),
     ] {
         for n in [97usize, 48, 4099, 16 * dev.sm_count() * 6 + 3] {
-            let mut w = DeviceMatrix::upload(dev, &ks::weight(&mut rng, ty, n, cols, 0.5)).unwrap();
+            let w = DeviceMatrix::upload(dev, &ks::weight(&mut rng, ty, n, cols, 0.5)).unwrap();
             for rows in [1usize, 9] {
                 let what = format!("{ty} {n}x{cols} rows {rows}");
                 let x: Vec<f32> = (0..rows * cols).map(|_| rng.f32()).collect();
@@ -333,16 +329,7 @@ fn streamed_logits_equal_the_plain_launches() {
                 )
                 .unwrap();
                 ops::matmul_f32(dev, &w, &h.as_view(), &mut want.as_view_mut(), rows).unwrap();
-                // Q8_0 also through its relaid lanes (`relay_lanes`), as the
-                // fused pass reads the logits.
-                let lanes = [false, ty == GgmlType::Q8_0];
-                for (blocks_per_sm, stages, relaid) in [(1usize, 2usize), (1, 3), (1, 4), (4, 4)]
-                    .into_iter()
-                    .flat_map(|(b, s)| lanes.iter().map(move |&l| (b, s, l)))
-                {
-                    if relaid {
-                        w.relay_lanes(dev).unwrap();
-                    }
+                for (blocks_per_sm, stages) in [(1usize, 2usize), (1, 3), (1, 4), (4, 4)] {
                     let how = ops::Streaming {
                         blocks_per_sm,
                         stages,
@@ -362,12 +349,7 @@ fn streamed_logits_equal_the_plain_launches() {
                         how,
                     )
                     .unwrap();
-                    ks::assert_bitwise(
-                        &format!("{what}, {how:?}, lanes {relaid}"),
-                        &get(&y),
-                        &get(&want),
-                    );
-                    w.lanes = None;
+                    ks::assert_bitwise(&format!("{what}, {how:?}"), &get(&y), &get(&want));
                 }
                 // Control: another norm weight must move the logits.
                 let nw2: Vec<f32> = (0..cols).map(|i| if i == 3 { 2.0 } else { 1.0 }).collect();

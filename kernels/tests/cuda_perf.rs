@@ -144,10 +144,6 @@ fn kernel_figures() {
         ),
         ("logits", DeviceMatrix::upload(&dev, &embd).unwrap()),
     ];
-    // The same logits matrix with its blocks relaid for the lanes, as the
-    // fused pass reads them.
-    let mut lanes = DeviceMatrix::upload(&dev, &embd).unwrap();
-    lanes.relay_lanes(&dev).unwrap();
     let dev = &*dev;
     let s = dev.stream();
     let big = 128 * vocab;
@@ -261,42 +257,28 @@ fn kernel_figures() {
             eps: 1e-5,
         })
     };
-    for (what, w, configs) in [
-        (
-            "Q8_0 blocks",
-            emb,
-            &[(0, 2), (4, 2), (2, 4), (4, 3), (4, 4), (8, 2), (8, 3)][..],
-        ),
-        (
-            "relaid lanes",
-            &lanes,
-            &[(4, 2), (4, 3), (8, 2), (8, 3)][..],
-        ),
-    ] {
-        let mut line = format!(
-            "logits 49152x576 Q8_0 with the output norm, 1 row, graphed, {what} (us/call):"
-        );
-        for &(blocks_per_sm, stages) in configs {
-            let how = ops::Streaming {
-                blocks_per_sm,
-                stages,
-            };
-            let t = per_call_graph_us(dev, &mut || {
-                ops::matmul_streamed(
-                    dev,
-                    w,
-                    &x.slice(..d),
-                    n(),
-                    &mut y.slice_mut(..vocab),
-                    1,
-                    how,
-                )
-                .unwrap()
-            });
-            line += &format!(" {blocks_per_sm}x{stages} {t:.1};");
-        }
-        println!("{line} (blocks/SM x stages; 0: one block per 16 logits)");
+    let mut line =
+        "logits 49152x576 Q8_0 with the output norm, 1 row, graphed (us/call):".to_string();
+    for (blocks_per_sm, stages) in [(0, 2), (4, 2), (2, 4), (4, 3), (4, 4), (8, 2), (8, 3)] {
+        let how = ops::Streaming {
+            blocks_per_sm,
+            stages,
+        };
+        let t = per_call_graph_us(dev, &mut || {
+            ops::matmul_streamed(
+                dev,
+                emb,
+                &x.slice(..d),
+                n(),
+                &mut y.slice_mut(..vocab),
+                1,
+                how,
+            )
+            .unwrap()
+        });
+        line += &format!(" {blocks_per_sm}x{stages} {t:.1};");
     }
+    println!("{line} (blocks/SM x stages; 0: one block per 16 logits)");
     let t = per_call_us(dev, &mut || {
         ops::upload(dev, &[1u32]).unwrap();
     });
@@ -319,10 +301,7 @@ fn gpu_figures() {
     let prompt: Vec<u32> = (0..128u32).map(|i| (i * 7919 + 13) % vocab).collect();
     let dev = Device::open(0).unwrap();
     println!("device: {}", dev.describe());
-    // The logits' lanes made at load (then used unless forced off below).
-    ops::set_logits_lanes(Some(true));
     let mut fwd = CudaForward::new(dev.clone(), w, Precision::F32, &Switches::none()).unwrap();
-    ops::set_logits_lanes(None);
 
     // Prefill, disarmed: the whole prompt in one forward.
     let mut prefill = Vec::new();
@@ -358,8 +337,7 @@ fn gpu_figures() {
     // The next field forces the one-row fused matmuls' dequantized staging
     // on or off (None: as the mode has it, on for `start`, `after-wait`
     // and `staged`), the last split attention's key staging (None: on
-    // wherever the launches are early), the last the logits' relaid lanes
-    // (None: read wherever they were made, Some(false): the blocks).
+    // wherever the launches are early).
     let five = None;
     let staged = EarlyLaunch::Staged;
     const OUTSIDE: u8 = 0;
@@ -367,32 +345,30 @@ fn gpu_figures() {
     const MAPPED: u8 = 2;
     #[rustfmt::skip]
     let configs = [
-        (false, false, off, COPIES, (4, 4), five, None, None, None),
-        (true, false, off, COPIES, (4, 4), five, None, None, None),
-        (false, true, off, COPIES, (4, 4), five, None, None, None),
-        (true, true, off, COPIES, (4, 4), five, None, None, None),
-        (false, true, late, COPIES, (4, 4), five, None, None, None),
-        (false, true, staged, COPIES, (4, 4), five, None, None, None),
-        (true, true, late, COPIES, (4, 2), five, None, None, None),
-        (true, true, late, COPIES, (4, 2), five, Some(true), None, None),
-        (true, true, start, COPIES, (4, 2), five, None, None, None),
-        (true, true, start, COPIES, (4, 2), five, Some(false), None, None),
-        (true, true, after_wait, COPIES, (4, 2), five, None, None, None),
-        (true, true, staged, COPIES, (4, 2), five, Some(false), None, None),
-        (true, true, staged, OUTSIDE, (0, 2), five, None, None, None),
-        (true, true, staged, MAPPED, (8, 3), five, None, None, None),
-        (true, true, staged, COPIES, (4, 2), five, None, None, None),
-        (true, true, staged, MAPPED, (4, 2), five, None, None, None),
-        (true, true, staged, MAPPED, (4, 2), five, None, Some(false), None),
-        (true, true, staged, MAPPED, (4, 2), five, None, None, Some(false)),
-        (true, true, staged, COPIES, (4, 2), five, None, Some(true), None),
-        (false, true, staged, COPIES, (4, 2), Some(0), None, None, None),
-        (true, true, staged, COPIES, (4, 2), Some(0), None, None, None),
-        (true, true, staged, COPIES, (4, 2), Some(66), None, None, None),
+        (false, false, off, COPIES, (4, 4), five, None, None),
+        (true, false, off, COPIES, (4, 4), five, None, None),
+        (false, true, off, COPIES, (4, 4), five, None, None),
+        (true, true, off, COPIES, (4, 4), five, None, None),
+        (false, true, late, COPIES, (4, 4), five, None, None),
+        (false, true, staged, COPIES, (4, 4), five, None, None),
+        (true, true, late, COPIES, (4, 2), five, None, None),
+        (true, true, late, COPIES, (4, 2), five, Some(true), None),
+        (true, true, start, COPIES, (4, 2), five, None, None),
+        (true, true, start, COPIES, (4, 2), five, Some(false), None),
+        (true, true, after_wait, COPIES, (4, 2), five, None, None),
+        (true, true, staged, COPIES, (4, 2), five, Some(false), None),
+        (true, true, staged, OUTSIDE, (0, 2), five, None, None),
+        (true, true, staged, MAPPED, (8, 3), five, None, None),
+        (true, true, staged, COPIES, (4, 2), five, None, None),
+        (true, true, staged, MAPPED, (4, 2), five, None, None),
+        (true, true, staged, MAPPED, (4, 2), five, None, Some(false)),
+        (true, true, staged, COPIES, (4, 2), five, None, Some(true)),
+        (false, true, staged, COPIES, (4, 2), Some(0), None, None),
+        (true, true, staged, COPIES, (4, 2), Some(0), None, None),
+        (true, true, staged, COPIES, (4, 2), Some(66), None, None),
     ];
-    for (graphs, fused, early, io, (blocks_per_sm, stages), persist, deq, keys, lanes) in configs {
+    for (graphs, fused, early, io, (blocks_per_sm, stages), persist, deq, keys) in configs {
         let copies = io != OUTSIDE;
-        ops::set_logits_lanes(lanes);
         ops::set_dequant_staging(deq);
         ops::set_key_staging(keys);
         fwd.set_persistent(persist.is_some());
@@ -448,7 +424,7 @@ fn gpu_figures() {
             "persistent {persist:?}: the persistent step ran, or did not, against the setting"
         );
         println!(
-            "decode at 128..192, disarmed, m=1, {}, {}{}{}{}{}{}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
+            "decode at 128..192, disarmed, m=1, {}, {}{}{}{}{}{}: {:.0} tokens/s (median of 5; 64 steps' logits bitwise the unfused launch-by-launch ones)",
             if graphs {
                 "CUDA graph"
             } else {
@@ -490,11 +466,6 @@ fn gpu_figures() {
                 (true, Some(false)) => ", key staging forced off",
                 _ => "",
             },
-            if lanes == Some(false) {
-                ", logits from the Q8_0 blocks (lanes off)"
-            } else {
-                ""
-            },
             tokens_per_s
         );
         if graphs {
@@ -509,7 +480,6 @@ fn gpu_figures() {
 
     ops::set_dequant_staging(None);
     ops::set_key_staging(None);
-    ops::set_logits_lanes(None);
     persistent_timeline(&mut fwd, &prompt, vocab);
     // The defaults again, for the figures below.
     fwd.set_early_launch(EarlyLaunch::DEFAULT);

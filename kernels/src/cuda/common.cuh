@@ -27,11 +27,6 @@ struct __align__(16) f32x4 {
 #define T_Q5_K 13
 #define T_Q6_K 14
 #define T_BF16 30
-// Not a GGML type: a Q8_0 matrix relaid for the matmul lanes (the logits'
-// streamed matmul, fused.cu): per 32-block, the scale as an f32, then for
-// each lane j of eight its quants j, j + 8, j + 16, j + 24 as the bytes of
-// one little-endian word. The same values as the Q8_0 block's.
-#define T_Q8_0_LANES 100
 
 #define QK 32
 // Elements per K-quant super-block.
@@ -62,7 +57,6 @@ __device__ __forceinline__ int type_size(int t) {
         case T_Q4_1: return 20;
         case T_Q5_0: return 22;
         case T_Q8_0: return 34;
-        case T_Q8_0_LANES: return 36;
         case T_Q2_K: return 84;
         case T_Q3_K: return 110;
         case T_Q4_K: return 144;

@@ -77,10 +77,6 @@ impl WeightsOnDevice {
     fn output(&self) -> &DeviceMatrix {
         self.output.as_ref().unwrap_or(&self.token_embd)
     }
-
-    fn output_mut(&mut self) -> &mut DeviceMatrix {
-        self.output.as_mut().unwrap_or(&mut self.token_embd)
-    }
 }
 
 /// Keys and values of one sequence, `[n_layer, capacity, kv_width]` each.
@@ -267,16 +263,12 @@ impl CudaForward {
                 })
             })
             .collect::<Result<Vec<_>, CudaError>>()?;
-        let mut w = WeightsOnDevice {
+        let w = WeightsOnDevice {
             token_embd: m(&weights.token_embd)?,
             layers,
             output_norm: norm_weight(&dev, &weights.output_norm)?,
             output: weights.output.as_ref().map(m).transpose()?,
         };
-        if fused::fused_layers(c, &w) && ops::logits_lanes_at_load() {
-            // The fused pass's logits read a Q8_0 output through its lanes.
-            w.output_mut().relay_lanes(&dev)?;
-        }
         dev.warm_up()?;
         let persist = persist::Persist::new(&dev, &w, c)?;
         Ok(CudaForward {

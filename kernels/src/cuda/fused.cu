@@ -63,7 +63,6 @@ __device__ void slot_outputs_any(int type, const u8* wr, const float* xs, int nr
         case T_Q4_1: slot_outputs<T_Q4_1>(wr, xs, nr, in, j, live, slot, res); break;
         case T_Q5_0: slot_outputs<T_Q5_0>(wr, xs, nr, in, j, live, slot, res); break;
         case T_Q8_0: slot_outputs<T_Q8_0>(wr, xs, nr, in, j, live, slot, res); break;
-        case T_Q8_0_LANES: slot_outputs<T_Q8_0_LANES>(wr, xs, nr, in, j, live, slot, res); break;
         case T_Q2_K: slot_outputs<T_Q2_K>(wr, xs, nr, in, j, live, slot, res); break;
         case T_Q3_K: slot_outputs<T_Q3_K>(wr, xs, nr, in, j, live, slot, res); break;
         case T_Q4_K: slot_outputs<T_Q4_K>(wr, xs, nr, in, j, live, slot, res); break;
@@ -448,18 +447,6 @@ extern "C" __global__ void matmul_streamed(const u8* w, int type, int n, const f
     pdl_wait();
     if (trigger_at == 1) pdl_launch_dependents();
     stage_input(xs, x, r0, nr, in, norm_w, eps, scratch);
-    if (type == T_Q8_0_LANES) {
-        // The rows relaid as the weights: element b 32 + j + 8 t of a row
-        // at b 32 + 4 j + t, so a lane's four inputs of a block are one
-        // 16-byte load (the shared memory past the rows holds the copy).
-        float* xp = xs + (size_t)nr * in;
-        for (int i = threadIdx.x; i < nr * in; i += blockDim.x) {
-            int e = i % in;
-            xp[i - e + (e & ~31) + 4 * (e & 7) + ((e >> 3) & 3)] = xs[i];
-        }
-        __syncthreads();
-        xs = xp;
-    }
     int it = 0, last_first = 0, last_cnt = 0;
     for (int g = blockIdx.x; g < groups; g += gridDim.x, ++it) {
         // This group's copy done, and every thread past the products of the
@@ -518,19 +505,4 @@ extern "C" __global__ void step_start(const u32* in, u32* pos, const u8* table, 
     if (cs)
         for (int i = threadIdx.x; i < head_dim / 2; i += blockDim.x)
             rope_cos_sin(p, i, head_dim, base, cs + 2 * i, cs + 2 * i + 1);
-}
-
-// A Q8_0 matrix's blocks relaid as T_Q8_0_LANES (common.cuh): one thread a
-// block, `blocks` in all.
-extern "C" __global__ void q8_0_lanes(const u8* src, u8* dst, unsigned long long blocks) {
-    unsigned long long b = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
-    if (b >= blocks) return;
-    const u8* s = src + b * 34;
-    u8* d = dst + b * 36;
-    *(float*)d = f16_to_f32(load_u16(s));
-    for (int j = 0; j < 8; ++j) {
-        u32 w = 0;
-        for (int t = 0; t < 4; ++t) w |= (u32)s[2 + j + 8 * t] << (8 * t);
-        *(u32*)(d + 4 + 4 * j) = w;
-    }
 }

@@ -26,13 +26,6 @@ __device__ __forceinline__ void block_weights(const u8* wr, int b, int j, float 
         float d = f16_to_f32(load_u16(blk));
         const i8* q = (const i8*)(blk + 2);
         for (int t = 0; t < 4; ++t) w[t] = (float)q[j + 8 * t] * d;
-    } else if (TYPE == T_Q8_0_LANES) {
-        // One aligned word for the four quants: the same values and
-        // products as T_Q8_0's (the scale is the f16's exact f32).
-        const u8* blk = wr + (size_t)b * 36;
-        float d = *(const float*)blk;
-        u32 q = *(const u32*)(blk + 4 + 4 * j);
-        for (int t = 0; t < 4; ++t) w[t] = (float)(signed char)(q >> (8 * t)) * d;
     } else if (TYPE == T_Q4_0) {
         const u8* blk = wr + (size_t)b * 18;
         float d = f16_to_f32(load_u16(blk));
@@ -68,20 +61,9 @@ __device__ __forceinline__ void partial_sums(const u8* wr, const float* x, int r
 #pragma unroll
             for (int k = 0; k < R; ++k) {
                 if (NR > 0 || k < nr) {
-                    if (TYPE == T_Q8_0_LANES) {
-                        // x relaid as the weights (matmul_streamed): lane
-                        // j's elements j, j + 8, j + 16, j + 24 side by side.
-                        f32x4 v = *(const f32x4*)(x + (size_t)(r0 + k) * in + b * QK + 4 * j);
-                        acc[k] = mul_add_unfused(acc[k], v.x, w[0]);
-                        acc[k] = mul_add_unfused(acc[k], v.y, w[1]);
-                        acc[k] = mul_add_unfused(acc[k], v.z, w[2]);
-                        acc[k] = mul_add_unfused(acc[k], v.w, w[3]);
-                    } else {
-                        const float* xr = x + (size_t)(r0 + k) * in + b * QK + j;
+                    const float* xr = x + (size_t)(r0 + k) * in + b * QK + j;
 #pragma unroll
-                        for (int t = 0; t < 4; ++t)
-                            acc[k] = mul_add_unfused(acc[k], xr[8 * t], w[t]);
-                    }
+                    for (int t = 0; t < 4; ++t) acc[k] = mul_add_unfused(acc[k], xr[8 * t], w[t]);
                 }
             }
         }

@@ -58,14 +58,7 @@ pub struct DeviceMatrix {
     pub cols: usize,
     /// Rows of blocks, as the file holds them.
     pub data: CudaSlice<u8>,
-    /// A Q8_0 matrix's blocks relaid for the streamed matmul's lanes
-    /// ([`DeviceMatrix::relay_lanes`]), where made.
-    pub lanes: Option<CudaSlice<u8>>,
 }
-
-/// The bytes of a Q8_0 block relaid for the lanes
-/// ([`DeviceMatrix::relay_lanes`]; fused.cu's `T_Q8_0_LANES`).
-pub(crate) const LANES_BLOCK_BYTES: usize = 36;
 
 impl DeviceMatrix {
     /// Copies a weight to the device, refusing a type the kernels do not decode
@@ -97,36 +90,7 @@ impl DeviceMatrix {
             rows,
             cols,
             data,
-            lanes: None,
         })
-    }
-
-    /// For a Q8_0 matrix, adds a copy of its blocks relaid for the lanes of
-    /// [`matmul_streamed`] (fused.cu, `T_Q8_0_LANES`: per block the scale as
-    /// an f32 and each lane's four quants in one word, 36 bytes a block), so
-    /// that its products load a block's scale, quants and inputs in three
-    /// loads a lane rather than ten: the same values, so the same bits.
-    /// Nothing for another type.
-    pub fn relay_lanes(&mut self, dev: &Device) -> Result<(), CudaError> {
-        if self.ggml_type != GgmlType::Q8_0 || self.lanes.is_some() {
-            return Ok(());
-        }
-        let blocks = self.rows * self.cols / 32;
-        let s = dev.stream();
-        let mut lanes = s
-            .alloc_zeros::<u8>(blocks * LANES_BLOCK_BYTES)
-            .map_err(|e| CudaError::driver(&format!("alloc {} lanes", self.name), e))?;
-        let f = dev.function(Family::Fused, "q8_0_lanes")?;
-        let mut b = s.launch_builder(&f);
-        let n = blocks as u64;
-        b.arg(&self.data).arg(&mut lanes).arg(&n);
-        // SAFETY: data holds `blocks` Q8_0 blocks of 34 bytes (checked at
-        // upload), lanes `blocks` of LANES_BLOCK_BYTES; one thread a block, past the last
-        // none.
-        unsafe { b.launch(grid(blocks.div_ceil(256), 256, 0)) }
-            .map_err(launch_err("q8_0_lanes"))?;
-        self.lanes = Some(lanes);
-        Ok(())
     }
 
     fn type_id(&self) -> i32 {

@@ -29,13 +29,26 @@ impl CudaForward {
     /// layer (no extra norm weights either), and the widest input's rows fitting a block's shared memory.
     pub(super) fn fusable(&self, groups: &[Group], rows: usize) -> bool {
         let c = &self.config;
+        let f = &c.family;
         let a = self.acts;
         let widest = c.n_embd.max(c.n_head * c.head_dim).max(c.n_ff);
         self.fused
             && !capture::is_armed()
             && groups.len() == 1
             && !(a.attn || a.ffn_up || a.ffn_down || a.logits)
-            && fused_layers(c, &self.w)
+            && !f.qk_norm
+            && !f.post_norms
+            && self.w.layers.iter().all(|l| {
+                // The tapped pass applies these norms wherever their
+                // weights exist, whatever the family says.
+                l.q_norm.is_none()
+                    && l.k_norm.is_none()
+                    && l.post_attn_norm.is_none()
+                    && l.post_ffn_norm.is_none()
+            })
+            && f.rope == RopeStyle::Interleaved
+            && f.ffn == FfnActivation::Silu
+            && c.head_dim.is_multiple_of(2)
             && ops::fused_fits(widest, rows)
     }
 
@@ -121,25 +134,6 @@ impl CudaForward {
             },
         }
     }
-}
-
-/// Whether the fused pass has the layers of `c` with weights `w`: a llama
-/// layer, no extra norm weights either.
-pub(super) fn fused_layers(c: &LlamaConfig, w: &WeightsOnDevice) -> bool {
-    let f = &c.family;
-    !f.qk_norm
-        && !f.post_norms
-        && w.layers.iter().all(|l| {
-            // The tapped pass applies these norms wherever their
-            // weights exist, whatever the family says.
-            l.q_norm.is_none()
-                && l.k_norm.is_none()
-                && l.post_attn_norm.is_none()
-                && l.post_ffn_norm.is_none()
-        })
-        && f.rope == RopeStyle::Interleaved
-        && f.ffn == FfnActivation::Silu
-        && c.head_dim.is_multiple_of(2)
 }
 
 /// The layers of a fused forward, five launches each (see the module

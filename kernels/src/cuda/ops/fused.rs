@@ -5,10 +5,7 @@
 use cudarc::driver::{CudaView, CudaViewMut, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::launch::{launch, trigger_fused, Forced, KernelArgs};
-use super::{
-    check, launch_err, raise_shared, DeviceMatrix, LANES_BLOCK_BYTES, MATMUL_F32_OUTS,
-    MATMUL_MAX_STAGED,
-};
+use super::{check, launch_err, raise_shared, DeviceMatrix, MATMUL_F32_OUTS, MATMUL_MAX_STAGED};
 use crate::cuda::device::{Device, Family};
 use crate::cuda::CudaError;
 
@@ -158,64 +155,23 @@ pub fn streams(w: &DeviceMatrix, rows: usize, how: Streaming) -> bool {
     Layout::of(w, rows, how).streams()
 }
 
-/// The logits' lanes forced on or off: `TAPTREE_CUDA_LOGITS_LANES=1|0`,
-/// or [`set_logits_lanes`].
-static LOGITS_LANES: Forced = Forced::new("TAPTREE_CUDA_LOGITS_LANES");
-
-/// Forces [`matmul_streamed`]'s use of a matrix's relaid lanes
-/// ([`DeviceMatrix::relay_lanes`]) on or off (`None`: on wherever they were
-/// made) for the launches that follow; forced on, a forward opened after
-/// makes them for its logits ([`logits_lanes_at_load`]). The same bits
-/// either way.
-pub fn set_logits_lanes(on: Option<bool>) {
-    LOGITS_LANES.set(on);
-}
-
-/// Whether a forward opened now relays its Q8_0 logits matrix for the
-/// lanes: only where forced on (`TAPTREE_CUDA_LOGITS_LANES=1` or
-/// [`set_logits_lanes`]), as they are not yet timed on a GPU.
-pub fn logits_lanes_at_load() -> bool {
-    LOGITS_LANES.get() == Some(true)
-}
-
-/// How one [`matmul_streamed`] launch reads `w`: its blocks (or their
-/// relaid lanes) and the kernel's type for them, its stages and blocks per
-/// SM, and a block's shared memory (its stages of weight rows and its rows
-/// of `x`, twice with the lanes: the rows relaid beside them).
-struct Layout<'m> {
-    data: &'m cudarc::driver::CudaSlice<u8>,
-    type_id: i32,
+/// How one [`matmul_streamed`] launch runs over `w`: its stages and blocks
+/// per SM, and a block's shared memory (its stages of weight rows and its
+/// rows of `x`).
+struct Layout {
     stages: usize,
     blocks_per_sm: usize,
     shared: usize,
 }
 
-/// fused.cu's `T_Q8_0_LANES`.
-const T_Q8_0_LANES: i32 = 100;
-
-impl<'m> Layout<'m> {
-    fn of(w: &'m DeviceMatrix, rows: usize, how: Streaming) -> Layout<'m> {
-        let lanes = w
-            .lanes
-            .as_ref()
-            .filter(|_| LOGITS_LANES.get() != Some(false));
-        let (data, type_id, rb, xs) = match lanes {
-            Some(l) => (l, T_Q8_0_LANES, w.cols / 32 * LANES_BLOCK_BYTES, 2),
-            None => (
-                &w.data,
-                w.ggml_type.id() as i32,
-                w.ggml_type.row_bytes(w.cols),
-                1,
-            ),
-        };
-        let buf = (MATMUL_F32_OUTS * rb).div_ceil(16) * 16;
+impl Layout {
+    fn of(w: &DeviceMatrix, rows: usize, how: Streaming) -> Layout {
+        let buf = (MATMUL_F32_OUTS * w.ggml_type.row_bytes(w.cols)).div_ceil(16) * 16;
         let stages = how.stages.clamp(2, 4);
         Layout {
-            data,
-            type_id,
             stages,
             blocks_per_sm: how.blocks_per_sm,
-            shared: stages * buf + xs * x_bytes(w.cols, rows),
+            shared: stages * buf + x_bytes(w.cols, rows),
         }
     }
 
@@ -257,7 +213,7 @@ pub unsafe fn matmul_streamed_mapped(
     unsafe { launch_streamed(dev, w, x, norm, y, rows, &layout) }
 }
 
-/// The `matmul_streamed` launch of `w` as `layout` reads it, into `y`.
+/// The `matmul_streamed` launch of `w` as `layout` says, into `y`.
 ///
 /// # Safety
 /// `y` as [`matmul_streamed_mapped`] says; `layout` streams.
@@ -277,13 +233,10 @@ unsafe fn launch_streamed(
     }
     let f = dev.function(Family::Fused, "matmul_streamed")?;
     raise_shared(&f, layout.shared, "matmul_streamed")?;
-    let (n, r, c) = (w.rows as i32, rows as i32, cols as i32);
+    let (ty, n, r, c) = (w.type_id(), w.rows as i32, rows as i32, cols as i32);
     let eps = norm.map_or(0.0, |n| n.eps);
     let mut a = KernelArgs::default();
-    a.buf(dev, layout.data)
-        .val(&layout.type_id)
-        .val(&n)
-        .buf(dev, x);
+    a.buf(dev, &w.data).val(&ty).val(&n).buf(dev, x);
     match &norm {
         Some(n) => a.buf(dev, n.weight),
         None => a.null(),
@@ -297,12 +250,11 @@ unsafe fn launch_streamed(
         block_dim: (MATMUL_F32_OUTS as u32 / 4 * 32, 1, 1),
         shared_mem_bytes: layout.shared as u32,
     };
-    // SAFETY: W holds rows x cols of its type (checked at upload; its
-    // lanes as many blocks of LANES_BLOCK_BYTES), x and the norm weight
-    // what the shapes read (checked above), y what they write (the
-    // caller's); shared memory holds `stages` groups of weight rows and 8
-    // rows of x (16 with the lanes). The kernel reads only its weights
-    // before `pdl_wait`.
+    // SAFETY: W holds rows x cols of its type (checked at upload), x and
+    // the norm weight what the shapes read (checked above), y what they
+    // write (the caller's); shared memory holds `stages` groups of weight
+    // rows and 8 rows of x. The kernel reads only its weights before
+    // `pdl_wait`.
     unsafe { launch(dev, &f, cfg, &mut a, true, "matmul_streamed") }
 }
 
