@@ -109,7 +109,7 @@ fn fused_forward_equals_unfused() {
             other.set_persistent(false);
             // Five launches a layer with the step mapped (its token,
             // position and logits read and written in page-locked memory by
-            // its kernels), and with its copies in the graph (the default).
+            // its kernels: the default), and with its copies in the graph.
             let mut five = open(&dev, &w, true);
             five.set_persistent(false);
             five.set_mapped_step(true);
