@@ -80,6 +80,14 @@ fn tile(path: &Path, entries: &[Entry], mut parts: Vec<usize>) -> Result<Vec<usi
                 first.dtype
             )));
         }
+        // An empty shard tiles nothing, and its rows would be read in
+        // chunks of no bytes.
+        if s.start >= s.end || s.end > s.full {
+            return Err(bad(format!(
+                "{}: shard {s} is empty or leaves the full extent",
+                rank_text(e.key.rank)
+            )));
+        }
         let mut other = e.shape.clone();
         let mut mine = first.shape.clone();
         if axis >= other.len() || axis >= mine.len() || other.len() != mine.len() {

@@ -145,3 +145,32 @@ fn the_rank_missing_from_an_all_reduced_tap_is_named() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A tree that is no tree read from disk (whose open refuses empty shards)
+/// is refused by the view as well: a shard of no width between two others
+/// is exit 2 naming its rank, not a read in chunks of no bytes.
+#[test]
+fn a_shard_of_no_width_is_refused_not_read() {
+    let cut = |r: u32, start: u32, end: u32| {
+        let s = Shard {
+            axis: 1,
+            start,
+            end,
+            full: WIDTH,
+        };
+        let key = Key::new("x", Some(0), 0..1).with_rank(Some(r), Some(s));
+        tap(
+            key,
+            (end - start) as usize,
+            vec![1.0; (end - start) as usize],
+        )
+    };
+    let t = MemTree::new("t", vec![cut(0, 0, 4), cut(1, 4, 4), cut(2, 4, WIDTH)]);
+    let err = diff::unshard::Unsharded::new(&t, false)
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string().contains("rank 1: shard 1:4-4/8 is empty"),
+        "{err}"
+    );
+}
