@@ -174,3 +174,17 @@ fn a_shard_of_no_width_is_refused_not_read() {
         "{err}"
     );
 }
+
+/// The number of ranks of a tree naming rank `u32::MAX` is one more than
+/// that, not 0 (the sum wrapped, or panicked in a debug build).
+#[test]
+fn the_rank_count_of_the_last_rank_does_not_wrap() {
+    let ranked = |r: u32| {
+        let key = Key::new("x_partial", Some(0), 0..1).with_rank(Some(r), None);
+        MemTree::new("t", vec![tap(key, 2, vec![1.0, 2.0])])
+    };
+    let count = |t: &MemTree| u64::from(diff::unshard::rank_count(t.manifest()));
+    assert_eq!(count(&ranked(u32::MAX)), 1 << 32);
+    assert_eq!(count(&ranked(1)), 2);
+    assert_eq!(count(&MemTree::new("p", Vec::new())), 0);
+}
