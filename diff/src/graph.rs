@@ -23,6 +23,8 @@ enum Section {
 #[derive(Debug, Clone)]
 pub struct StageGraph {
     stages: Vec<StageSpec>,
+    /// Each stage name's first place in `stages`.
+    by_name: HashMap<String, usize>,
     after: Vec<bool>,
     /// Every layer a tap carries.
     layers: BTreeSet<u32>,
@@ -34,36 +36,47 @@ impl StageGraph {
     /// `stages` is the manifest's vocabulary (A's, extended by stages only B
     /// knows); `layers` every layer number any tap carries.
     pub fn new(stages: &[StageSpec], layers: &BTreeSet<u32>) -> StageGraph {
+        // Each name's first stage, as a search of the vocabulary finds it.
+        let mut by_name: HashMap<String, usize> = HashMap::with_capacity(stages.len());
+        for (i, s) in stages.iter().enumerate() {
+            by_name.entry(s.name.clone()).or_insert(i);
+        }
         let first_layer_stage = stages.iter().position(|s| s.scope == Scope::Layer);
-        let mut after = vec![false; stages.len()];
         // A global stage comes after the layers if it follows a per-layer
-        // stage in the vocabulary or reads (transitively) `@last`.
-        for _ in 0..stages.len().max(1) {
-            let mut changed = false;
-            for (i, s) in stages.iter().enumerate() {
-                if s.scope != Scope::Global || after[i] {
-                    continue;
-                }
-                let follows = first_layer_stage.is_some_and(|f| i > f);
-                let reads_last = s.inputs.iter().any(|inp| {
-                    let (name, suffix) = split_input(inp);
-                    suffix == Some("last")
-                        || stages
-                            .iter()
-                            .position(|t| t.name == name)
-                            .is_some_and(|j| after[j])
-                });
-                if follows || reads_last {
-                    after[i] = true;
-                    changed = true;
+        // stage in the vocabulary or reads (transitively) `@last`: those
+        // that do directly, then their global readers, each stage once.
+        let mut after = vec![false; stages.len()];
+        let mut readers: Vec<Vec<usize>> = vec![Vec::new(); stages.len()];
+        let mut todo = Vec::new();
+        for (i, s) in stages.iter().enumerate() {
+            if s.scope != Scope::Global {
+                continue;
+            }
+            let follows = first_layer_stage.is_some_and(|f| i > f);
+            let mut reads_last = false;
+            for input in &s.inputs {
+                let (name, suffix) = split_input(input);
+                reads_last |= suffix == Some("last");
+                if let Some(&j) = by_name.get(name) {
+                    readers[j].push(i);
                 }
             }
-            if !changed {
-                break;
+            if follows || reads_last {
+                after[i] = true;
+                todo.push(i);
+            }
+        }
+        while let Some(j) = todo.pop() {
+            for &i in &readers[j] {
+                if !after[i] {
+                    after[i] = true;
+                    todo.push(i);
+                }
             }
         }
         StageGraph {
             stages: stages.to_vec(),
+            by_name,
             after,
             layers: layers.clone(),
             first_layer: layers.iter().next().copied(),
@@ -72,7 +85,7 @@ impl StageGraph {
     }
 
     fn index(&self, stage: &str) -> Option<usize> {
-        self.stages.iter().position(|s| s.name == stage)
+        self.by_name.get(stage).copied()
     }
 
     /// Sort key of a row in forward order. Stages outside the vocabulary sort
@@ -294,6 +307,36 @@ mod tests {
                 assert!(g.through_untapped_layers(top, BTreeSet::new()).is_none());
             }
         }
+    }
+
+    /// A vocabulary of thousands of global stages, each read by the one
+    /// before it and the last reading `@last`, puts every one of them after
+    /// the layers at the cost of its size (each pass over the vocabulary
+    /// found one more, with a search of the vocabulary for every input:
+    /// seconds for 3,000 stages, the cube of their number).
+    #[test]
+    fn a_long_chain_of_globals_after_the_layers_costs_its_length() {
+        let n = 3000;
+        let mut stages: Vec<StageSpec> = (0..n)
+            .map(|i| {
+                let input = match i + 1 == n {
+                    true => "out@last".to_string(),
+                    false => format!("g{}", i + 1),
+                };
+                StageSpec::global(&format!("g{i}"), &[input.as_str()])
+            })
+            .collect();
+        stages.extend(vocab());
+        let start = std::time::Instant::now();
+        let g = StageGraph::new(&stages, &[0, 1].into());
+        assert!(start.elapsed() < std::time::Duration::from_secs(1));
+        for name in ["g0", "g1500", "g2999", "final"] {
+            assert_eq!(g.order(None, name).0, Section::After as u8, "{name}");
+        }
+        assert_eq!(g.order(None, "embedding").0, Section::Before as u8);
+        // Without the stage that reads `@last`, the chain stays before them.
+        let before = StageGraph::new(&stages[..n - 1], &[0, 1].into());
+        assert_eq!(before.order(None, "g0").0, Section::Before as u8);
     }
 
     #[test]
