@@ -270,3 +270,32 @@ fn layers_far_apart_cost_their_taps_not_the_layers_between() {
         })
     );
 }
+
+/// A vocabulary of many thousand stages (a hostile one: 60,000 global
+/// stages, each read by the next) costs its size: the two trees'
+/// vocabularies are merged by name through a set, and the graph finds the
+/// stages after the layers in one pass (each stage of B was looked for in
+/// A's growing list, and each pass over the vocabulary found one more).
+#[test]
+fn a_vocabulary_of_many_stages_costs_its_size() {
+    let n = 60_000;
+    let mut stages = support::llama();
+    stages.extend((0..n).map(|i| {
+        let input = match i + 1 == n {
+            true => "post_ffn_residual@last".to_string(),
+            false => format!("g{}", i + 1),
+        };
+        capture::StageSpec::global(&format!("g{i}"), &[input.as_str()])
+    }));
+    let a = MemTree::new("a", taps(&Shape::default(), |_| {}));
+    let b = propagated(1, "ffn_up", 0.1).with_stages(stages);
+    let start = Instant::now();
+    let r = diff::diff(&a, &b, None, &opts()).unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    let first = r.first_divergence.unwrap();
+    assert_eq!(r.rows[first].name(), "L1/ffn_up");
+}
