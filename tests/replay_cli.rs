@@ -347,6 +347,119 @@ fn what_cannot_be_replayed_is_exit_2_naming_the_tap_and_why() {
     );
 }
 
+/// A tree may hold a tap at the format's last position (a writer takes
+/// it): replay keeps each tap's own rows, not one row for every position
+/// before the last, so such a tree costs its taps' bytes, not the
+/// gigabytes sixteen million rows of keys would take (it was refused by
+/// the allocator; here, under a 1 GiB limit on the address space).
+#[test]
+fn a_tap_at_the_last_position_costs_its_rows_not_every_row_before_it() {
+    let d = tempfile::tempdir().unwrap();
+    let m = fixture(d.path(), "tiny-q");
+    let full = d.path().join("full");
+    capture(&m, &full, &[]);
+    let width = capture::TreeReader::open(&full)
+        .unwrap()
+        .entries()
+        .iter()
+        .find(|e| e.key.stage == "k_rope")
+        .unwrap()
+        .shape[1];
+    let last = capture::manifest::MAX_POSITION;
+    // The same taps, and one more: L1's keys at the last position.
+    let with_far = d.path().join("with-far");
+    write_tree_and(
+        &with_far,
+        &full,
+        |_| {},
+        || {
+            let row = vec![0.5f32; width];
+            capture::tap("k_rope", Some(1), last - 1..last, None, &[1, width], &row);
+        },
+    );
+    let limited = |args: &[&str]| {
+        Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -v 1048576 && exec \"$0\" \"$@\"")
+            .arg(env!("CARGO_BIN_EXE_taptree"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let tree = with_far.to_str().unwrap();
+    let o = limited(&["replay", tree, "--model", &m, "--select", "stage=attn_norm"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // Its own replay needs the keys' input there, which no tap holds.
+    let o = limited(&["replay", tree, "--model", &m, "--select", "stage=k_rope"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!(
+            "cannot replay L1/k_rope@{}: its input L1/k_proj@{} is not in the tree",
+            last - 1,
+            last - 1
+        )),
+        "{}",
+        text(&o)
+    );
+}
+
+/// A tap of no width in a stage declared half-split is exit 2 naming it
+/// (its rows were put in interleaved order in chunks of no values: a
+/// panic).
+#[test]
+fn a_tap_of_no_width_in_a_half_split_stage_is_exit_2() {
+    let d = tempfile::tempdir().unwrap();
+    let m = fixture(d.path(), "tiny-q");
+    let full = d.path().join("full");
+    capture(&m, &full, &[]);
+    let odd = d.path().join("odd");
+    let half_split = |stages: &mut Vec<capture::StageSpec>| {
+        let q = stages.iter_mut().find(|s| s.name == "q_proj").unwrap();
+        q.layout.insert("rotary".into(), "half_split".into());
+        q.layout.insert("head_dim".into(), 2.into());
+    };
+    write_tree_and(&odd, &full, half_split, || {
+        capture::tap::<f32>("q_proj", Some(0), 100..101, None, &[1, 0], &[]);
+    });
+    refused(
+        &["replay", odd.to_str().unwrap(), "--model", &m],
+        "L0/q_proj@100",
+    );
+}
+
+/// A copy of the tree at `from` written to `out` with its vocabulary
+/// edited by `edit` and `more` tapped after its taps.
+fn write_tree_and(
+    out: &Path,
+    from: &Path,
+    edit: impl FnOnce(&mut Vec<capture::StageSpec>),
+    more: impl FnOnce(),
+) {
+    use capture::{Capture, CaptureOptions, Selection, TreeReader};
+    let tree = TreeReader::open(from).unwrap();
+    let m = tree.manifest().clone();
+    let mut stages = m.stages.clone();
+    edit(&mut stages);
+    let _one = CAPTURE.lock().unwrap_or_else(|e| e.into_inner());
+    let cap = Capture::start(CaptureOptions {
+        out: out.to_path_buf(),
+        selection: Selection::all(),
+        force: false,
+        stages,
+        run: m.run.clone(),
+    })
+    .unwrap();
+    for e in &m.entries {
+        let v: Vec<f32> = (tree.read(e).unwrap().to_f64().iter())
+            .map(|x| *x as f32)
+            .collect();
+        let k = &e.key;
+        capture::tap(&k.stage, k.layer, k.pos.clone(), k.slot, &e.shape, &v);
+    }
+    more();
+    cap.finish().unwrap();
+}
+
 /// A copy of the tree at `from` written to `out` with its vocabulary
 /// edited, plus (with `extra`) one tap of that stage at L0.
 pub(crate) fn write_tree(

@@ -371,6 +371,58 @@ fn declared_shards_a_tensor_does_not_hold_are_exit_2_naming_the_rank() {
     }
 }
 
+/// A shard of no width (an empty column range), its tap file and every
+/// hash written to match as a hostile writer would: refused where the tree
+/// is opened, naming the manifest and the shard, by every command (the
+/// diff panicked rebuilding the full tensor: a zero-byte chunk per row).
+#[test]
+fn a_shard_of_no_width_is_exit_2_naming_the_manifest() {
+    let d = tempfile::tempdir().unwrap();
+    let one = d.path().join("one");
+    sharded_tree(&one, &[]);
+    for at in [4u32, 6] {
+        let tree = d.path().join(format!("empty-at-{at}"));
+        sharded_tree(&tree, &[(0, 0, 4), (1, 4, 6)]);
+        let path = tree.join("manifest.json");
+        let mut m: capture::Manifest =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let mut e = m.entries[0].clone();
+        e.key.rank = Some(2);
+        e.key.shard = Some(Shard {
+            axis: 1,
+            start: at,
+            end: at,
+            full: 6,
+        });
+        e.shape = vec![2, 0];
+        e.path = capture::manifest::path_of(&e.key);
+        let header = capture::tapfile::encode_header(&e.key, e.dtype, &e.shape, 0);
+        std::fs::write(tree.join(&e.path), &header).unwrap();
+        e.blake3 = blake3::hash(b"").to_hex().to_string();
+        e.header_blake3 = Some(blake3::hash(&header).to_hex().to_string());
+        e.bytes = 0;
+        m.entries.push(e);
+        let (dirs, root) = m.hashes();
+        (m.dirs, m.root) = (dirs, root);
+        m.manifest_blake3 = Some(capture::manifest::UNSEALED.to_string());
+        let mut bytes = serde_json::to_vec(&m).unwrap();
+        assert!(capture::manifest::seal(&mut bytes));
+        std::fs::write(&path, bytes).unwrap();
+        let want = format!("L0/x@0..2 rank 2: shard 1:{at}-{at}/6: range is empty");
+        let (code, _, out) = diff(&tree, &one);
+        assert_eq!(code, 2, "{out}");
+        assert!(
+            out.contains("manifest.json") && out.contains(&want),
+            "{out}"
+        );
+        for args in [&["verify"][..], &["stat"], &["ls"]] {
+            let o = taptree().args(args).arg(&tree).output().unwrap();
+            assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+            assert!(text(&o).contains(&want), "{args:?}: {}", text(&o));
+        }
+    }
+}
+
 #[test]
 fn a_divergent_shard_names_its_rank() {
     let d = tempfile::tempdir().unwrap();

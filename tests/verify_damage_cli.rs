@@ -167,3 +167,54 @@ fn a_symlink_out_of_the_tree_is_refused() {
         "outside the tree",
     );
 }
+
+/// Every tap equal, but the runs fed other prompts, run at another
+/// precision, with other switches or selection, or another stage graph:
+/// what enters the root beside the taps differs, so the trees are not
+/// identical (exit 1, naming what differs), however the hashes were redone.
+#[test]
+fn trees_whose_runs_differ_are_not_identical_however_equal_their_taps() {
+    type Edit = fn(&mut capture::Manifest);
+    let cases: [(Edit, &str); 5] = [
+        (|m| m.run.prompt_tokens = vec![1, 2, 3], "prompt tokens"),
+        (|m| m.run.precision = "q8".into(), "precision"),
+        (
+            |m| {
+                m.run
+                    .switches
+                    .insert("TAPTREE_ACT_ATTN".into(), "f64".into());
+            },
+            "switches",
+        ),
+        (|m| m.selection = "layer=0..3".into(), "selection"),
+        (
+            |m| m.stages[1].inputs = vec!["logits".into()],
+            "stage vocabulary",
+        ),
+    ];
+    for (edit, what) in cases {
+        let (_dir, a, b) = two_trees(0.0);
+        reseal_manifest(&b, edit);
+        let trusted = taptree(&[&"verify", &a, &b]);
+        let rehashed = taptree(&[&"verify", &"--rehash", &a, &b]);
+        for o in [trusted, rehashed] {
+            let (out, err) = text(&o);
+            assert_eq!(o.status.code(), Some(1), "{what}: {out}{err}");
+            assert!(
+                out.contains(&format!("every tap equal, but not the runs' {what}")),
+                "{what}: {out}"
+            );
+            assert!(!out.contains("identical"), "{what}: {out}");
+        }
+        let o = taptree(&[&"verify", &"--json", &a, &b]);
+        let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(o.status.code(), Some(1), "{what}: {report}");
+        assert_eq!(report["identical"], false, "{what}");
+        assert_eq!(report["inputs_differ"], what, "{what}");
+    }
+    // The control: resealed without an edit, the trees are identical.
+    let (_dir, a, b) = two_trees(0.0);
+    reseal_manifest(&b, |_| {});
+    let o = taptree(&[&"verify", &a, &b]);
+    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+}

@@ -37,7 +37,9 @@ impl Difference {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Comparison {
     /// Whether the roots are equal: the same taps, bitwise, and the same
-    /// selection, verdict-steering run fields and stages.
+    /// selection, verdict-steering run fields and stages. Where the roots
+    /// differ only by their hash rules (a format 1 tree), the same taps and
+    /// the same verdict inputs.
     pub identical: bool,
     /// The first difference in A's forward order (extras, in B's order, after).
     pub first: Option<Difference>,
@@ -51,6 +53,10 @@ pub struct Comparison {
     pub dirs_skipped: usize,
     /// Directories with a difference (present on one side counts).
     pub dirs_differing: usize,
+    /// Where every tap is equal but the roots differ: the first of what
+    /// else enters the root that differs (`prompt tokens`, `precision`,
+    /// ...; see [`inputs_differ`]).
+    pub inputs_differ: Option<&'static str>,
 }
 
 /// Whether two manifests' roots are equal: every tensor bitwise identical.
@@ -79,6 +85,7 @@ pub fn compare(a: &TreeReader, b: &TreeReader) -> Comparison {
         extra: 0,
         dirs_skipped: 0,
         dirs_differing: 0,
+        inputs_differ: None,
     };
     if same_root(ma, mb) {
         out.identical = true;
@@ -137,8 +144,39 @@ pub fn compare(a: &TreeReader, b: &TreeReader) -> Comparison {
                 .get_or_insert_with(|| Difference::Extra(eb.clone()));
         }
     }
-    // The same tensors captured in another order give other directory
-    // hashes, yet every tap is equal: that is identical.
-    out.identical = out.changed == 0 && out.missing == 0 && out.extra == 0;
+    // Every tap equal under roots that differ: what else enters the root
+    // differs (two trees fed other prompts, or run another way, are not
+    // identical however equal their tensors), or only the hash rules do (a
+    // format 1 tree hashed its taps in capture order, and nothing else):
+    // that is identical.
+    let taps_equal = out.changed == 0 && out.missing == 0 && out.extra == 0;
+    out.inputs_differ = taps_equal.then(|| inputs_differ(ma, mb)).flatten();
+    out.identical = taps_equal && out.inputs_differ.is_none();
     out
+}
+
+/// The first of what besides the entries enters a format 2 root that `a`
+/// and `b` do not share: `selection`, `precision`, `prompt tokens`,
+/// `switches` or `stage vocabulary` (its stages' names, scopes and inputs:
+/// declared layouts do not enter the root).
+pub fn inputs_differ(a: &Manifest, b: &Manifest) -> Option<&'static str> {
+    let (ia, ib) = (a.verdict_inputs(), b.verdict_inputs());
+    let same_stages = ia.stages.len() == ib.stages.len()
+        && ia.stages.iter().zip(ib.stages).all(|(x, y)| {
+            (&x.name, x.scope, &x.inputs, &x.first_layer_inputs)
+                == (&y.name, y.scope, &y.inputs, &y.first_layer_inputs)
+        });
+    [
+        ("selection", ia.selection == ib.selection),
+        ("precision", ia.run.precision == ib.run.precision),
+        (
+            "prompt tokens",
+            ia.run.prompt_tokens == ib.run.prompt_tokens,
+        ),
+        ("switches", ia.run.switches == ib.run.switches),
+        ("stage vocabulary", same_stages),
+    ]
+    .into_iter()
+    .find(|(_, same)| !same)
+    .map(|(what, _)| what)
 }

@@ -219,7 +219,9 @@ impl<'a> TapId<'a> {
 impl fmt::Display for TapId<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write_row(f, self.layer, self.stage)?;
-        if self.end == self.start + 1 {
+        // Checked: a tree read names its keys before their bounds are
+        // known to hold (the error that refuses them names them too).
+        if self.start.checked_add(1) == Some(self.end) {
             write!(f, "@{}", self.start)?;
         } else {
             write!(f, "@{}..{}", self.start, self.end)?;
@@ -327,7 +329,7 @@ impl FromStr for Site {
         let parts = Parts::parse(s)?;
         let pos = match parts.pos {
             None => None,
-            Some(r) if r.end == r.start + 1 && parts.single => Some(r.start),
+            Some(r) if parts.single => Some(r.start),
             Some(_) => return Err(ParseKeyError::new(s, "a site names one position")),
         };
         Ok(Site {
@@ -410,7 +412,10 @@ impl<'s> Parts<'s> {
                 ),
                 None => {
                     let p = number(p, "position")?;
-                    (head, Some(p..p + 1), true)
+                    let end = p
+                        .checked_add(1)
+                        .ok_or_else(|| bad("position past the last"))?;
+                    (head, Some(p..end), true)
                 }
             },
             None => (s, None, false),
@@ -516,6 +521,25 @@ mod tests {
         ] {
             assert!(bad.parse::<Site>().is_err(), "{bad:?} parsed");
         }
+    }
+
+    /// A key at the last position a `u32` holds prints its range as it is
+    /// (its end one past it wraps to 0): the bounds check that refuses it
+    /// names it, and `end == start + 1` overflowed there (wrapped in a
+    /// release build, printing `@4294967295`). A position named on a
+    /// command line cannot be that one.
+    #[test]
+    fn keys_at_the_last_position_print_and_parse_without_overflow() {
+        let key = Key::new("x", Some(0), u32::MAX..0);
+        assert_eq!(key.to_string(), "L0/x@4294967295..0");
+        let last = Key::new("x", None, u32::MAX - 1..u32::MAX);
+        assert_eq!(last.to_string(), "x@4294967294");
+        assert!("x@4294967295".parse::<Site>().is_err());
+        assert!("x@4294967295".parse::<Key>().is_err());
+        assert_eq!(
+            "x@4294967294".parse::<Site>().unwrap().pos,
+            Some(u32::MAX - 1)
+        );
     }
 
     #[test]

@@ -388,6 +388,25 @@ pub fn check_key_bounds(layer: Option<u32>, pos: &std::ops::Range<u32>) -> Resul
     Ok(())
 }
 
+/// Whether a shard can place a tensor of `ndim` axes in a full one: its
+/// axis one of the tensor's, not the positions', and its range non-empty
+/// and inside the full extent. (Whether the tensor's shape holds the range
+/// is the writer's check, and the diff's, which names the rank.)
+pub fn check_shard_bounds(shard: crate::key::Shard, ndim: usize) -> Result<(), String> {
+    let axis = shard.axis as usize;
+    if axis == 0 || axis >= ndim {
+        return Err(format!(
+            "shard {shard}: axis {axis} is not a non-position axis of a tensor of {ndim} axes"
+        ));
+    }
+    if shard.start >= shard.end || shard.end > shard.full {
+        return Err(format!(
+            "shard {shard}: range is empty or leaves the full extent"
+        ));
+    }
+    Ok(())
+}
+
 /// Whether `stage` may be used as a stage name: it becomes part of a file
 /// name and of the hashed line, so it must not hold separators.
 pub fn valid_stage_name(stage: &str) -> bool {

@@ -308,7 +308,12 @@ fn no_key_twice(entries: &[Entry]) -> bool {
 /// One entry's own checks: its key's bounds, its path, its byte count
 /// against its shape and dtype, and axis 0 holding its positions.
 fn check_entry(tree: &Path, manifest_path: &Path, e: &Entry) -> Result<()> {
-    if let Err(reason) = manifest::check_key_bounds(e.key.layer, &e.key.pos) {
+    let bounds = manifest::check_key_bounds(e.key.layer, &e.key.pos).and_then(|()| {
+        e.key
+            .shard
+            .map_or(Ok(()), |s| manifest::check_shard_bounds(s, e.shape.len()))
+    });
+    if let Err(reason) = bounds {
         return Err(Error::BadManifest {
             path: manifest_path.to_path_buf(),
             reason: format!("{}: {reason}", e.key),

@@ -234,17 +234,8 @@ fn copy_out(src: &[u8]) -> Vec<u8> {
 
 /// Whether `shard` can place a tensor of `shape` in a full one.
 pub(crate) fn check_shard(shard: Shard, shape: &[usize]) -> Result<(), String> {
+    manifest::check_shard_bounds(shard, shape.len())?;
     let axis = shard.axis as usize;
-    if axis == 0 || axis >= shape.len() {
-        return Err(format!(
-            "shard {shard}: axis {axis} is not a non-position axis of shape {shape:?}"
-        ));
-    }
-    if shard.start >= shard.end || shard.end > shard.full {
-        return Err(format!(
-            "shard {shard}: range is empty or leaves the full extent"
-        ));
-    }
     if (shard.end - shard.start) as usize != shape[axis] {
         return Err(format!(
             "shard {shard}: holds {} along axis {axis}, shape {shape:?} has {}",

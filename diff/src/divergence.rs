@@ -20,7 +20,8 @@ pub fn first_inexact(rows: &[Row]) -> Option<usize> {
     rows.iter().position(|r| r.status != Status::Equal)
 }
 
-/// The rows (indices) a row reads, looking through untapped stages.
+/// The rows (indices) a row reads, looking through untapped stages (a run
+/// of layers no tap carries as a whole: [`StageGraph::through_untapped_layers`]).
 fn resolve(index: &HashMap<StageNode, usize>, graph: &StageGraph, row: StageNode) -> Vec<usize> {
     let mut out = Vec::new();
     let mut seen = HashSet::new();
@@ -29,8 +30,14 @@ fn resolve(index: &HashMap<StageNode, usize>, graph: &StageGraph, row: StageNode
         if !seen.insert(id.clone()) {
             continue;
         }
-        match index.get(&id) {
-            Some(&i) => out.push(i),
+        if let Some(&i) = index.get(&id) {
+            out.push(i);
+            continue;
+        }
+        let through =
+            id.0.and_then(|l| graph.through_untapped_layers(l, [id.1.clone()].into()));
+        match through {
+            Some(rows) => todo.extend(rows),
             None => todo.extend(graph.inputs(id.0, &id.1)),
         }
     }

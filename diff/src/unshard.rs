@@ -42,13 +42,14 @@ pub fn is_ranked(m: &Manifest) -> bool {
     m.entries.iter().any(|e| e.key.rank.is_some())
 }
 
-/// The number of ranks `m`'s taps name (highest rank + 1; 0 without ranks).
-pub fn rank_count(m: &Manifest) -> u32 {
+/// The number of ranks `m`'s taps name (highest rank + 1; 0 without ranks),
+/// counted past `u32::MAX`: a tree may name rank 4294967295.
+pub fn rank_count(m: &Manifest) -> u64 {
     m.entries
         .iter()
         .filter_map(|e| e.key.rank)
         .max()
-        .map_or(0, |r| r + 1)
+        .map_or(0, |r| u64::from(r) + 1)
 }
 
 /// `rank 3`, or `no rank` for an entry without one, in a message.
@@ -78,6 +79,14 @@ fn tile(path: &Path, entries: &[Entry], mut parts: Vec<usize>) -> Result<Vec<usi
                 e.dtype,
                 rank_text(first.key.rank),
                 first.dtype
+            )));
+        }
+        // An empty shard tiles nothing, and its rows would be read in
+        // chunks of no bytes.
+        if s.start >= s.end || s.end > s.full {
+            return Err(bad(format!(
+                "{}: shard {s} is empty or leaves the full extent",
+                rank_text(e.key.rank)
             )));
         }
         let mut other = e.shape.clone();

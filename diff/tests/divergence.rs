@@ -7,6 +7,7 @@ mod support;
 use capture::DType;
 use diff::controls;
 use diff::report::{Cause, Closer, DiffOutcome, Side, Status};
+use std::time::{Duration, Instant};
 use support::{is, opts, propagated, taps, MemTree, Shape, Tap};
 
 #[test]
@@ -221,4 +222,80 @@ mod first_divergence_rule {
             prop_assert_eq!(red, want);
         }
     }
+}
+
+/// Layers far apart (0 and 65,535, the format's last) with none between: a
+/// row's inputs are looked for through the run of layers no tap carries as
+/// a whole, so the diff costs its taps, not the 65,534 layers between
+/// (walked stage by stage for every row: seconds here, a minute in a debug
+/// build); and the causes are those of adjacent layers.
+#[test]
+fn layers_far_apart_cost_their_taps_not_the_layers_between() {
+    let last = capture::manifest::MAX_LAYER;
+    let shape = Shape {
+        layers: 2,
+        ..Shape::default()
+    };
+    let far = |t: &mut Tap| {
+        if t.key.layer == Some(1) {
+            t.key.layer = Some(last);
+        }
+    };
+    let a = MemTree::new("a", taps(&shape, far));
+    let b = MemTree::new(
+        "b",
+        taps(&shape, |t| {
+            far(t);
+            if is(t, Some(0), "post_ffn_residual") || is(t, Some(last), "attn_norm") {
+                t.values[0] += 1.0;
+            }
+        }),
+    );
+    let start = Instant::now();
+    let r = diff::diff(&a, &b, None, &opts()).unwrap();
+    let controls = controls::run(&a, &b, &opts(), None).unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(controls.len(), 3);
+    let row = |name: &str| r.rows.iter().find(|row| row.name() == name).unwrap();
+    assert_eq!(row("L0/post_ffn_residual").cause, Some(Cause::Origin));
+    // L65535 reads L0 as layer 1 would: through post_ffn_residual@prev.
+    assert_eq!(
+        row(&format!("L{last}/attn_norm")).cause,
+        Some(Cause::Inherited {
+            from: vec!["L0/post_ffn_residual".parse().unwrap()]
+        })
+    );
+}
+
+/// A vocabulary of many thousand stages (a hostile one: 60,000 global
+/// stages, each read by the next) costs its size: the two trees'
+/// vocabularies are merged by name through a set, and the graph finds the
+/// stages after the layers in one pass (each stage of B was looked for in
+/// A's growing list, and each pass over the vocabulary found one more).
+#[test]
+fn a_vocabulary_of_many_stages_costs_its_size() {
+    let n = 60_000;
+    let mut stages = support::llama();
+    stages.extend((0..n).map(|i| {
+        let input = match i + 1 == n {
+            true => "post_ffn_residual@last".to_string(),
+            false => format!("g{}", i + 1),
+        };
+        capture::StageSpec::global(&format!("g{i}"), &[input.as_str()])
+    }));
+    let a = MemTree::new("a", taps(&Shape::default(), |_| {}));
+    let b = propagated(1, "ffn_up", 0.1).with_stages(stages);
+    let start = Instant::now();
+    let r = diff::diff(&a, &b, None, &opts()).unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    let first = r.first_divergence.unwrap();
+    assert_eq!(r.rows[first].name(), "L1/ffn_up");
 }

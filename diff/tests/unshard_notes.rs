@@ -145,3 +145,46 @@ fn the_rank_missing_from_an_all_reduced_tap_is_named() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A tree that is no tree read from disk (whose open refuses empty shards)
+/// is refused by the view as well: a shard of no width between two others
+/// is exit 2 naming its rank, not a read in chunks of no bytes.
+#[test]
+fn a_shard_of_no_width_is_refused_not_read() {
+    let cut = |r: u32, start: u32, end: u32| {
+        let s = Shard {
+            axis: 1,
+            start,
+            end,
+            full: WIDTH,
+        };
+        let key = Key::new("x", Some(0), 0..1).with_rank(Some(r), Some(s));
+        tap(
+            key,
+            (end - start) as usize,
+            vec![1.0; (end - start) as usize],
+        )
+    };
+    let t = MemTree::new("t", vec![cut(0, 0, 4), cut(1, 4, 4), cut(2, 4, WIDTH)]);
+    let err = diff::unshard::Unsharded::new(&t, false)
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string().contains("rank 1: shard 1:4-4/8 is empty"),
+        "{err}"
+    );
+}
+
+/// The number of ranks of a tree naming rank `u32::MAX` is one more than
+/// that, not 0 (the sum wrapped, or panicked in a debug build).
+#[test]
+fn the_rank_count_of_the_last_rank_does_not_wrap() {
+    let ranked = |r: u32| {
+        let key = Key::new("x_partial", Some(0), 0..1).with_rank(Some(r), None);
+        MemTree::new("t", vec![tap(key, 2, vec![1.0, 2.0])])
+    };
+    let count = |t: &MemTree| u64::from(diff::unshard::rank_count(t.manifest()));
+    assert_eq!(count(&ranked(u32::MAX)), 1 << 32);
+    assert_eq!(count(&ranked(1)), 2);
+    assert_eq!(count(&MemTree::new("p", Vec::new())), 0);
+}

@@ -21,20 +21,43 @@ use std::path::{Path, PathBuf};
 /// Which stage, layer and slot a row belongs to.
 pub type Id = (String, Option<u32>, Option<u32>);
 
-/// One (stage, layer, slot): `width` values per position, positions
-/// `0..present.len()`, `present[p]` when some tap holds position `p`.
+/// One (stage, layer, slot): `width` values per position, for the
+/// positions its taps hold: runs of positions sorted by their first, each
+/// with where its rows start in `rows`. The rows are the taps' own, not
+/// one per position up to the last: a tree whose only tap holds position
+/// 16,777,215 costs that tap's rows, not sixteen million before them.
 #[derive(Debug, Clone)]
 pub struct Plane {
     /// Values per position (per row).
     pub width: usize,
     rows: Vec<f64>,
-    present: Vec<bool>,
+    /// Disjoint, sorted by first position: the positions and the index in
+    /// `rows` of their first value.
+    runs: Vec<(Range<u32>, usize)>,
 }
 
 impl Plane {
-    fn holds(&self, pos: &Range<u32>) -> Option<u32> {
-        pos.clone()
-            .find(|&p| !self.present.get(p as usize).copied().unwrap_or(false))
+    /// Where the rows of `pos` lie in `rows`, a run at a time (first value
+    /// and number of values), or the first position no tap holds.
+    fn spans(&self, pos: &Range<u32>) -> Result<Vec<Range<usize>>, u32> {
+        let mut out = Vec::new();
+        let mut p = pos.start;
+        // The run that holds `p`, if any, is the last to start at or before it.
+        let mut k = self.runs.partition_point(|(r, _)| r.start <= p);
+        while p < pos.end {
+            let Some((r, at)) = k.checked_sub(1).and_then(|k| self.runs.get(k)) else {
+                return Err(p);
+            };
+            if !r.contains(&p) {
+                return Err(p);
+            }
+            let n = r.end.min(pos.end) - p;
+            let first = at + (p - r.start) as usize * self.width;
+            out.push(first..first + n as usize * self.width);
+            p += n;
+            k += 1;
+        }
+        Ok(out)
     }
 }
 
@@ -108,7 +131,8 @@ impl Taps {
                         why: "not whole heads of its declared head_dim".into(),
                     });
                 }
-                for row in values.chunks_exact_mut(width) {
+                // A tap of no width has no rows to reorder.
+                for row in values.chunks_exact_mut(width.max(1)) {
                     interleave(row, head_dim, &mut scratch);
                 }
             }
@@ -134,7 +158,7 @@ impl Taps {
         let plane = self.planes.entry(id).or_insert_with(|| Plane {
             width,
             rows: Vec::new(),
-            present: Vec::new(),
+            runs: Vec::new(),
         });
         if plane.width != width {
             return Err(Error::Shape {
@@ -145,23 +169,25 @@ impl Taps {
                 why: "its other taps have that width".into(),
             });
         }
-        let end = pos.end as usize;
-        if plane.present.len() < end {
-            plane.present.resize(end, false);
-            plane.rows.resize(end * width, 0.0);
+        // The runs before `k` start before `pos`: the last of them, or the
+        // one at `k`, is the only one that can share a position with it.
+        let k = plane.runs.partition_point(|(r, _)| r.start < pos.start);
+        let before = k.checked_sub(1).map(|k| &plane.runs[k].0);
+        let held = match (before, plane.runs.get(k)) {
+            (Some(b), _) if b.end > pos.start => Some(pos.start),
+            (_, Some((a, _))) if a.start < pos.end => Some(a.start),
+            _ => None,
+        };
+        if let Some(p) = held {
+            return Err(Error::DuplicatePosition {
+                tree: self.tree.clone(),
+                tap,
+                pos: p,
+            });
         }
-        for (r, p) in pos.enumerate() {
-            if plane.present[p as usize] {
-                return Err(Error::DuplicatePosition {
-                    tree: self.tree.clone(),
-                    tap,
-                    pos: p,
-                });
-            }
-            plane.present[p as usize] = true;
-            plane.rows[p as usize * width..][..width]
-                .copy_from_slice(&values[r * width..][..width]);
-        }
+        let at = plane.rows.len();
+        plane.rows.extend_from_slice(&values[..pos.len() * width]);
+        plane.runs.insert(k, (pos, at));
         Ok(())
     }
 
@@ -172,8 +198,15 @@ impl Taps {
             .planes
             .get_mut(id)
             .expect("overwrite of a tap the tree holds");
-        let w = plane.width;
-        plane.rows[pos.start as usize * w..pos.end as usize * w].copy_from_slice(values);
+        let spans = plane
+            .spans(&pos)
+            .expect("overwrite of positions the tree holds");
+        let mut from = 0;
+        for span in spans {
+            let n = span.len();
+            plane.rows[span].copy_from_slice(&values[from..from + n]);
+            from += n;
+        }
     }
 
     /// The rows of `id` at `pos`, as `T`, checked to be `want` wide.
@@ -195,9 +228,7 @@ impl Taps {
             .planes
             .get(&(stage.to_string(), layer, slot))
             .ok_or_else(|| missing(pos.start))?;
-        if let Some(p) = plane.holds(&pos) {
-            return Err(missing(p));
-        }
+        let spans = plane.spans(&pos).map_err(missing)?;
         if plane.width != want {
             return Err(Error::Shape {
                 tree: self.tree.clone(),
@@ -207,9 +238,9 @@ impl Taps {
                 why: format!("as {for_tap} reads it"),
             });
         }
-        let w = plane.width;
-        Ok(plane.rows[pos.start as usize * w..pos.end as usize * w]
-            .iter()
+        Ok(spans
+            .into_iter()
+            .flat_map(|span| &plane.rows[span])
             .map(|v| T::from_f64(*v))
             .collect())
     }

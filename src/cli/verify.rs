@@ -196,6 +196,7 @@ fn present_oracle(v: &Oracle, json: bool) -> anyhow::Result<()> {
             "extra": cmp.extra,
             "dirs_skipped": cmp.dirs_skipped,
             "dirs_differing": cmp.dirs_differing,
+            "inputs_differ": cmp.inputs_differ,
             "first": first,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -212,8 +213,13 @@ fn present_oracle(v: &Oracle, json: bool) -> anyhow::Result<()> {
             v.taps, v.bytes, v.root_a
         );
         if v.root_a != v.root_b {
-            println!("(the same tensors in another capture order: roots differ)");
+            println!("(the same tensors, hashed by format 1's rules: roots differ)");
         }
+    } else if let Some(what) = cmp.inputs_differ {
+        println!(
+            "differ: every tap equal, but not the runs' {what} (roots {} and {})",
+            v.root_a, v.root_b
+        );
     } else {
         let dirs = cmp.dirs_skipped + cmp.dirs_differing;
         println!(

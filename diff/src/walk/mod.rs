@@ -257,11 +257,14 @@ fn in_forward_order(mut rows: Vec<Row>, (a, b): (&dyn Tree, &dyn Tree)) -> Vec<R
     rows
 }
 
-/// A's vocabulary, then any stage only B declares.
-fn vocabulary(ma: &Manifest, mb: &Manifest) -> Vec<capture::StageSpec> {
+/// A's vocabulary, then any stage only B declares (found by name in a
+/// set: a vocabulary may hold many thousand stages).
+pub(crate) fn vocabulary(ma: &Manifest, mb: &Manifest) -> Vec<capture::StageSpec> {
     let mut v = ma.stages.clone();
+    let mut names: std::collections::HashSet<&str> =
+        ma.stages.iter().map(|s| s.name.as_str()).collect();
     for s in &mb.stages {
-        if !v.iter().any(|t| t.name == s.name) {
+        if names.insert(&s.name) {
             v.push(s.clone());
         }
     }

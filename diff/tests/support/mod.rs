@@ -210,6 +210,12 @@ impl MemTree {
         self.manifest.run = run;
         self
     }
+
+    /// The same tree with this stage vocabulary.
+    pub fn with_stages(mut self, stages: Vec<StageSpec>) -> MemTree {
+        self.manifest.stages = stages;
+        self
+    }
 }
 
 impl Tree for MemTree {

@@ -34,12 +34,7 @@ impl DiffContext {
     /// computes `stat` of both trees at every row that is not bitwise equal.
     pub fn read(report: &DiffReport, a: &dyn Tree, b: &dyn Tree) -> Result<DiffContext, Error> {
         let (ma, mb) = (a.manifest(), b.manifest());
-        let mut vocabulary = ma.stages.clone();
-        for s in &mb.stages {
-            if !vocabulary.iter().any(|t| t.name == s.name) {
-                vocabulary.push(s.clone());
-            }
-        }
+        let vocabulary = crate::walk::vocabulary(ma, mb);
         let layers: BTreeSet<u32> = report.rows.iter().filter_map(|r| r.layer).collect();
         let graph = StageGraph::new(&vocabulary, &layers);
         let index: HashMap<(Option<u32>, &str), usize> = report
