@@ -9,7 +9,6 @@ use crate::manifest_file::*;
 use crate::open::*;
 use crate::tapfile;
 use crate::tensor_view::TensorView;
-use crate::unsealed::Unsealed;
 use memmap2::Mmap;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -56,23 +55,7 @@ impl TreeReader {
         TreeReader::open_from(path, &bytes)
     }
 
-    /// Opens the tree at `path` as [`TreeReader::open`] does but for one
-    /// check, left to [`Unsealed::check`]: of a tree opened from its
-    /// index's records, their directory hashes and root against the
-    /// manifest's. An error is the one [`TreeReader::open`] gives.
-    pub fn open_unsealed(path: impl AsRef<Path>) -> Result<Unsealed> {
-        let path = path.as_ref().to_path_buf();
-        let bytes = read_manifest(&path, None)?;
-        let views = open_by_views(&path, &bytes, crate::index::open_views_unsealed);
-        if let Some((manifest, records)) = views {
-            return Ok(Unsealed::pending(TreeReader::of_records(
-                path, manifest, records,
-            )));
-        }
-        TreeReader::open_from(path, &bytes).map(Unsealed::checked)
-    }
-
-    fn of_records(path: PathBuf, manifest: Manifest, records: Records) -> TreeReader {
+    pub(crate) fn of_records(path: PathBuf, manifest: Manifest, records: Records) -> TreeReader {
         TreeReader {
             path,
             manifest,
@@ -123,7 +106,7 @@ impl TreeReader {
         TreeReader::open_from(path, &bytes)
     }
 
-    fn open_from(path: PathBuf, bytes: &[u8]) -> Result<TreeReader> {
+    pub(crate) fn open_from(path: PathBuf, bytes: &[u8]) -> Result<TreeReader> {
         let manifest_path = path.join(MANIFEST_FILE);
         let (manifest, counts) = parse_manifest(&manifest_path, bytes)?;
         let bytes_of_entries = check_entries(&path, &manifest_path, &manifest)?;
@@ -536,7 +519,7 @@ impl TreeReader {
 /// index and the records prove sound by `open_views`
 /// ([`crate::index::open_views`], or its unsealed form, which leaves the
 /// root to check); `None` where the owned path must decide.
-fn open_by_views(
+pub(crate) fn open_by_views(
     tree: &Path,
     bytes: &[u8],
     open_views: impl FnOnce(&Path, &[u8], (Option<u64>, Option<u64>)) -> Option<(Manifest, Records)>,

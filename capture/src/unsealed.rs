@@ -9,7 +9,8 @@
 //! computed leaves the process before the check has passed.
 
 use crate::error::Result;
-use crate::reader::TreeReader;
+use crate::manifest_file::read_manifest;
+use crate::reader::{open_by_views, TreeReader};
 use std::path::Path;
 
 /// A tree opened as [`TreeReader::open`] opens it but for one check left
@@ -66,6 +67,22 @@ impl Unsealed {
 }
 
 impl TreeReader {
+    /// Opens the tree at `path` as [`TreeReader::open`] does but for one
+    /// check, left to [`Unsealed::check`]: of a tree opened from its
+    /// index's records, their directory hashes and root against the
+    /// manifest's. An error is the one [`TreeReader::open`] gives.
+    pub fn open_unsealed(path: impl AsRef<Path>) -> Result<Unsealed> {
+        let path = path.as_ref().to_path_buf();
+        let bytes = read_manifest(&path, None)?;
+        let views = open_by_views(&path, &bytes, crate::index::open_views_unsealed);
+        if let Some((manifest, records)) = views {
+            return Ok(Unsealed::pending(TreeReader::of_records(
+                path, manifest, records,
+            )));
+        }
+        TreeReader::open_from(path, &bytes).map(Unsealed::checked)
+    }
+
     /// Opens the trees at `paths` at once as [`TreeReader::open_unsealed`]
     /// does, each outcome in the order of `paths` (on the thread pool, as
     /// [`TreeReader::open_all`]).

@@ -183,7 +183,7 @@ fn the_rank_count_of_the_last_rank_does_not_wrap() {
         let key = Key::new("x_partial", Some(0), 0..1).with_rank(Some(r), None);
         MemTree::new("t", vec![tap(key, 2, vec![1.0, 2.0])])
     };
-    let count = |t: &MemTree| u64::from(diff::unshard::rank_count(t.manifest()));
+    let count = |t: &MemTree| diff::unshard::rank_count(t.manifest());
     assert_eq!(count(&ranked(u32::MAX)), 1 << 32);
     assert_eq!(count(&ranked(1)), 2);
     assert_eq!(count(&MemTree::new("p", Vec::new())), 0);
