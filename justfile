@@ -49,9 +49,10 @@ campaign corruptions="1000" kills="100" seed="1":
     cargo run --release -q -p fixtures --bin generate -- models target/fixtures >/dev/null
     python3 scripts/campaign.py --corruptions {{corruptions}} --kills {{kills}} --seed {{seed}}
 
-# Fuzz one parser (manifest, tapfile, tolerance or gguf) for N seconds; a panic exits 1 and keeps its input.
+# Fuzz one parser (manifest, index, tapfile, tolerance or gguf), or whole hostile trees through the command line (tree), for N seconds; a failure exits 1 and keeps its input.
 fuzz target seconds="600" seed="1":
     cargo run --release -q -p fixtures --bin generate -- models target/fixtures >/dev/null
+    cargo build --release --bin taptree --bin taptree-full
     cargo run --release --example fuzz -- {{target}} --seconds {{seconds}} --seed {{seed}}
 
 # Rewrite the golden fixture trees (fixtures/golden/) after an intended change to the CPU forward's numerics.

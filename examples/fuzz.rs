@@ -1,14 +1,17 @@
-//! A bounded fuzz loop on stable Rust over the four parsers that read what a
-//! user hands taptree: the manifest, the tap-file header, the tolerance
-//! expression and the GGUF reader.
+//! A bounded fuzz loop on stable Rust over the parsers that read what a
+//! user hands taptree (the manifest, its index, the tap-file header, the
+//! tolerance expression and the GGUF reader), and over whole trees that a
+//! hostile writer edited and sealed again, run through the command line.
 //!
 //! ```text
 //! cargo run --release --example fuzz -- TARGET [--seconds 60] [--seed 1] [--dir DIR] [--root DIR]
-//! TARGET: manifest | index | tapfile | tolerance | gguf
+//! TARGET: manifest | index | tapfile | tolerance | gguf | tree
 //! ```
 //!
 //! Seeds are read under `--root` (default: this repository):
-//! `fixtures/golden/tiny-q-f32` and `target/fixtures/tiny-q.gguf`.
+//! `fixtures/golden/tiny-q-f32` and `target/fixtures/tiny-q.gguf`; the
+//! `tree` target reads every golden tree and captures two more from the
+//! fixture models (module [`tree`]).
 //!
 //! Each iteration takes a seed input (a golden tree's manifest or tap file,
 //! valid tolerances, a fixture GGUF), applies one to four random mutations
@@ -22,6 +25,23 @@
 //! checksums) or 2.1 (whole-file checksums), each beside its manifest in a
 //! tree of its own, and redoes its body hash and head seal half the time, so
 //! that the record decoder is reached. Exit 1 if any panic was seen.
+//!
+//! The `tree` target is not a parser's: it edits the meaning of a seed
+//! tree's manifest (positions, layers, slots, ranks and shards, stages,
+//! shapes, dtypes, paths, the entries' number and order, the prompt, the
+//! stage vocabulary), sometimes writes an edited tap's file again to match,
+//! redoes every hash, and runs `taptree` (built beside this example:
+//! `cargo build --release --bin taptree --bin taptree-full`) on it. A
+//! panic, a signal, a hang, an exit code other than 0, 1 or 2, or
+//! "identical" said of two roots that differ is a failure; the tree is
+//! kept in DIR with its command line. Exit 1 if any failure was seen.
+
+#[path = "fuzz/hostile.rs"]
+mod hostile;
+#[path = "fuzz/tap_files.rs"]
+mod tap_files;
+#[path = "fuzz/tree.rs"]
+mod tree;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
@@ -83,6 +103,7 @@ enum Target {
     TapFile,
     Tolerance,
     Gguf,
+    Tree,
 }
 
 fn main() {
@@ -100,9 +121,10 @@ fn run() -> Result<(), String> {
         Some("tapfile") => Target::TapFile,
         Some("tolerance") => Target::Tolerance,
         Some("gguf") => Target::Gguf,
+        Some("tree") => Target::Tree,
         other => {
             return Err(format!(
-                "{other:?}: expected a target: manifest, index, tapfile, tolerance or gguf"
+                "{other:?}: expected a target: manifest, index, tapfile, tolerance, gguf or tree"
             ))
         }
     };
@@ -122,6 +144,16 @@ fn run() -> Result<(), String> {
         Some(d) => d,
         None => std::env::temp_dir().join(format!("taptree-fuzz-{}", std::process::id())),
     };
+    if target == Target::Tree {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let failures = tree::run(seconds, seed, &dir, &root)?;
+        if failures > 0 {
+            eprintln!("fuzz: failing trees kept in {}", dir.display());
+            std::process::exit(1);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
     let (trees, seeds) = seeds_of(target, &root, &dir)?;
     // Panics are caught and counted; the default hook would print each.
     std::panic::set_hook(Box::new(|_| {}));
@@ -164,14 +196,16 @@ fn run() -> Result<(), String> {
     }
     println!(
         "fuzz {}: {iterations} inputs in {seconds} s (seed {seed}): {accepted} accepted, {} refused, {panics} panics; largest allocation {} bytes",
-        ["manifest", "index", "tapfile", "tolerance", "gguf"][target as usize],
+        ["manifest", "index", "tapfile", "tolerance", "gguf", "tree"][target as usize],
         iterations - accepted - panics,
         LARGEST.load(Ordering::Relaxed)
     );
-    let _ = std::fs::remove_dir_all(&dir);
     if panics > 0 {
+        // The inputs that panicked are kept there.
+        eprintln!("fuzz: inputs kept in {}", dir.display());
         std::process::exit(1);
     }
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 
@@ -221,6 +255,7 @@ fn parse(target: Target, data: &[u8], tree: &Path, path: &Path) -> bool {
                 false
             }
         },
+        Target::Tree => unreachable!("the tree target runs its own loop"),
     }
 }
 
@@ -382,6 +417,7 @@ fn seeds_of(
                 format!("{e} (write it: cargo run --release -p fixtures --bin generate -- models)")
             })?,
         ],
+        Target::Tree => return Err("the tree target runs its own loop".into()),
     };
     Ok((trees, seeds))
 }

@@ -24,14 +24,15 @@ fn value(stage: &str, pos: u32, i: usize) -> f64 {
     ((h >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
 }
 
-/// A row in half-split rotary order from one in interleaved order.
-fn half_split(row: &[f64]) -> Vec<f64> {
-    let half = HEAD_DIM / 2;
+/// A row in half-split rotary order (heads of `head_dim`) from one in
+/// interleaved order.
+fn half_split(row: &[f64], head_dim: usize) -> Vec<f64> {
+    let half = head_dim / 2;
     let mut out = vec![0.0; row.len()];
-    for h in 0..row.len() / HEAD_DIM {
+    for h in 0..row.len() / head_dim {
         for i in 0..half {
             for j in 0..2 {
-                out[h * HEAD_DIM + j * half + i] = row[h * HEAD_DIM + 2 * i + j];
+                out[h * head_dim + j * half + i] = row[h * head_dim + 2 * i + j];
             }
         }
     }
@@ -42,9 +43,11 @@ fn half_split(row: &[f64]) -> Vec<f64> {
 struct Run<'a> {
     /// Its input tokens; the taps cover one position per token.
     tokens: &'a [u32],
-    /// Which stages it lays out half-split, and whether it declares it.
+    /// Which stages it lays out half-split, and whether it declares it;
+    /// the head size of both.
     half_split: bool,
     declare: bool,
+    head_dim: usize,
     precision: &'a str,
     extra: serde_json::Value,
     /// (stage, pos, values) -> values, applied last.
@@ -57,6 +60,7 @@ impl Default for Run<'_> {
             tokens: &[1, 2, 3, 4],
             half_split: false,
             declare: false,
+            head_dim: HEAD_DIM,
             precision: "f32",
             extra: serde_json::json!({}),
             edit: &|_, _, _| {},
@@ -75,7 +79,7 @@ fn write<T: TapElem>(out: &Path, run: &Run, convert: impl Fn(f64) -> T) {
             if ["q_proj", "k_proj", "q_rope", "k_rope"].contains(&s.name.as_str()) {
                 s.layout = [
                     ("rotary".to_string(), serde_json::json!("half_split")),
-                    ("head_dim".to_string(), serde_json::json!(HEAD_DIM)),
+                    ("head_dim".to_string(), serde_json::json!(run.head_dim)),
                 ]
                 .into_iter()
                 .collect();
@@ -113,7 +117,7 @@ fn write<T: TapElem>(out: &Path, run: &Run, convert: impl Fn(f64) -> T) {
             let at = run.tokens[p as usize].saturating_sub(1);
             let mut row: Vec<f64> = (0..WIDTH).map(|i| value(stage, at, i)).collect();
             if run.half_split && (stage == "q_proj" || stage == "q_rope") {
-                row = half_split(&row);
+                row = half_split(&row, run.head_dim);
             }
             (run.edit)(stage, p, &mut row);
             data.extend(row.into_iter().map(&convert));
@@ -167,6 +171,25 @@ fn declared_layouts_are_reconciled_on_either_side() {
     let o = taptree(&[&"diff", &hs, &hs]);
     assert_eq!(o.status.code(), Some(0));
     assert!(text(&o).0.contains("bitwise identical"));
+    // Both half-split, over heads of other sizes: each is reconciled with
+    // its own head size (compared as they lie, the two orders disagreed).
+    let quarter = d.path().join("half-4");
+    f32s(
+        &quarter,
+        &Run {
+            half_split: true,
+            declare: true,
+            head_dim: HEAD_DIM / 2,
+            ..Default::default()
+        },
+    );
+    let o = taptree(&[&"diff", &hs, &quarter]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(
+        out.contains("declared layouts reconciled: q_proj, q_rope"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -218,3 +218,27 @@ fn trees_whose_runs_differ_are_not_identical_however_equal_their_taps() {
     let o = taptree(&[&"verify", &a, &b]);
     assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
 }
+
+/// A stage name no writer writes (`[A-Za-z0-9_.-]`, at most 128 bytes, not
+/// starting with `.`), every hash redone, is refused where the tree is
+/// opened whatever its format: from a 2.3 tree's index as before, and now
+/// from the JSON entries of a 2.0 (or 2.2) tree too, naming the manifest.
+#[test]
+fn a_stage_name_no_writer_writes_is_refused_in_every_format() {
+    let long = "x".repeat(129);
+    for name in ["", "a b", ".hidden", "x\ty", long.as_str()] {
+        for version in ["2.0", "2.3"] {
+            let (_dir, a, b) = two_trees(0.0);
+            reseal_manifest(&b, |m| {
+                m.format_version = version.into();
+                m.entries[0].key.stage = name.into();
+            });
+            let file = match version {
+                "2.0" => "manifest.json",
+                _ => "manifest.idx",
+            };
+            assert_refused(&taptree(&[&"ls", &b]), file, "stage name");
+            assert_refused(&taptree(&[&"verify", &a, &b]), file, "stage name");
+        }
+    }
+}

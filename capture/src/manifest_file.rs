@@ -305,14 +305,25 @@ fn no_key_twice(entries: &[Entry]) -> bool {
     })
 }
 
-/// One entry's own checks: its key's bounds, its path, its byte count
-/// against its shape and dtype, and axis 0 holding its positions.
+/// One entry's own checks: its stage's name, its key's bounds and its
+/// shard's, its path, its byte count against its shape and dtype, and axis
+/// 0 holding its positions.
 fn check_entry(tree: &Path, manifest_path: &Path, e: &Entry) -> Result<()> {
-    let bounds = manifest::check_key_bounds(e.key.layer, &e.key.pos).and_then(|()| {
-        e.key
-            .shard
-            .map_or(Ok(()), |s| manifest::check_shard_bounds(s, e.shape.len()))
-    });
+    // The writer's rules, which the index's records are held to as well.
+    let stage = if manifest::valid_stage_name(&e.key.stage) {
+        Ok(())
+    } else {
+        Err(format!(
+            "stage name {:?} is not [A-Za-z0-9_.-], at most 128 bytes, not starting with '.'",
+            e.key.stage
+        ))
+    };
+    let bounds = stage
+        .and_then(|()| manifest::check_key_bounds(e.key.layer, &e.key.pos))
+        .and_then(|()| match e.key.shard {
+            Some(s) => manifest::check_shard_bounds(s, e.shape.len()),
+            None => Ok(()),
+        });
     if let Err(reason) = bounds {
         return Err(Error::BadManifest {
             path: manifest_path.to_path_buf(),

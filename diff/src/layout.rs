@@ -128,12 +128,18 @@ pub fn reconcile<'t>(trees: &[&'t dyn Tree]) -> Result<Vec<Option<Reconciled<'t>
         declared.push(m);
     }
     let stages: BTreeSet<&String> = declared.iter().flat_map(|m| m.keys()).collect();
+    // A stage whose trees declare different layouts, a half-split of
+    // another head size included: each tree's half-split taps of it are
+    // put in interleaved order, each with its own head size.
     let differ: BTreeSet<String> = stages
         .into_iter()
         .filter(|s| {
-            let kinds: BTreeSet<bool> = declared
+            let kinds: BTreeSet<Option<usize>> = declared
                 .iter()
-                .map(|m| matches!(m.get(*s), Some(Rotary::HalfSplit { .. })))
+                .map(|m| match m.get(*s) {
+                    Some(Rotary::HalfSplit { head_dim }) => Some(*head_dim),
+                    _ => None,
+                })
                 .collect();
             kinds.len() > 1
         })
