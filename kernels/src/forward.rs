@@ -114,6 +114,26 @@ pub trait Forward {
 
     /// Forgets every cached position (all sequences).
     fn reset(&mut self);
+
+    /// Greedy decoding of the lone sequence (slot `None`) where this forward
+    /// has a path of its own for it: `steps` decode steps, the first taking
+    /// `first` at `pos`, each next one the greedy token
+    /// ([`crate::generate::argmax`]) of the step before. `Some` of the
+    /// tokens the steps picked, in order: all `steps` of them, or fewer
+    /// ending with the first one in `stop`; the cache then holds every
+    /// position a returned token was picked at, as stepping with
+    /// [`Self::forward`] would leave it. `None` where there is no such path
+    /// (the caller steps with [`Self::forward`]); the default.
+    fn greedy_steps(
+        &mut self,
+        first: u32,
+        pos: usize,
+        steps: usize,
+        stop: &[u32],
+    ) -> Option<Result<Vec<u32>, ForwardError>> {
+        let _ = (first, pos, steps, stop);
+        None
+    }
 }
 
 /// A decode step of several sequences run one slot at a time, in slot

@@ -28,7 +28,9 @@ pub struct Generation {
 /// Prefills `prompt` (one batched forward, positions `0..len`), then decodes
 /// greedily until `gen` tokens are produced or a `stop` token is. `gen == 0`
 /// is prefill only. The last generated token is not fed back: nothing reads
-/// its output.
+/// its output. The decode steps run through [`Forward::greedy_steps`] where
+/// the forward has that path (the same tokens), else one
+/// [`Forward::forward`] each.
 pub fn greedy(
     fwd: &mut dyn Forward,
     prompt: &[u32],
@@ -49,6 +51,12 @@ pub fn greedy(
             break;
         }
         if out.tokens.len() == gen {
+            break;
+        }
+        if let Some(rest) = fwd.greedy_steps(next, pos, gen - out.tokens.len(), stop) {
+            let rest = rest?;
+            out.stopped = rest.last().is_some_and(|t| stop.contains(t));
+            out.tokens.extend(rest);
             break;
         }
         logits = fwd.forward(None, &[next], pos)?;

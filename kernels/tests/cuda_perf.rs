@@ -511,6 +511,64 @@ fn gpu_figures() {
         median(copies)
     );
 
+    // Greedy decode of one sequence, disarmed, at the defaults: stepped
+    // from the host (each step's logits read back, the greedy token picked
+    // there and written for the next step's graph) against chained on the
+    // device (forward/chain.rs: each step's graph picks its token and the
+    // host queues the steps back to back). The same 64 tokens, every round.
+    // One untimed step first captures the step's graph (and grows the
+    // cache past the timed positions).
+    fwd.set_graphs(true);
+    fwd.set_fused(true);
+    fwd.set_graph_copies(true);
+    fwd.set_mapped_step(true);
+    fwd.set_persistent(false);
+    let mut rates = [Vec::new(), Vec::new()];
+    let mut picked: Option<Vec<u32>> = None;
+    for _ in 0..5 {
+        for (k, chained) in [(0, false), (1, true)] {
+            fwd.set_chained(chained);
+            fwd.reset();
+            let l = fwd.forward(None, &prompt, 0).unwrap();
+            let first = kernels::generate::argmax(&l);
+            let p = prompt.len();
+            let (mut tokens, t0) = if chained {
+                let warm = fwd.greedy_steps(first, p, 1, &[]).unwrap().unwrap();
+                let t0 = Instant::now();
+                let rest = fwd.greedy_steps(warm[0], p + 1, steps, &[]).unwrap().unwrap();
+                (rest, t0)
+            } else {
+                let l = fwd.forward(None, &[first], p).unwrap();
+                let mut next = kernels::generate::argmax(&l);
+                let t0 = Instant::now();
+                let mut t = Vec::with_capacity(steps);
+                for s in 0..steps {
+                    let l = fwd.forward(None, &[next], p + 1 + s).unwrap();
+                    next = kernels::generate::argmax(&l);
+                    t.push(next);
+                }
+                (t, t0)
+            };
+            rates[k].push(steps as f64 / secs(t0.elapsed()));
+            tokens.insert(0, first);
+            match &picked {
+                None => picked = Some(tokens),
+                Some(want) => assert_eq!(
+                    *want, tokens,
+                    "greedy tokens, chained {chained}: not the first round's"
+                ),
+            }
+        }
+    }
+    assert!(fwd.chained_steps() > 0, "no step ran chained");
+    fwd.set_chained(true);
+    let [host, chained] = rates.map(median);
+    println!(
+        "greedy decode at 129..193, disarmed, m=1, at the defaults: stepped from the host {host:.0} tokens/s ({:.1} us a step), chained on the device {chained:.0} tokens/s ({:.1} us a step) (medians of 5; the same 64 tokens)",
+        1e6 / host,
+        1e6 / chained
+    );
+
     // Batched decode, disarmed: m = 4 slots per forward.
     let m = 4;
     let mut batched = Vec::new();

@@ -25,6 +25,7 @@ use crate::forward::{Forward, ForwardError, Precision};
 use crate::switches::Switches;
 use model::{LlamaConfig, ModelWeights, QTensor};
 
+mod chain;
 pub(crate) mod encode;
 mod fused;
 mod graph;
@@ -45,6 +46,8 @@ struct DecodeGraph {
 struct GraphKey {
     slot: Option<u32>,
     generation: u64,
+    /// A chained step's graph (`chain.rs`) rather than a step's.
+    chained: bool,
 }
 
 struct LayerOnDevice {
@@ -127,6 +130,11 @@ enum StepIo {
     /// forward's step buffer (token, position) and its row of logits,
     /// which live as long as any graph recording them.
     Mapped { input: u64, logits: u64 },
+    /// A chained greedy step (`chain.rs`): the token and position read from
+    /// `input`, a device buffer, the logits into the scratch's, and their
+    /// greedy token written back to `input` for the next step (its
+    /// position one past) and into `toks` at the step's position.
+    Chained { input: u64, toks: u64 },
 }
 
 /// The rows of one sequence in a run.
@@ -189,6 +197,14 @@ pub struct CudaForward {
     fused_runs: u64,
     /// The persistent decode step (`persist.rs`).
     persist: persist::Persist,
+    /// Whether greedy decoding of one sequence runs chained on the device
+    /// (`chain.rs`).
+    chained: bool,
+    /// The chained steps' token and position, and their tokens
+    /// (`chain.rs`).
+    chain: Option<chain::ChainBuffers>,
+    /// Decode steps run chained so far.
+    chained_steps: u64,
 }
 
 /// How the fused pass's logits matmul is spread, unless set otherwise.
@@ -306,6 +322,12 @@ impl CudaForward {
             mapped_replays: 0,
             fused_runs: 0,
             persist,
+            chained: !matches!(
+                std::env::var("TAPTREE_CUDA_CHAIN").as_deref(),
+                Ok("0" | "off")
+            ),
+            chain: None,
+            chained_steps: 0,
         })
     }
 
@@ -597,6 +619,16 @@ impl Forward for CudaForward {
             self.check_group(g.slot, 1, g.start_pos)?;
         }
         Ok(self.run(tokens, &groups)?)
+    }
+
+    fn greedy_steps(
+        &mut self,
+        first: u32,
+        pos: usize,
+        steps: usize,
+        stop: &[u32],
+    ) -> Option<Result<Vec<u32>, ForwardError>> {
+        self.greedy_chain(first, pos, steps, stop).transpose()
     }
 
     fn reset(&mut self) {

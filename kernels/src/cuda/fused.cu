@@ -506,3 +506,66 @@ extern "C" __global__ void step_start(const u32* in, u32* pos, const u8* table, 
         for (int i = threadIdx.x; i < head_dim / 2; i += blockDim.x)
             rope_cos_sin(p, i, head_dim, base, cs + 2 * i, cs + 2 * i + 1);
 }
+
+// The greedy end of a chained decode step (forward/chain.rs; one block of
+// STEP_NEXT_THREADS threads): the index of the largest of the n logits, the
+// first on ties and NaN never winning, 0 where none exceeds -inf (as
+// generate::argmax picks it), stored as the next step's token in[0] with
+// its position in[1] + 1, and into toks[in[1]] (page-locked host memory,
+// where the host reads each step's token). The logits are read after the
+// launch before this one has finished: this launch is never early.
+#define STEP_NEXT_THREADS 1024
+__device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
+    return v > bv || (v == bv && i < bi);
+}
+
+extern "C" __global__ void step_next(const float* logits, int n, u32* in, u32* toks) {
+    __shared__ float vs[STEP_NEXT_THREADS / 32];
+    __shared__ int is[STEP_NEXT_THREADS / 32];
+    // Each thread's first largest over its indices in increasing order: a
+    // strict > keeps the first of equals and lets no NaN in (n: none yet).
+    float bv = -__int_as_float(0x7f800000);
+    int bi = n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = logits[i];
+        if (v > bv) {
+            bv = v;
+            bi = i;
+        }
+    }
+    // Then the pairs: the larger value, the lower index between equals.
+    for (int o = 16; o > 0; o >>= 1) {
+        float v = __shfl_xor_sync(0xffffffffu, bv, o);
+        int i = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (beats(v, i, bv, bi)) {
+            bv = v;
+            bi = i;
+        }
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) {
+        vs[warp] = bv;
+        is[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int warps = blockDim.x >> 5;
+        bv = lane < warps ? vs[lane] : -__int_as_float(0x7f800000);
+        bi = lane < warps ? is[lane] : n;
+        for (int o = 16; o > 0; o >>= 1) {
+            float v = __shfl_xor_sync(0xffffffffu, bv, o);
+            int i = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (beats(v, i, bv, bi)) {
+                bv = v;
+                bi = i;
+            }
+        }
+        if (lane == 0) {
+            u32 tok = bi == n ? 0u : (u32)bi;
+            u32 p = in[1];
+            in[0] = tok;
+            in[1] = p + 1;
+            ((volatile u32*)toks)[p] = tok;
+        }
+    }
+}

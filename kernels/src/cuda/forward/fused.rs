@@ -87,11 +87,11 @@ impl CudaForward {
                     ops::rope_table(&dev, &sc.pos.slice(..rows), table, rows, c.head_dim, base)?;
                 }
             }
-            StepIo::Mapped { input, .. } => {
+            StepIo::Mapped { input, .. } | StepIo::Chained { input, .. } => {
                 let mut table = sc.rope.slice_mut(..c.head_dim);
                 let rope = self.shared_rope_base.map(|b| (&mut table, b));
                 // SAFETY: `input` is the step buffer's device address, as
-                // `StepIo::Mapped` vouches.
+                // `StepIo::Mapped` and `StepIo::Chained` vouch.
                 unsafe {
                     ops::step_start(
                         &dev,
@@ -132,6 +132,12 @@ impl CudaForward {
             StepIo::Mapped { logits, .. } => unsafe {
                 ops::matmul_streamed_mapped(&dev, w.output(), &x, norm, logits, rows, self.logits)
             },
+            StepIo::Chained { input, toks } => {
+                let logits = &mut sc.logits.slice_mut(..c.vocab_size);
+                ops::matmul_streamed(&dev, w.output(), &x, norm, logits, 1, self.logits)?;
+                // SAFETY: `input` and `toks` as `StepIo::Chained` vouches.
+                unsafe { ops::step_next(&dev, &sc.logits.slice(..c.vocab_size), input, toks) }
+            }
         }
     }
 }

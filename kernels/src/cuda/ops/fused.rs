@@ -258,19 +258,19 @@ unsafe fn launch_streamed(
     unsafe { launch(dev, &f, cfg, &mut a, true, "matmul_streamed") }
 }
 
-/// The first launch of a mapped decode step (fused.cu, `step_start`): the
-/// token and position read from `input`, the device address of two
-/// page-locked `u32`s; the position stored to `pos`, the token's embedding
+/// The first launch of a mapped or chained decode step (fused.cu,
+/// `step_start`): the token and position read from `input`, the device
+/// address of two `u32`s; the position stored to `pos`, the token's embedding
 /// row into `x` and, with `table`, RoPE's cosines and sines at the position
 /// (as [`rope_table`] at `base`). The same values as the token and
 /// position uploaded, then [`embedding`](super::embedding) and
 /// [`rope_table`].
 ///
 /// # Safety
-/// `input` is the device address of page-locked host memory holding the
-/// step's token (a valid row of `table`) and position, which lives, and
-/// which the host does not write, until the launch (or a graph recording
-/// it) has run.
+/// `input` is the device address of two `u32`s, in page-locked host memory
+/// or the device's, holding the step's token (a valid row of `table`) and
+/// position, which live, and which the host does not write, until the
+/// launch (or a graph recording it) has run.
 pub unsafe fn step_start(
     dev: &Device,
     input: u64,
@@ -312,6 +312,45 @@ pub unsafe fn step_start(
     // the table's width and the table `head_dim` floats (checked above).
     unsafe { launch(dev, &f, cfg, &mut a, false, "step_start") }
 }
+
+/// The last launch of a chained decode step (fused.cu, `step_next`): the
+/// greedy token of `logits` (the index of the largest, the first on ties,
+/// NaN never winning: [`crate::generate::argmax`]'s pick) stored as the
+/// next step's token in `input`'s first `u32` with its position, the
+/// second, one past; and stored at that step's position in `toks`. Never
+/// launched early: it reads the logits of the launch before it.
+///
+/// # Safety
+/// `input` is the device address of the two `u32`s the next
+/// [`step_start`] reads (token, position); `toks` that of at least
+/// `position + 1` `u32`s (page-locked host memory, or the device's). Both
+/// live, and nothing else writes them, until the launch (or a graph
+/// recording it) has run.
+pub unsafe fn step_next(
+    dev: &Device,
+    logits: &CudaView<f32>,
+    input: u64,
+    toks: u64,
+) -> Result<(), CudaError> {
+    let n = i32::try_from(logits.len())
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| CudaError::Shape(format!("step_next: {} logits", logits.len())))?;
+    let f = dev.function(Family::Fused, "step_next")?;
+    let mut a = KernelArgs::default();
+    a.buf(dev, logits).val(&n).val(&input).val(&toks);
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (STEP_NEXT_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the logits hold `n` floats; `input` and `toks` as the caller
+    // vouches.
+    unsafe { launch(dev, &f, cfg, &mut a, false, "step_next") }
+}
+
+/// `step_next`'s block (fused.cu's `STEP_NEXT_THREADS`).
+const STEP_NEXT_THREADS: u32 = 1024;
 
 /// `s = swiglu(norm(x) Wg^T, norm(x) Wu^T)`: the FFN's gate, up and gated
 /// product in one launch, `s` `[rows, Wg.rows]`.
