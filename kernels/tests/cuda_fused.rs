@@ -783,7 +783,12 @@ fn step_next_picks_what_argmax_picks() {
         let top = random.iter().cloned().fold(f32::NEG_INFINITY, f32::max) + 1.0;
         // Equal largest values: in one thread's stride (i, i + 1024), in
         // two warps, in neighbours; the first must win.
-        for ties in [[n / 3, n / 3 + 1024], [n - 1, n / 2], [n / 2, n / 2 + 1], [5, 37]] {
+        for ties in [
+            [n / 3, n / 3 + 1024],
+            [n - 1, n / 2],
+            [n / 2, n / 2 + 1],
+            [5, 37],
+        ] {
             let mut v = random.clone();
             for &i in &ties {
                 if i < n {
@@ -802,7 +807,13 @@ fn step_next_picks_what_argmax_picks() {
         cases.push((format!("all NaN {n}"), vec![f32::NAN; n]));
         cases.push((format!("all -inf {n}"), vec![f32::NEG_INFINITY; n]));
         let mut v: Vec<f32> = (0..n)
-            .map(|i| if i % 2 == 0 { f32::NAN } else { f32::NEG_INFINITY })
+            .map(|i| {
+                if i % 2 == 0 {
+                    f32::NAN
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
             .collect();
         cases.push((format!("NaN and -inf {n}"), v.clone()));
         v[n - 1] = f32::INFINITY;
@@ -834,10 +845,12 @@ fn step_next_picks_what_argmax_picks() {
 
 /// Greedy generation chained on the device (`forward/chain.rs`) against
 /// the host's step by step, unfused and without graphs: the same tokens for
-/// each weight layout and early-launch mode, past the cache's first
-/// capacity (grown before the first chained step), stopped at a stop token
-/// at the same place, and the cache then as stepping leaves it (the next
-/// step's logits equal). The control: the chained forward did chain.
+/// each weight layout and early-launch mode, with one step a graph and
+/// three or eight in a row (a window's remainder in one-step graphs), past
+/// the cache's first capacity (grown before the first chained step),
+/// stopped at a stop token at the same place, and the cache then as
+/// stepping leaves it (the next step's logits equal). The control: the
+/// chained forward did chain.
 #[test]
 fn chained_greedy_equals_step_by_step() {
     if !have_gpu() {
@@ -848,16 +861,21 @@ fn chained_greedy_equals_step_by_step() {
     let long: Vec<u32> = (0..20u32).map(|i| (i * 37 + 5) % 97).collect();
     for early in EarlyLaunch::ALL {
         dev.set_early_launch(early);
-        for (name, w) in models() {
-            let name = format!("{name}, early launch {early:?}");
+        for ((name, w), per_graph) in models().into_iter().zip([1, 3, 8]) {
+            let name = format!("{name}, early launch {early:?}, {per_graph} steps a graph");
             let mut host = open(&dev, &w, false);
             host.set_chained(false);
             let mut chained = open(&dev, &w, true);
+            chained.set_chain_steps_per_graph(per_graph);
             let want = kernels::generate::greedy(&mut host, &long, 70, &[]).unwrap();
             let got = kernels::generate::greedy(&mut chained, &long, 70, &[]).unwrap();
             assert_eq!(want, got, "{name}: 70 greedy tokens");
             assert_eq!(host.chained_steps(), 0, "{name}: chained while off");
-            assert_eq!(chained.chained_steps(), 69, "{name}: not every step chained");
+            assert_eq!(
+                chained.chained_steps(),
+                69,
+                "{name}: not every step chained"
+            );
             // Stopped at the 12th token (its first appearance).
             let stop = want.tokens[11];
             let first = want.tokens.iter().position(|&t| t == stop).unwrap();
@@ -866,7 +884,10 @@ fn chained_greedy_equals_step_by_step() {
             let want = kernels::generate::greedy(&mut host, &long, 70, &[stop]).unwrap();
             let got = kernels::generate::greedy(&mut chained, &long, 70, &[stop]).unwrap();
             assert_eq!(want, got, "{name}: stopped at {stop}");
-            assert!(got.stopped && got.tokens.len() == first + 1, "{name}: {got:?}");
+            assert!(
+                got.stopped && got.tokens.len() == first + 1,
+                "{name}: {got:?}"
+            );
             // The cache holds what stepping left: the stop token's step.
             let pos = long.len() + got.tokens.len() - 1;
             let a = host.forward(None, &[stop], pos).unwrap();

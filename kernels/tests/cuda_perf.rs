@@ -523,11 +523,15 @@ fn gpu_figures() {
     fwd.set_graph_copies(true);
     fwd.set_mapped_step(true);
     fwd.set_persistent(false);
-    let mut rates = [Vec::new(), Vec::new()];
+    // Chained with one step a graph (the default), and with 4 and 8 steps
+    // in a row in one graph.
+    let variants = [(false, 1), (true, 1), (true, 4), (true, 8)];
+    let mut rates = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     let mut picked: Option<Vec<u32>> = None;
     for _ in 0..5 {
-        for (k, chained) in [(0, false), (1, true)] {
+        for (k, (chained, per_graph)) in variants.into_iter().enumerate() {
             fwd.set_chained(chained);
+            fwd.set_chain_steps_per_graph(per_graph);
             fwd.reset();
             let l = fwd.forward(None, &prompt, 0).unwrap();
             let first = kernels::generate::argmax(&l);
@@ -535,7 +539,10 @@ fn gpu_figures() {
             let (mut tokens, t0) = if chained {
                 let warm = fwd.greedy_steps(first, p, 1, &[]).unwrap().unwrap();
                 let t0 = Instant::now();
-                let rest = fwd.greedy_steps(warm[0], p + 1, steps, &[]).unwrap().unwrap();
+                let rest = fwd
+                    .greedy_steps(warm[0], p + 1, steps, &[])
+                    .unwrap()
+                    .unwrap();
                 (rest, t0)
             } else {
                 let l = fwd.forward(None, &[first], p).unwrap();
@@ -562,12 +569,19 @@ fn gpu_figures() {
     }
     assert!(fwd.chained_steps() > 0, "no step ran chained");
     fwd.set_chained(true);
-    let [host, chained] = rates.map(median);
-    println!(
-        "greedy decode at 129..193, disarmed, m=1, at the defaults: stepped from the host {host:.0} tokens/s ({:.1} us a step), chained on the device {chained:.0} tokens/s ({:.1} us a step) (medians of 5; the same 64 tokens)",
-        1e6 / host,
-        1e6 / chained
-    );
+    fwd.set_chain_steps_per_graph(1);
+    for ((chained, per_graph), r) in variants.into_iter().zip(rates) {
+        let rate = median(r);
+        println!(
+            "greedy decode at 129..193, disarmed, m=1, graph, fused, mapped, {}: {rate:.0} tokens/s, {:.1} us a step (median of 5; the same 64 tokens)",
+            if chained {
+                format!("chained on the device, {per_graph} steps a graph")
+            } else {
+                "stepped from the host".to_string()
+            },
+            1e6 / rate
+        );
+    }
 
     // Batched decode, disarmed: m = 4 slots per forward.
     let m = 4;

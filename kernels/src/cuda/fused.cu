@@ -491,11 +491,15 @@ extern "C" __global__ void rope_table(const u32* pos, float* cs, int rows, int h
 // stored to pos[0] for the step's later launches, the token's embedding
 // row dequantized into x as `embedding` does and, with cs, RoPE's table at
 // that position as `rope_table` computes it: the same values those
-// launches give from the uploaded token and position.
+// launches give from the uploaded token and position. Launched early in a
+// chained step, where the step before wrote in[] (and while the next
+// launch may start fetching its weights).
 extern "C" __global__ void step_start(const u32* in, u32* pos, const u8* table, int type,
                                       int n_embd, float* x, float* cs, int head_dim,
                                       float base) {
     __shared__ u32 step[2];
+    pdl_launch_dependents();
+    pdl_wait();
     if (threadIdx.x < 2) step[threadIdx.x] = ((const volatile u32*)in)[threadIdx.x];
     __syncthreads();
     u32 tok = step[0], p = step[1];
@@ -512,8 +516,8 @@ extern "C" __global__ void step_start(const u32* in, u32* pos, const u8* table, 
 // first on ties and NaN never winning, 0 where none exceeds -inf (as
 // generate::argmax picks it), stored as the next step's token in[0] with
 // its position in[1] + 1, and into toks[in[1]] (page-locked host memory,
-// where the host reads each step's token). The logits are read after the
-// launch before this one has finished: this launch is never early.
+// where the host reads each step's token). Launched early: it reads the
+// logits after `pdl_wait`, and lets the next step's first launch start.
 #define STEP_NEXT_THREADS 1024
 __device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
     return v > bv || (v == bv && i < bi);
@@ -522,6 +526,8 @@ __device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
 extern "C" __global__ void step_next(const float* logits, int n, u32* in, u32* toks) {
     __shared__ float vs[STEP_NEXT_THREADS / 32];
     __shared__ int is[STEP_NEXT_THREADS / 32];
+    pdl_launch_dependents();
+    pdl_wait();
     // Each thread's first largest over its indices in increasing order: a
     // strict > keeps the first of equals and lets no NaN in (n: none yet).
     float bv = -__int_as_float(0x7f800000);

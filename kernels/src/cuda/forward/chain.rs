@@ -15,19 +15,32 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, PinnedHostSlice};
 
-use super::{CudaForward, DecodeGraph, GraphKey, Group, StepIo};
+use super::{CudaForward, GraphKey, Group, StepIo};
 use crate::cuda::CudaError;
 use crate::forward::ForwardError;
 
-/// Steps queued between two looks at their tokens; at most two windows are
-/// queued at once, so a stop token costs at most a window of steps past it.
+/// Steps queued between two looks at their tokens (rounded down to whole
+/// graphs of several steps, at least one graph); at
+/// most two windows are queued at once, so a stop token costs at most a
+/// window of steps past it.
 const WINDOW: usize = 8;
 
-/// A chained step's device input (token, position) and the page-locked
-/// tokens the steps write, one per position of the cache.
+/// A chained step's device input (token, position), the page-locked tokens
+/// the steps write, one per position of the cache, and the chained steps'
+/// graphs.
 pub(super) struct ChainBuffers {
     input: CudaSlice<u32>,
     toks: PinnedHostSlice<u32>,
+    graphs: Option<ChainGraphs>,
+}
+
+/// A chained step's graph, and one of `per_graph` steps in a row where
+/// that is more than one, and what they were captured against.
+struct ChainGraphs {
+    key: GraphKey,
+    per_graph: usize,
+    one: cudarc::driver::CudaGraph,
+    many: Option<cudarc::driver::CudaGraph>,
 }
 
 impl CudaForward {
@@ -42,6 +55,14 @@ impl CudaForward {
     /// How many decode steps ran chained so far.
     pub fn chained_steps(&self) -> u64 {
         self.chained_steps
+    }
+
+    /// Captures `steps` chained steps in a row as one graph besides the
+    /// one-step graph, so a window of steps is fewer graph launches
+    /// (`TAPTREE_CUDA_CHAIN_STEPS` starts it; 1, the default, is one-step
+    /// graphs only). Every choice gives the same tokens.
+    pub fn set_chain_steps_per_graph(&mut self, steps: usize) {
+        self.chain_per_graph = steps.max(1);
     }
 
     /// Whether the lone sequence's greedy steps can run chained: chaining
@@ -83,12 +104,12 @@ impl CudaForward {
         self.chain_graph(&group, input, toks)?;
         let s = self.dev.stream().clone();
         let err = |what: &'static str| move |e| CudaError::driver(what, e);
-        {
-            let chain = self.chain.as_mut().expect("allocated by chain_buffers");
-            s.memcpy_htod(&[first, pos as u32], &mut chain.input)
-                .map_err(err("copy the chained step's input"))?;
-        }
-        let graph = &self.graph.as_ref().expect("captured by chain_graph").graph;
+        let chain = self.chain.as_mut().expect("allocated by chain_buffers");
+        s.memcpy_htod(&[first, pos as u32], &mut chain.input)
+            .map_err(err("copy the chained step's input"))?;
+        let g = chain.graphs.as_ref().expect("captured by chain_graph");
+        let k = g.per_graph;
+        let window = k * (WINDOW / k).max(1);
         let mut queued = 0;
         let mut seen = 0;
         let mut marks: std::collections::VecDeque<(usize, cudarc::driver::CudaEvent)> =
@@ -97,9 +118,16 @@ impl CudaForward {
         while seen < steps {
             // Keep two windows queued; then look at the older one's tokens.
             while queued < steps && marks.len() < 2 {
-                let n = WINDOW.min(steps - queued);
-                for _ in 0..n {
-                    graph.launch().map_err(err("launch chained step"))?;
+                let n = window.min(steps - queued);
+                let mut left = n;
+                if let Some(many) = &g.many {
+                    while left >= k {
+                        many.launch().map_err(err("launch chained steps"))?;
+                        left -= k;
+                    }
+                }
+                for _ in 0..left {
+                    g.one.launch().map_err(err("launch chained step"))?;
                 }
                 queued += n;
                 let mark = s.record_event(None).map_err(err("record a window"))?;
@@ -107,7 +135,6 @@ impl CudaForward {
             }
             let (upto, mark) = marks.pop_front().expect("a window queued above");
             mark.synchronize().map_err(err("wait for a window"))?;
-            let chain = self.chain.as_ref().expect("allocated by chain_buffers");
             let picked = chain
                 .toks
                 .as_slice()
@@ -142,16 +169,14 @@ impl CudaForward {
     /// growing them bumps the generation): their device addresses.
     fn chain_buffers(&mut self) -> Result<(u64, u64), CudaError> {
         let capacity = self.caches.get(&None).map_or(0, |c| c.capacity);
-        let grow = self
-            .chain
-            .as_ref()
-            .is_none_or(|c| c.toks.len() < capacity);
+        let grow = self.chain.as_ref().is_none_or(|c| c.toks.len() < capacity);
         if grow {
             let err = |e| CudaError::driver("alloc chained step buffers", e);
             let input = match self.chain.take() {
                 Some(c) => c.input,
                 None => self.dev.stream().alloc_zeros::<u32>(2).map_err(err)?,
             };
+            // Its graphs name the old tokens: dropped with them.
             // SAFETY: page-locked memory the host reads only after the
             // steps that write it are done (an event or the stream
             // synchronized).
@@ -161,7 +186,11 @@ impl CudaForward {
                     .alloc_pinned_with_flags::<u32>(capacity, 0)
             }
             .map_err(err)?;
-            self.chain = Some(ChainBuffers { input, toks });
+            self.chain = Some(ChainBuffers {
+                input,
+                toks,
+                graphs: None,
+            });
             self.generation += 1;
         }
         let chain = self.chain.as_mut().expect("allocated above");
@@ -174,35 +203,58 @@ impl CudaForward {
         Ok((input, super::graph::device_address(&self.dev, toks)?))
     }
 
-    /// Captures the chained step's graph unless the one held was captured
-    /// for it against the buffers as they are.
+    /// Captures the chained step's graphs unless those held were captured
+    /// for them against the buffers as they are: one step, and
+    /// `chain_per_graph` steps in a row where that is more than one.
     fn chain_graph(&mut self, group: &Group, input: u64, toks: u64) -> Result<(), CudaError> {
         let key = GraphKey {
             slot: None,
             generation: self.generation,
-            chained: true,
         };
-        if self.graph.as_ref().is_some_and(|g| g.key == key) {
+        let per_graph = self.chain_per_graph;
+        let chain = self.chain.as_mut().expect("allocated by chain_buffers");
+        if chain
+            .graphs
+            .as_ref()
+            .is_some_and(|g| g.key == key && g.per_graph == per_graph)
+        {
             return Ok(());
         }
-        self.graph = None;
+        chain.graphs = None;
+        let one = self.capture_chained(group, 1, input, toks)?;
+        let many = match per_graph {
+            1 => None,
+            k => Some(self.capture_chained(group, k, input, toks)?),
+        };
+        self.chain.as_mut().expect("allocated above").graphs = Some(ChainGraphs {
+            key,
+            per_graph,
+            one,
+            many,
+        });
+        Ok(())
+    }
+
+    /// A graph of `steps` chained steps in a row.
+    fn capture_chained(
+        &mut self,
+        group: &Group,
+        steps: usize,
+        input: u64,
+        toks: u64,
+    ) -> Result<cudarc::driver::CudaGraph, CudaError> {
         let s = self.dev.stream().clone();
         let mode = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         s.begin_capture(mode)
             .map_err(|e| CudaError::driver("begin graph capture", e))?;
         let groups = std::slice::from_ref(group);
-        let encoded = self.encode_fused(groups, 1, true, StepIo::Chained { input, toks });
+        let io = StepIo::Chained { input, toks };
+        let encoded = (0..steps).try_for_each(|_| self.encode_fused(groups, 1, true, io));
         // Always end the capture, so a failed encode leaves the stream usable.
         let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
         encoded?;
-        let graph = graph
+        graph
             .map_err(|e| CudaError::driver("end graph capture", e))?
-            .ok_or_else(|| CudaError::Shape("graph capture recorded nothing".into()))?;
-        self.graph = Some(DecodeGraph {
-            key,
-            graph,
-            mapped: false,
-        });
-        Ok(())
+            .ok_or_else(|| CudaError::Shape("graph capture recorded nothing".into()))
     }
 }

@@ -110,7 +110,6 @@ impl CudaForward {
         let key = GraphKey {
             slot: groups[0].slot,
             generation: self.generation,
-            chained: false,
         };
         // `set_graph_copies` drops the graph, so one made with the other
         // setting is never replayed.
@@ -261,7 +260,10 @@ impl CudaForward {
 
 /// The device address of page-locked host memory at `host` (allocated by
 /// the driver, so mapped into the device's address space).
-pub(super) fn device_address<T>(dev: &crate::cuda::device::Device, host: *mut T) -> Result<u64, CudaError> {
+pub(super) fn device_address<T>(
+    dev: &crate::cuda::device::Device,
+    host: *mut T,
+) -> Result<u64, CudaError> {
     let err = |e| CudaError::driver("device address of page-locked memory", e);
     dev.context().bind_to_thread().map_err(err)?;
     let mut dptr = 0;

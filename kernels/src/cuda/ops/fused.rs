@@ -310,15 +310,15 @@ pub unsafe fn step_start(
     };
     // SAFETY: `input` as the caller vouches, pos one position, x a row of
     // the table's width and the table `head_dim` floats (checked above).
-    unsafe { launch(dev, &f, cfg, &mut a, false, "step_start") }
+    // The kernel reads and writes nothing before `pdl_wait`.
+    unsafe { launch(dev, &f, cfg, &mut a, true, "step_start") }
 }
 
 /// The last launch of a chained decode step (fused.cu, `step_next`): the
 /// greedy token of `logits` (the index of the largest, the first on ties,
 /// NaN never winning: [`crate::generate::argmax`]'s pick) stored as the
 /// next step's token in `input`'s first `u32` with its position, the
-/// second, one past; and stored at that step's position in `toks`. Never
-/// launched early: it reads the logits of the launch before it.
+/// second, one past; and stored at that step's position in `toks`.
 ///
 /// # Safety
 /// `input` is the device address of the two `u32`s the next
@@ -345,8 +345,8 @@ pub unsafe fn step_next(
         shared_mem_bytes: 0,
     };
     // SAFETY: the logits hold `n` floats; `input` and `toks` as the caller
-    // vouches.
-    unsafe { launch(dev, &f, cfg, &mut a, false, "step_next") }
+    // vouches. The kernel reads and writes nothing before `pdl_wait`.
+    unsafe { launch(dev, &f, cfg, &mut a, true, "step_next") }
 }
 
 /// `step_next`'s block (fused.cu's `STEP_NEXT_THREADS`).
