@@ -492,13 +492,14 @@ extern "C" __global__ void rope_table(const u32* pos, float* cs, int rows, int h
 // row dequantized into x as `embedding` does and, with cs, RoPE's table at
 // that position as `rope_table` computes it: the same values those
 // launches give from the uploaded token and position. Launched early in a
-// chained step, where the step before wrote in[] (and while the next
-// launch may start fetching its weights).
+// chained step, where the step before wrote in[]: it waits first. It never
+// lets the next launch start early: the split attention reads pos[0]
+// before its own wait (to stage the earlier positions' keys), so pos[0]
+// must be written before any later launch of the step starts.
 extern "C" __global__ void step_start(const u32* in, u32* pos, const u8* table, int type,
                                       int n_embd, float* x, float* cs, int head_dim,
                                       float base) {
     __shared__ u32 step[2];
-    pdl_launch_dependents();
     pdl_wait();
     if (threadIdx.x < 2) step[threadIdx.x] = ((const volatile u32*)in)[threadIdx.x];
     __syncthreads();
