@@ -203,8 +203,6 @@ pub struct CudaForward {
     chain: Option<chain::ChainBuffers>,
     /// Decode steps run chained so far.
     chained_steps: u64,
-    /// Chained steps a graph holds (`chain.rs`).
-    chain_per_graph: usize,
 }
 
 /// How the fused pass's logits matmul is spread, unless set otherwise.
@@ -328,11 +326,6 @@ impl CudaForward {
             ),
             chain: None,
             chained_steps: 0,
-            chain_per_graph: std::env::var("TAPTREE_CUDA_CHAIN_STEPS")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .unwrap_or(1)
-                .max(1),
         })
     }
 

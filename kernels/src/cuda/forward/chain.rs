@@ -19,28 +19,18 @@ use super::{CudaForward, GraphKey, Group, StepIo};
 use crate::cuda::CudaError;
 use crate::forward::ForwardError;
 
-/// Steps queued between two looks at their tokens (rounded down to whole
-/// graphs of several steps, at least one graph); at
-/// most two windows are queued at once, so a stop token costs at most a
-/// window of steps past it.
+/// Steps queued between two looks at their tokens; at most two windows are
+/// queued at once, so a stop token costs at most a window of steps past it.
 const WINDOW: usize = 8;
 
 /// A chained step's device input (token, position), the page-locked tokens
-/// the steps write, one per position of the cache, and the chained steps'
-/// graphs.
+/// the steps write, one per position of the cache, and the chained step's
+/// graph with what it was captured against (kept apart from the step's
+/// graph, `graph.rs`, so neither evicts the other).
 pub(super) struct ChainBuffers {
     input: CudaSlice<u32>,
     toks: PinnedHostSlice<u32>,
-    graphs: Option<ChainGraphs>,
-}
-
-/// A chained step's graph, and one of `per_graph` steps in a row where
-/// that is more than one, and what they were captured against.
-struct ChainGraphs {
-    key: GraphKey,
-    per_graph: usize,
-    one: cudarc::driver::CudaGraph,
-    many: Option<cudarc::driver::CudaGraph>,
+    graph: Option<(GraphKey, cudarc::driver::CudaGraph)>,
 }
 
 impl CudaForward {
@@ -55,14 +45,6 @@ impl CudaForward {
     /// How many decode steps ran chained so far.
     pub fn chained_steps(&self) -> u64 {
         self.chained_steps
-    }
-
-    /// Captures `steps` chained steps in a row as one graph besides the
-    /// one-step graph, so a window of steps is fewer graph launches
-    /// (`TAPTREE_CUDA_CHAIN_STEPS` starts it; 1, the default, is one-step
-    /// graphs only). Every choice gives the same tokens.
-    pub fn set_chain_steps_per_graph(&mut self, steps: usize) {
-        self.chain_per_graph = steps.max(1);
     }
 
     /// Whether the lone sequence's greedy steps can run chained: chaining
@@ -107,9 +89,7 @@ impl CudaForward {
         let chain = self.chain.as_mut().expect("allocated by chain_buffers");
         s.memcpy_htod(&[first, pos as u32], &mut chain.input)
             .map_err(err("copy the chained step's input"))?;
-        let g = chain.graphs.as_ref().expect("captured by chain_graph");
-        let k = g.per_graph;
-        let window = k * (WINDOW / k).max(1);
+        let (_, graph) = chain.graph.as_ref().expect("captured by chain_graph");
         let mut queued = 0;
         let mut seen = 0;
         let mut marks: std::collections::VecDeque<(usize, cudarc::driver::CudaEvent)> =
@@ -118,16 +98,9 @@ impl CudaForward {
         while seen < steps {
             // Keep two windows queued; then look at the older one's tokens.
             while queued < steps && marks.len() < 2 {
-                let n = window.min(steps - queued);
-                let mut left = n;
-                if let Some(many) = &g.many {
-                    while left >= k {
-                        many.launch().map_err(err("launch chained steps"))?;
-                        left -= k;
-                    }
-                }
-                for _ in 0..left {
-                    g.one.launch().map_err(err("launch chained step"))?;
+                let n = WINDOW.min(steps - queued);
+                for _ in 0..n {
+                    graph.launch().map_err(err("launch chained step"))?;
                 }
                 queued += n;
                 let mark = s.record_event(None).map_err(err("record a window"))?;
@@ -176,7 +149,7 @@ impl CudaForward {
                 Some(c) => c.input,
                 None => self.dev.stream().alloc_zeros::<u32>(2).map_err(err)?,
             };
-            // Its graphs name the old tokens: dropped with them.
+            // Its graph names the old tokens: dropped with them.
             // SAFETY: page-locked memory the host reads only after the
             // steps that write it are done (an event or the stream
             // synchronized).
@@ -189,7 +162,7 @@ impl CudaForward {
             self.chain = Some(ChainBuffers {
                 input,
                 toks,
-                graphs: None,
+                graph: None,
             });
             self.generation += 1;
         }
@@ -203,58 +176,31 @@ impl CudaForward {
         Ok((input, super::graph::device_address(&self.dev, toks)?))
     }
 
-    /// Captures the chained step's graphs unless those held were captured
-    /// for them against the buffers as they are: one step, and
-    /// `chain_per_graph` steps in a row where that is more than one.
+    /// Captures the chained step's graph unless the one held was captured
+    /// against the buffers as they are.
     fn chain_graph(&mut self, group: &Group, input: u64, toks: u64) -> Result<(), CudaError> {
         let key = GraphKey {
             slot: None,
             generation: self.generation,
         };
-        let per_graph = self.chain_per_graph;
         let chain = self.chain.as_mut().expect("allocated by chain_buffers");
-        if chain
-            .graphs
-            .as_ref()
-            .is_some_and(|g| g.key == key && g.per_graph == per_graph)
-        {
+        if chain.graph.as_ref().is_some_and(|(k, _)| *k == key) {
             return Ok(());
         }
-        chain.graphs = None;
-        let one = self.capture_chained(group, 1, input, toks)?;
-        let many = match per_graph {
-            1 => None,
-            k => Some(self.capture_chained(group, k, input, toks)?),
-        };
-        self.chain.as_mut().expect("allocated above").graphs = Some(ChainGraphs {
-            key,
-            per_graph,
-            one,
-            many,
-        });
-        Ok(())
-    }
-
-    /// A graph of `steps` chained steps in a row.
-    fn capture_chained(
-        &mut self,
-        group: &Group,
-        steps: usize,
-        input: u64,
-        toks: u64,
-    ) -> Result<cudarc::driver::CudaGraph, CudaError> {
+        chain.graph = None;
         let s = self.dev.stream().clone();
         let mode = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         s.begin_capture(mode)
             .map_err(|e| CudaError::driver("begin graph capture", e))?;
         let groups = std::slice::from_ref(group);
-        let io = StepIo::Chained { input, toks };
-        let encoded = (0..steps).try_for_each(|_| self.encode_fused(groups, 1, true, io));
+        let encoded = self.encode_fused(groups, 1, true, StepIo::Chained { input, toks });
         // Always end the capture, so a failed encode leaves the stream usable.
         let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
         encoded?;
-        graph
+        let graph = graph
             .map_err(|e| CudaError::driver("end graph capture", e))?
-            .ok_or_else(|| CudaError::Shape("graph capture recorded nothing".into()))
+            .ok_or_else(|| CudaError::Shape("graph capture recorded nothing".into()))?;
+        self.chain.as_mut().expect("allocated above").graph = Some((key, graph));
+        Ok(())
     }
 }
