@@ -342,6 +342,7 @@ impl<T: Real> Engine<T> {
         start: usize,
     ) -> Vec<f32> {
         let (n, d) = (tokens.len(), cfg.n_embd);
+        let _pin = super::par::pin_caller();
         let account = profile::Forward::start(n);
         let s = Step {
             cfg,
