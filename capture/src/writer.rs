@@ -290,7 +290,9 @@ const PARALLEL_COPY: usize = 1 << 20;
 /// 7.3 MB for SmolLM2) lands in fresh pages, and faulting them in one by one
 /// was most of the forward thread's time in a tap (about 5 ms of a 16-thread
 /// prefill's 49); split in 1 MiB pieces over rayon's threads, the faults and
-/// the copy are shared. The bytes are the same either way.
+/// the copy are shared. The bytes are the same either way. (The CPU
+/// forward's logits now come through [`Active::tap_owned`], uncopied where
+/// every row is kept.)
 fn copy_out(src: &[u8]) -> Vec<u8> {
     use rayon::prelude::*;
     if src.len() < 2 * PARALLEL_COPY || rayon::current_num_threads() < 2 {

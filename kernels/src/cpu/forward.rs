@@ -273,8 +273,9 @@ impl Step<'_> {
             }
         };
         // No region follows soon: the team's threads leave the cores to the
-        // copies of a prefill's logits tap (a decode step's are small, and
-        // its next step comes sooner than the team's spin ends).
+        // capture's writers (and to the copies of a logits tap that keeps
+        // some of its runs; a decode step's are small, and its next step
+        // comes sooner than the team's spin ends).
         if n > 1 {
             super::par::rest();
         }
