@@ -8,7 +8,7 @@
 
 use crate::dtype::{DType, TapElem};
 use crate::key::{Shard, TapId};
-use crate::writer::Active;
+use crate::writer::{Active, TapBytes};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -80,6 +80,27 @@ pub fn tap<T: TapElem>(
     }
 }
 
+/// [`tap`] of a buffer the caller is done with: when the selection keeps
+/// all of its rows, the writers take the buffer itself rather than a copy
+/// (a prefill's logits, megabytes, copied on the forward's clock). The
+/// tree is the same as [`tap`]'s of the same data, bit for bit; disarmed or
+/// not selected, the buffer is dropped.
+#[cfg(not(feature = "compile-out"))]
+#[inline(always)]
+pub fn tap_owned<T: TapElem + Send>(
+    stage: &str,
+    layer: Option<u32>,
+    pos: Range<u32>,
+    slot: Option<u32>,
+    shape: &[usize],
+    data: Vec<T>,
+) {
+    if is_armed() {
+        let id = TapId::new(stage, layer, pos, slot);
+        tap_owned_armed(id, shape, Box::new(data), T::DTYPE);
+    }
+}
+
 /// [`tap`] of one tensor-parallel rank's tensor: `shard` places it in the
 /// full tensor (none: a per-rank tensor of the full shape, such as an
 /// addend before an all-reduce). Same contract as [`tap`]; a shard whose
@@ -120,6 +141,16 @@ fn tap_armed(id: TapId<'_>, shape: &[usize], bytes: &[u8], dtype: DType) {
     let guard = ACTIVE.read().unwrap_or_else(|p| p.into_inner());
     if let Some(active) = guard.as_ref() {
         active.tap(id, shape, bytes, dtype);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn tap_owned_armed(id: TapId<'_>, shape: &[usize], data: Box<dyn TapBytes>, dtype: DType) {
+    // As in `tap_armed`: queued under the read guard.
+    let guard = ACTIVE.read().unwrap_or_else(|p| p.into_inner());
+    if let Some(active) = guard.as_ref() {
+        active.tap_owned(id, shape, data, dtype);
     }
 }
 
@@ -189,6 +220,19 @@ pub fn tap_ranked<T: TapElem>(
     _shard: Option<Shard>,
     _shape: &[usize],
     _data: &[T],
+) {
+}
+
+/// Drops `data`: taps are compiled out (feature `compile-out`).
+#[cfg(feature = "compile-out")]
+#[inline(always)]
+pub fn tap_owned<T: TapElem + Send>(
+    _stage: &str,
+    _layer: Option<u32>,
+    _pos: Range<u32>,
+    _slot: Option<u32>,
+    _shape: &[usize],
+    _data: Vec<T>,
 ) {
 }
 

@@ -64,7 +64,7 @@ mod tree_dir;
 mod unsealed;
 mod writer;
 
-pub use arm::{is_armed, selected_runs, tap, tap_ranked, wants};
+pub use arm::{is_armed, selected_runs, tap, tap_owned, tap_ranked, wants};
 pub use compare::{compare, Comparison, Difference};
 pub use dtype::{DType, TapElem};
 pub use entries::{Dims, Entries};

@@ -13,6 +13,7 @@ use crate::tapfile;
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::Write;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -38,7 +39,21 @@ struct Job {
     key: Key,
     dtype: DType,
     shape: Vec<usize>,
-    data: Vec<u8>,
+    data: Box<dyn TapBytes>,
+}
+
+/// A tap's bytes as the writers hold them: the capture's copy of the rows
+/// selected, or the caller's own buffer handed over whole
+/// ([`Active::tap_owned`]).
+pub(crate) trait TapBytes: Send {
+    /// The bytes hashed and written.
+    fn bytes(&self) -> &[u8];
+}
+
+impl<T: bytemuck::Pod + Send> TapBytes for Vec<T> {
+    fn bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(self)
+    }
 }
 
 /// Bytes in flight between the forward and the writers.
@@ -141,72 +156,128 @@ impl Active {
         }
     }
 
-    /// Queues the selected runs of positions of one tap for the writers;
-    /// a tap that breaks the contract is kept as the capture's misuse.
+    /// Queues the selected runs of positions of one tap for the writers,
+    /// each a copy of its rows; a tap that breaks the contract is kept as
+    /// the capture's misuse.
     pub fn tap(&self, id: TapId<'_>, shape: &[usize], bytes: &[u8], dtype: DType) {
-        if !self.selection.matches_identity(id) {
+        let Some(runs) = self.selected(id, shape, bytes.len(), dtype) else {
             return;
+        };
+        self.queue_copies(id, shape, bytes, dtype, &runs);
+    }
+
+    /// [`Active::tap`] of a buffer the caller gives up: when the selection
+    /// keeps all of its rows, the buffer itself is queued, not a copy (a
+    /// prefill's logits, 7.3 MB for SmolLM2, were copied on the forward's
+    /// clock); else the runs kept are copied as [`Active::tap`] does. The
+    /// bytes written and hashed are the same either way.
+    pub fn tap_owned(&self, id: TapId<'_>, shape: &[usize], data: Box<dyn TapBytes>, dtype: DType) {
+        let Some(runs) = self.selected(id, shape, data.bytes().len(), dtype) else {
+            return;
+        };
+        if let [run] = &runs[..] {
+            if *run == id.pos() {
+                return self.queue(id, run.clone(), shape, dtype, data);
+            }
+        }
+        self.queue_copies(id, shape, data.bytes(), dtype, &runs);
+    }
+
+    /// The runs of positions of a tap of `len` bytes to keep; `None` when
+    /// it is not selected or breaks the contract (then kept as the misuse).
+    fn selected(
+        &self,
+        id: TapId<'_>,
+        shape: &[usize],
+        len: usize,
+        dtype: DType,
+    ) -> Option<Vec<Range<u32>>> {
+        if !self.selection.matches_identity(id) {
+            return None;
         }
         // Built only for a misuse report: each selected run gets its own key.
         let key = || id.to_key();
+        let misuse = |reason: String| {
+            self.misuse(&key(), reason);
+            None
+        };
         if !manifest::valid_stage_name(id.stage) {
-            return self.misuse(
-                &key(),
-                "stage names are [A-Za-z0-9_.-], not starting with '.'".into(),
-            );
+            return misuse("stage names are [A-Za-z0-9_.-], not starting with '.'".into());
         }
         let pos = id.pos();
         let rows = id.rows() as usize;
         if let Err(reason) = manifest::check_key_bounds(id.layer, &pos) {
-            return self.misuse(&key(), reason);
+            return misuse(reason);
         }
         if shape.first() != Some(&rows) {
-            return self.misuse(
-                &key(),
-                format!("shape {shape:?}: axis 0 must be the {rows} positions of {pos:?}"),
-            );
+            return misuse(format!(
+                "shape {shape:?}: axis 0 must be the {rows} positions of {pos:?}"
+            ));
         }
         if let Some(shard) = id.shard {
             if let Err(reason) = check_shard(shard, shape) {
-                return self.misuse(&key(), reason);
+                return misuse(reason);
             }
         }
         let elements = match tapfile::element_count(shape) {
             Ok(n) => n,
-            Err(reason) => return self.misuse(&key(), reason),
+            Err(reason) => return misuse(reason),
         };
-        if elements * dtype.size() != bytes.len() {
-            return self.misuse(
-                &key(),
-                format!(
-                    "shape {shape:?} holds {elements} elements, data has {}",
-                    bytes.len() / dtype.size()
-                ),
-            );
+        if elements * dtype.size() != len {
+            return misuse(format!(
+                "shape {shape:?} holds {elements} elements, data has {}",
+                len / dtype.size()
+            ));
         }
-        let row_bytes = bytes.len() / rows;
-        for run in self.selection.selected_runs(pos.clone()) {
-            let first = (run.start - pos.start) as usize;
+        Some(self.selection.selected_runs(pos).collect())
+    }
+
+    /// Queues a copy of each run's rows of `bytes`.
+    fn queue_copies(
+        &self,
+        id: TapId<'_>,
+        shape: &[usize],
+        bytes: &[u8],
+        dtype: DType,
+        runs: &[Range<u32>],
+    ) {
+        let start = id.pos().start;
+        let row_bytes = bytes.len() / id.rows() as usize;
+        for run in runs {
+            let first = (run.start - start) as usize;
             let count = (run.end - run.start) as usize;
             let data = copy_out(&bytes[first * row_bytes..(first + count) * row_bytes]);
-            let mut shape = shape.to_vec();
-            shape[0] = count;
-            let job = Job {
-                seq: self.seq.fetch_add(1, Ordering::Relaxed),
-                key: id.with_pos(run).to_key(),
-                dtype,
-                shape,
-                data,
-            };
-            self.budget.acquire(job.data.len() as u64);
-            let len = job.data.len() as u64;
-            let sent = match &*self.tx.lock().unwrap_or_else(|p| p.into_inner()) {
-                Some(tx) => tx.send(job).is_ok(),
-                None => false,
-            };
-            if !sent {
-                self.budget.release(len);
-            }
+            self.queue(id, run.clone(), shape, dtype, Box::new(data));
+        }
+    }
+
+    /// Queues the rows of positions `run` of a tap: `data`, of `shape` but
+    /// for its first axis (`run`'s length).
+    fn queue(
+        &self,
+        id: TapId<'_>,
+        run: Range<u32>,
+        shape: &[usize],
+        dtype: DType,
+        data: Box<dyn TapBytes>,
+    ) {
+        let mut shape = shape.to_vec();
+        shape[0] = run.len();
+        let job = Job {
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            key: id.with_pos(run).to_key(),
+            dtype,
+            shape,
+            data,
+        };
+        let len = job.data.bytes().len() as u64;
+        self.budget.acquire(len);
+        let sent = match &*self.tx.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(tx) => tx.send(job).is_ok(),
+            None => false,
+        };
+        if !sent {
+            self.budget.release(len);
         }
     }
 }
@@ -219,7 +290,9 @@ const PARALLEL_COPY: usize = 1 << 20;
 /// 7.3 MB for SmolLM2) lands in fresh pages, and faulting them in one by one
 /// was most of the forward thread's time in a tap (about 5 ms of a 16-thread
 /// prefill's 49); split in 1 MiB pieces over rayon's threads, the faults and
-/// the copy are shared. The bytes are the same either way.
+/// the copy are shared. The bytes are the same either way. (The CPU
+/// forward's logits now come through [`Active::tap_owned`], uncopied where
+/// every row is kept.)
 fn copy_out(src: &[u8]) -> Vec<u8> {
     use rayon::prelude::*;
     if src.len() < 2 * PARALLEL_COPY || rayon::current_num_threads() < 2 {
@@ -258,7 +331,7 @@ fn write_loop(dir: &Path, rx: &Mutex<Receiver<Job>>, budget: &Budget, fresh: boo
             Ok(job) => job,
             Err(_) => return out,
         };
-        let len = job.data.len() as u64;
+        let len = job.data.bytes().len() as u64;
         let seq = job.seq;
         match write_one(dir, &job, &mut made_dirs, fresh) {
             Ok(entry) => out.entries.push((seq, entry)),
@@ -285,8 +358,9 @@ fn write_one(
     }
     let path = dir.join(&rel);
     let t = std::time::Instant::now();
-    let hash = blake3::hash(&job.data).to_hex().to_string();
-    let header = tapfile::encode_header(&job.key, job.dtype, &job.shape, job.data.len());
+    let data = job.data.bytes();
+    let hash = blake3::hash(data).to_hex().to_string();
+    let header = tapfile::encode_header(&job.key, job.dtype, &job.shape, data.len());
     add_nanos(0, t);
     let t = std::time::Instant::now();
     let opened = match fresh {
@@ -294,9 +368,9 @@ fn write_one(
         false => open_over(&path),
     };
     let (mut file, old_len) = opened.map_err(|e| Error::io(&path, e))?;
-    let len = (header.len() + job.data.len()) as u64;
+    let len = (header.len() + data.len()) as u64;
     file.write_all(&header)
-        .and_then(|_| file.write_all(&job.data))
+        .and_then(|_| file.write_all(data))
         .and_then(|_| match old_len > len {
             true => file.set_len(len),
             false => Ok(()),
@@ -312,7 +386,7 @@ fn write_one(
         dtype: job.dtype,
         shape: job.shape.clone(),
         blake3: hash,
-        bytes: job.data.len() as u64,
+        bytes: data.len() as u64,
         header_blake3: Some(blake3::hash(&header).to_hex().to_string()),
     })
 }

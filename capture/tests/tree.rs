@@ -147,6 +147,53 @@ fn selection_filters_and_slices_rows() {
 }
 
 #[test]
+fn an_owned_tap_writes_what_a_copied_tap_writes() {
+    // The logits of 3 positions, 1 MiB a row: large enough for the copied
+    // tap's parallel copy, and taken whole or in runs by the owned one.
+    let width = 1 << 18;
+    let logits: Vec<f32> = (0..3 * width)
+        .map(|i| (i % 977) as f32 * 0.5 - 7.0)
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, selection: &str, owned: bool| {
+        let _guard = serial();
+        let out = dir.path().join(name);
+        let cap = Capture::start(opts(&out, selection)).unwrap();
+        capture::tap("embedding", None, 0..3, None, &[3, 1], &[1f32, 2.0, 3.0]);
+        match owned {
+            true => capture::tap_owned("logits", None, 0..3, None, &[3, width], logits.clone()),
+            false => capture::tap("logits", None, 0..3, None, &[3, width], &logits),
+        }
+        let summary = cap.finish().unwrap();
+        let tree = TreeReader::open(&out).unwrap();
+        tree.verify().unwrap();
+        let last = tree.entries().last().unwrap();
+        let row = tree.read(last).unwrap().as_slice::<f32>().unwrap()[..width].to_vec();
+        (summary.root, last.key.to_string(), row)
+    };
+    // Every row kept (the buffer itself written), and one run of two
+    // (copied out of it), as the copied tap writes them.
+    for (selection, key, first) in [("", "logits@0..3", 0), ("pos=1..", "logits@1..3", 1)] {
+        let copied = run(&format!("copied{first}"), selection, false);
+        let owned = run(&format!("owned{first}"), selection, true);
+        assert_eq!(owned.1, key);
+        assert_eq!(owned.0, copied.0, "selection {selection:?}: roots");
+        let want = &logits[first * width..(first + 1) * width];
+        assert!(owned.2 == want && copied.2 == want, "{key}: its first row");
+    }
+    // A changed byte shows in the root.
+    let again = run("again", "", false).0;
+    let mut other = logits.clone();
+    other[2 * width + 5] += 1.0;
+    let _guard = serial();
+    let out = dir.path().join("other");
+    let cap = Capture::start(opts(&out, "")).unwrap();
+    capture::tap("embedding", None, 0..3, None, &[3, 1], &[1f32, 2.0, 3.0]);
+    capture::tap_owned("logits", None, 0..3, None, &[3, width], other);
+    assert_ne!(cap.finish().unwrap().root, again);
+}
+
+#[test]
 fn wants_follows_the_selection() {
     let _guard = serial();
     let dir = tempfile::tempdir().unwrap();

@@ -15,7 +15,7 @@ use super::matmul::{apply_group_quantized, quant_blocks, quantize_for, Act, Line
 use super::norm::rms_norm;
 use super::rope::{rope_pair_with, RopeTable};
 use super::weights::{DenseLayer, DenseWeights};
-use super::{profile, tap, Real};
+use super::{profile, tap, tap_owned, Real};
 use crate::forward::{Forward, ForwardError, Precision};
 use crate::stages as st;
 use crate::switches::{ActPrecision, Family, Switches};
@@ -273,29 +273,36 @@ impl Step<'_> {
             }
         };
         // No region follows soon: the team's threads leave the cores to the
-        // copies of a prefill's logits tap (a decode step's are small, and
-        // its next step comes sooner than the team's spin ends).
+        // capture's writers (and to the copies of a logits tap that keeps
+        // some of its runs; a decode step's are small, and its next step
+        // comes sooner than the team's spin ends).
         if n > 1 {
             super::par::rest();
         }
-        let mut at = 0;
+        let last = logits[logits.len() - vocab..]
+            .iter()
+            .map(|v| v.to_f32())
+            .collect();
+        let at = |r: &Range<usize>| self.pos.start + r.start as u32..self.pos.start + r.end as u32;
+        if let [r] = &runs[..] {
+            // One run, the whole buffer: the capture keeps it, uncopied.
+            tap_owned(st::LOGITS, None, at(r), self.slot, vocab, logits);
+            return last;
+        }
+        let mut from = 0;
         for r in &runs {
-            let pos = self.pos.start + r.start as u32..self.pos.start + r.end as u32;
             let len = r.len() * vocab;
             tap(
                 st::LOGITS,
                 None,
-                pos,
+                at(r),
                 self.slot,
                 vocab,
-                &logits[at..at + len],
+                &logits[from..from + len],
             );
-            at += len;
+            from += len;
         }
-        logits[logits.len() - vocab..]
-            .iter()
-            .map(|v| v.to_f32())
-            .collect()
+        last
     }
 
     /// `x += add` (tapped as its stage and layer) when given, then the norm
@@ -336,6 +343,7 @@ impl<T: Real> Engine<T> {
         start: usize,
     ) -> Vec<f32> {
         let (n, d) = (tokens.len(), cfg.n_embd);
+        let _pin = super::par::pin_caller();
         let account = profile::Forward::start(n);
         let s = Step {
             cfg,

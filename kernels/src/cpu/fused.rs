@@ -53,7 +53,10 @@ pub fn add_norm_quantize<T: Real>(
     if let Some(a) = add {
         assert_eq!(a.len(), x.len(), "residual shape");
     }
+    let n = x.len() / d.max(1);
+    assert_eq!(x.len(), n * d, "rows of {d}");
     let quantize = quantizer::<T>(act);
+    let slots = QuantSlots::new(blocks, n);
     let body = |r: usize, xr: &mut [T], hr: &mut [T]| {
         if let Some(a) = add {
             for (xi, yi) in xr.iter_mut().zip(&a[r * d..(r + 1) * d]) {
@@ -61,22 +64,22 @@ pub fn add_norm_quantize<T: Real>(
             }
         }
         norm_row(xr, w, eps, hr);
-        blocks.iter().map(|&b| quantize(hr, b)).collect::<Vec<_>>()
+        // SAFETY: one call per row (one task per row, or the loop below).
+        unsafe { slots.fill(r, |b| quantize(hr, b)) };
     };
-    let (h, rows): (Vec<T>, Vec<Vec<QuantRow<T>>>) = if par::worth(x.len(), x.len() / d.max(1)) {
-        par::chunks_fresh_map(x, d, d, body)
+    let h = if par::worth(x.len(), n) {
+        par::chunks_fresh_map(x, d, d, body).0
     } else {
         let mut h = vec![T::ZERO; x.len()];
-        let rows = x
-            .chunks_mut(d)
+        x.chunks_mut(d)
             .zip(h.chunks_mut(d))
             .enumerate()
-            .map(|(r, (xr, hr))| body(r, xr, hr))
-            .collect();
-        (h, rows)
+            .for_each(|(r, (xr, hr))| body(r, xr, hr));
+        h
     };
     Prepared {
-        qs: by_block(blocks, rows),
+        // SAFETY: every row 0..n was filled above.
+        qs: unsafe { slots.finish() },
         h,
     }
 }
@@ -93,41 +96,147 @@ pub fn gated_quantize<T: Real>(
 ) -> Prepared<T> {
     let _p = profile::op(Op::Gated);
     assert_eq!(g.len(), u.len(), "gate and up shapes");
+    let n = g.len() / width.max(1);
+    assert_eq!(g.len(), n * width, "rows of {width}");
     let quantize = quantizer::<T>(q_act);
+    let slots = QuantSlots::new(blocks, n);
     let body = |r: usize, hr: &mut [T]| {
         let (gr, ur) = (&g[r * width..][..width], &u[r * width..][..width]);
         gated_into(act, gr, ur, hr);
-        blocks.iter().map(|&b| quantize(hr, b)).collect::<Vec<_>>()
+        // SAFETY: one call per row (one task per row, or the loop below).
+        unsafe { slots.fill(r, |b| quantize(hr, b)) };
     };
-    let n = g.len() / width.max(1);
-    let (h, rows): (Vec<T>, Vec<Vec<QuantRow<T>>>) = if par::worth(g.len(), n) {
-        par::chunks_fresh_map(&mut vec![(); n], 1, width, |r, _, hr| body(r, hr))
+    let h = if par::worth(g.len(), n) {
+        par::chunks_fresh_map(&mut vec![(); n], 1, width, |r, _, hr| body(r, hr)).0
     } else {
         let mut h = vec![T::ZERO; g.len()];
-        let rows = h
-            .chunks_mut(width)
+        h.chunks_mut(width)
             .enumerate()
-            .map(|(r, hr)| body(r, hr))
-            .collect();
-        (h, rows)
+            .for_each(|(r, hr)| body(r, hr));
+        h
     };
     Prepared {
-        qs: by_block(blocks, rows),
+        // SAFETY: every row 0..n was filled above.
+        qs: unsafe { slots.finish() },
         h,
     }
 }
 
-/// Per-row lists of quantized rows (one per block size) as per-block-size
-/// lists of rows.
-fn by_block<T>(blocks: &[usize], rows: Vec<Vec<QuantRow<T>>>) -> QuantRows<T> {
-    let mut qs: QuantRows<T> = blocks
-        .iter()
-        .map(|&b| (b, Vec::with_capacity(rows.len())))
-        .collect();
-    for row in rows {
-        for ((_, list), q) in qs.iter_mut().zip(row) {
-            list.push(q);
+/// Each block size's list of `n` quantized rows, filled in place by the
+/// row tasks. A row's quantized rows had come back in a `Vec` of their
+/// own, allocated on the team thread that ran the row and freed in the
+/// forward's thread when the lists were regrouped by block size: some
+/// 3,400 frees in a q8 prefill's serial time, each taking the lock of
+/// another thread's malloc arena.
+struct QuantSlots<T> {
+    /// Untouched until [`QuantSlots::finish`]: the tasks write through `at`.
+    lists: QuantRows<T>,
+    /// Each list's block size and where its rows go (its buffer, `n` rows
+    /// of capacity).
+    at: Vec<(usize, par::Ptr<QuantRow<T>>)>,
+    n: usize,
+}
+
+impl<T: Send> QuantSlots<T> {
+    fn new(blocks: &[usize], n: usize) -> QuantSlots<T> {
+        let mut lists: QuantRows<T> = blocks.iter().map(|&b| (b, Vec::with_capacity(n))).collect();
+        let at = lists
+            .iter_mut()
+            .map(|(b, l)| (*b, par::Ptr(l.as_mut_ptr())))
+            .collect();
+        QuantSlots { lists, at, n }
+    }
+
+    /// Row `r`'s quantized row for each block size `b`: `quantize(b)`.
+    ///
+    /// # Safety
+    /// At most one call per row `r` (two tasks must not write one slot).
+    unsafe fn fill(&self, r: usize, quantize: impl Fn(usize) -> QuantRow<T>) {
+        assert!(r < self.n, "row {r} of {}", self.n);
+        for (b, at) in &self.at {
+            // SAFETY: slot `r` is within the capacity (`r < n`), and only
+            // this call writes it; nothing reads it before `finish`.
+            unsafe { at.at(r).write(quantize(*b)) };
         }
     }
-    qs
+
+    /// The lists, each of `n` rows in row order.
+    ///
+    /// # Safety
+    /// Every row `0..n` was filled (else a list would hold uninitialized rows).
+    unsafe fn finish(mut self) -> QuantRows<T> {
+        for (_, l) in &mut self.lists {
+            // SAFETY: the caller's promise: `n` rows written, within the capacity.
+            unsafe { l.set_len(self.n) };
+        }
+        self.lists
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::ffn::gated;
+    use crate::cpu::matmul::quantize_rows;
+    use crate::cpu::norm::rms_norm;
+
+    fn values(n: usize, seed: f32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as f32 * 0.37 + seed).sin() * 3.0) + (i % 7) as f32 * 0.01)
+            .collect()
+    }
+
+    /// Each block size's rows, field by field, bit for bit.
+    fn assert_same(got: &QuantRows<f32>, want: &QuantRows<f32>, what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}: block sizes");
+        for ((gb, g), (wb, w)) in got.iter().zip(want) {
+            assert_eq!(gb, wb, "{what}: block size");
+            assert_eq!(g.len(), w.len(), "{what}: rows of block {gb}");
+            for (r, (g, w)) in g.iter().zip(w).enumerate() {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert!(
+                    bits(&g.q) == bits(&w.q)
+                        && bits(&g.d) == bits(&w.d)
+                        && bits(&g.s_err) == bits(&w.s_err),
+                    "{what}: block {gb}, row {r}"
+                );
+            }
+        }
+    }
+
+    /// The fused passes' quantized rows, filled in place by the row tasks,
+    /// are `quantize_rows` of their output rows, each in its row's place:
+    /// one row and two (in the calling thread), 37 (a prefill's, in a
+    /// region), two block sizes at once.
+    #[test]
+    fn fused_passes_quantize_each_row_into_its_place() {
+        let d = 256;
+        for n in [1, 2, 37] {
+            for act in [Act::Q8, Act::LlamaCpp] {
+                let blocks = [32, 256];
+                let what = format!("{n} rows, {act:?}");
+                let w = values(d, 9.0);
+                let x0 = values(n * d, 1.0);
+                let add = values(n * d, 2.0);
+                let mut x = x0.clone();
+                let p = add_norm_quantize(&mut x, Some(&add), &w, 1e-5, &blocks, act);
+                let sum: Vec<f32> = x0.iter().zip(&add).map(|(a, b)| a + b).collect();
+                assert_eq!(p.h, rms_norm(&sum, &w, 1e-5), "{what}: norm");
+                let want: QuantRows<f32> = blocks
+                    .iter()
+                    .map(|&b| (b, quantize_rows(&p.h, n, b, act)))
+                    .collect();
+                assert_same(&p.qs, &want, &format!("norm, {what}"));
+
+                let (g, u) = (values(n * d, 3.0), values(n * d, 4.0));
+                let p = gated_quantize(FfnActivation::Silu, &g, &u, d, &blocks, act);
+                assert_eq!(p.h, gated(FfnActivation::Silu, &g, &u), "{what}: gated");
+                let want: QuantRows<f32> = blocks
+                    .iter()
+                    .map(|&b| (b, quantize_rows(&p.h, n, b, act)))
+                    .collect();
+                assert_same(&p.qs, &want, &format!("gated, {what}"));
+            }
+        }
+    }
 }

@@ -173,3 +173,21 @@ pub(crate) fn tap<T: Real>(
         capture::tap(stage, layer, pos, slot, &[rows, width], data);
     }
 }
+
+/// [`tap`] of a buffer the forward is done with: the capture keeps it
+/// rather than copying it when it keeps every row (`capture::tap_owned`).
+pub(crate) fn tap_owned<T: Real>(
+    stage: &str,
+    layer: Option<u32>,
+    pos: std::ops::Range<u32>,
+    slot: Option<u32>,
+    width: usize,
+    data: Vec<T>,
+) {
+    if capture::is_armed() {
+        let _p = profile::op(profile::Op::Tap);
+        let rows = pos.len();
+        debug_assert_eq!(rows * width, data.len(), "{stage}: tap shape");
+        capture::tap_owned(stage, layer, pos, slot, &[rows, width], data);
+    }
+}

@@ -5,8 +5,10 @@
 //!
 //! Regions run on a [`team`] of threads that stay awake between them;
 //! `TAPTREE_CPU_TEAM=0` sends every region to rayon instead (so one binary
-//! measures both).
+//! measures both). `TAPTREE_CPU_PIN=1` pins the team's threads to CPUs of
+//! their own ([`pin`], an experiment).
 
+mod pin;
 mod team;
 #[cfg(test)]
 mod tests;
@@ -55,6 +57,12 @@ pub(crate) fn start() {
     if team_on() {
         team::start_for(rayon::current_num_threads());
     }
+}
+
+/// While the guard lives, the calling thread (a forward's) is pinned to a
+/// CPU of its own when `TAPTREE_CPU_PIN=1` and regions run on a team.
+pub(crate) fn pin_caller() -> pin::CallerPin {
+    pin::caller(pin::on() && team_on() && rayon::current_num_threads() >= 2)
 }
 
 /// Tells the team's idle threads to sleep now rather than spin: the

@@ -107,10 +107,19 @@ fn start(helpers: usize) -> &'static Team {
     // first region opened still joins it (reading `gen` when it starts, it
     // would wait for the next one).
     let first = team.gen.0.load(SeqCst);
+    let pin = super::pin::on();
+    if pin {
+        super::pin::init();
+    }
     for me in 1..=helpers {
         std::thread::Builder::new()
             .name(format!("taptree-cpu-{me}"))
-            .spawn(move || team.work(me, first))
+            .spawn(move || {
+                if pin {
+                    super::pin::helper(me);
+                }
+                team.work(me, first)
+            })
             .expect("spawning a CPU forward thread");
     }
     team

@@ -184,3 +184,32 @@ fn drop_rows_drops_each_row_once() {
         }
     });
 }
+
+/// `TAPTREE_CPU_PIN=1`'s pinning of a forward's thread: one CPU of the
+/// mask while the guard lives, the thread's own mask back after it; off,
+/// nothing changes. (The variable is read once a process, so the test pins
+/// through the module, on a thread of its own.)
+#[cfg(target_os = "linux")]
+#[test]
+fn a_pinned_caller_runs_on_one_cpu_and_gets_its_mask_back() {
+    std::thread::spawn(|| {
+        let before = pin::allowed();
+        {
+            let _off = pin::caller(false);
+            assert_eq!(pin::allowed(), before, "not pinned when off");
+        }
+        {
+            let _on = pin::caller(true);
+            assert_eq!(
+                pin::allowed(),
+                [before[0]],
+                "pinned to the mask's first CPU"
+            );
+        }
+        assert_eq!(pin::allowed(), before, "the mask given back");
+        pin::helper(1);
+        assert_eq!(pin::allowed(), [before[1 % before.len()]], "helper 1's CPU");
+    })
+    .join()
+    .unwrap();
+}

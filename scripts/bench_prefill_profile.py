@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Where a prefill's time goes, binary against binary, interleaved: each
+round runs every variant at every thread count and precision (the
+variants' order rotated round by round), each a `TAPTREE_CPU_PROFILE=1`
+capture of the 37-token chat prompt keeping the logits, unpinned (so a
+count above the machine's cores oversubscribes it).
+
+  VARIANTS    "name=binary[:VAR=value...] ..." (the first is the reference)
+  THREADS     RAYON_NUM_THREADS values (default "2 16")
+  PRECISIONS  default "f32 q8"
+  ROUNDS      default 5
+  MODEL       for `capture --model` (default smollm2)
+
+Prints, per variant, count and precision, the medians of the profile's
+forward ms, serial ms (of it the tap's and `other`'s), the regions' util
+and the capture's tokens/s; then each variant's per-round differences
+from the first variant (same round, same count), medians.
+"""
+import os, re, statistics, subprocess, sys
+vs = []
+for v in os.environ["VARIANTS"].split():
+    name, rest = v.split("=", 1)
+    b, *envs = rest.split(":")
+    vs.append((name, b, dict(e.split("=", 1) for e in envs)))
+threads = [int(t) for t in os.environ.get("THREADS", "2 16").split()]
+precs = os.environ.get("PRECISIONS", "f32 q8").split()
+rounds = int(os.environ.get("ROUNDS", "5"))
+model = os.environ.get("MODEL", "smollm2")
+res = {}
+for r in range(rounds):
+    for t in threads:
+        for p in precs:
+            k = r % len(vs)
+            for name, b, e in vs[k:] + vs[:k]:
+                env = dict(os.environ, RAYON_NUM_THREADS=str(t), TAPTREE_CPU_PROFILE="1", **e)
+                out = subprocess.run([b, "capture", "--model", model, "--chat", "What is the capital of France?",
+                                      "--precision", p, "--select", "stage=logits", "--out", f"/tmp/pfb-{name}", "--force"],
+                                     capture_output=True, text=True, env=env)
+                s = out.stdout + out.stderr
+                fwd = float(re.search(r"threads, ([0-9.]+) ms", s).group(1))
+                tot = re.search(r"^total\s+([0-9.]+)\s+([0-9.]+)\s+\d+\s+([0-9.]+)\s+([0-9.]+)\s+(\d+)%", s, re.M)
+                row = lambda op: float(re.search(rf"^{op}\s+\d+\s+[0-9.]+\s+([0-9.]+)", s, re.M).group(1))
+                rate = float(re.search(r"forward [0-9.]+ s, ([0-9.]+) positions/s", s).group(1))
+                root = re.search(r"root ([0-9a-f]{8})", s).group(1)
+                d = res.setdefault((name, t, p), [])
+                d.append(dict(fwd=fwd, serial=float(tot.group(2)), tap=row("tap"), other=row("other"),
+                              util=int(tot.group(5)), tps=rate, root=root))
+    print(f"round {r} load {os.getloadavg()[0]:.2f}: " + " ".join(
+        f"{n}/{t}/{p}={res[(n,t,p)][-1]['tps']:.0f}" for t in threads for p in precs for n,_,_ in vs), flush=True)
+med = lambda xs: statistics.median(xs)
+print(f"\nmedians of {rounds} rounds: forward ms / serial ms (tap, other) / regions' util / tok/s [min-max]")
+for p in precs:
+    for t in threads:
+        for n, _, _ in vs:
+            d = res[(n, t, p)]
+            tps = [x['tps'] for x in d]
+            print(f"{p} {t:>2} thr {n:>5}: {med([x['fwd'] for x in d]):7.2f} / {med([x['serial'] for x in d]):5.2f} "
+                  f"({med([x['tap'] for x in d]):.2f}, {med([x['other'] for x in d]):.2f}) / {med([x['util'] for x in d]):.0f}% / "
+                  f"{med(tps):6.1f} [{min(tps):.0f}-{max(tps):.0f}]  roots {sorted(set(x['root'] for x in d))}")
+    for n, _, _ in vs:
+        a, b = med([x['tps'] for x in res[(n, threads[-1], p)]]), med([x['tps'] for x in res[(n, threads[0], p)]])
+        print(f"{p} {n}: {threads[-1]} over {threads[0]} threads {a/b:.2f}x")
+print("\npaired per round (each variant against the first, same round, same count): median of forward ms differences")
+for p in precs:
+    for t in threads:
+        b0 = res[(vs[0][0], t, p)]
+        for n, _, _ in vs[1:]:
+            d = [x['fwd'] - y['fwd'] for x, y in zip(res[(n, t, p)], b0)]
+            s = [x['serial'] - y['serial'] for x, y in zip(res[(n, t, p)], b0)]
+            print(f"{p} {t:>2} thr {n} - {vs[0][0]}: forward {med(d):+.2f} ms (rounds faster: {sum(x < 0 for x in d)}/{len(d)}), serial {med(s):+.2f} ms")
