@@ -683,10 +683,11 @@ pub(crate) fn elements(shape: &[usize]) -> Option<usize> {
 /// Writes `m` into `tree` as a writer would, every hash redone: the
 /// directory hashes and root from the entries, the manifest in the
 /// writer's field order (its head first) and sealed, and its index
-/// rewritten (or removed, for a version without one). `Err` where the
-/// edited manifest cannot be written at all (an index cannot hold it).
-pub fn reseal(tree: &Path, m: &mut Manifest) -> Result<(), String> {
-    // A writer gives a tree with ranks the version without an index.
+/// rewritten (or removed, for a version without one). A tree with ranks
+/// is written as format 2.2, as a writer writes it (its index would hold no
+/// rank); what it was written as is returned. `Err` where the edited
+/// manifest cannot be written at all (an index cannot hold it).
+pub fn reseal(tree: &Path, m: &mut Manifest) -> Result<String, String> {
     let ranked = m
         .entries
         .iter()
@@ -722,13 +723,14 @@ pub fn reseal(tree: &Path, m: &mut Manifest) -> Result<(), String> {
     std::fs::write(tree.join(manifest::MANIFEST_FILE), &text).map_err(|e| e.to_string())?;
     let index = tree.join(capture::index::INDEX_FILE);
     if capture::index::has_index(&m.format_version) {
-        capture::index::rewrite(tree).map_err(|e| e.to_string())
+        capture::index::rewrite(tree).map_err(|e| e.to_string())?;
     } else {
         match std::fs::remove_file(&index) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
-            _ => Ok(()),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.to_string()),
+            _ => {}
         }
     }
+    Ok(format!("written as format {}", m.format_version))
 }
 
 /// A manifest field as JSON text (the manifest's own types always serialize).

@@ -85,9 +85,12 @@ pub fn run(seconds: u64, seed: u64, dir: &Path, root: &Path) -> Result<u64, Stri
             edits.push(editor.edit());
         }
         counts.iterations += 1;
-        if reseal(&edited, &mut m).is_err() {
-            counts.unwritable += 1;
-            continue;
+        match reseal(&edited, &mut m) {
+            Ok(written) => edits.push(written),
+            Err(_) => {
+                counts.unwritable += 1;
+                continue;
+            }
         }
         let commands = commands(&mut rng, s, &edited, dir);
         for (k, (args, pair)) in commands.into_iter().enumerate() {
