@@ -38,6 +38,8 @@
 
 #[path = "fuzz/hostile.rs"]
 mod hostile;
+#[path = "fuzz/reseal.rs"]
+mod reseal;
 #[path = "fuzz/tap_files.rs"]
 mod tap_files;
 #[path = "fuzz/tree.rs"]

@@ -20,7 +20,8 @@
 //! binaries it runs are the debug ones beside it: an integer that
 //! overflows panics there, where a release build wraps it silently.
 
-use crate::hostile::{reseal, Editor};
+use crate::hostile::Editor;
+use crate::reseal::reseal;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
