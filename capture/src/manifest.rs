@@ -407,6 +407,9 @@ pub fn check_shard_bounds(shard: crate::key::Shard, ndim: usize) -> Result<(), S
     Ok(())
 }
 
+/// The rule [`valid_stage_name`] holds a stage name to, as messages say it.
+pub const STAGE_NAME_RULE: &str = "[A-Za-z0-9_.-], at most 128 bytes, not starting with '.'";
+
 /// Whether `stage` may be used as a stage name: it becomes part of a file
 /// name and of the hashed line, so it must not hold separators.
 pub fn valid_stage_name(stage: &str) -> bool {

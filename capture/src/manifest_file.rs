@@ -314,8 +314,9 @@ fn check_entry(tree: &Path, manifest_path: &Path, e: &Entry) -> Result<()> {
         Ok(())
     } else {
         Err(format!(
-            "stage name {:?} is not [A-Za-z0-9_.-], at most 128 bytes, not starting with '.'",
-            e.key.stage
+            "stage name {:?} is not {}",
+            e.key.stage,
+            manifest::STAGE_NAME_RULE
         ))
     };
     let bounds = stage

@@ -85,16 +85,7 @@ impl TreeReader {
     /// to the other threads directly rather than through the pool's queue,
     /// with a wait for each, as from a thread outside it.
     pub fn open_all(paths: &[&Path]) -> Vec<Result<TreeReader>> {
-        use rayon::prelude::*;
-        let mut out = Vec::new();
-        // One tree per part: `with_max_len(1)` keeps the pool from opening
-        // two of them one after the other on one thread.
-        paths
-            .par_iter()
-            .with_max_len(1)
-            .map(TreeReader::open)
-            .collect_into_vec(&mut out);
-        out
+        open_each(paths, |p| TreeReader::open(p))
     }
 
     /// Opens the tree at `path` as [`TreeReader::open`] does, every entry
@@ -512,6 +503,21 @@ impl TreeReader {
         }
         Ok(header)
     }
+}
+
+/// `open` of each of `paths` at once on the thread pool, each outcome in
+/// the order of `paths`.
+pub(crate) fn open_each<T: Send>(paths: &[&Path], open: fn(&Path) -> Result<T>) -> Vec<Result<T>> {
+    use rayon::prelude::*;
+    let mut out = Vec::new();
+    // One tree per part: `with_max_len(1)` keeps the pool from opening
+    // two of them one after the other on one thread.
+    paths
+        .par_iter()
+        .with_max_len(1)
+        .map(|p| open(p))
+        .collect_into_vec(&mut out);
+    out
 }
 
 /// The tree at `tree` opened from its index's records, where its

@@ -10,7 +10,7 @@
 
 use crate::error::Result;
 use crate::manifest_file::read_manifest;
-use crate::reader::{open_by_views, TreeReader};
+use crate::reader::{open_by_views, open_each, TreeReader};
 use std::path::Path;
 
 /// A tree opened as [`TreeReader::open`] opens it but for one check left
@@ -87,13 +87,6 @@ impl TreeReader {
     /// does, each outcome in the order of `paths` (on the thread pool, as
     /// [`TreeReader::open_all`]).
     pub fn open_all_unsealed(paths: &[&Path]) -> Vec<Result<Unsealed>> {
-        use rayon::prelude::*;
-        let mut out = Vec::new();
-        paths
-            .par_iter()
-            .with_max_len(1)
-            .map(TreeReader::open_unsealed)
-            .collect_into_vec(&mut out);
-        out
+        open_each(paths, |p| TreeReader::open_unsealed(p))
     }
 }

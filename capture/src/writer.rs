@@ -202,7 +202,7 @@ impl Active {
             None
         };
         if !manifest::valid_stage_name(id.stage) {
-            return misuse("stage names are [A-Za-z0-9_.-], not starting with '.'".into());
+            return misuse(format!("stage names are {}", manifest::STAGE_NAME_RULE));
         }
         let pos = id.pos();
         let rows = id.rows() as usize;

@@ -26,10 +26,9 @@ pub struct StageGraph {
     /// Each stage name's first place in `stages`.
     by_name: HashMap<String, usize>,
     after: Vec<bool>,
-    /// Every layer a tap carries.
+    /// Every layer a tap carries (the first and last of them are what
+    /// `first_layer_inputs` and `@last` name).
     layers: BTreeSet<u32>,
-    first_layer: Option<u32>,
-    last_layer: Option<u32>,
 }
 
 impl StageGraph {
@@ -79,8 +78,6 @@ impl StageGraph {
             by_name,
             after,
             layers: layers.clone(),
-            first_layer: layers.iter().next().copied(),
-            last_layer: layers.iter().next_back().copied(),
         }
     }
 
@@ -112,7 +109,7 @@ impl StageGraph {
             return Vec::new();
         };
         let list = if spec.scope == Scope::Layer
-            && layer == self.first_layer
+            && layer == self.layers.first().copied()
             && !spec.first_layer_inputs.is_empty()
         {
             &spec.first_layer_inputs
@@ -125,7 +122,7 @@ impl StageGraph {
                 let input_scope = self.index(name).map(|i| self.stages[i].scope);
                 let l = match (suffix, input_scope) {
                     (Some("prev"), _) => Some(layer?.checked_sub(1)?),
-                    (Some("last"), _) => Some(self.last_layer?),
+                    (Some("last"), _) => Some(*self.layers.last()?),
                     (_, Some(Scope::Global)) => None,
                     (_, _) => layer,
                 };

@@ -188,18 +188,9 @@ impl CudaForward {
             return Ok(());
         }
         chain.graph = None;
-        let s = self.dev.stream().clone();
-        let mode = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-        s.begin_capture(mode)
-            .map_err(|e| CudaError::driver("begin graph capture", e))?;
         let groups = std::slice::from_ref(group);
-        let encoded = self.encode_fused(groups, 1, true, StepIo::Chained { input, toks });
-        // Always end the capture, so a failed encode leaves the stream usable.
-        let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
-        encoded?;
-        let graph = graph
-            .map_err(|e| CudaError::driver("end graph capture", e))?
-            .ok_or_else(|| CudaError::Shape("graph capture recorded nothing".into()))?;
+        let io = StepIo::Chained { input, toks };
+        let graph = self.capture(|f| f.encode_fused(groups, 1, true, io))?;
         self.chain.as_mut().expect("allocated above").graph = Some((key, graph));
         Ok(())
     }

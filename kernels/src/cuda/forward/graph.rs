@@ -115,10 +115,6 @@ impl CudaForward {
         // setting is never replayed.
         if self.graph.as_ref().is_none_or(|g| g.key != key) {
             self.graph = None;
-            let s = self.dev.stream().clone();
-            let mode = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-            s.begin_capture(mode)
-                .map_err(|e| CudaError::driver("begin graph capture", e))?;
             // The page-locked buffers' device addresses, looked up before
             // the capture begins.
             let mapped = if copies && self.mappable(groups) {
@@ -126,13 +122,7 @@ impl CudaForward {
             } else {
                 None
             };
-            let encoded = self.encode_step(groups, copies, mapped);
-            // Always end the capture, so a failed encode leaves the stream usable.
-            let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
-            encoded?;
-            let graph = graph
-                .map_err(|e| CudaError::driver("end graph capture", e))?
-                .ok_or_else(|| CudaError::Shape("graph capture recorded nothing".into()))?;
+            let graph = self.capture(|f| f.encode_step(groups, copies, mapped))?;
             self.graph = Some(DecodeGraph {
                 key,
                 graph,
@@ -146,6 +136,25 @@ impl CudaForward {
         self.replays += 1;
         self.mapped_replays += u64::from(g.mapped);
         Ok(())
+    }
+
+    /// The launches `encode` makes, captured from the stream into a graph
+    /// (relaxed mode). The capture is ended whatever `encode` returns, so a
+    /// failed encode leaves the stream usable.
+    pub(super) fn capture(
+        &mut self,
+        encode: impl FnOnce(&mut Self) -> Result<(), CudaError>,
+    ) -> Result<cudarc::driver::CudaGraph, CudaError> {
+        let s = self.dev.stream().clone();
+        let mode = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        s.begin_capture(mode)
+            .map_err(|e| CudaError::driver("begin graph capture", e))?;
+        let encoded = encode(self);
+        let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+        encoded?;
+        graph
+            .map_err(|e| CudaError::driver("end graph capture", e))?
+            .ok_or_else(|| CudaError::Shape("graph capture recorded nothing".into()))
     }
 
     /// Replays the last decode step's graph `n` times back to back, then
