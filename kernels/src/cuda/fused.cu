@@ -524,6 +524,19 @@ __device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
     return v > bv || (v == bv && i < bi);
 }
 
+// The warp's best (value, index) pair into every lane: the larger value,
+// the lower index between equals.
+__device__ __forceinline__ void warp_best(float& bv, int& bi) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float v = __shfl_xor_sync(0xffffffffu, bv, o);
+        int i = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (beats(v, i, bv, bi)) {
+            bv = v;
+            bi = i;
+        }
+    }
+}
+
 extern "C" __global__ void step_next(const float* logits, int n, u32* in, u32* toks) {
     __shared__ float vs[STEP_NEXT_THREADS / 32];
     __shared__ int is[STEP_NEXT_THREADS / 32];
@@ -540,15 +553,8 @@ extern "C" __global__ void step_next(const float* logits, int n, u32* in, u32* t
             bi = i;
         }
     }
-    // Then the pairs: the larger value, the lower index between equals.
-    for (int o = 16; o > 0; o >>= 1) {
-        float v = __shfl_xor_sync(0xffffffffu, bv, o);
-        int i = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (beats(v, i, bv, bi)) {
-            bv = v;
-            bi = i;
-        }
-    }
+    // Then the warp's, then the block's.
+    warp_best(bv, bi);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0) {
         vs[warp] = bv;
@@ -559,14 +565,7 @@ extern "C" __global__ void step_next(const float* logits, int n, u32* in, u32* t
         int warps = blockDim.x >> 5;
         bv = lane < warps ? vs[lane] : -__int_as_float(0x7f800000);
         bi = lane < warps ? is[lane] : n;
-        for (int o = 16; o > 0; o >>= 1) {
-            float v = __shfl_xor_sync(0xffffffffu, bv, o);
-            int i = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (beats(v, i, bv, bi)) {
-                bv = v;
-                bi = i;
-            }
-        }
+        warp_best(bv, bi);
         if (lane == 0) {
             u32 tok = bi == n ? 0u : (u32)bi;
             u32 p = in[1];
