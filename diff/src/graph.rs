@@ -310,10 +310,11 @@ mod tests {
     /// before it and the last reading `@last`, puts every one of them after
     /// the layers at the cost of its size (each pass over the vocabulary
     /// found one more, with a search of the vocabulary for every input:
-    /// seconds for 3,000 stages, the cube of their number).
+    /// seconds for 3,000 stages, the cube of their number). No clock is
+    /// read: at 30,000 stages that cube is days, and the test would not end.
     #[test]
     fn a_long_chain_of_globals_after_the_layers_costs_its_length() {
-        let n = 3000;
+        let n = 30_000;
         let mut stages: Vec<StageSpec> = (0..n)
             .map(|i| {
                 let input = match i + 1 == n {
@@ -324,10 +325,8 @@ mod tests {
             })
             .collect();
         stages.extend(vocab());
-        let start = std::time::Instant::now();
         let g = StageGraph::new(&stages, &[0, 1].into());
-        assert!(start.elapsed() < std::time::Duration::from_secs(1));
-        for name in ["g0", "g1500", "g2999", "final"] {
+        for name in ["g0", "g15000", "g29999", "final"] {
             assert_eq!(g.order(None, name).0, Section::After as u8, "{name}");
         }
         assert_eq!(g.order(None, "embedding").0, Section::Before as u8);
