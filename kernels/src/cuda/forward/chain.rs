@@ -19,9 +19,25 @@ use super::{CudaForward, GraphKey, Group, StepIo};
 use crate::cuda::CudaError;
 use crate::forward::ForwardError;
 
-/// Steps queued between two looks at their tokens; at most two windows are
-/// queued at once, so a stop token costs at most a window of steps past it.
-const WINDOW: usize = 8;
+/// Steps queued between two looks at their tokens: 1, or
+/// `TAPTREE_CUDA_CHAIN_WINDOW` (1 to 64) to measure others. At most two
+/// windows are queued at once, so a stop token costs at most the rest of
+/// its window and one window more of steps that run past it: at 8 steps a
+/// window, an 8-token chat's decode took 5 ms longer chained than stepped
+/// from the host (an H100; H200: chat 2,800 against 4,300 positions/s),
+/// and at 1 it is as fast as stepped, while 256 steps run at the same
+/// 1,550 positions/s at 1, 2, 4 and 8 (docs/PERFORMANCE.md): one step
+/// queued ahead of the one the host waits on keeps the GPU busy.
+fn window() -> usize {
+    static WINDOW: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *WINDOW.get_or_init(|| {
+        std::env::var("TAPTREE_CUDA_CHAIN_WINDOW")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|w| (1..=64).contains(w))
+            .unwrap_or(1)
+    })
+}
 
 /// A chained step's device input (token, position), the page-locked tokens
 /// the steps write, one per position of the cache, and the chained step's
@@ -98,7 +114,7 @@ impl CudaForward {
         while seen < steps {
             // Keep two windows queued; then look at the older one's tokens.
             while queued < steps && marks.len() < 2 {
-                let n = WINDOW.min(steps - queued);
+                let n = window().min(steps - queued);
                 for _ in 0..n {
                     graph.launch().map_err(err("launch chained step"))?;
                 }
