@@ -31,11 +31,19 @@ use crate::forward::ForwardError;
 fn window() -> usize {
     static WINDOW: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *WINDOW.get_or_init(|| {
-        std::env::var("TAPTREE_CUDA_CHAIN_WINDOW")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|w| (1..=64).contains(w))
-            .unwrap_or(1)
+        let Ok(v) = std::env::var("TAPTREE_CUDA_CHAIN_WINDOW") else {
+            return 1;
+        };
+        match v.parse::<usize>() {
+            Ok(w) if (1..=64).contains(&w) => w,
+            // A measurement that silently ran another window would lie.
+            _ => {
+                eprintln!(
+                    "taptree: TAPTREE_CUDA_CHAIN_WINDOW={v:?}: expected 1 to 64 steps; using 1"
+                );
+                1
+            }
+        }
     })
 }
 
