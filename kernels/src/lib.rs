@@ -30,6 +30,7 @@ pub mod cuda;
 pub mod forward;
 pub mod generate;
 pub mod ggml_build;
+mod knobs;
 pub mod stages;
 pub mod switches;
 

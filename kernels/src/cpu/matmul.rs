@@ -382,21 +382,13 @@ unsafe fn transpose_into<T: Copy>(buf: &[T], k: usize, n: usize, dst: *mut T, st
 }
 
 /// Into how many parts a matmul's rows are cut: 1 (never), or
-/// `TAPTREE_CPU_ROW_PARTS` (a positive integer), to measure a 2-D split of
+/// `TAPTREE_CPU_ROW_PARTS` (1 to 1024), to measure a 2-D split of
 /// the tasks (output features × rows). Cutting a prefill's 37 rows in two
 /// where the output features gave fewer than 16 tasks per thread was
 /// measured on 16 threads and was no faster (docs/PERFORMANCE.md).
 fn row_parts() -> usize {
     static PARTS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *PARTS.get_or_init(|| env_count("TAPTREE_CPU_ROW_PARTS").unwrap_or(1))
-}
-
-/// The positive integer in environment variable `var`, if it holds one.
-fn env_count(var: &str) -> Option<usize> {
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n > 0)
+    *PARTS.get_or_init(|| crate::knobs::count("TAPTREE_CPU_ROW_PARTS", 1..=1024, 1))
 }
 
 /// Output features per rayon task: 16 (four groups of four weight rows),
@@ -411,10 +403,10 @@ fn chunk_rows(rows: usize) -> usize {
 }
 
 /// How many tasks per thread [`chunk_rows`] aims at: 8, or
-/// `TAPTREE_CPU_TASKS_PER_THREAD` (a positive integer) to measure others.
+/// `TAPTREE_CPU_TASKS_PER_THREAD` (1 to 1024) to measure others.
 fn tasks_per_thread() -> usize {
     static TASKS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *TASKS.get_or_init(|| env_count("TAPTREE_CPU_TASKS_PER_THREAD").unwrap_or(8))
+    *TASKS.get_or_init(|| crate::knobs::count("TAPTREE_CPU_TASKS_PER_THREAD", 1..=1024, 8))
 }
 
 #[cfg(test)]

@@ -30,21 +30,7 @@ use crate::forward::ForwardError;
 /// queued ahead of the one the host waits on keeps the GPU busy.
 fn window() -> usize {
     static WINDOW: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *WINDOW.get_or_init(|| {
-        let Ok(v) = std::env::var("TAPTREE_CUDA_CHAIN_WINDOW") else {
-            return 1;
-        };
-        match v.parse::<usize>() {
-            Ok(w) if (1..=64).contains(&w) => w,
-            // A measurement that silently ran another window would lie.
-            _ => {
-                eprintln!(
-                    "taptree: TAPTREE_CUDA_CHAIN_WINDOW={v:?}: expected 1 to 64 steps; using 1"
-                );
-                1
-            }
-        }
-    })
+    *WINDOW.get_or_init(|| crate::knobs::count("TAPTREE_CUDA_CHAIN_WINDOW", 1..=64, 1))
 }
 
 /// A chained step's device input (token, position), the page-locked tokens
