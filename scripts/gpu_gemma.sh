@@ -34,7 +34,7 @@ tests() {
     step "device"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
     step "differential kernel tests and forward tests"
-    for t in cuda_kernels cuda_kernels_q8 cuda_kernels_gemma cuda_forward cuda_fused; do
+    for t in cuda_kernels cuda_kernels_q8 cuda_kernels_gemma cuda_forward cuda_fused cuda_chain; do
         run "$t" --test-threads=1
     done
 }

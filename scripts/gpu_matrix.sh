@@ -29,11 +29,11 @@ if [[ "${1:-}" == "--bundle" ]]; then
     set -e
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target-cuda}
     cargo build --release --features cuda
-    cargo test --release --features cuda -p kernels --test cuda_kernels --test cuda_kernels_q8 --test cuda_kernels_gemma --test cuda_forward --test cuda_fused --test cuda_perf --test cuda_tp --no-run
+    cargo test --release --features cuda -p kernels --test cuda_kernels --test cuda_kernels_q8 --test cuda_kernels_gemma --test cuda_forward --test cuda_fused --test cuda_chain --test cuda_perf --test cuda_tp --no-run
     stage=$(mktemp -d)
     # taptree is the front; taptree-full, beside it, runs every other command.
     for b in taptree taptree-full; do strip -o "$stage/$b" "$CARGO_TARGET_DIR/release/$b"; done
-    for t in cuda_kernels cuda_kernels_q8 cuda_kernels_gemma cuda_forward cuda_fused cuda_perf cuda_tp; do
+    for t in cuda_kernels cuda_kernels_q8 cuda_kernels_gemma cuda_forward cuda_fused cuda_chain cuda_perf cuda_tp; do
         f=$(ls -t "$CARGO_TARGET_DIR"/release/deps/$t-* | grep -v '\.d$' | head -1)
         strip -o "$stage/$t" "$f"
     done
@@ -68,6 +68,7 @@ if [[ ${STAGE:-all} != model ]]; then
     run cuda_kernels_gemma --test-threads=1 --nocapture
     run cuda_forward --test-threads=1 --nocapture
     run cuda_fused --test-threads=1 --nocapture
+    run cuda_chain --test-threads=1 --nocapture
     # The tensor-parallel forward (its NCCL tests skip without libnccl.so;
     # the real-model TP matrix is scripts/gpu_tp.sh).
     run cuda_tp --test-threads=1 --nocapture

@@ -72,7 +72,7 @@ PY
 nvrtc_dir=$(mktemp -d)
 ln -s "$nvrtc" "$nvrtc_dir/libnvrtc.so"
 LD_LIBRARY_PATH=$nvrtc_dir:$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} TAPTREE_REQUIRE_NVRTC=1 \
-    cargo test --release --features cuda -p kernels --test cuda_kernels --test cuda_kernels_q8 --test cuda_kernels_gemma --test cuda_forward --test cuda_fused --test cuda_tp
+    cargo test --release --features cuda -p kernels --test cuda_kernels --test cuda_kernels_q8 --test cuda_kernels_gemma --test cuda_forward --test cuda_fused --test cuda_chain --test cuda_tp
 rm -rf "$nvrtc_dir"
 
 # Every public item of the library crates carries a doc (#![deny(missing_docs)]

@@ -18,63 +18,6 @@ use kernels::switches::Switches;
 use kernels::{Forward, Precision};
 use model::{GgmlType, ModelWeights};
 
-fn open(dev: &std::sync::Arc<kernels::cuda::Device>, w: &ModelWeights, fused: bool) -> CudaForward {
-    let mut f = CudaForward::new(dev.clone(), w, Precision::F32, &Switches::none()).unwrap();
-    f.set_fused(fused);
-    f
-}
-
-/// The llama skeleton over several weight layouts: the tiny model (Q4_1
-/// projections, a Q8_0 tied embedding, 97 logits: a tail block of one), the
-/// tiny Gemma's weights (Q4_K o_proj, Q6_K ffn_down, head_dim 64, one KV
-/// head), and float weights with an untied F16 output.
-fn models() -> Vec<(&'static str, ModelWeights)> {
-    let mut gemma_weights = tiny_gemma();
-    gemma_weights.config.family = model::ModelFamily::llama();
-    for lw in &mut gemma_weights.layers {
-        lw.extra_norms = Default::default();
-    }
-    let mut floats = tiny_model();
-    let mut r = Rng(11);
-    for (l, lw) in floats.layers.iter_mut().enumerate() {
-        lw.wq = tensor(
-            &mut r,
-            &format!("blk.{l}.attn_q"),
-            GgmlType::F32,
-            &[64, 64],
-            0.3,
-            0.0,
-        );
-        lw.w_up = tensor(
-            &mut r,
-            &format!("blk.{l}.ffn_up"),
-            GgmlType::F16,
-            &[96, 64],
-            0.3,
-            0.0,
-        );
-        lw.w_down = tensor(
-            &mut r,
-            &format!("blk.{l}.ffn_down"),
-            GgmlType::Q8_0,
-            &[64, 96],
-            0.3,
-            0.0,
-        );
-    }
-    floats.output = Some(tensor(&mut r, "output", GgmlType::F16, &[97, 64], 0.5, 0.0));
-    let mut out = vec![
-        ("q4_1", tiny_model()),
-        ("k-quants", gemma_weights),
-        ("floats", floats),
-    ];
-    for (_, w) in &mut out {
-        // Room past the cache's first capacity (64 positions).
-        w.config.context_length = 256;
-    }
-    out
-}
-
 #[test]
 fn fused_forward_equals_unfused() {
     if !have_gpu() {
@@ -90,9 +33,9 @@ fn fused_forward_equals_unfused() {
     // give the unfused bits.
     for early in EarlyLaunch::ALL {
         dev.set_early_launch(early);
-        for (name, w) in models() {
+        for (name, w) in weight_layouts() {
             let name = format!("{name}, early launch {early:?}");
-            let (mut plain, mut fused) = (open(&dev, &w, false), open(&dev, &w, true));
+            let (mut plain, mut fused) = (open_fused(&dev, &w, false), open_fused(&dev, &w, true));
             fused.set_persistent(true);
             fused.set_mapped_step(true);
             // The other forms of the step: its copies outside the graph, the
@@ -100,7 +43,7 @@ fn fused_forward_equals_unfused() {
             // layers in five launches each rather than one persistent
             // launch; and the persistent launch on a grid of one block (each
             // block takes every share of every step) or of seven.
-            let mut other = open(&dev, &w, true);
+            let mut other = open_fused(&dev, &w, true);
             other.set_graph_copies(false);
             other.set_logits_streaming(ops::Streaming {
                 blocks_per_sm: if early == EarlyLaunch::Off { 0 } else { 1 },
@@ -110,13 +53,13 @@ fn fused_forward_equals_unfused() {
             // Five launches a layer with the step mapped (its token,
             // position and logits read and written in page-locked memory by
             // its kernels: the default), and with its copies in the graph.
-            let mut five = open(&dev, &w, true);
+            let mut five = open_fused(&dev, &w, true);
             five.set_persistent(false);
             five.set_mapped_step(true);
-            let mut copies = open(&dev, &w, true);
+            let mut copies = open_fused(&dev, &w, true);
             copies.set_persistent(false);
             copies.set_mapped_step(false);
-            let mut narrow = open(&dev, &w, true);
+            let mut narrow = open_fused(&dev, &w, true);
             narrow.set_persistent(true);
             narrow.set_persistent_blocks(if early == EarlyLaunch::Off { 1 } else { 7 });
             for prompt in [&PROMPT[..], &long[..]] {
@@ -213,8 +156,12 @@ fn control_a_perturbed_weight_moves_the_fused_logits() {
     // One byte of one block of layer 1's ffn_down: the comparison above
     // would have seen it.
     moved.layers[1].w_down.data[7] ^= 0x11;
-    let a = open(&dev, &w, true).forward(None, &PROMPT, 0).unwrap();
-    let b = open(&dev, &moved, true).forward(None, &PROMPT, 0).unwrap();
+    let a = open_fused(&dev, &w, true)
+        .forward(None, &PROMPT, 0)
+        .unwrap();
+    let b = open_fused(&dev, &moved, true)
+        .forward(None, &PROMPT, 0)
+        .unwrap();
     assert_ne!(a, b, "a changed weight left the fused logits unchanged");
 }
 
@@ -232,7 +179,7 @@ fn control_a_perturbed_weight_moves_the_persistent_step() {
     let last = moved.layers.len() - 1;
     moved.layers[last].w_down.data[3] ^= 0x22;
     let step = |w: &ModelWeights| {
-        let mut f = open(&dev, w, true);
+        let mut f = open_fused(&dev, w, true);
         f.set_persistent(true);
         f.forward(None, &PROMPT, 0).unwrap();
         let l = f.forward(None, &[7], PROMPT.len()).unwrap();
@@ -260,12 +207,12 @@ fn fusion_stays_off_where_it_does_not_hold() {
         f.fused_runs()
     };
     assert_eq!(q8(&tiny_model()), 0, "q8 ran fused");
-    let mut gemma = open(&dev, &tiny_gemma(), true);
+    let mut gemma = open_fused(&dev, &tiny_gemma(), true);
     gemma.forward(None, &PROMPT, 0).unwrap();
     assert_eq!(gemma.fused_runs(), 0, "gemma ran fused");
     // Several slots at once run unfused; one slot alone fused.
     let w = tiny_model();
-    let mut f = open(&dev, &w, true);
+    let mut f = open_fused(&dev, &w, true);
     f.forward(Some(0), &PROMPT, 0).unwrap();
     f.forward(Some(1), &PROMPT[..3], 0).unwrap();
     assert_eq!(f.fused_runs(), 2);
@@ -281,11 +228,13 @@ fn fusion_stays_off_where_it_does_not_hold() {
         run: capture::RunInfo::default(),
     })
     .unwrap();
-    let mut armed = open(&dev, &w, true);
+    let mut armed = open_fused(&dev, &w, true);
     let a = armed.forward(None, &PROMPT, 0).unwrap();
     cap.finish().unwrap();
     assert_eq!(armed.fused_runs(), 0, "an armed forward ran fused");
-    let b = open(&dev, &w, true).forward(None, &PROMPT, 0).unwrap();
+    let b = open_fused(&dev, &w, true)
+        .forward(None, &PROMPT, 0)
+        .unwrap();
     assert_eq!(a, b, "armed (unfused) and disarmed (fused) logits differ");
 }
 
@@ -761,137 +710,4 @@ fn split_attention_and_rope_table_equal_the_plain_launches() {
 
 fn up_u32(dev: &kernels::cuda::Device, pos0: usize) -> cudarc::driver::CudaSlice<u32> {
     ops::upload(dev, &[pos0 as u32]).unwrap()
-}
-
-/// `step_next`, the chained step's greedy pick, against `generate::argmax`
-/// over logits that test its rules: the first of equal largest values
-/// (equals in one thread's stride, in different threads and warps, and
-/// -0 against +0), NaN never winning (first, everywhere, beside the
-/// largest), nothing above -inf giving 0, +inf, and sizes from one logit
-/// to a SmolLM2 vocabulary. The pick goes to the next step's input (the
-/// position one past) and to the tokens at the step's position.
-#[test]
-fn step_next_picks_what_argmax_picks() {
-    let Some(dev) = ks::gpu() else {
-        return;
-    };
-    let mut rng = ks::Rng(23);
-    let mut cases: Vec<(String, Vec<f32>)> = Vec::new();
-    for n in [1usize, 2, 97, 1024, 1025, 4099, 49_152] {
-        let random: Vec<f32> = (0..n).map(|_| rng.f32() * 8.0 - 4.0).collect();
-        cases.push((format!("random {n}"), random.clone()));
-        let top = random.iter().cloned().fold(f32::NEG_INFINITY, f32::max) + 1.0;
-        // Equal largest values: in one thread's stride (i, i + 1024), in
-        // two warps, in neighbours; the first must win.
-        for ties in [
-            [n / 3, n / 3 + 1024],
-            [n - 1, n / 2],
-            [n / 2, n / 2 + 1],
-            [5, 37],
-        ] {
-            let mut v = random.clone();
-            for &i in &ties {
-                if i < n {
-                    v[i] = top;
-                }
-            }
-            cases.push((format!("ties {ties:?} of {n}"), v));
-        }
-        let mut v = random.clone();
-        v[0] = f32::NAN;
-        v[n / 2] = f32::NAN;
-        cases.push((format!("NaN first and in the middle of {n}"), v));
-        let mut v = vec![-0.0f32; n];
-        v[n - 1] = 0.0;
-        cases.push((format!("-0 then +0 of {n}"), v));
-        cases.push((format!("all NaN {n}"), vec![f32::NAN; n]));
-        cases.push((format!("all -inf {n}"), vec![f32::NEG_INFINITY; n]));
-        let mut v: Vec<f32> = (0..n)
-            .map(|i| {
-                if i % 2 == 0 {
-                    f32::NAN
-                } else {
-                    f32::NEG_INFINITY
-                }
-            })
-            .collect();
-        cases.push((format!("NaN and -inf {n}"), v.clone()));
-        v[n - 1] = f32::INFINITY;
-        cases.push((format!("+inf last of {n}"), v));
-    }
-    let mut differs = 0;
-    for (k, (name, v)) in cases.iter().enumerate() {
-        let want = kernels::generate::argmax(v);
-        let logits = ops::upload(&dev, v).unwrap();
-        let pos = (k % 60) as u32;
-        let input = ops::upload(&dev, &[12345u32, pos]).unwrap();
-        let toks = dev.stream().alloc_zeros::<u32>(64).unwrap();
-        {
-            use cudarc::driver::DevicePtr;
-            let (i, _g) = input.device_ptr(dev.stream());
-            let (t, _g2) = toks.device_ptr(dev.stream());
-            // SAFETY: two u32s and 64 u32s of device memory, pos < 64.
-            unsafe { ops::step_next(&dev, &logits.as_view(), i, t) }.unwrap();
-        }
-        let got = dev.stream().clone_dtoh(&input).unwrap();
-        let at = dev.stream().clone_dtoh(&toks).unwrap()[pos as usize];
-        assert_eq!(got, [want, pos + 1], "{name}: the next step's input");
-        assert_eq!(at, want, "{name}: the step's token");
-        differs += usize::from(want != 0);
-    }
-    // The cases pick more than index 0: a kernel that always wrote 0 fails.
-    assert!(differs > 20, "only {differs} cases pick a token past 0");
-}
-
-/// Greedy generation chained on the device (`forward/chain.rs`) against
-/// the host's step by step, unfused and without graphs: the same tokens for
-/// each weight layout and early-launch mode (69 steps: windows of eight and
-/// a remainder), past the cache's first capacity (grown before the first
-/// chained step),
-/// stopped at a stop token at the same place, and the cache then as
-/// stepping leaves it (the next step's logits equal). The control: the
-/// chained forward did chain.
-#[test]
-fn chained_greedy_equals_step_by_step() {
-    if !have_gpu() {
-        return;
-    }
-    let _g = serial();
-    let dev = kernels::cuda::Device::open(0).unwrap();
-    let long: Vec<u32> = (0..20u32).map(|i| (i * 37 + 5) % 97).collect();
-    for early in EarlyLaunch::ALL {
-        dev.set_early_launch(early);
-        for (name, w) in models() {
-            let name = format!("{name}, early launch {early:?}");
-            let mut host = open(&dev, &w, false);
-            host.set_chained(false);
-            let mut chained = open(&dev, &w, true);
-            let want = kernels::generate::greedy(&mut host, &long, 70, &[]).unwrap();
-            let got = kernels::generate::greedy(&mut chained, &long, 70, &[]).unwrap();
-            assert_eq!(want, got, "{name}: 70 greedy tokens");
-            assert_eq!(host.chained_steps(), 0, "{name}: chained while off");
-            assert_eq!(
-                chained.chained_steps(),
-                69,
-                "{name}: not every step chained"
-            );
-            // Stopped at the 12th token (its first appearance).
-            let stop = want.tokens[11];
-            let first = want.tokens.iter().position(|&t| t == stop).unwrap();
-            host.reset();
-            chained.reset();
-            let want = kernels::generate::greedy(&mut host, &long, 70, &[stop]).unwrap();
-            let got = kernels::generate::greedy(&mut chained, &long, 70, &[stop]).unwrap();
-            assert_eq!(want, got, "{name}: stopped at {stop}");
-            assert!(
-                got.stopped && got.tokens.len() == first + 1,
-                "{name}: {got:?}"
-            );
-            // The cache holds what stepping left: the stop token's step.
-            let pos = long.len() + got.tokens.len() - 1;
-            let a = host.forward(None, &[stop], pos).unwrap();
-            let b = chained.forward(None, &[stop], pos).unwrap();
-            assert_eq!(a, b, "{name}: the step after the stop token");
-        }
-    }
 }

@@ -1,10 +1,11 @@
 //! The seeded models and helpers the CUDA forward tests share
-//! (`cuda_forward.rs`, `cuda_fused.rs`).
+//! (`cuda_forward.rs`, `cuda_fused.rs`, `cuda_chain.rs`, `cuda_tp.rs`).
 #![allow(dead_code)]
 
 use std::sync::Mutex;
 
 use kernels::cuda::device::driver_present;
+use kernels::cuda::CudaForward;
 use kernels::switches::Switches;
 use kernels::{Forward, Precision};
 use model::{GgmlType, LayerWeights, LlamaConfig, ModelWeights, QTensor};
@@ -251,4 +252,66 @@ pub fn q5_0(r: &mut Rng, name: &str, rows: usize, cols: usize) -> QTensor {
         shape: vec![rows, cols],
         data: data.into(),
     }
+}
+
+/// A CUDA forward over `w` in f32, fused or not.
+pub fn open_fused(
+    dev: &std::sync::Arc<kernels::cuda::Device>,
+    w: &ModelWeights,
+    fused: bool,
+) -> CudaForward {
+    let mut f = CudaForward::new(dev.clone(), w, Precision::F32, &Switches::none()).unwrap();
+    f.set_fused(fused);
+    f
+}
+
+/// The llama skeleton over several weight layouts: the tiny model (Q4_1
+/// projections, a Q8_0 tied embedding, 97 logits: a tail block of one), the
+/// tiny Gemma's weights (Q4_K o_proj, Q6_K ffn_down, head_dim 64, one KV
+/// head), and float weights with an untied F16 output.
+pub fn weight_layouts() -> Vec<(&'static str, ModelWeights)> {
+    let mut gemma_weights = tiny_gemma();
+    gemma_weights.config.family = model::ModelFamily::llama();
+    for lw in &mut gemma_weights.layers {
+        lw.extra_norms = Default::default();
+    }
+    let mut floats = tiny_model();
+    let mut r = Rng(11);
+    for (l, lw) in floats.layers.iter_mut().enumerate() {
+        lw.wq = tensor(
+            &mut r,
+            &format!("blk.{l}.attn_q"),
+            GgmlType::F32,
+            &[64, 64],
+            0.3,
+            0.0,
+        );
+        lw.w_up = tensor(
+            &mut r,
+            &format!("blk.{l}.ffn_up"),
+            GgmlType::F16,
+            &[96, 64],
+            0.3,
+            0.0,
+        );
+        lw.w_down = tensor(
+            &mut r,
+            &format!("blk.{l}.ffn_down"),
+            GgmlType::Q8_0,
+            &[64, 96],
+            0.3,
+            0.0,
+        );
+    }
+    floats.output = Some(tensor(&mut r, "output", GgmlType::F16, &[97, 64], 0.5, 0.0));
+    let mut out = vec![
+        ("q4_1", tiny_model()),
+        ("k-quants", gemma_weights),
+        ("floats", floats),
+    ];
+    for (_, w) in &mut out {
+        // Room past the cache's first capacity (64 positions).
+        w.config.context_length = 256;
+    }
+    out
 }

@@ -9,7 +9,7 @@
 //! A chained step is the mapped step's graph (`graph.rs`) with its input in
 //! device memory and the greedy pick after its logits: the same kernels on
 //! the same values, so its logits, and their greedy token, are the bits a
-//! step-by-step decode gives (`cuda_fused.rs::chained_greedy_equals_step_by_step`).
+//! step-by-step decode gives (`cuda_chain.rs::chained_greedy_equals_step_by_step`).
 //! The logits stay on the device. `TAPTREE_CUDA_CHAIN=0` (or
 //! [`CudaForward::set_chained`]) steps from the host instead.
 
