@@ -98,11 +98,10 @@ fn step_next_picks_what_argmax_picks() {
 /// the host's step by step, unfused and without graphs: the same tokens for
 /// each weight layout and early-launch mode (69 steps, each its own window
 /// at the default window of one; `TAPTREE_CUDA_CHAIN_WINDOW=8` runs them as
-/// windows of eight and a remainder), past the cache's first capacity (grown before the first
-/// chained step),
-/// stopped at a stop token at the same place, and the cache then as
-/// stepping leaves it (the next step's logits equal). The control: the
-/// chained forward did chain.
+/// windows of eight and a remainder), past the cache's first capacity
+/// (grown before the first chained step), stopped at a stop token at the
+/// same place, and the cache then as stepping leaves it (the next step's
+/// logits equal). The control: the chained forward did chain.
 #[test]
 fn chained_greedy_equals_step_by_step() {
     if !have_gpu() {
