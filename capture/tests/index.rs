@@ -448,23 +448,6 @@ fn every_flipped_bit_of_the_body_is_judged_as_the_owned_path_judges_it() {
     assert!(opened <= 20 * 32 * 3, "{opened} flips opened");
 }
 
-/// The tree's manifest edited as `edit` says, then its directory hashes and
-/// root recomputed, sealed and indexed again: damage that the root cannot
-/// see, so that only the entries' own checks can refuse it.
-fn reseal_edited(t: &Path, edit: impl FnOnce(&mut Manifest)) {
-    let path = t.join("manifest.json");
-    let mut m = json_manifest(t);
-    edit(&mut m);
-    let (dirs, root) = m.hashes();
-    m.dirs = dirs;
-    m.root = root;
-    m.manifest_blake3 = Some(capture::manifest::UNSEALED.to_string());
-    let mut bytes = serde_json::to_vec(&m).unwrap();
-    assert!(capture::manifest::seal(&mut bytes));
-    std::fs::write(&path, bytes).unwrap();
-    index::rewrite(t).unwrap();
-}
-
 #[test]
 fn entries_that_only_their_own_checks_refuse_are_refused_from_the_records_too() {
     type Edit = fn(&mut Manifest);
@@ -506,7 +489,7 @@ fn entries_that_only_their_own_checks_refuse_are_refused_from_the_records_too() 
     for (what, edit, says) in cases {
         let dir = tempfile::tempdir().unwrap();
         let t = tree(dir.path());
-        reseal_edited(&t, edit);
+        index::reseal_edited(&t, edit).unwrap();
         let err = TreeReader::open_owned(&t).unwrap_err().to_string();
         assert!(err.contains(says), "{what}: {err}");
         // Not opened from the records either, and refused word for word
@@ -516,7 +499,7 @@ fn entries_that_only_their_own_checks_refuse_are_refused_from_the_records_too() 
     // The control: the same rewrite without an edit opens both ways.
     let dir = tempfile::tempdir().unwrap();
     let t = tree(dir.path());
-    reseal_edited(&t, |_| {});
+    index::reseal_edited(&t, |_| {}).unwrap();
     assert!(same_either_way(&t, "resealed unedited"));
     assert!(matches!(
         TreeReader::open(&t).unwrap().listing(),

@@ -78,17 +78,7 @@ pub fn edit_manifest(tree: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
 /// (the directory hashes and root from the entries, the seal, the index),
 /// so that only what reads the entries' meaning can see the edit.
 pub fn reseal_manifest(tree: &Path, edit: impl FnOnce(&mut capture::Manifest)) {
-    let path = tree.join("manifest.json");
-    let mut m: capture::Manifest = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    edit(&mut m);
-    let (dirs, root) = m.hashes();
-    m.dirs = dirs;
-    m.root = root;
-    m.manifest_blake3 = Some(capture::manifest::UNSEALED.to_string());
-    let mut bytes = serde_json::to_vec(&m).unwrap();
-    assert!(capture::manifest::seal(&mut bytes));
-    std::fs::write(&path, bytes).unwrap();
-    capture::index::rewrite(tree).unwrap();
+    capture::index::reseal_edited(tree, edit).unwrap();
 }
 
 /// Exit 2, and stderr names `file` and `problem`.

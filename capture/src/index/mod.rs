@@ -273,6 +273,32 @@ pub fn rewrite(tree: &Path) -> Result<()> {
     std::fs::rename(&new, &path).map_err(|e| Error::io(&path, e))
 }
 
+/// Edits the manifest of the tree at `tree` as `edit` says, then redoes
+/// every hash a writer makes (the directory hashes and root from the
+/// entries, the seal) and the index: what a hostile writer can do, for
+/// tests and tools that check that only the entries' own checks can refuse
+/// such an edit.
+pub fn reseal_edited(tree: &Path, edit: impl FnOnce(&mut Manifest)) -> Result<()> {
+    let path = tree.join(MANIFEST_FILE);
+    let json = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+    let bad = |reason: String| Error::BadManifest {
+        path: path.clone(),
+        reason,
+    };
+    let mut m: Manifest = serde_json::from_slice(&json).map_err(|e| bad(e.to_string()))?;
+    edit(&mut m);
+    let (dirs, root) = m.hashes();
+    m.dirs = dirs;
+    m.root = root;
+    m.manifest_blake3 = Some(manifest::UNSEALED.to_string());
+    let mut bytes = serde_json::to_vec(&m).map_err(|e| bad(e.to_string()))?;
+    if !manifest::seal(&mut bytes) {
+        return Err(bad("no manifest_blake3 to seal".into()));
+    }
+    std::fs::write(&path, bytes).map_err(|e| Error::io(&path, e))?;
+    rewrite(tree)
+}
+
 /// Redoes an index's body hash and head seal after an edit of its bytes
 /// (for tests and the fuzz harness, so that what is tested is the edit).
 /// An index shorter than its head is left alone.
