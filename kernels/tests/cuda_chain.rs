@@ -11,7 +11,6 @@ mod cuda_models;
 use cuda_kernels_support as ks;
 use cuda_models::*;
 use kernels::cuda::ops;
-use kernels::cuda::EarlyLaunch;
 use kernels::Forward;
 
 /// `step_next`, the chained step's greedy pick, against `generate::argmax`
@@ -104,45 +103,36 @@ fn step_next_picks_what_argmax_picks() {
 /// logits equal). The control: the chained forward did chain.
 #[test]
 fn chained_greedy_equals_step_by_step() {
-    if !have_gpu() {
-        return;
-    }
-    let _g = serial();
-    let dev = kernels::cuda::Device::open(0).unwrap();
-    let long: Vec<u32> = (0..20u32).map(|i| (i * 37 + 5) % 97).collect();
-    for early in EarlyLaunch::ALL {
-        dev.set_early_launch(early);
-        for (name, w) in weight_layouts() {
-            let name = format!("{name}, early launch {early:?}");
-            let mut host = open_fused(&dev, &w, false);
-            host.set_chained(false);
-            let mut chained = open_fused(&dev, &w, true);
-            let want = kernels::generate::greedy(&mut host, &long, 70, &[]).unwrap();
-            let got = kernels::generate::greedy(&mut chained, &long, 70, &[]).unwrap();
-            assert_eq!(want, got, "{name}: 70 greedy tokens");
-            assert_eq!(host.chained_steps(), 0, "{name}: chained while off");
-            assert_eq!(
-                chained.chained_steps(),
-                69,
-                "{name}: not every step chained"
-            );
-            // Stopped at the 12th token (its first appearance).
-            let stop = want.tokens[11];
-            let first = want.tokens.iter().position(|&t| t == stop).unwrap();
-            host.reset();
-            chained.reset();
-            let want = kernels::generate::greedy(&mut host, &long, 70, &[stop]).unwrap();
-            let got = kernels::generate::greedy(&mut chained, &long, 70, &[stop]).unwrap();
-            assert_eq!(want, got, "{name}: stopped at {stop}");
-            assert!(
-                got.stopped && got.tokens.len() == first + 1,
-                "{name}: {got:?}"
-            );
-            // The cache holds what stepping left: the stop token's step.
-            let pos = long.len() + got.tokens.len() - 1;
-            let a = host.forward(None, &[stop], pos).unwrap();
-            let b = chained.forward(None, &[stop], pos).unwrap();
-            assert_eq!(a, b, "{name}: the step after the stop token");
-        }
-    }
+    let long = long_prompt();
+    each_launch_mode_and_layout(|dev, _, name, w| {
+        let mut host = open_fused(dev, w, false);
+        host.set_chained(false);
+        let mut chained = open_fused(dev, w, true);
+        let want = kernels::generate::greedy(&mut host, &long, 70, &[]).unwrap();
+        let got = kernels::generate::greedy(&mut chained, &long, 70, &[]).unwrap();
+        assert_eq!(want, got, "{name}: 70 greedy tokens");
+        assert_eq!(host.chained_steps(), 0, "{name}: chained while off");
+        assert_eq!(
+            chained.chained_steps(),
+            69,
+            "{name}: not every step chained"
+        );
+        // Stopped at the 12th token (its first appearance).
+        let stop = want.tokens[11];
+        let first = want.tokens.iter().position(|&t| t == stop).unwrap();
+        host.reset();
+        chained.reset();
+        let want = kernels::generate::greedy(&mut host, &long, 70, &[stop]).unwrap();
+        let got = kernels::generate::greedy(&mut chained, &long, 70, &[stop]).unwrap();
+        assert_eq!(want, got, "{name}: stopped at {stop}");
+        assert!(
+            got.stopped && got.tokens.len() == first + 1,
+            "{name}: {got:?}"
+        );
+        // The cache holds what stepping left: the stop token's step.
+        let pos = long.len() + got.tokens.len() - 1;
+        let a = host.forward(None, &[stop], pos).unwrap();
+        let b = chained.forward(None, &[stop], pos).unwrap();
+        assert_eq!(a, b, "{name}: the step after the stop token");
+    });
 }

@@ -20,128 +20,118 @@ use model::{GgmlType, ModelWeights};
 
 #[test]
 fn fused_forward_equals_unfused() {
-    if !have_gpu() {
-        return;
-    }
-    let _g = serial();
-    let dev = kernels::cuda::Device::open(0).unwrap();
-    // 20 tokens: three row passes of eight, the last partial.
-    let long: Vec<u32> = (0..20u32).map(|i| (i * 37 + 5) % 97).collect();
+    let long = long_prompt();
     // The fused kernels launched after the one before has finished, then
     // early (programmatic dependent launch, where the GPU has it), the next
     // kernel let in at a kernel's start or once it has computed: each must
     // give the unfused bits.
-    for early in EarlyLaunch::ALL {
-        dev.set_early_launch(early);
-        for (name, w) in weight_layouts() {
-            let name = format!("{name}, early launch {early:?}");
-            let (mut plain, mut fused) = (open_fused(&dev, &w, false), open_fused(&dev, &w, true));
-            fused.set_persistent(true);
-            fused.set_mapped_step(true);
-            // The other forms of the step: its copies outside the graph, the
-            // logits from one block per 16 (or from one block per SM), the
-            // layers in five launches each rather than one persistent
-            // launch; and the persistent launch on a grid of one block (each
-            // block takes every share of every step) or of seven.
-            let mut other = open_fused(&dev, &w, true);
-            other.set_graph_copies(false);
-            other.set_logits_streaming(ops::Streaming {
-                blocks_per_sm: if early == EarlyLaunch::Off { 0 } else { 1 },
-                stages: 2,
-            });
-            other.set_persistent(false);
-            // Five launches a layer with the step mapped (its token,
-            // position and logits read and written in page-locked memory by
-            // its kernels: the default), and with its copies in the graph.
-            let mut five = open_fused(&dev, &w, true);
-            five.set_persistent(false);
-            five.set_mapped_step(true);
-            let mut copies = open_fused(&dev, &w, true);
-            copies.set_persistent(false);
-            copies.set_mapped_step(false);
-            let mut narrow = open_fused(&dev, &w, true);
-            narrow.set_persistent(true);
-            narrow.set_persistent_blocks(if early == EarlyLaunch::Off { 1 } else { 7 });
-            for prompt in [&PROMPT[..], &long[..]] {
-                plain.reset();
-                fused.reset();
-                other.reset();
-                narrow.reset();
-                narrow.forward(None, prompt, 0).unwrap();
-                let want = plain.forward(None, prompt, 0).unwrap();
-                assert_eq!(
-                    want,
-                    fused.forward(None, prompt, 0).unwrap(),
-                    "{name}: prefill of {} tokens",
-                    prompt.len()
-                );
-                assert_eq!(
-                    want,
-                    other.forward(None, prompt, 0).unwrap(),
-                    "{name}: prefill of {} tokens, the other form",
-                    prompt.len()
-                );
-            }
-            // 70 steps through the graph, past the cache's regrowth at 64.
-            let mut last = Vec::new();
-            for i in 0..70 {
-                let t = [(i / 2 * 13 % 90) as u32];
-                let pos = long.len() + i;
-                let a = plain.forward(None, &t, pos).unwrap();
-                let b = fused.forward(None, &t, pos).unwrap();
-                assert_eq!(a, b, "{name}: decode step {i} (position {pos})");
-                let c = other.forward(None, &t, pos).unwrap();
-                assert_eq!(
-                    a, c,
-                    "{name}: decode step {i} (position {pos}), the other form"
-                );
-                if i == 0 {
-                    for f in [&mut five, &mut copies] {
-                        f.forward(None, &long, 0).unwrap();
-                    }
-                }
-                let m = five.forward(None, &t, pos).unwrap();
-                assert_eq!(a, m, "{name}: decode step {i} (position {pos}), mapped");
-                let m = copies.forward(None, &t, pos).unwrap();
-                assert_eq!(
-                    a, m,
-                    "{name}: decode step {i} (position {pos}), copies in the graph"
-                );
-                let n = narrow.forward(None, &t, pos).unwrap();
-                assert_eq!(
-                    a, n,
-                    "{name}: decode step {i} (position {pos}), persistent on a narrow grid"
-                );
-                assert_ne!(b, last, "{name}: step {i} repeated the previous step");
-                last = b;
-            }
-            assert_eq!(plain.fused_runs(), 0, "{name}: fusion off ran fused");
-            assert_eq!(fused.fused_runs(), 72, "{name}: not every run was fused");
-            assert!(fused.graph_replays() >= 69, "{name}: decode not replayed");
-            // Captured again at the cache's regrowth: at least two graphs.
-            for (f, what) in [(&fused, "default"), (&narrow, "narrow")] {
-                assert!(
-                    f.persistent_runs() >= 2,
-                    "{name}: the {what} forward's steps did not run persistent"
-                );
-            }
-            assert_eq!(other.persistent_runs(), 0, "{name}: persistent while off");
-            assert!(
-                five.mapped_replays() >= 69,
-                "{name}: the step did not run mapped"
-            );
-            assert!(
-                fused.mapped_replays() >= 69,
-                "{name}: the persistent step not mapped"
-            );
-            assert_eq!(copies.mapped_replays(), 0, "{name}: mapped while off");
+    each_launch_mode_and_layout(|dev, early, name, w| {
+        let (mut plain, mut fused) = (open_fused(dev, w, false), open_fused(dev, w, true));
+        fused.set_persistent(true);
+        fused.set_mapped_step(true);
+        // The other forms of the step: its copies outside the graph, the
+        // logits from one block per 16 (or from one block per SM), the
+        // layers in five launches each rather than one persistent
+        // launch; and the persistent launch on a grid of one block (each
+        // block takes every share of every step) or of seven.
+        let mut other = open_fused(dev, w, true);
+        other.set_graph_copies(false);
+        other.set_logits_streaming(ops::Streaming {
+            blocks_per_sm: if early == EarlyLaunch::Off { 0 } else { 1 },
+            stages: 2,
+        });
+        other.set_persistent(false);
+        // Five launches a layer with the step mapped (its token,
+        // position and logits read and written in page-locked memory by
+        // its kernels: the default), and with its copies in the graph.
+        let mut five = open_fused(dev, w, true);
+        five.set_persistent(false);
+        five.set_mapped_step(true);
+        let mut copies = open_fused(dev, w, true);
+        copies.set_persistent(false);
+        copies.set_mapped_step(false);
+        let mut narrow = open_fused(dev, w, true);
+        narrow.set_persistent(true);
+        narrow.set_persistent_blocks(if early == EarlyLaunch::Off { 1 } else { 7 });
+        for prompt in [&PROMPT[..], &long[..]] {
+            plain.reset();
+            fused.reset();
+            other.reset();
+            narrow.reset();
+            narrow.forward(None, prompt, 0).unwrap();
+            let want = plain.forward(None, prompt, 0).unwrap();
             assert_eq!(
-                other.mapped_replays(),
-                0,
-                "{name}: mapped without the copies"
+                want,
+                fused.forward(None, prompt, 0).unwrap(),
+                "{name}: prefill of {} tokens",
+                prompt.len()
+            );
+            assert_eq!(
+                want,
+                other.forward(None, prompt, 0).unwrap(),
+                "{name}: prefill of {} tokens, the other form",
+                prompt.len()
             );
         }
-    }
+        // 70 steps through the graph, past the cache's regrowth at 64.
+        let mut last = Vec::new();
+        for i in 0..70 {
+            let t = [(i / 2 * 13 % 90) as u32];
+            let pos = long.len() + i;
+            let a = plain.forward(None, &t, pos).unwrap();
+            let b = fused.forward(None, &t, pos).unwrap();
+            assert_eq!(a, b, "{name}: decode step {i} (position {pos})");
+            let c = other.forward(None, &t, pos).unwrap();
+            assert_eq!(
+                a, c,
+                "{name}: decode step {i} (position {pos}), the other form"
+            );
+            if i == 0 {
+                for f in [&mut five, &mut copies] {
+                    f.forward(None, &long, 0).unwrap();
+                }
+            }
+            let m = five.forward(None, &t, pos).unwrap();
+            assert_eq!(a, m, "{name}: decode step {i} (position {pos}), mapped");
+            let m = copies.forward(None, &t, pos).unwrap();
+            assert_eq!(
+                a, m,
+                "{name}: decode step {i} (position {pos}), copies in the graph"
+            );
+            let n = narrow.forward(None, &t, pos).unwrap();
+            assert_eq!(
+                a, n,
+                "{name}: decode step {i} (position {pos}), persistent on a narrow grid"
+            );
+            assert_ne!(b, last, "{name}: step {i} repeated the previous step");
+            last = b;
+        }
+        assert_eq!(plain.fused_runs(), 0, "{name}: fusion off ran fused");
+        assert_eq!(fused.fused_runs(), 72, "{name}: not every run was fused");
+        assert!(fused.graph_replays() >= 69, "{name}: decode not replayed");
+        // Captured again at the cache's regrowth: at least two graphs.
+        for (f, what) in [(&fused, "default"), (&narrow, "narrow")] {
+            assert!(
+                f.persistent_runs() >= 2,
+                "{name}: the {what} forward's steps did not run persistent"
+            );
+        }
+        assert_eq!(other.persistent_runs(), 0, "{name}: persistent while off");
+        assert!(
+            five.mapped_replays() >= 69,
+            "{name}: the step did not run mapped"
+        );
+        assert!(
+            fused.mapped_replays() >= 69,
+            "{name}: the persistent step not mapped"
+        );
+        assert_eq!(copies.mapped_replays(), 0, "{name}: mapped while off");
+        assert_eq!(
+            other.mapped_replays(),
+            0,
+            "{name}: mapped without the copies"
+        );
+    });
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use kernels::cuda::device::driver_present;
-use kernels::cuda::CudaForward;
+use kernels::cuda::{CudaForward, EarlyLaunch};
 use kernels::switches::Switches;
 use kernels::{Forward, Precision};
 use model::{GgmlType, LayerWeights, LlamaConfig, ModelWeights, QTensor};
@@ -314,4 +314,29 @@ pub fn weight_layouts() -> Vec<(&'static str, ModelWeights)> {
         w.config.context_length = 256;
     }
     out
+}
+
+/// 20 tokens: three row passes of eight, the last partial.
+pub fn long_prompt() -> Vec<u32> {
+    (0..20u32).map(|i| (i * 37 + 5) % 97).collect()
+}
+
+/// Runs `f` on GPU 0 for every early-launch mode (the device set to it)
+/// and every one of [`weight_layouts`], with the layout's name and the
+/// mode in `name`, taking turns with the other tests; says why and runs
+/// nothing without a GPU.
+pub fn each_launch_mode_and_layout(
+    mut f: impl FnMut(&std::sync::Arc<kernels::cuda::Device>, EarlyLaunch, &str, &ModelWeights),
+) {
+    if !have_gpu() {
+        return;
+    }
+    let _g = serial();
+    let dev = kernels::cuda::Device::open(0).unwrap();
+    for early in EarlyLaunch::ALL {
+        dev.set_early_launch(early);
+        for (name, w) in weight_layouts() {
+            f(&dev, early, &format!("{name}, early launch {early:?}"), &w);
+        }
+    }
 }
