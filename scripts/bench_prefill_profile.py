@@ -17,11 +17,10 @@ and the capture's tokens/s; then each variant's per-round differences
 from the first variant (same round, same count), medians.
 """
 import os, re, statistics, subprocess, sys
-vs = []
-for v in os.environ["VARIANTS"].split():
-    name, rest = v.split("=", 1)
-    b, *envs = rest.split(":")
-    vs.append((name, b, dict(e.split("=", 1) for e in envs)))
+from bench_forward import variants
+if not os.environ.get("VARIANTS"):
+    sys.exit("bench_prefill_profile.py: VARIANTS=\"name=binary[:VAR=value...] ...\" is required")
+vs = variants()
 threads = [int(t) for t in os.environ.get("THREADS", "2 16").split()]
 precs = os.environ.get("PRECISIONS", "f32 q8").split()
 rounds = int(os.environ.get("ROUNDS", "5"))

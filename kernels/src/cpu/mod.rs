@@ -168,10 +168,18 @@ pub(crate) fn tap<T: Real>(
 ) {
     if capture::is_armed() {
         let _p = profile::op(profile::Op::Tap);
-        let rows = pos.len();
-        debug_assert_eq!(rows * width, data.len(), "{stage}: tap shape");
-        capture::tap(stage, layer, pos, slot, &[rows, width], data);
+        let shape = tap_shape(stage, &pos, width, data.len());
+        capture::tap(stage, layer, pos, slot, &shape, data);
     }
+}
+
+/// A tap's shape, `[rows, width]` with a row per position of `pos`, for
+/// `len` elements.
+#[inline(always)]
+fn tap_shape(stage: &str, pos: &std::ops::Range<u32>, width: usize, len: usize) -> [usize; 2] {
+    let rows = pos.len();
+    debug_assert_eq!(rows * width, len, "{stage}: tap shape");
+    [rows, width]
 }
 
 /// [`tap`] of a buffer the forward is done with: the capture keeps it
@@ -186,8 +194,7 @@ pub(crate) fn tap_owned<T: Real>(
 ) {
     if capture::is_armed() {
         let _p = profile::op(profile::Op::Tap);
-        let rows = pos.len();
-        debug_assert_eq!(rows * width, data.len(), "{stage}: tap shape");
-        capture::tap_owned(stage, layer, pos, slot, &[rows, width], data);
+        let shape = tap_shape(stage, &pos, width, data.len());
+        capture::tap_owned(stage, layer, pos, slot, &shape, data);
     }
 }

@@ -85,18 +85,18 @@ mod imp {
         unsafe { libc::sched_setaffinity(0, std::mem::size_of::<Mask>(), m) == 0 }
     }
 
+    /// The CPUs of `m`, in order.
+    pub(super) fn listed(m: &Mask) -> Vec<usize> {
+        (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: `c` is below CPU_SETSIZE, within the set.
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, m) })
+            .collect()
+    }
+
     /// The CPUs of the mask, in order, as the first caller found them.
     pub(super) fn cpus() -> &'static [usize] {
         static CPUS: OnceLock<Vec<usize>> = OnceLock::new();
-        CPUS.get_or_init(|| {
-            let Some(m) = current() else {
-                return Vec::new();
-            };
-            (0..libc::CPU_SETSIZE as usize)
-                // SAFETY: `c` is below CPU_SETSIZE, within the set.
-                .filter(|&c| unsafe { libc::CPU_ISSET(c, &m) })
-                .collect()
-        })
+        CPUS.get_or_init(|| current().map_or_else(Vec::new, |m| listed(&m)))
     }
 
     /// Pins the calling thread to the `i`-th CPU of [`cpus`] (modulo their
@@ -136,9 +136,5 @@ mod imp {
 /// The CPUs the calling thread may run on now.
 #[cfg(all(test, target_os = "linux"))]
 pub(super) fn allowed() -> Vec<usize> {
-    let m = imp::current().expect("sched_getaffinity");
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `c` is below CPU_SETSIZE, within the set.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &m) })
-        .collect()
+    imp::listed(&imp::current().expect("sched_getaffinity"))
 }
