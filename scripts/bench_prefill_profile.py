@@ -13,8 +13,10 @@ count above the machine's cores oversubscribes it).
 
 Prints, per variant, count and precision, the medians of the profile's
 forward ms, serial ms (of it the tap's and `other`'s), the regions' util
-and the capture's tokens/s; then each variant's per-round differences
-from the first variant (same round, same count), medians.
+and the capture's tokens/s, and where the layers' matmul regions' thread
+time went (work, join, end, absent, between: the profile's second table);
+then each variant's per-round differences from the first variant (same
+round, same count), medians.
 """
 import os, re, statistics, subprocess, sys
 from bench_forward import variants
@@ -41,9 +43,10 @@ for r in range(rounds):
                 row = lambda op: float(re.search(rf"^{op}\s+\d+\s+[0-9.]+\s+([0-9.]+)", s, re.M).group(1))
                 rate = float(re.search(r"forward [0-9.]+ s, ([0-9.]+) positions/s", s).group(1))
                 root = re.search(r"root ([0-9a-f]{8})", s).group(1)
+                split = [int(v) for v in re.search(r"^matmul\s+(\d+)%\s+(\d+)%\s+(\d+)%\s+(\d+)%\s+(\d+)%", s, re.M).groups()]
                 d = res.setdefault((name, t, p), [])
                 d.append(dict(fwd=fwd, serial=float(tot.group(2)), tap=row("tap"), other=row("other"),
-                              util=int(tot.group(5)), tps=rate, root=root))
+                              util=int(tot.group(5)), tps=rate, root=root, split=split))
     print(f"round {r} load {os.getloadavg()[0]:.2f}: " + " ".join(
         f"{n}/{t}/{p}={res[(n,t,p)][-1]['tps']:.0f}" for t in threads for p in precs for n,_,_ in vs), flush=True)
 med = lambda xs: statistics.median(xs)
@@ -56,6 +59,9 @@ for p in precs:
             print(f"{p} {t:>2} thr {n:>5}: {med([x['fwd'] for x in d]):7.2f} / {med([x['serial'] for x in d]):5.2f} "
                   f"({med([x['tap'] for x in d]):.2f}, {med([x['other'] for x in d]):.2f}) / {med([x['util'] for x in d]):.0f}% / "
                   f"{med(tps):6.1f} [{min(tps):.0f}-{max(tps):.0f}]  roots {sorted(set(x['root'] for x in d))}")
+            split = [med([x['split'][i] for x in d]) for i in range(5)]
+            print("           matmul regions: " + ", ".join(f"{k} {v:.0f}%" for k, v in
+                  zip(["work", "join", "end", "absent", "between"], split)))
     for n, _, _ in vs:
         a, b = med([x['tps'] for x in res[(n, threads[-1], p)]]), med([x['tps'] for x in res[(n, threads[0], p)]])
         print(f"{p} {n}: {threads[-1]} over {threads[0]} threads {a/b:.2f}x")

@@ -8,7 +8,12 @@
 //! the tasks' own time summed over threads (`busy`), so that `busy / (region
 //! wall × threads)` says how much of the threads' time in the regions went
 //! to work rather than to forking, joining, stealing and waiting for the
-//! last task. Off (the variable unset), every hook is one load of a flag
+//! last task. A second table splits the threads' time in the regions that
+//! was not work: `join` (from the region's opening to each thread's first
+//! task), `end` (from each thread's last task to the region's close),
+//! `absent` (threads that ran none of its tasks, for the whole region) and
+//! `between` (the rest: between one task and the next, claiming and
+//! stealing). Off (the variable unset), every hook is one load of a flag
 //! that is set once; nothing is timed. The CPU forward prints it; the CPU
 //! tensor-parallel forward runs its ranks one after another without
 //! printing.
@@ -62,13 +67,17 @@ const KINDS: [Op; N] = [
     Op::Tap,
 ];
 
-/// Per kind: calls, exclusive wall ns, regions, region wall ns, task ns.
+/// Per kind: calls, exclusive wall ns, regions, region wall ns, task ns,
+/// and the threads' idle ns in the regions by where it fell.
 struct Account {
     calls: [AtomicU64; N],
     wall: [AtomicU64; N],
     regions: [AtomicU64; N],
     region_wall: [AtomicU64; N],
     busy: [AtomicU64; N],
+    join: [AtomicU64; N],
+    end: [AtomicU64; N],
+    absent: [AtomicU64; N],
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -79,7 +88,47 @@ static ACCOUNT: Account = Account {
     regions: [ZERO; N],
     region_wall: [ZERO; N],
     busy: [ZERO; N],
+    join: [ZERO; N],
+    end: [ZERO; N],
+    absent: [ZERO; N],
 };
+
+/// Thread slots of the region's timeline: a thread's first task start and
+/// last task end in the open region (ns since [`epoch`]). Threads beyond
+/// this many share slots, which only blurs the split.
+const SLOTS: usize = 128;
+
+/// One thread's marks in the open region, on cache lines of its own.
+#[repr(align(128))]
+struct Marks {
+    first: AtomicU64,
+    last: AtomicU64,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const MARKS: Marks = Marks {
+    first: AtomicU64::new(u64::MAX),
+    last: AtomicU64::new(0),
+};
+static TIMELINE: [Marks; SLOTS] = [MARKS; SLOTS];
+
+/// The profile's clock origin.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// This thread's slot of [`TIMELINE`].
+fn slot() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local!(static SLOT: usize = NEXT.fetch_add(1, Relaxed) % SLOTS);
+    SLOT.with(|s| *s)
+}
+
+/// Nanoseconds since [`epoch`].
+fn now() -> u64 {
+    epoch().elapsed().as_nanos() as u64
+}
 /// The kind the forward's thread is in (what a region and its tasks count for).
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 
@@ -155,11 +204,32 @@ pub(crate) fn region<R>(f: impl FnOnce() -> R) -> R {
     if !on() {
         return f();
     }
-    let t = Instant::now();
+    for m in &TIMELINE {
+        m.first.store(u64::MAX, Relaxed);
+        m.last.store(0, Relaxed);
+    }
+    let open = now();
     let r = f();
+    let close = now();
     let k = CURRENT.load(Relaxed);
     ACCOUNT.regions[k].fetch_add(1, Relaxed);
-    ACCOUNT.region_wall[k].fetch_add(ns(t), Relaxed);
+    ACCOUNT.region_wall[k].fetch_add(close - open, Relaxed);
+    // The threads that ran a task: how long each took to join and how long
+    // it waited at the end; the rest were absent throughout. (A region
+    // nested in a task marks the same slots: its split is blurred.)
+    let (mut joined, mut join, mut end) = (0u64, 0u64, 0u64);
+    for m in &TIMELINE {
+        let (first, last) = (m.first.load(Relaxed), m.last.load(Relaxed));
+        if first != u64::MAX {
+            joined += 1;
+            join += first.saturating_sub(open);
+            end += close.saturating_sub(last);
+        }
+    }
+    let threads = rayon::current_num_threads() as u64;
+    ACCOUNT.join[k].fetch_add(join, Relaxed);
+    ACCOUNT.end[k].fetch_add(end, Relaxed);
+    ACCOUNT.absent[k].fetch_add(threads.saturating_sub(joined) * (close - open), Relaxed);
     r
 }
 
@@ -169,9 +239,13 @@ pub(crate) fn task<R>(f: impl FnOnce() -> R) -> R {
     if !on() {
         return f();
     }
-    let t = Instant::now();
+    let start = now();
     let r = f();
-    ACCOUNT.busy[CURRENT.load(Relaxed)].fetch_add(ns(t), Relaxed);
+    let stop = now();
+    let m = &TIMELINE[slot()];
+    m.first.fetch_min(start, Relaxed);
+    m.last.fetch_max(stop, Relaxed);
+    ACCOUNT.busy[CURRENT.load(Relaxed)].fetch_add(stop - start, Relaxed);
     r
 }
 
@@ -194,7 +268,8 @@ impl Forward {
             };
         }
         let a = &ACCOUNT;
-        for v in [&a.calls, &a.wall, &a.regions, &a.region_wall, &a.busy] {
+        let all = [&a.calls, &a.wall, &a.regions, &a.region_wall, &a.busy];
+        for v in all.into_iter().chain([&a.join, &a.end, &a.absent]) {
             v.iter().for_each(|x| x.store(0, Relaxed));
         }
         CURRENT.store(Op::Other as usize, Relaxed);
@@ -292,6 +367,41 @@ fn report(total: u64, rows: usize) -> String {
         ms(busy),
         util(busy, region_wall, threads)
     );
+    s + &idle(threads)
+}
+
+/// The second table: where the threads' time in each kind's regions went,
+/// in percent of it (region wall × threads), and the mean join and end
+/// wait of a thread in one region.
+fn idle(threads: usize) -> String {
+    let get = |v: &[AtomicU64; N], k: usize| v[k].load(Relaxed) as f64;
+    let mut s = format!(
+        "{:<10} {:>6} {:>6} {:>6} {:>7} {:>8} {:>8} {:>8}\n",
+        "regions", "work", "join", "end", "absent", "between", "join us", "end us"
+    );
+    for (k, op) in KINDS.iter().enumerate() {
+        let regions = get(&ACCOUNT.regions, k);
+        if regions == 0.0 {
+            continue;
+        }
+        let all = get(&ACCOUNT.region_wall, k) * threads as f64;
+        let parts =
+            [&ACCOUNT.busy, &ACCOUNT.join, &ACCOUNT.end, &ACCOUNT.absent].map(|v| get(v, k));
+        let between = (all - parts.iter().sum::<f64>()).max(0.0);
+        let pc = |v: f64| if all > 0.0 { 100.0 * v / all } else { 0.0 };
+        let per = |v: f64| v / 1e3 / (regions * threads as f64);
+        s += &format!(
+            "{:<10} {:>5.0}% {:>5.0}% {:>5.0}% {:>6.0}% {:>7.0}% {:>8.1} {:>8.1}\n",
+            format!("{op:?}").to_lowercase(),
+            pc(parts[0]),
+            pc(parts[1]),
+            pc(parts[2]),
+            pc(parts[3]),
+            pc(between),
+            per(parts[1]),
+            per(parts[2])
+        );
+    }
     s
 }
 
