@@ -278,6 +278,7 @@ impl Step<'_> {
         // comes sooner than the team's spin ends).
         if n > 1 {
             super::par::rest();
+            super::quant_row::release_spare();
         }
         let last = logits[logits.len() - vocab..]
             .iter()

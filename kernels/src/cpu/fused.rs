@@ -11,7 +11,7 @@ use super::ffn::gated_into;
 use super::matmul::{quantizer, Act, QuantRows};
 use super::norm::norm_row;
 use super::profile::{self, Op};
-use super::quant_row::QuantRow;
+use super::quant_row::{give_back, take_rows, QuantRow};
 use super::{par, Real};
 use model::FfnActivation;
 
@@ -24,15 +24,12 @@ pub struct Prepared<T> {
     pub qs: QuantRows<T>,
 }
 
-impl<T: Send> Prepared<T> {
-    /// Drops the rows, the quantized ones in parallel (`par::drop_rows`).
+impl<T: Send + 'static> Prepared<T> {
+    /// Drops the rows and keeps the quantized ones for the next row pass
+    /// of this thread ([`give_back`]).
     pub fn release(self) {
-        let width = self
-            .qs
-            .first()
-            .map_or(0, |(_, rows)| self.h.len() / rows.len().max(1));
         for (_, rows) in self.qs {
-            par::drop_rows(rows, width);
+            give_back(rows);
         }
     }
 }
@@ -65,7 +62,7 @@ pub fn add_norm_quantize<T: Real>(
         }
         norm_row(xr, w, eps, hr);
         // SAFETY: one call per row (one task per row, or the loop below).
-        unsafe { slots.fill(r, |b| quantize(hr, b)) };
+        unsafe { slots.fill(r, |b, row| quantize(hr, b, row)) };
     };
     let h = if par::worth(x.len(), n) {
         par::chunks_fresh_map(x, d, d, body).0
@@ -78,8 +75,7 @@ pub fn add_norm_quantize<T: Real>(
         h
     };
     Prepared {
-        // SAFETY: every row 0..n was filled above.
-        qs: unsafe { slots.finish() },
+        qs: slots.finish(),
         h,
     }
 }
@@ -104,7 +100,7 @@ pub fn gated_quantize<T: Real>(
         let (gr, ur) = (&g[r * width..][..width], &u[r * width..][..width]);
         gated_into(act, gr, ur, hr);
         // SAFETY: one call per row (one task per row, or the loop below).
-        unsafe { slots.fill(r, |b| quantize(hr, b)) };
+        unsafe { slots.fill(r, |b, row| quantize(hr, b, row)) };
     };
     let h = if par::worth(g.len(), n) {
         par::chunks_fresh_map(&mut vec![(); n], 1, width, |r, _, hr| body(r, hr)).0
@@ -116,30 +112,28 @@ pub fn gated_quantize<T: Real>(
         h
     };
     Prepared {
-        // SAFETY: every row 0..n was filled above.
-        qs: unsafe { slots.finish() },
+        qs: slots.finish(),
         h,
     }
 }
 
-/// Each block size's list of `n` quantized rows, filled in place by the
-/// row tasks. A row's quantized rows had come back in a `Vec` of their
-/// own, allocated on the team thread that ran the row and freed in the
-/// forward's thread when the lists were regrouped by block size: some
-/// 3,400 frees in a q8 prefill's serial time, each taking the lock of
-/// another thread's malloc arena.
+/// Each block size's list of `n` quantized rows, written in place by the
+/// row tasks into rows taken from this thread's spare ones ([`take_rows`]):
+/// a row's quantized rows had come back in a `Vec` of their own, and later
+/// were allocated afresh in every row pass and freed after its matmuls in
+/// regions of their own (`par::drop_rows`), some 120 regions of a q8
+/// prefill.
 struct QuantSlots<T> {
     /// Untouched until [`QuantSlots::finish`]: the tasks write through `at`.
     lists: QuantRows<T>,
-    /// Each list's block size and where its rows go (its buffer, `n` rows
-    /// of capacity).
+    /// Each list's block size and its rows.
     at: Vec<(usize, par::Ptr<QuantRow<T>>)>,
     n: usize,
 }
 
-impl<T: Send> QuantSlots<T> {
+impl<T: Send + 'static> QuantSlots<T> {
     fn new(blocks: &[usize], n: usize) -> QuantSlots<T> {
-        let mut lists: QuantRows<T> = blocks.iter().map(|&b| (b, Vec::with_capacity(n))).collect();
+        let mut lists: QuantRows<T> = blocks.iter().map(|&b| (b, take_rows(n))).collect();
         let at = lists
             .iter_mut()
             .map(|(b, l)| (*b, par::Ptr(l.as_mut_ptr())))
@@ -147,28 +141,23 @@ impl<T: Send> QuantSlots<T> {
         QuantSlots { lists, at, n }
     }
 
-    /// Row `r`'s quantized row for each block size `b`: `quantize(b)`.
+    /// Row `r`'s quantized row for each block size `b`: `quantize(b, row)`
+    /// writes it into `row`.
     ///
     /// # Safety
-    /// At most one call per row `r` (two tasks must not write one slot).
-    unsafe fn fill(&self, r: usize, quantize: impl Fn(usize) -> QuantRow<T>) {
+    /// At most one call per row `r` at a time (two tasks must not write one
+    /// row).
+    unsafe fn fill(&self, r: usize, quantize: impl Fn(usize, &mut QuantRow<T>)) {
         assert!(r < self.n, "row {r} of {}", self.n);
         for (b, at) in &self.at {
-            // SAFETY: slot `r` is within the capacity (`r < n`), and only
-            // this call writes it; nothing reads it before `finish`.
-            unsafe { at.at(r).write(quantize(*b)) };
+            // SAFETY: row `r` is within the list (`r < n`), and only this
+            // call touches it; nothing reads it before `finish`.
+            quantize(*b, unsafe { &mut *at.at(r) });
         }
     }
 
     /// The lists, each of `n` rows in row order.
-    ///
-    /// # Safety
-    /// Every row `0..n` was filled (else a list would hold uninitialized rows).
-    unsafe fn finish(mut self) -> QuantRows<T> {
-        for (_, l) in &mut self.lists {
-            // SAFETY: the caller's promise: `n` rows written, within the capacity.
-            unsafe { l.set_len(self.n) };
-        }
+    fn finish(self) -> QuantRows<T> {
         self.lists
     }
 }

@@ -70,17 +70,24 @@ pub fn f16_round<T: Real>(v: T) -> T {
 /// `quantize_row_q8_0`/`quantize_row_q8_1` do (see the module doc); blocks
 /// of any other size take `q8`'s rule ([`super::quant_row::quantize_row`]).
 pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
+    let mut out = QuantRow::default();
+    quantize_row_into(x, block, &mut out);
+    out
+}
+
+/// [`quantize_row`] written into `out`, whose vectors are reused.
+pub fn quantize_row_into<T: Real>(x: &[T], block: usize, out: &mut QuantRow<T>) {
     if block != 32 {
-        return super::quant_row::quantize_row(x, block);
+        return super::quant_row::quantize_row_into(x, block, out);
     }
     #[cfg(target_arch = "x86_64")]
     {
         if super::rows_avx::block_loops() {
             // SAFETY: AVX2 (and with it SSE4.1's `roundps`) checked.
-            return unsafe { quantize_row_avx2(x, block) };
+            return unsafe { quantize_row_avx2(x, block, out) };
         }
     }
-    quantize_row_32(x, block)
+    quantize_row_32(x, block, out)
 }
 
 /// [`quantize_row_32`] compiled for AVX2, where rounding half to even is an
@@ -90,22 +97,24 @@ pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
 /// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn quantize_row_avx2<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
-    quantize_row_32(x, block)
+unsafe fn quantize_row_avx2<T: Real>(x: &[T], block: usize, out: &mut QuantRow<T>) {
+    quantize_row_32(x, block, out)
 }
 
 /// [`quantize_row`] for 32-blocks.
 #[inline(always)]
-fn quantize_row_32<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
+fn quantize_row_32<T: Real>(x: &[T], block: usize, out: &mut QuantRow<T>) {
     assert!(
         x.len().is_multiple_of(block),
         "row of {} is not a multiple of block {block}",
         x.len()
     );
     let nb = x.len() / block;
-    let mut q = Vec::with_capacity(x.len());
-    let mut d = Vec::with_capacity(nb);
-    let mut s_err = Vec::with_capacity(nb);
+    out.clear();
+    let QuantRow { q, d, s_err } = out;
+    q.reserve(x.len());
+    d.reserve(nb);
+    s_err.reserve(nb);
     for b in x.chunks_exact(block) {
         let amax = b.iter().fold(0.0f32, |m, v| m.max(v.to_f32().abs()));
         let scale = amax / 127.0;
@@ -123,7 +132,6 @@ fn quantize_row_32<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
         d.push(T::from_f32(stored));
         s_err.push(T::from_f64(s as f64 - stored as f64 * sum as f64));
     }
-    QuantRow { q, d, s_err }
 }
 
 /// Interleaved-pair RoPE as ggml's `rope_f32` with llama.cpp's

@@ -27,7 +27,7 @@
 //! France?".
 
 use super::qmatrix::{Weight, WeightRows};
-use super::quant_row::{quantize_row, QuantRow};
+use super::quant_row::{give_back, quantize_row_into, take_rows, QuantRow};
 use super::rows::{fill_chunk, Job};
 use super::Real;
 
@@ -83,10 +83,10 @@ pub fn matmul<T: Real, W: WeightRows>(x: &[T], n: usize, w: &W, act: Act) -> Vec
 }
 
 /// How `act` quantizes one activation row per block.
-pub(crate) fn quantizer<T: Real>(act: Act) -> fn(&[T], usize) -> QuantRow<T> {
+pub(crate) fn quantizer<T: Real>(act: Act) -> fn(&[T], usize, &mut QuantRow<T>) {
     match act {
-        Act::LlamaCpp => super::llamacpp::quantize_row::<T>,
-        Act::Float | Act::Q8 => quantize_row::<T>,
+        Act::LlamaCpp => super::llamacpp::quantize_row_into::<T>,
+        Act::Float | Act::Q8 => quantize_row_into::<T>,
     }
 }
 
@@ -124,16 +124,20 @@ pub(crate) fn quantize_rows<T: Real>(
     if n == 0 {
         return Vec::new();
     }
-    // Rows are independent: a prefill's are quantized in parallel.
+    // Rows are independent: a prefill's are quantized in parallel, into
+    // this thread's spare rows (`give_back` them when their matmuls are done).
     let w = x.len() / n;
+    let mut rows = take_rows(n);
     if super::par::worth(x.len(), n) {
-        return super::par::chunks_map(&mut vec![(); n], 1, |r, _| {
-            quantize(&x[r * w..(r + 1) * w], block)
+        super::par::chunks_map(&mut rows, 1, |r, row| {
+            quantize(&x[r * w..(r + 1) * w], block, &mut row[0])
         });
+    } else {
+        for (r, row) in rows.iter_mut().enumerate() {
+            quantize(&x[r * w..(r + 1) * w], block, row);
+        }
     }
-    (0..n)
-        .map(|r| quantize(&x[r * w..(r + 1) * w], block))
-        .collect()
+    rows
 }
 
 /// [`matmul`] with a Q4_1 weight's block minimums (see [`Linear`]).
@@ -167,7 +171,7 @@ pub fn matmul_with_mins<T: Real, W: WeightRows>(
         super::par::drop_rows(llama, cols);
     }
     if let Some(own) = own {
-        super::par::drop_rows(own, cols);
+        give_back(own);
     }
     y
 }

@@ -3,6 +3,8 @@
 //! [`super::matmul`] for the dot product that reads them).
 
 use super::Real;
+use std::any::Any;
+use std::cell::RefCell;
 
 /// An activation row quantized per block: integer values (held as `T`, so the
 /// block dot reuses [`super::rows::dot`] exactly), one scale per block, and for 32-blocks
@@ -26,6 +28,14 @@ pub struct QuantRow<T> {
 /// [`model::quant::quantize_row_q8_k`] (`d = -max / 127` in f32, round half
 /// to even).
 pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
+    let mut out = QuantRow::default();
+    quantize_row_into(x, block, &mut out);
+    out
+}
+
+/// [`quantize_row`] written into `out`, whose vectors are reused (their
+/// old values replaced; no allocation once they are large enough).
+pub fn quantize_row_into<T: Real>(x: &[T], block: usize, out: &mut QuantRow<T>) {
     assert!(
         block > 0 && x.len().is_multiple_of(block),
         "row of {} is not a multiple of block {block}",
@@ -34,21 +44,84 @@ pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
     if block == 256 {
         let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
         let blocks = model::quant::quantize_row_q8_k(&xf).expect("whole blocks, checked above");
-        return QuantRow {
-            q: blocks
-                .iter()
-                .flat_map(|b| b.qs.iter().map(|&v| T::from_f32(v as f32)))
-                .collect(),
-            d: blocks.iter().map(|b| T::from_f32(b.d)).collect(),
-            s_err: vec![T::ZERO; blocks.len()],
-        };
+        out.clear();
+        let values = blocks.iter().flat_map(|b| b.qs.iter());
+        out.q.extend(values.map(|&v| T::from_f32(v as f32)));
+        out.d.extend(blocks.iter().map(|b| T::from_f32(b.d)));
+        out.s_err.resize(blocks.len(), T::ZERO);
+        return;
     }
     #[cfg(target_arch = "x86_64")]
     if super::rows_avx::block_loops() {
         // SAFETY: the CPU has AVX2 (checked by `block_loops`).
-        return unsafe { quantize_blocks_avx2(x, block) };
+        return unsafe { quantize_blocks_avx2(x, block, out) };
     }
-    quantize_blocks(x, block)
+    quantize_blocks(x, block, out)
+}
+
+impl<T> Default for QuantRow<T> {
+    fn default() -> Self {
+        QuantRow {
+            q: Vec::new(),
+            d: Vec::new(),
+            s_err: Vec::new(),
+        }
+    }
+}
+
+impl<T> QuantRow<T> {
+    /// Empties the vectors, keeping their memory.
+    pub(crate) fn clear(&mut self) {
+        self.q.clear();
+        self.d.clear();
+        self.s_err.clear();
+    }
+}
+
+thread_local! {
+    /// Quantized rows whose matmuls are done, kept by the thread that runs
+    /// the forward for its next row pass to write into (one list per
+    /// element type): a prefill's rows are then allocated once, not once a
+    /// layer, and none is freed until the forward ends ([`release_spare`]).
+    static SPARE: RefCell<Vec<Box<dyn Any + Send>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on this thread's spare rows of `T`.
+fn with_spare<T: Send + 'static, R>(f: impl FnOnce(&mut Vec<QuantRow<T>>) -> R) -> R {
+    SPARE.with(|s| {
+        let mut s = s.borrow_mut();
+        let i = match s.iter().position(|b| b.is::<Vec<QuantRow<T>>>()) {
+            Some(i) => i,
+            None => {
+                s.push(Box::new(Vec::<QuantRow<T>>::new()));
+                s.len() - 1
+            }
+        };
+        f(s[i].downcast_mut().expect("the list of this type"))
+    })
+}
+
+/// `n` rows to quantize into: spare ones (their old values to be
+/// overwritten) where this thread has them, empty ones for the rest.
+pub(crate) fn take_rows<T: Send + 'static>(n: usize) -> Vec<QuantRow<T>> {
+    let mut rows = with_spare::<T, _>(|s| s.split_off(s.len().saturating_sub(n)));
+    rows.resize_with(n, QuantRow::default);
+    rows
+}
+
+/// Keeps `rows` (their matmuls done) for [`take_rows`] on this thread.
+pub(crate) fn give_back<T: Send + 'static>(mut rows: Vec<QuantRow<T>>) {
+    with_spare::<T, _>(|s| s.append(&mut rows));
+}
+
+/// Frees this thread's spare rows, on rayon's pool (a prefill's: hundreds
+/// of vectors, allocated on the team's threads): called when a forward of
+/// several rows ends, so that what its row passes needed is not held after.
+pub(crate) fn release_spare() {
+    let lists = SPARE.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    if !lists.is_empty() {
+        rayon::spawn(move || drop(lists));
+    }
 }
 
 /// [`quantize_blocks`] compiled for AVX2: `round` becomes a few vector
@@ -57,16 +130,18 @@ pub fn quantize_row<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
 /// operations in the same order: the same values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn quantize_blocks_avx2<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
-    quantize_blocks(x, block)
+unsafe fn quantize_blocks_avx2<T: Real>(x: &[T], block: usize, out: &mut QuantRow<T>) {
+    quantize_blocks(x, block, out)
 }
 
 /// [`quantize_row`] for blocks other than 256.
 #[inline(always)]
-fn quantize_blocks<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
-    let mut q = Vec::with_capacity(x.len());
-    let mut d = Vec::with_capacity(x.len() / block);
-    let mut s_err = Vec::with_capacity(x.len() / block);
+fn quantize_blocks<T: Real>(x: &[T], block: usize, out: &mut QuantRow<T>) {
+    out.clear();
+    let QuantRow { q, d, s_err } = out;
+    q.reserve(x.len());
+    d.reserve(x.len() / block);
+    s_err.reserve(x.len() / block);
     for b in x.chunks_exact(block) {
         // A 32-block in vector registers where there is a loop for it.
         let at = q.len();
@@ -89,7 +164,6 @@ fn quantize_blocks<T: Real>(x: &[T], block: usize) -> QuantRow<T> {
             s_err.push(T::ZERO);
         }
     }
-    QuantRow { q, d, s_err }
 }
 
 /// One block `b` quantized into `q`: `scale = max |x| / 127`, each value
@@ -204,7 +278,8 @@ mod tests {
         x[31] = 127.0;
         x.extend((0..64).map(|i| ((i as f32) * 0.37).sin() * 3.0));
         let got = quantize_row(&x, 32);
-        let want = quantize_blocks(&x, 32);
+        let mut want = QuantRow::default();
+        quantize_blocks(&x, 32, &mut want);
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got.q), bits(&want.q));
         assert_eq!(bits(&got.d), bits(&want.d));
@@ -216,5 +291,44 @@ mod tests {
         let moved = quantize_row(&y, 32);
         assert_ne!(bits(&moved.q[32..64]), bits(&got.q[32..64]));
         assert_eq!(bits(&moved.q[..32]), bits(&got.q[..32]));
+    }
+
+    /// A row quantized into a spare row (holding another, longer row's
+    /// values) has the bits of one quantized afresh, for 32- and 256-blocks
+    /// and llama.cpp's quantizer; and rows given back come out of
+    /// `take_rows` again, the others empty.
+    #[test]
+    fn a_reused_row_holds_only_its_new_values() {
+        let x: Vec<f32> = (0..512).map(|i| ((i as f32) * 0.61).sin() * 4.0).collect();
+        let long: Vec<f32> = (0..1024).map(|i| ((i as f32) * 0.13).cos() * 9.0).collect();
+        let bits = |r: &QuantRow<f32>| {
+            let b = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            (b(&r.q), b(&r.d), b(&r.s_err))
+        };
+        type Into = fn(&[f32], usize, &mut QuantRow<f32>);
+        let quantizers: [(Into, &str); 2] = [
+            (quantize_row_into, "q8"),
+            (crate::cpu::llamacpp::quantize_row_into, "llama.cpp"),
+        ];
+        for (into, name) in quantizers {
+            for block in [32, 256] {
+                let mut fresh = QuantRow::default();
+                into(&x, block, &mut fresh);
+                let mut reused = QuantRow::default();
+                into(&long, block, &mut reused);
+                into(&x, block, &mut reused);
+                assert_eq!(bits(&reused), bits(&fresh), "{name}, block {block}");
+                assert_eq!(reused.q.len(), x.len(), "{name}, block {block}");
+            }
+        }
+        let mut row = QuantRow::default();
+        quantize_row_into(&long, 32, &mut row);
+        let spare: Vec<QuantRow<f32>> = vec![row];
+        give_back(spare);
+        let rows = take_rows::<f32>(3);
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows.iter().filter(|r| r.q.len() == long.len()).count(), 1);
+        assert!(take_rows::<f32>(1)[0].q.is_empty(), "the spare was taken");
+        release_spare();
     }
 }
