@@ -26,7 +26,7 @@ pub struct Prepared<T> {
 
 impl<T: Send + 'static> Prepared<T> {
     /// Drops the rows and keeps the quantized ones for the next row pass
-    /// of this thread ([`give_back`]).
+    /// of this thread (`quant_row::give_back`).
     pub fn release(self) {
         for (_, rows) in self.qs {
             give_back(rows);
