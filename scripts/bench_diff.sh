@@ -42,16 +42,18 @@ fi
 find "$dir" -type f -print0 | xargs -0 cat > /dev/null
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-time_diff() { # A B [taptree] -> "wall cpu" seconds of one `taptree diff --json` (exit 1 is a finding)
+time_diff() { # A B [taptree] [cpu] -> "wall cpu" seconds of one `taptree diff --json` (exit 1 is a finding)
     # Wall time from bash's microsecond clock (/usr/bin/time's hundredths
     # are a step of 0.7 points at the 1%-differ case's 0.06 s); CPU time
-    # from /usr/bin/time.
+    # from /usr/bin/time where it is printed (cpu=1: the all-differ case),
+    # else none: its own start (0.65 ms on a 16-core host) would count as
+    # the 1%-differ diff's.
     local t start end taptree=${3:-$taptree}
     t=$(mktemp)
     start=$EPOCHREALTIME
-    if [[ -x /usr/bin/time ]]; then
+    if [[ ${4:-0} == 1 && -x /usr/bin/time ]]; then
         /usr/bin/time -f "%U %S" -o "$t" "$taptree" diff "$1" "$2" --json > /dev/null || [ $? -eq 1 ]
-    else # no CPU time on this host: reported as 0
+    else # no CPU time asked for, or none on this host: reported as 0
         echo "0 0" > "$t"
         "$taptree" diff "$1" "$2" --json > /dev/null || [ $? -eq 1 ]
     fi
@@ -66,11 +68,11 @@ load=$(cut -d' ' -f1 /proc/loadavg)
 # With BEFORE, each run of TAPTREE is followed by one of BEFORE, whose
 # times go to a file of their own.
 before_full=$(mktemp) before_skip=$(mktemp)
-timed() { # A B file: one run of TAPTREE to stdout, then one of BEFORE to file
-    time_diff "$1" "$2"
-    if [[ -n "${BEFORE:-}" ]]; then time_diff "$1" "$2" "$BEFORE" >> "$3"; fi
+timed() { # A B file [cpu]: one run of TAPTREE to stdout, then one of BEFORE to file
+    time_diff "$1" "$2" "$taptree" "${4:-0}"
+    if [[ -n "${BEFORE:-}" ]]; then time_diff "$1" "$2" "$BEFORE" "${4:-0}" >> "$3"; fi
 }
-full_runs=$(for _ in $(seq "$runs"); do timed "$dir/A" "$dir/B" "$before_full"; done)
+full_runs=$(for _ in $(seq "$runs"); do timed "$dir/A" "$dir/B" "$before_full" 1; done)
 # The 1%-differ diff takes a twenty-fifth of the time: three times the runs
 # for a steadier median on a shared machine.
 skip_n=$((3 * runs))
