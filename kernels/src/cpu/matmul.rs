@@ -183,7 +183,11 @@ pub fn matmul_with_mins<T: Real, W: WeightRows>(
 /// one order, whatever task computes it).
 pub fn apply_group<T: Real>(ls: &[&Linear], x: &[T], n: usize, act: Act) -> Vec<Vec<T>> {
     let qs = quantize_for(ls, x, n, act);
-    apply_group_quantized(ls, x, n, act, &qs)
+    let ys = apply_group_quantized(ls, x, n, act, &qs);
+    for (_, rows) in qs {
+        give_back(rows);
+    }
+    ys
 }
 
 /// `x`'s `n` rows quantized once per block size the weights `ls` need

@@ -1,6 +1,6 @@
 use super::super::qmatrix::Matrix;
-use super::super::rows::{dot, dot4};
 use super::super::quant_row::quantize_row;
+use super::super::rows::{dot, dot4};
 use super::*;
 
 /// Feature-major blocks land in their rows, four by four where the

@@ -187,6 +187,9 @@ impl Step<'_> {
         let h = rms_norm(&x, &w.output_norm, cfg.rms_eps);
         tap(st::FINAL_NORM, None, pos.clone(), slot, d, &h);
         let logits = w.logits(&h, n, self.acts.logits);
+        if n > 1 {
+            crate::cpu::quant_row::release_spare();
+        }
         tap(st::LOGITS, None, pos, slot, cfg.vocab_size, &logits);
         logits[(n - 1) * cfg.vocab_size..]
             .iter()
