@@ -129,6 +129,7 @@ fn slot() -> usize {
 fn now() -> u64 {
     epoch().elapsed().as_nanos() as u64
 }
+
 /// The kind the forward's thread is in (what a region and its tasks count for).
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 
