@@ -34,7 +34,9 @@ PRECISIONS), llama.cpp decode.
 With SCALING set (say "2 4 8 16"), it times instead taptree's prefill of the
 chat prompt (f32 and q8) at each thread count T, pinned to CPUs 0..T-1 with
 T rayon threads, ROUNDS times each, and prints the median tokens/s, the
-rounds' range and the ratio to the first count (llama.cpp is not run).
+rounds' range and the ratio to the first count, and the median (and
+range) of each round's ratio to the same round's first count (llama.cpp
+is not run).
 VARIANTS ("name=binary[:VAR=value...] ...", say "base=./old
 new=./taptree rayon=./taptree:TAPTREE_CPU_TEAM=0") times several binaries
 or settings instead of TAPTREE alone, interleaved: each round runs every
@@ -133,6 +135,15 @@ def scaling(counts, rounds):
                 med, first = statistics.median(r), statistics.median(rates[(name, counts[0], p)])
                 cells.append(f"{med:.1f} ({med / first:.2f}x) [{min(r):.0f}-{max(r):.0f}]")
             print(f"| {t} | " + " | ".join(cells) + " |", flush=True)
+        # Each round's count against the same round's first count: a host
+        # whose speed drifts (or is taken for a while) moves both alike.
+        for t in counts[1:]:
+            cells = []
+            for name, _, _ in vs:
+                q = [a / b for a, b in zip(rates[(name, t, p)], rates[(name, counts[0], p)])]
+                cells.append(f"{name} {statistics.median(q):.2f}x [{min(q):.2f}-{max(q):.2f}]")
+            print(f"{p} {t} over {counts[0]} threads, round by round (median [min-max]): "
+                  + "; ".join(cells), flush=True)
     subprocess.run(["rm", "-rf", tmp])
 
 
