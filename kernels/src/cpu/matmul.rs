@@ -112,7 +112,9 @@ fn reads_quantized(block: usize, act: Act) -> bool {
     act != Act::Float && block > 1
 }
 
-/// `n` rows of `x` quantized per block of `block`, as `act` says.
+/// `n` rows of `x` quantized per block of `block`, as `act` says, into
+/// rows taken from this thread's spare ones (`quant_row::give_back` them
+/// when their matmuls are done; dropped, they are simply freed).
 pub(crate) fn quantize_rows<T: Real>(
     x: &[T],
     n: usize,
@@ -124,8 +126,7 @@ pub(crate) fn quantize_rows<T: Real>(
     if n == 0 {
         return Vec::new();
     }
-    // Rows are independent: a prefill's are quantized in parallel, into
-    // this thread's spare rows (`give_back` them when their matmuls are done).
+    // Rows are independent: a prefill's are quantized in parallel.
     let w = x.len() / n;
     let mut rows = take_rows(n);
     if super::par::worth(x.len(), n) {
