@@ -43,7 +43,9 @@ for r in range(rounds):
                 row = lambda op: float(re.search(rf"^{op}\s+\d+\s+[0-9.]+\s+([0-9.]+)", s, re.M).group(1))
                 rate = float(re.search(r"forward [0-9.]+ s, ([0-9.]+) positions/s", s).group(1))
                 root = re.search(r"root ([0-9a-f]{8})", s).group(1)
-                split = [int(v) for v in re.search(r"^matmul\s+(\d+)%\s+(\d+)%\s+(\d+)%\s+(\d+)%\s+(\d+)%", s, re.M).groups()]
+                # The idle split (none from a build before the profile had it).
+                m = re.search(r"^matmul\s+(\d+)%\s+(\d+)%\s+(\d+)%\s+(\d+)%\s+(\d+)%", s, re.M)
+                split = [int(v) for v in m.groups()] if m else None
                 d = res.setdefault((name, t, p), [])
                 d.append(dict(fwd=fwd, serial=float(tot.group(2)), tap=row("tap"), other=row("other"),
                               util=int(tot.group(5)), tps=rate, root=root, split=split))
@@ -59,9 +61,10 @@ for p in precs:
             print(f"{p} {t:>2} thr {n:>5}: {med([x['fwd'] for x in d]):7.2f} / {med([x['serial'] for x in d]):5.2f} "
                   f"({med([x['tap'] for x in d]):.2f}, {med([x['other'] for x in d]):.2f}) / {med([x['util'] for x in d]):.0f}% / "
                   f"{med(tps):6.1f} [{min(tps):.0f}-{max(tps):.0f}]  roots {sorted(set(x['root'] for x in d))}")
-            split = [med([x['split'][i] for x in d]) for i in range(5)]
-            print("           matmul regions: " + ", ".join(f"{k} {v:.0f}%" for k, v in
-                  zip(["work", "join", "end", "absent", "between"], split)))
+            if all(x['split'] for x in d):
+                split = [med([x['split'][i] for x in d]) for i in range(5)]
+                print("           matmul regions: " + ", ".join(f"{k} {v:.0f}%" for k, v in
+                      zip(["work", "join", "end", "absent", "between"], split)))
     for n, _, _ in vs:
         a, b = med([x['tps'] for x in res[(n, threads[-1], p)]]), med([x['tps'] for x in res[(n, threads[0], p)]])
         print(f"{p} {n}: {threads[-1]} over {threads[0]} threads {a/b:.2f}x")

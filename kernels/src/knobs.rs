@@ -6,10 +6,42 @@
 //! report the wrong thing.
 
 use std::ops::RangeInclusive;
+use std::sync::OnceLock;
+
+/// A count knob: read from its variable once, on first use.
+pub(crate) struct Count {
+    var: &'static str,
+    range: RangeInclusive<usize>,
+    default: usize,
+    value: OnceLock<usize>,
+}
+
+impl Count {
+    /// The knob `var`: a count in `range`, `default` where unset or wrong.
+    pub(crate) const fn new(
+        var: &'static str,
+        range: RangeInclusive<usize>,
+        default: usize,
+    ) -> Count {
+        Count {
+            var,
+            range,
+            default,
+            value: OnceLock::new(),
+        }
+    }
+
+    /// The knob's count ([`count`] of its variable, read the first time).
+    pub(crate) fn get(&self) -> usize {
+        *self
+            .value
+            .get_or_init(|| count(self.var, self.range.clone(), self.default))
+    }
+}
 
 /// The count in environment variable `var` if it holds one in `range`,
 /// else `default` (with a warning on stderr where `var` is set).
-pub(crate) fn count(var: &str, range: RangeInclusive<usize>, default: usize) -> usize {
+fn count(var: &str, range: RangeInclusive<usize>, default: usize) -> usize {
     let value = std::env::var(var).ok();
     let (n, warning) = parse(var, value.as_deref(), range, default);
     if let Some(w) = warning {

@@ -8,10 +8,10 @@
 //! fork and join per op and the serial residual add.
 
 use super::ffn::gated_into;
-use super::matmul::{quantizer, Act, QuantRows};
+use super::matmul::{give_back_all, quantizer, Act, QuantRows};
 use super::norm::norm_row;
 use super::profile::{self, Op};
-use super::quant_row::{give_back, take_rows, QuantRow};
+use super::quant_row::{take_rows, QuantRow};
 use super::{par, Real};
 use model::FfnActivation;
 
@@ -28,9 +28,7 @@ impl<T: Send + 'static> Prepared<T> {
     /// Drops the rows and keeps the quantized ones for the next row pass
     /// of this thread (`quant_row::give_back`).
     pub fn release(self) {
-        for (_, rows) in self.qs {
-            give_back(rows);
-        }
+        give_back_all(self.qs);
     }
 }
 

@@ -30,6 +30,7 @@ use super::qmatrix::{Weight, WeightRows};
 use super::quant_row::{give_back, quantize_row_into, take_rows, QuantRow};
 use super::rows::{fill_chunk, Job};
 use super::Real;
+use crate::knobs::Count;
 
 /// A matmul's weight: the dequantized matrix and, for Q4_1, its per-block
 /// minimums (`[rows, cols / 32]`), for the one term of llama.cpp's q8 dot
@@ -92,6 +93,14 @@ pub(crate) fn quantizer<T: Real>(act: Act) -> fn(&[T], usize, &mut QuantRow<T>) 
 
 /// Activation rows quantized per block size, for the matmuls that read them.
 pub type QuantRows<T> = Vec<(usize, Vec<QuantRow<T>>)>;
+
+/// Keeps every block size's rows of `qs` (their matmuls done) for this
+/// thread's next row pass (`quant_row::give_back`).
+pub(crate) fn give_back_all<T: Send + 'static>(qs: QuantRows<T>) {
+    for (_, rows) in qs {
+        give_back(rows);
+    }
+}
 
 /// The block sizes whose quantized activation rows the matmuls `ls` read
 /// under `act` (none for float activations or float weights), each once.
@@ -185,9 +194,7 @@ pub fn matmul_with_mins<T: Real, W: WeightRows>(
 pub fn apply_group<T: Real>(ls: &[&Linear], x: &[T], n: usize, act: Act) -> Vec<Vec<T>> {
     let qs = quantize_for(ls, x, n, act);
     let ys = apply_group_quantized(ls, x, n, act, &qs);
-    for (_, rows) in qs {
-        give_back(rows);
-    }
+    give_back_all(qs);
     ys
 }
 
@@ -396,8 +403,8 @@ unsafe fn transpose_into<T: Copy>(buf: &[T], k: usize, n: usize, dst: *mut T, st
 /// where the output features gave fewer than 16 tasks per thread was
 /// measured on 16 threads and was no faster (docs/PERFORMANCE.md).
 fn row_parts() -> usize {
-    static PARTS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *PARTS.get_or_init(|| crate::knobs::count("TAPTREE_CPU_ROW_PARTS", 1..=1024, 1))
+    static PARTS: Count = Count::new("TAPTREE_CPU_ROW_PARTS", 1..=1024, 1);
+    PARTS.get()
 }
 
 /// Output features per rayon task: 16 (four groups of four weight rows),
@@ -414,8 +421,8 @@ fn chunk_rows(rows: usize) -> usize {
 /// How many tasks per thread [`chunk_rows`] aims at: 8, or
 /// `TAPTREE_CPU_TASKS_PER_THREAD` (1 to 1024) to measure others.
 fn tasks_per_thread() -> usize {
-    static TASKS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *TASKS.get_or_init(|| crate::knobs::count("TAPTREE_CPU_TASKS_PER_THREAD", 1..=1024, 8))
+    static TASKS: Count = Count::new("TAPTREE_CPU_TASKS_PER_THREAD", 1..=1024, 8);
+    TASKS.get()
 }
 
 #[cfg(test)]

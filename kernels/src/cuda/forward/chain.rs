@@ -28,10 +28,8 @@ use crate::forward::ForwardError;
 /// and at 1 it is as fast as stepped, while 256 steps run at the same
 /// 1,550 positions/s at 1, 2, 4 and 8 (docs/PERFORMANCE.md): one step
 /// queued ahead of the one the host waits on keeps the GPU busy.
-fn window() -> usize {
-    static WINDOW: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *WINDOW.get_or_init(|| crate::knobs::count("TAPTREE_CUDA_CHAIN_WINDOW", 1..=64, 1))
-}
+static WINDOW: crate::knobs::Count =
+    crate::knobs::Count::new("TAPTREE_CUDA_CHAIN_WINDOW", 1..=64, 1);
 
 /// A chained step's device input (token, position), the page-locked tokens
 /// the steps write, one per position of the cache, and the chained step's
@@ -108,7 +106,7 @@ impl CudaForward {
         while seen < steps {
             // Keep two windows queued; then look at the older one's tokens.
             while queued < steps && marks.len() < 2 {
-                let n = window().min(steps - queued);
+                let n = WINDOW.get().min(steps - queued);
                 for _ in 0..n {
                     graph.launch().map_err(err("launch chained step"))?;
                 }
