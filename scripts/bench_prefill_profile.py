@@ -14,8 +14,10 @@ count above the machine's cores oversubscribes it).
 Prints, per variant, count and precision, the medians of the profile's
 forward ms, serial ms (of it the tap's and `other`'s), the regions' util
 and the capture's tokens/s, and where the layers' matmul regions' thread
-time went (work, join, end, absent, between: the profile's second table);
-then each variant's per-round differences from the first variant (same
+time went (work, join, end, absent, between: the profile's second table),
+the tasks' busy ms summed over threads, and how much of the forward the
+threads spent on their CPUs, waiting for one, and neither (the profile's
+last lines, where the build prints them); then each variant's per-round differences from the first variant (same
 round, same count), medians.
 """
 import os, re, statistics, subprocess, sys
@@ -46,9 +48,14 @@ for r in range(rounds):
                 # The idle split (none from a build before the profile had it).
                 m = re.search(r"^matmul\s+(\d+)%\s+(\d+)%\s+(\d+)%\s+(\d+)%\s+(\d+)%", s, re.M)
                 split = [int(v) for v in m.groups()] if m else None
+                # The threads on their CPUs (none from a build before the profile had it).
+                c = re.search(r"on cpu ([0-9.]+)%, waiting for a cpu ([0-9.]+)%, neither ([0-9.]+)%.*?"
+                              r"(\d+) times asked \(sleeps\), (\d+) not", s)
+                oncpu = [float(v) for v in c.groups()] if c else None
                 d = res.setdefault((name, t, p), [])
                 d.append(dict(fwd=fwd, serial=float(tot.group(2)), tap=row("tap"), other=row("other"),
-                              util=int(tot.group(5)), tps=rate, root=root, split=split))
+                              util=int(tot.group(5)), busy=float(tot.group(4)), tps=rate, root=root,
+                              split=split, oncpu=oncpu))
     print(f"round {r} load {os.getloadavg()[0]:.2f}: " + " ".join(
         f"{n}/{t}/{p}={res[(n,t,p)][-1]['tps']:.0f}" for t in threads for p in precs for n,_,_ in vs), flush=True)
 med = lambda xs: statistics.median(xs)
@@ -65,6 +72,11 @@ for p in precs:
                 split = [med([x['split'][i] for x in d]) for i in range(5)]
                 print("           matmul regions: " + ", ".join(f"{k} {v:.0f}%" for k, v in
                       zip(["work", "join", "end", "absent", "between"], split)))
+            print(f"           busy {med([x['busy'] for x in d]):.1f} ms summed over threads")
+            if all(x['oncpu'] for x in d):
+                c = [med([x['oncpu'][i] for x in d]) for i in range(5)]
+                print(f"           threads: on cpu {c[0]:.1f}%, waiting {c[1]:.1f}%, neither {c[2]:.1f}%; "
+                      f"switched out {c[3]:.0f} asked, {c[4]:.0f} not")
     for n, _, _ in vs:
         a, b = med([x['tps'] for x in res[(n, threads[-1], p)]]), med([x['tps'] for x in res[(n, threads[0], p)]])
         print(f"{p} {n}: {threads[-1]} over {threads[0]} threads {a/b:.2f}x")

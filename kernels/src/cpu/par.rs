@@ -65,6 +65,16 @@ pub(crate) fn pin_caller() -> pin::CallerPin {
     pin::caller(pin::on() && team_on() && rayon::current_num_threads() >= 2)
 }
 
+/// The threads of the team that regions started here would run on,
+/// besides the calling thread (none before that team has started, or
+/// with the team off).
+pub(crate) fn team_threads() -> Vec<profile::Thread> {
+    match team_on() {
+        true => team::threads_of(rayon::current_num_threads()),
+        false => Vec::new(),
+    }
+}
+
 /// Tells the team's idle threads to sleep now rather than spin: the
 /// forward's last region is done.
 pub(crate) fn rest() {

@@ -13,13 +13,20 @@
 //! task), `end` (from each thread's last task to the region's close),
 //! `absent` (threads that ran none of its tasks, for the whole region) and
 //! `between` (the rest: between one task and the next, claiming and
-//! stealing). Off (the variable unset), every hook is one load of a flag
+//! stealing). A last part ([`threads`]) says how much of the forward the
+//! forward's thread and its team's spent on their CPUs, waiting for one,
+//! and neither, up to the forward's last region (after it the team
+//! sleeps). Off (the variable unset), every hook is one load of a flag
 //! that is set once; nothing is timed. The CPU forward prints it; the CPU
 //! tensor-parallel forward runs its ranks one after another without
 //! printing.
 
+mod threads;
+
+pub(crate) use threads::Thread;
+
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 /// The op kinds accounted.
@@ -250,6 +257,23 @@ pub(crate) fn task<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// The threads' window of the forward being profiled.
+static WINDOW: Mutex<Option<threads::Window>> = Mutex::new(None);
+
+fn window() -> std::sync::MutexGuard<'static, Option<threads::Window>> {
+    WINDOW.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The forward's last region is done: the threads' window closes here,
+/// before the team is told to sleep (`par::rest`).
+pub(crate) fn regions_done() {
+    if on() {
+        if let Some(w) = window().as_mut() {
+            w.close();
+        }
+    }
+}
+
 /// Starts the account of one forward of `rows` rows: call [`Forward::done`].
 pub(crate) struct Forward {
     start: Option<Instant>,
@@ -274,6 +298,15 @@ impl Forward {
             v.iter().for_each(|x| x.store(0, Relaxed));
         }
         CURRENT.store(Op::Other as usize, Relaxed);
+        // The window opens before the forward's clock starts: its reads
+        // (two files a thread) are not the forward's time.
+        // (Only for a forward whose account is printed.)
+        *window() = (rows > 1 || level() == 2)
+            .then(|| {
+                let me = Thread::current().into_iter();
+                threads::Window::open(me.chain(super::par::team_threads()).collect())
+            })
+            .flatten();
         Forward {
             faults: page_faults(),
             start: Some(Instant::now()),
@@ -296,6 +329,10 @@ impl Forward {
                     maj1 - maj0
                 );
             }
+            s += &match window().as_mut() {
+                Some(w) => w.report(),
+                None => "threads on their cpus: not known here (Linux's /proc/self/task)\n".into(),
+            };
             eprint!("{s}");
         }
     }

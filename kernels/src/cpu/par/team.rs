@@ -24,6 +24,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering:
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::cpu::profile::Thread;
+
 /// How long an idle team thread spins before it sleeps.
 const SPIN: Duration = Duration::from_millis(1);
 
@@ -59,6 +61,9 @@ struct Team {
     sleepers: Line<AtomicUsize>,
     sleep: Mutex<()>,
     wake: Condvar,
+    /// Each thread besides the caller, as it registered when it started
+    /// (for `TAPTREE_CPU_PROFILE`'s account of the threads' CPU time).
+    threads: Box<[OnceLock<Thread>]>,
 }
 
 /// The team of `threads` threads (the caller and `threads - 1` others),
@@ -102,6 +107,7 @@ fn start(helpers: usize) -> &'static Team {
         sleepers: Line(AtomicUsize::new(0)),
         sleep: Mutex::new(()),
         wake: Condvar::new(),
+        threads: (0..helpers).map(|_| OnceLock::new()).collect(),
     }));
     // The generation before any region: a helper that starts after the
     // first region opened still joins it (reading `gen` when it starts, it
@@ -117,6 +123,9 @@ fn start(helpers: usize) -> &'static Team {
             .spawn(move || {
                 if pin {
                     super::pin::helper(me);
+                }
+                if let Some(t) = Thread::current() {
+                    let _ = team.threads[me - 1].set(t);
                 }
                 team.work(me, first)
             })
@@ -221,6 +230,19 @@ pub(super) fn rest() {
         for t in teams.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             t.rest.0.store(true, Relaxed);
         }
+    }
+}
+
+/// The threads of the team of `threads` threads besides the caller that
+/// have registered (none when that team has not been started).
+pub(super) fn threads_of(threads: usize) -> Vec<Thread> {
+    let Some(teams) = TEAMS.get() else {
+        return Vec::new();
+    };
+    let teams = teams.lock().unwrap_or_else(|p| p.into_inner());
+    match teams.iter().find(|t| t.helpers + 1 == threads) {
+        Some(t) => t.threads.iter().filter_map(|t| t.get().copied()).collect(),
+        None => Vec::new(),
     }
 }
 

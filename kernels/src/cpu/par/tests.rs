@@ -80,6 +80,28 @@ fn the_team_threads_run_tasks_unless_the_team_is_off() {
     });
 }
 
+/// The profile's account of the threads' CPU time finds every helper of
+/// the team that a region here runs on (Linux, where threads register).
+#[test]
+fn the_team_threads_are_known_to_the_profile() {
+    let threads = lone_team(2);
+    pool(threads).install(|| {
+        assert!(team_threads().is_empty(), "a team no region has started");
+        start();
+        // A helper registers as it starts: wait for the last (a loaded
+        // machine may start them late).
+        let t = std::time::Instant::now();
+        while team_threads().len() < threads - 1 && t.elapsed().as_secs() < 10 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let known = team_threads().len();
+        match (team_on(), cfg!(target_os = "linux")) {
+            (true, true) => assert_eq!(known, threads - 1),
+            _ => assert_eq!(known, 0),
+        }
+    });
+}
+
 #[test]
 fn a_region_inside_a_task_and_regions_from_two_threads_complete() {
     pool(3).install(|| {
