@@ -346,7 +346,7 @@ impl<T: Real> Engine<T> {
     ) -> Vec<f32> {
         let (n, d) = (tokens.len(), cfg.n_embd);
         let _pin = super::par::pin_caller();
-        let account = profile::Forward::start(n);
+        let account = profile::Forward::start(n, super::par::team_threads);
         let s = Step {
             cfg,
             acts,

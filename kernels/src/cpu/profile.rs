@@ -283,8 +283,9 @@ pub(crate) struct Forward {
 }
 
 impl Forward {
-    /// Clears the account and starts the forward's clock.
-    pub(crate) fn start(rows: usize) -> Forward {
+    /// Clears the account and starts the forward's clock; `team` gives the
+    /// threads besides this one that the forward's regions run on.
+    pub(crate) fn start(rows: usize, team: impl FnOnce() -> Vec<Thread>) -> Forward {
         if !on() {
             return Forward {
                 start: None,
@@ -304,7 +305,7 @@ impl Forward {
         *window() = (rows > 1 || level() == 2)
             .then(|| {
                 let me = Thread::current().into_iter();
-                threads::Window::open(me.chain(super::par::team_threads()).collect())
+                threads::Window::open(me.chain(team()).collect())
             })
             .flatten();
         Forward {
