@@ -486,8 +486,8 @@ fn attention_block<T: Real>(
         let graph = llamacpp_gemma::graph_of(cfg, l, simd).expect("checked at open");
         attend(&q, n, start, &cache.k[l], &cache.v[l], heads, graph)
     } else {
-        cache.k[l].extend_from_slice(&k);
-        cache.v[l].extend_from_slice(&v);
+        append(&mut cache.k[l], k);
+        append(&mut cache.v[l], v);
         attention_windowed(&q, n, start, &cache.k[l], &cache.v[l], heads, la.window)
     };
     s.tap(st::ATTN, li, q_width, &a);
@@ -498,6 +498,18 @@ fn attention_block<T: Real>(
         s.tap(st::POST_ATTN_NORM, li, cfg.n_embd, &o);
     }
     o
+}
+
+/// Appends a forward's K or V rows to a layer's cache: moved in where the
+/// cache is empty (a prefill from position 0), so that the forward's
+/// thread neither copies them nor pulls them from the caches of the cores
+/// that computed them; copied after the rows already there otherwise.
+fn append<T: Copy>(cache: &mut Vec<T>, rows: Vec<T>) {
+    if cache.is_empty() {
+        *cache = rows;
+    } else {
+        cache.extend_from_slice(&rows);
+    }
 }
 
 /// Layer `l`'s feed-forward half, from its normed rows `h`
