@@ -17,8 +17,8 @@ and the capture's tokens/s, and where the layers' matmul regions' thread
 time went (work, join, end, absent, between: the profile's second table),
 the tasks' busy ms summed over threads, and how much of the forward the
 threads spent on their CPUs, waiting for one, and neither (the profile's
-last lines, where the build prints them); then each variant's per-round differences from the first variant (same
-round, same count), medians.
+last lines, where the build prints them); then each variant's per-round
+differences from the first variant (same round, same count), medians.
 """
 import os, re, statistics, subprocess, sys
 from bench_forward import variants

@@ -277,7 +277,6 @@ impl Step<'_> {
         // some of its runs; a decode step's are small, and its next step
         // comes sooner than the team's spin ends).
         if n > 1 {
-            profile::regions_done();
             super::par::rest();
             super::quant_row::release_spare();
         }

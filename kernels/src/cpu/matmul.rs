@@ -138,14 +138,11 @@ pub(crate) fn quantize_rows<T: Real>(
     // Rows are independent: a prefill's are quantized in parallel.
     let w = x.len() / n;
     let mut rows = take_rows(n);
+    let one = |r: usize, row: &mut QuantRow<T>| quantize(&x[r * w..(r + 1) * w], block, row);
     if super::par::worth(x.len(), n) {
-        super::par::chunks_map(&mut rows, 1, |r, row| {
-            quantize(&x[r * w..(r + 1) * w], block, &mut row[0])
-        });
+        super::par::chunks_map(&mut rows, 1, |r, row| one(r, &mut row[0]));
     } else {
-        for (r, row) in rows.iter_mut().enumerate() {
-            quantize(&x[r * w..(r + 1) * w], block, row);
-        }
+        rows.iter_mut().enumerate().for_each(|(r, row)| one(r, row));
     }
     rows
 }

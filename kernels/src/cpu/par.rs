@@ -76,8 +76,10 @@ pub(crate) fn team_threads() -> Vec<profile::Thread> {
 }
 
 /// Tells the team's idle threads to sleep now rather than spin: the
-/// forward's last region is done.
+/// forward's last region is done (where the profile's account of the
+/// threads' CPU time ends).
 pub(crate) fn rest() {
+    profile::regions_done();
     team::rest();
 }
 

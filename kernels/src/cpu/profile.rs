@@ -273,14 +273,19 @@ fn window() -> std::sync::MutexGuard<'static, Option<threads::Window>> {
     WINDOW.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The forward's last region is done: the threads' window closes here,
-/// before the team is told to sleep (`par::rest`).
+/// The forward's last region is done (`par::rest`, before the team is
+/// told to sleep): the threads' window closes here.
 pub(crate) fn regions_done() {
     if on() {
         if let Some(w) = window().as_mut() {
             w.close();
         }
     }
+}
+
+/// Whether the account of a forward of `rows` rows is printed.
+fn printed(rows: usize) -> bool {
+    rows > 1 || level() == 2
 }
 
 /// Starts the account of one forward of `rows` rows: call [`Forward::done`].
@@ -311,8 +316,7 @@ impl Forward {
         CURRENT.store(Op::Other as usize, Relaxed);
         // The window opens before the forward's clock starts: its reads
         // (two files a thread) are not the forward's time.
-        // (Only for a forward whose account is printed.)
-        *window() = (rows > 1 || level() == 2)
+        *window() = printed(rows)
             .then(|| {
                 let me = Thread::current().into_iter();
                 threads::Window::open(me.chain(team()).collect())
@@ -331,7 +335,7 @@ impl Forward {
         let total = ns(t);
         // `Other` holds the forward's wall minus every op's.
         ACCOUNT.wall[Op::Other as usize].fetch_add(total, Relaxed);
-        if self.rows > 1 || level() == 2 {
+        if printed(self.rows) {
             let mut s = report(total, self.rows);
             if let (Some((min0, maj0)), Some((min1, maj1))) = (self.faults, page_faults()) {
                 s += &format!(

@@ -82,8 +82,8 @@ fn team(threads: usize) -> &'static Team {
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    let t = match teams.iter().find(|t| t.helpers + 1 == threads) {
-        Some(t) => *t,
+    let t = match of(&teams, threads) {
+        Some(t) => t,
         None => {
             let t = start(threads - 1);
             teams.push(t);
@@ -92,6 +92,11 @@ fn team(threads: usize) -> &'static Team {
     };
     LAST.store(t as *const Team as *mut Team, Release);
     t
+}
+
+/// The team of `threads` threads among `teams`, if one was started.
+fn of(teams: &[&'static Team], threads: usize) -> Option<&'static Team> {
+    teams.iter().find(|t| t.helpers + 1 == threads).copied()
 }
 
 fn start(helpers: usize) -> &'static Team {
@@ -240,10 +245,9 @@ pub(super) fn threads_of(threads: usize) -> Vec<Thread> {
         return Vec::new();
     };
     let teams = teams.lock().unwrap_or_else(|p| p.into_inner());
-    match teams.iter().find(|t| t.helpers + 1 == threads) {
-        Some(t) => t.threads.iter().filter_map(|t| t.get().copied()).collect(),
-        None => Vec::new(),
-    }
+    of(&teams, threads).map_or_else(Vec::new, |t| {
+        t.threads.iter().filter_map(|t| t.get().copied()).collect()
+    })
 }
 
 /// Runs `f(i)` for every `i` in `0..n` on the team of

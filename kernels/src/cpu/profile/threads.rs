@@ -42,7 +42,7 @@ impl Thread {
 }
 
 /// One thread's counters at one moment.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Reading {
     /// Nanoseconds on a CPU (user and kernel).
     pub(crate) cpu: u64,
