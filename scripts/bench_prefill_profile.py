@@ -68,13 +68,13 @@ for p in precs:
             print(f"{p} {t:>2} thr {n:>5}: {med([x['fwd'] for x in d]):7.2f} / {med([x['serial'] for x in d]):5.2f} "
                   f"({med([x['tap'] for x in d]):.2f}, {med([x['other'] for x in d]):.2f}) / {med([x['util'] for x in d]):.0f}% / "
                   f"{med(tps):6.1f} [{min(tps):.0f}-{max(tps):.0f}]  roots {sorted(set(x['root'] for x in d))}")
-            if all(x['split'] for x in d):
-                split = [med([x['split'][i] for x in d]) for i in range(5)]
+            # The medians of a listed field, where every round's build printed it.
+            cols = lambda key: [med(v) for v in zip(*(x[key] for x in d))] if all(x[key] for x in d) else None
+            if split := cols('split'):
                 print("           matmul regions: " + ", ".join(f"{k} {v:.0f}%" for k, v in
                       zip(["work", "join", "end", "absent", "between"], split)))
             print(f"           busy {med([x['busy'] for x in d]):.1f} ms summed over threads")
-            if all(x['oncpu'] for x in d):
-                c = [med([x['oncpu'][i] for x in d]) for i in range(5)]
+            if c := cols('oncpu'):
                 print(f"           threads: on cpu {c[0]:.1f}%, waiting {c[1]:.1f}%, neither {c[2]:.1f}%; "
                       f"switched out {c[3]:.0f} asked, {c[4]:.0f} not")
     for n, _, _ in vs:

@@ -69,9 +69,10 @@ pub(crate) fn pin_caller() -> pin::CallerPin {
 /// besides the calling thread (none before that team has started, or
 /// with the team off).
 pub(crate) fn team_threads() -> Vec<profile::Thread> {
-    match team_on() {
-        true => team::threads_of(rayon::current_num_threads()),
-        false => Vec::new(),
+    if team_on() {
+        team::threads_of(rayon::current_num_threads())
+    } else {
+        Vec::new()
     }
 }
 

@@ -344,8 +344,8 @@ impl Forward {
                     maj1 - maj0
                 );
             }
-            s += &match window().as_mut() {
-                Some(w) => w.report(),
+            s += &match window().take() {
+                Some(mut w) => w.report(),
                 None => "threads on their cpus: not known here (Linux's /proc/self/task)\n".into(),
             };
             eprint!("{s}");

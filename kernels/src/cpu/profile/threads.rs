@@ -157,7 +157,7 @@ impl Window {
 /// first) over `wall` ns.
 fn summary(wall: u64, counts: &[Reading]) -> String {
     let all = wall as f64 * counts.len() as f64;
-    let pc = |v: f64| if all > 0.0 { 100.0 * v / all } else { 0.0 };
+    let pc = |v: f64| percent(v, all);
     let sum = |f: fn(&Reading) -> u64| counts.iter().map(f).sum::<u64>();
     let (cpu, queued) = (sum(|r| r.cpu) as f64, sum(|r| r.queued) as f64);
     let off = (all - cpu - queued).max(0.0);
@@ -174,13 +174,7 @@ fn summary(wall: u64, counts: &[Reading]) -> String {
         sum(|r| r.involuntary),
     );
     if let Some((i, least)) = (counts.iter().enumerate()).min_by_key(|(_, r)| r.cpu) {
-        let share = |v: u64| {
-            if wall > 0 {
-                100.0 * v as f64 / wall as f64
-            } else {
-                0.0
-            }
-        };
+        let share = |v: u64| percent(v as f64, wall as f64);
         s += &format!(
             "least on cpu: thread {i} ({}), {:.1}% (waiting {:.1}%)\n",
             if i == 0 {
@@ -193,6 +187,15 @@ fn summary(wall: u64, counts: &[Reading]) -> String {
         );
     }
     s
+}
+
+/// `v` in percent of `of` (0 where `of` is not positive).
+fn percent(v: f64, of: f64) -> f64 {
+    if of > 0.0 {
+        100.0 * v / of
+    } else {
+        0.0
+    }
 }
 
 #[cfg(test)]
