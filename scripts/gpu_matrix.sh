@@ -31,7 +31,7 @@ if [[ "${1:-}" == "--bundle" ]]; then
     cargo build --release --features cuda
     cargo test --release --features cuda -p kernels --test cuda_kernels --test cuda_kernels_q8 --test cuda_kernels_gemma --test cuda_forward --test cuda_fused --test cuda_chain --test cuda_perf --test cuda_tp --no-run
     stage=$(mktemp -d)
-    # taptree is the front; taptree-full, beside it, runs every other command.
+    # taptree is the front (the tree commands); taptree-full, beside it, runs the rest.
     for b in taptree taptree-full; do strip -o "$stage/$b" "$CARGO_TARGET_DIR/release/$b"; done
     for t in cuda_kernels cuda_kernels_q8 cuda_kernels_gemma cuda_forward cuda_fused cuda_chain cuda_perf cuda_tp; do
         f=$(ls -t "$CARGO_TARGET_DIR"/release/deps/$t-* | grep -v '\.d$' | head -1)

@@ -26,7 +26,7 @@ if [[ "${1:-}" == "--bundle" ]]; then
     cargo build --release --features cuda
     cargo test --release --features cuda -p kernels --test cuda_tp --no-run
     stage=$(mktemp -d)
-    # taptree is the front; taptree-full, beside it, runs every other command.
+    # taptree is the front (the tree commands); taptree-full, beside it, runs the rest.
     for b in taptree taptree-full; do strip -o "$stage/$b" "$CARGO_TARGET_DIR/release/$b"; done
     f=$(ls -t "$CARGO_TARGET_DIR"/release/deps/cuda_tp-* | grep -v '\.d$' | head -1)
     strip -o "$stage/cuda_tp" "$f"

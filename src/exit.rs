@@ -1,6 +1,10 @@
 //! Exit codes, documented in `taptree --help` and docs/GUIDE.md.
 //!
 //! A tool failure must never read as a model defect (1) nor as agreement (0).
+//! Shared by both binaries (src/front.rs, src/main.rs), with how a command's
+//! end is reported.
+
+use std::process::ExitCode;
 
 /// Identical, or within tolerance; a command that did its job.
 pub const OK: u8 = 0;
@@ -19,6 +23,61 @@ pub fn of_outcome(outcome: diff::DiffOutcome) -> u8 {
         Diverged => DIVERGED,
         Inconclusive | ControlFailed | Unreadable => COULD_NOT_COMPARE,
     }
+}
+
+/// The exit of a command that ran: its code, or its error printed as
+/// `taptree: ...` with exit 2. A reader of stdout that went away (`taptree
+/// ls | head`) is not a failure of ours: exit 0, quietly.
+pub fn end(result: anyhow::Result<u8>) -> ExitCode {
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(err) if is_broken_pipe(&err) => ExitCode::from(OK),
+        Err(err) => {
+            eprintln!("taptree: {}", message(&err));
+            ExitCode::from(COULD_NOT_COMPARE)
+        }
+    }
+}
+
+/// The error and its causes, `: `-separated, leaving out a cause whose text the
+/// message already carries (library errors embed their io cause as
+/// `path: cause`, and also expose it as their source).
+fn message(err: &anyhow::Error) -> String {
+    let mut out = err.to_string();
+    for cause in err.chain().skip(1) {
+        let cause = cause.to_string();
+        if !out.contains(&cause) {
+            out.push_str(": ");
+            out.push_str(&cause);
+        }
+    }
+    out
+}
+
+/// The reader of stdout went away (`taptree ls | head`): not a failure of
+/// ours, so the command ends quietly with 0. `println!` reports a failed
+/// write by panicking; the hook turns exactly that panic into the exit.
+pub fn quiet_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let text = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if text.starts_with("failed printing to stdout") && text.contains("Broken pipe") {
+            std::process::exit(i32::from(OK));
+        }
+        default(info)
+    }));
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 #[cfg(test)]

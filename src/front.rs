@@ -1,20 +1,32 @@
 //! The `taptree` command's front.
 //!
-//! Trusted `taptree verify A B` on two identical trees is a few
-//! milliseconds of work, and starting the full command (a large binary
-//! whose start-up relocations fault in hundreds of pages) used to be most
-//! of it (docs/PERFORMANCE.md). This small binary answers exactly that
-//! case, `taptree verify A B` with two plain tree paths whose roots are
-//! equal, and hands every other command line, unchanged, to the full
-//! command `taptree-full` beside it (by `exec`, so its output, exit code and
-//! signals are the full command's own). A `verify A B` whose trees differ,
-//! or that fails, is handed over too and redone there, so every message and
-//! exit code other than "bitwise identical" comes from one place.
+//! The commands that read trees and run no model (`ls`, `verify`, `diff`,
+//! `stat`: src/cli/trees.rs) are answered here, by the same code as in the
+//! full command, so that each costs one program's start: the full command
+//! is a large binary whose start-up relocations fault in hundreds of pages
+//! (docs/PERFORMANCE.md). A trusted `taptree verify A B` of two trees whose
+//! roots are equal is settled before any argument parsing (src/trusted.rs).
+//! Every other command line (the commands that run a model, `--help`,
+//! `--version`, anything unknown) is handed, unchanged, to the full command
+//! `taptree-full` beside this one (by `exec`, so its output, exit code and
+//! signals are the full command's own).
 
 #![forbid(unsafe_code)]
 
+mod exit;
 mod trusted;
 
+/// The subcommand modules that `cli::trees` runs, and it.
+mod cli {
+    pub mod diff_cmd;
+    mod diff_tp;
+    pub mod ls;
+    pub mod stat;
+    pub mod trees;
+    pub mod verify;
+}
+
+use cli::trees::TreeCommand;
 use std::ffi::OsString;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -41,7 +53,28 @@ fn main() -> ExitCode {
             };
         }
     }
+    if args.get(1).is_some_and(answered_here) {
+        exit::quiet_on_broken_pipe();
+        let front = <Front as clap::Parser>::parse_from(&args);
+        return exit::end(front.command.run());
+    }
     hand_over(&args)
+}
+
+/// Whether a command line whose first argument is `verb` is one of the
+/// tree commands, which this front runs itself.
+fn answered_here(verb: &OsString) -> bool {
+    verb.to_str()
+        .is_some_and(<TreeCommand as clap::Subcommand>::has_subcommand)
+}
+
+/// The command lines the front parses: one of the tree commands, read as
+/// the full command reads it (the same `Args`, under the same name).
+#[derive(clap::Parser)]
+#[command(name = "taptree", bin_name = "taptree")]
+struct Front {
+    #[command(subcommand)]
+    command: TreeCommand,
 }
 
 /// The two trees of `taptree verify A B`, when that is the whole command

@@ -1,6 +1,7 @@
-//! The `taptree` front (src/front.rs): it answers a trusted `verify A B` of
-//! two identical trees itself and hands every other command line to
-//! `taptree-full`. Whichever answers, the user sees the same bytes.
+//! The `taptree` front (src/front.rs): it answers the commands that read
+//! trees (`ls`, `verify`, `diff`, `stat`) itself and hands every other
+//! command line to `taptree-full`. Whichever answers, the user sees the
+//! same bytes.
 
 use crate::verify_support::*;
 
@@ -34,7 +35,7 @@ fn same(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
 fn the_front_and_the_full_command_say_the_same() {
     let (_dir, a, b) = two_trees(0.0);
     let (_dir2, _, c) = two_trees(0.5);
-    // Answered by the front: identical trees.
+    // Answered by the front before any parsing: identical trees.
     let o = same(&[&"verify", &a, &b]);
     assert_eq!(o.status.code(), Some(0));
     assert!(
@@ -42,7 +43,8 @@ fn the_front_and_the_full_command_say_the_same() {
         "{:?}",
         text(&o)
     );
-    // Handed over: trees that differ, a tree that is not one, other commands.
+    // Parsed and answered by the front: the tree commands, their help and
+    // their errors.
     let o = same(&[&"verify", &a, &c]);
     assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
     assert!(
@@ -55,9 +57,70 @@ fn the_front_and_the_full_command_say_the_same() {
     same(&[&"verify", &"--json", &a, &b]);
     same(&[&"verify", &"--rehash", &a, &b]);
     same(&[&"ls", &a]);
-    same(&[&"--version"]);
     same(&[&"verify"]);
+    let o = same(&[&"diff", &a, &c]);
+    assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
+    assert_eq!(same(&[&"diff", &a, &b, &"--json"]).status.code(), Some(0));
+    assert_eq!(
+        same(&[&"diff", &a, &c, &"--bitwise"]).status.code(),
+        Some(1)
+    );
+    let o = same(&[&"diff", &a, &_dir.path().join("nothing")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        same(&[&"diff", &a, &c, &"--tol", &"cos>="]).status.code(),
+        Some(2)
+    );
+    assert_eq!(same(&[&"diff", &a]).status.code(), Some(2));
+    same(&[&"stat", &a]);
+    for help in ["--help", "-h"] {
+        for verb in ["ls", "verify", "diff", "stat"] {
+            let o = same(&[&verb, &help]);
+            assert!(
+                text(&o).0.contains(&format!("Usage: taptree {verb}")),
+                "{verb} {help}"
+            );
+        }
+    }
+    // Handed over: the other commands, the command's own help and version,
+    // and what is no command.
+    same(&[&"--version"]);
+    same(&[&"--help"]);
+    same(&[&"help", &"diff"]);
+    same(&[&"capture", &"--help"]);
     same(&[&"no-such-command"]);
+}
+
+#[test]
+fn a_reader_that_went_away_ends_the_command_quietly() {
+    let (_dir, a, c) = two_trees(0.5);
+    for bin in [FRONT, FULL] {
+        for args in [
+            vec!["ls".as_ref(), a.as_os_str()],
+            // Printed with `println!`: its failure is a panic, ended quietly
+            // by exit::quiet_on_broken_pipe.
+            vec!["ls".as_ref(), a.as_os_str(), "--json".as_ref()],
+            vec![
+                "diff".as_ref(),
+                a.as_os_str(),
+                c.as_os_str(),
+                "--json".as_ref(),
+            ],
+        ] {
+            // stdout is a pipe whose reading end is already closed: the
+            // first write fails with a broken pipe, every time.
+            let (reader, writer) = std::io::pipe().unwrap();
+            drop(reader);
+            let o = Command::new(bin)
+                .args(&args)
+                .stdout(writer)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(err.is_empty(), "{bin} {args:?}: {err}");
+            assert_eq!(o.status.code(), Some(0), "{bin} {args:?}");
+        }
+    }
 }
 
 #[test]
@@ -87,14 +150,18 @@ fn a_front_without_the_full_command_says_what_is_missing() {
     std::fs::create_dir(&lone).unwrap();
     let front = lone.join("taptree");
     std::fs::copy(FRONT, &front).unwrap();
-    // The front alone still answers what it answers...
+    // The front alone still answers the tree commands...
     let o = run(&front, &[&"verify", &a, &b]);
     assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
     assert!(text(&o).0.starts_with("bitwise identical"));
+    assert_eq!(run(&front, &[&"verify", &a, &c]).status.code(), Some(1));
+    assert_eq!(run(&front, &[&"diff", &a, &c]).status.code(), Some(1));
+    assert_eq!(run(&front, &[&"ls", &a]).status.code(), Some(0));
     // ...and everything else names the missing full command, exit 2.
     for args in [
-        vec![&"verify" as &dyn AsRef<std::ffi::OsStr>, &a, &c],
-        vec![&"ls", &a],
+        vec![&"replay" as &dyn AsRef<std::ffi::OsStr>, &a],
+        vec![&"capture", &"--model", &"tiny-f32", &"--out", &c],
+        vec![&"--version"],
     ] {
         let o = run(&front, &args);
         assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));

@@ -14,6 +14,7 @@ pub mod ls;
 pub mod replay_cmd;
 pub mod replay_html;
 pub mod stat;
+pub mod trees;
 pub mod verify;
 
 use clap::{Parser, Subcommand};
@@ -36,14 +37,10 @@ pub struct Cli {
 pub enum Command {
     /// Run a forward of a model and write every tap into a tree.
     Capture(capture_cmd::Args),
-    /// List a tree's taps in forward order.
-    Ls(ls::Args),
-    /// Check a tree's integrity, or whether two trees are bitwise identical.
-    Verify(verify::Args),
-    /// Compare two trees: first diverging op, metrics, truth.
-    Diff(diff_cmd::Args),
-    /// Statistics of a tree's taps: range, top dimensions, crushed blocks.
-    Stat(stat::Args),
+    /// `ls`, `verify`, `diff`, `stat`: they read trees only (also answered
+    /// by the front, src/front.rs).
+    #[command(flatten)]
+    Trees(trees::TreeCommand),
     /// Find the commit or the runtime switch that caused a divergence.
     Bisect(bisect::Args),
     /// Greedy answers under two configurations, prompt by prompt.
@@ -56,10 +53,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Capture(args) => capture_cmd::run(args),
-        Command::Ls(args) => ls::run(args),
-        Command::Verify(args) => verify::run(args),
-        Command::Diff(args) => diff_cmd::run(args),
-        Command::Stat(args) => stat::run(args),
+        Command::Trees(command) => command.run(),
         Command::Bisect(args) => bisect::run(args),
         Command::Drift(args) => drift::run(args),
         Command::Replay(args) => replay_cmd::run(args),
