@@ -4,6 +4,7 @@
 //! Shared by both binaries (src/front.rs, src/main.rs), with how a command's
 //! end is reported.
 
+use std::io::{self, Write};
 use std::process::ExitCode;
 
 /// Identical, or within tolerance; a command that did its job.
@@ -27,7 +28,8 @@ pub fn of_outcome(outcome: diff::DiffOutcome) -> u8 {
 
 /// The exit of a command that ran: its code, or its error printed as
 /// `taptree: ...` with exit 2. A reader of stdout that went away (`taptree
-/// ls | head`) is not a failure of ours: exit 0, quietly.
+/// ls | head`) is not a failure of ours: exit 0, quietly (a command with a
+/// verdict writes through [`report`], which keeps the verdict's code).
 pub fn end(result: anyhow::Result<u8>) -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
@@ -36,6 +38,22 @@ pub fn end(result: anyhow::Result<u8>) -> ExitCode {
             eprintln!("taptree: {}", message(&err));
             ExitCode::from(COULD_NOT_COMPARE)
         }
+    }
+}
+
+/// Writes a command's report on stdout and returns its verdict's exit
+/// `code`. A reader that went away before reading it all (`taptree diff A
+/// B | head`) does not change the code: a divergence still exits 1, which
+/// `set -o pipefail` sees. Any other failure to write is an error (exit 2).
+pub fn report(
+    code: u8,
+    write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> anyhow::Result<u8> {
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    match write(&mut out).and_then(|()| out.flush()) {
+        Ok(()) => Ok(code),
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(code),
+        Err(e) => Err(anyhow::Error::new(e).context("writing the report to stdout")),
     }
 }
 

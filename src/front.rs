@@ -43,14 +43,9 @@ fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().collect();
     if let Some((a, b)) = trusted_verify(&args) {
         if let Ok(Some(head)) = trusted::identical_heads(a, b) {
-            return match trusted::print_identical(&mut io::stdout().lock(), &head) {
-                // The reader went away (`| head`): quiet, as the full command.
-                Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
-                    let _ = writeln!(io::stderr(), "taptree: writing to stdout: {e}");
-                    ExitCode::from(2)
-                }
-                _ => ExitCode::SUCCESS,
-            };
+            return exit::end(exit::report(exit::OK, |out| {
+                trusted::print_identical(out, &head)
+            }));
         }
     }
     if args.get(1).is_some_and(answered_here) {

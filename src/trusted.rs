@@ -21,7 +21,7 @@ pub fn identical_heads(a: &Path, b: &Path) -> capture::Result<Option<ManifestHea
 }
 
 /// Writes the verdict for two trees whose roots are equal.
-pub fn print_identical(out: &mut impl Write, head: &ManifestHead) -> io::Result<()> {
+pub fn print_identical(out: &mut dyn Write, head: &ManifestHead) -> io::Result<()> {
     writeln!(
         out,
         "bitwise identical: {} tensors, {} bytes, root {}",

@@ -152,14 +152,16 @@ fn run_commits(args: CommitsArgs) -> anyhow::Result<u8> {
         n += 1;
         eprintln!("{}", render::step_line(n, step));
     })?;
-    if args.judging.json {
-        print_json(&report)?;
-    } else {
-        print!("{}", render::commits_text(&report));
-    }
-    Ok(match report.answer {
+    let code = match report.answer {
         commits::Answer::FirstBad { .. } | commits::Answer::Ambiguous { .. } => exit::DIVERGED,
         _ => exit::COULD_NOT_COMPARE,
+    };
+    exit::report(code, |out| {
+        if args.judging.json {
+            json(out, &report)
+        } else {
+            out.write_all(render::commits_text(&report).as_bytes())
+        }
     })
 }
 
@@ -191,23 +193,24 @@ fn run_switches(args: SwitchesArgs) -> anyhow::Result<u8> {
     });
     bar.finish_and_clear();
     let report = report?;
-    if args.judging.json {
-        print_json(&report)?;
-    } else {
-        print!("{}", render::switches_text(&report));
-    }
-    Ok(match report.answer {
+    let code = match report.answer {
         switches::Answer::NoDivergence => exit::OK,
         switches::Answer::Single { .. } | switches::Answer::Set { .. } => exit::DIVERGED,
         switches::Answer::BaselineRed { .. } | switches::Answer::Undecided => {
             exit::COULD_NOT_COMPARE
         }
+    };
+    exit::report(code, |out| {
+        if args.judging.json {
+            json(out, &report)
+        } else {
+            out.write_all(render::switches_text(&report).as_bytes())
+        }
     })
 }
 
-fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
-    let mut stdout = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut stdout, value)?;
-    writeln!(stdout)?;
-    Ok(())
+/// The report as pretty JSON and a newline.
+fn json(out: &mut dyn Write, value: &impl serde::Serialize) -> std::io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, value)?;
+    writeln!(out)
 }

@@ -203,12 +203,11 @@ fn run_on_the_pool(args: Args) -> anyhow::Result<u8> {
         // its owned entries prove sound, the report) is the one it always was.
         None => compare_checked(&args, &settings, &paths),
     }?;
-    write(&args, &computed)?;
+    let code = write(&args, &computed)?;
     diff::timing::mark("written");
     if diff::timing::on() {
         eprintln!("{}", diff::timing::line(start));
     }
-    let code = exit::of_outcome(computed.report.outcome);
     // The process ends here: freeing the report's many small allocations
     // one by one would only delay the exit.
     std::mem::forget(computed);
@@ -384,17 +383,16 @@ fn progress_bar() -> Option<Bar> {
 
 /// Writes the report where the flags ask: `--html`, then `--json` or the
 /// table on stdout; every unreadable tap is named on stderr as well.
-fn write(args: &Args, computed: &Computed) -> anyhow::Result<()> {
+/// Returns the exit code of the report's outcome.
+fn write(args: &Args, computed: &Computed) -> anyhow::Result<u8> {
     let report = &computed.report;
     if let (Some(path), Some(html)) = (&args.html, &computed.html) {
         std::fs::write(path, html).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
-    if args.json {
-        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-        diff::render::json::write(report, &mut out)
-            .and_then(|()| std::io::Write::flush(&mut out))
-            .map_err(|e| anyhow::Error::new(e).context("writing the report"))?;
-    } else {
+    let code = exit::report(exit::of_outcome(report.outcome), |out| {
+        if args.json {
+            return diff::render::json::write(report, out);
+        }
         let color = match args.color {
             ColorArg::Always => true,
             ColorArg::Never => false,
@@ -407,8 +405,8 @@ fn write(args: &Args, computed: &Computed) -> anyhow::Result<()> {
             only_red: args.only_red,
             growth_top: args.growth_top,
         };
-        print!("{}", diff::render::table::render(report, &table));
-    }
+        out.write_all(diff::render::table::render(report, &table).as_bytes())
+    })?;
     // A damaged tree is named on stderr too, as every file that cannot be
     // read is; the table or JSON above still holds its row.
     for row in &report.rows {
@@ -416,7 +414,7 @@ fn write(args: &Args, computed: &Computed) -> anyhow::Result<()> {
             eprintln!("taptree: {}: could not read: {why}", row.name());
         }
     }
-    Ok(())
+    Ok(code)
 }
 
 /// Exit 2 when the two runs were fed different prompts: their positions

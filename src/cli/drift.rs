@@ -4,7 +4,6 @@
 use crate::drift::{self, ForwardSetup};
 use crate::exit;
 use anyhow::{bail, Context};
-use std::io::Write;
 use std::path::PathBuf;
 
 /// Arguments of `taptree drift`.
@@ -63,16 +62,17 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         std::fs::write(path, drift::html::page(&report).render())
             .with_context(|| format!("{}", path.display()))?;
     }
-    if args.json {
-        let mut out = std::io::stdout().lock();
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
-    } else {
-        print!("{}", drift::render::text(&report));
-    }
-    Ok(if report.any_parted() {
+    let code = if report.any_parted() {
         exit::DIVERGED
     } else {
         exit::OK
+    };
+    exit::report(code, |out| {
+        if args.json {
+            serde_json::to_writer_pretty(&mut *out, &report)?;
+            writeln!(out)
+        } else {
+            out.write_all(drift::render::text(&report).as_bytes())
+        }
     })
 }

@@ -103,13 +103,15 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         let page = super::replay_html::page(&report, tree.manifest()).render();
         std::fs::write(path, page).with_context(|| format!("{}: cannot write", path.display()))?;
     }
-    if args.json {
-        println!("{}", replay::render::json(&report));
-    } else {
-        print!("{}", replay::render::table(&report));
-    }
-    Ok(match report.outcome {
+    let code = match report.outcome {
         replay::ReplayOutcome::Within => exit::OK,
         replay::ReplayOutcome::Above => exit::DIVERGED,
+    };
+    exit::report(code, |out| {
+        if args.json {
+            writeln!(out, "{}", replay::render::json(&report))
+        } else {
+            out.write_all(replay::render::table(&report).as_bytes())
+        }
     })
 }

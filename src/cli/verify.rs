@@ -3,6 +3,7 @@
 
 use crate::exit;
 use capture::{compare, Comparison, Difference, TreeReader};
+use std::io::{self, Write};
 use std::path::PathBuf;
 
 /// Check a tree's integrity, or whether two trees are bitwise identical.
@@ -42,17 +43,18 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                 // Equal roots settle it from the manifests' heads alone (the
                 // JSON report counts from the whole manifests).
                 if let Some(head) = crate::trusted::identical_heads(a, b)? {
-                    crate::trusted::print_identical(&mut std::io::stdout().lock(), &head)?;
-                    return Ok(exit::OK);
+                    return exit::report(exit::OK, |out| {
+                        crate::trusted::print_identical(out, &head)
+                    });
                 }
             }
             let verdict = oracle(a, b, args.rehash)?;
-            present_oracle(&verdict, args.json)?;
-            Ok(if verdict.cmp.identical {
+            let code = if verdict.cmp.identical {
                 exit::OK
             } else {
                 exit::DIVERGED
-            })
+            };
+            exit::report(code, |out| present_oracle(out, &verdict, args.json))
         }
         _ => unreachable!("clap allows one or two trees"),
     }
@@ -166,7 +168,7 @@ fn oracle<'a>(a: &'a PathBuf, b: &'a PathBuf, rehash: bool) -> anyhow::Result<Or
     })
 }
 
-fn present_oracle(v: &Oracle, json: bool) -> anyhow::Result<()> {
+fn present_oracle(out: &mut dyn Write, v: &Oracle, json: bool) -> io::Result<()> {
     let cmp = &v.cmp;
     if json {
         let first = cmp.first.as_ref().map(|d| {
@@ -182,7 +184,7 @@ fn present_oracle(v: &Oracle, json: bool) -> anyhow::Result<()> {
                 "b_blake3": hb,
             })
         });
-        let out = serde_json::json!({
+        let doc = serde_json::json!({
             "a": v.a,
             "b": v.b,
             "identical": cmp.identical,
@@ -199,7 +201,8 @@ fn present_oracle(v: &Oracle, json: bool) -> anyhow::Result<()> {
             "inputs_differ": cmp.inputs_differ,
             "first": first,
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        serde_json::to_writer_pretty(&mut *out, &doc)?;
+        writeln!(out)?;
         return Ok(());
     }
     let trust = if v.rehashed {
@@ -208,35 +211,45 @@ fn present_oracle(v: &Oracle, json: bool) -> anyhow::Result<()> {
         "manifests trusted; --rehash rereads every tensor"
     };
     if cmp.identical {
-        println!(
+        writeln!(
+            out,
             "bitwise identical: {} tensors, {} bytes, root {}",
             v.taps, v.bytes, v.root_a
-        );
+        )?;
         if v.root_a != v.root_b {
-            println!("(the same tensors, hashed by format 1's rules: roots differ)");
+            writeln!(
+                out,
+                "(the same tensors, hashed by format 1's rules: roots differ)"
+            )?;
         }
     } else if let Some(what) = cmp.inputs_differ {
-        println!(
+        writeln!(
+            out,
             "differ: every tap equal, but not the runs' {what} (roots {} and {})",
             v.root_a, v.root_b
-        );
+        )?;
     } else {
         let dirs = cmp.dirs_skipped + cmp.dirs_differing;
-        println!(
+        writeln!(
+            out,
             "differ: {} changed, {} missing from B, {} extra in B ({} of {dirs} layer directories identical, skipped)",
             cmp.changed, cmp.missing, cmp.extra, cmp.dirs_skipped
-        );
+        )?;
         if let Some(first) = &cmp.first {
-            println!("first difference in forward order: {}", describe(first));
+            writeln!(
+                out,
+                "first difference in forward order: {}",
+                describe(first)
+            )?;
             if let Some(p) = &v.files.0 {
-                println!("  A: {}", p.display());
+                writeln!(out, "  A: {}", p.display())?;
             }
             if let Some(p) = &v.files.1 {
-                println!("  B: {}", p.display());
+                writeln!(out, "  B: {}", p.display())?;
             }
         }
     }
-    println!("({trust})");
+    writeln!(out, "({trust})")?;
     Ok(())
 }
 
