@@ -6,6 +6,7 @@
 use super::{diff_cmd, ls, stat, verify};
 use clap::Subcommand;
 
+/// The tree commands, as both binaries parse them.
 #[derive(Debug, Subcommand)]
 pub enum TreeCommand {
     /// List a tree's taps in forward order.
