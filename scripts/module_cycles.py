@@ -130,9 +130,7 @@ class Crate:
         self.items = {}  # path tuple -> set of names defined there
         self.reexports = {}  # path tuple -> {name: absolute path list}
         self.globs = {}  # path tuple -> [absolute module path lists]
-        for mod, f in files.items():
-            with open(f, encoding="utf-8") as fh:
-                self.modules[mod] = (f, strip(fh.read()))
+        self.modules = dict(files)
         for mod, (f, src) in self.modules.items():
             self.items[mod] = set(ITEM.findall(src))
         for mod, (f, src) in self.modules.items():
@@ -263,25 +261,42 @@ def cycles(edges):
 
 
 MOD = re.compile(r"\bmod\s+(\w+)\s*;")
+INLINE_MOD = re.compile(r"\bmod\s+(\w+)\s*\{")
 
 
 def module_files(root_file):
-    """{module path: file} of a crate, found by following its `mod x;`
-    declarations from its root file (test-only ones are left out)."""
-    found = {(): root_file}
-    todo = [((), root_file, True)]
+    """{module path: (file, stripped source)} of a crate, found by following
+    its `mod x;` declarations from its root file (test-only ones are left
+    out). An inline `mod x { ... }` is a module of its own: its source is
+    the block's (the rest of its file blanked, so lines keep their numbers),
+    blanked in the file's, and its `mod y;` are files under `x/`."""
+    with open(root_file, encoding="utf-8") as fh:
+        root_src = strip(fh.read())
+    found = {}
+    # (module, file, its stripped source, the directory of its children's files)
+    todo = [((), root_file, root_src, os.path.dirname(root_file))]
     while todo:
-        mod, f, owns_dir = todo.pop()
-        with open(f, encoding="utf-8") as fh:
-            src = strip(fh.read())
-        base = os.path.dirname(f)
-        if not owns_dir:
-            base = os.path.join(base, os.path.basename(f)[:-3])
+        mod, f, src, base = todo.pop()
+        # Top-level inline blocks become modules of their own.
+        i = 0
+        while True:
+            m = INLINE_MOD.search(src, i)
+            if m is None:
+                break
+            end = item_end(src, m.start())
+            name = m.group(1)
+            body = blank_text(src[: m.end()]) + src[m.end() : end] + blank_text(src[end:])
+            todo.append((mod + (name,), f, body, os.path.join(base, name)))
+            src = src[: m.start()] + blank_text(src[m.start() : end]) + src[end:]
+            i = end
+        found[mod] = (f, src)
         for name in MOD.findall(src):
             for cand, owns in ((os.path.join(base, name + ".rs"), False), (os.path.join(base, name, "mod.rs"), True)):
                 if os.path.exists(cand):
-                    found[mod + (name,)] = cand
-                    todo.append((mod + (name,), cand, owns))
+                    with open(cand, encoding="utf-8") as fh:
+                        child = strip(fh.read())
+                    child_base = os.path.dirname(cand) if owns else cand[:-3]
+                    todo.append((mod + (name,), cand, child, child_base))
                     break
     return found
 
@@ -322,24 +337,28 @@ def workspace_crates():
 
 def self_test():
     """Plants cycles in a throwaway crate (one hidden behind a re-export,
-    one through `super::` between nested siblings) and checks that each is
-    found, and that the crate without them is clean."""
+    one through `super::` between nested siblings, one between the files of
+    an inline module) and checks that each is found, and that the crate
+    without them is clean."""
     import tempfile
 
     files = {
         "Cargo.toml": '[package]\nname = "planted"\n',
-        "src/lib.rs": "mod a;\nmod b;\nmod c;\nmod d;\npub use b::Thing;\n",
+        "src/lib.rs": "mod a;\nmod b;\nmod c;\nmod d;\nmod e {\n    pub mod p;\n    pub mod q;\n}\npub use b::Thing;\n",
         "src/a.rs": "use crate::Thing;\npub fn f() -> Thing { Thing }\n",
         "src/b.rs": "pub struct Thing;\n",
         "src/c.rs": "// crate::a::f() in a comment is no edge\npub fn g() {}\n",
         "src/d/mod.rs": "mod x;\nmod y;\npub fn h() {}\n",
         "src/d/x.rs": "pub fn one() { super::h() }\n",
         "src/d/y.rs": "pub fn two() {}\n",
+        "src/e/p.rs": "pub fn three() {}\n",
+        "src/e/q.rs": "pub fn four() { super::p::three() }\n",
     }
     planted = {
         "src/b.rs": "pub struct Thing;\npub fn uses_a() { crate::a::f(); }\n",
         "src/d/x.rs": "pub fn one() { super::y::two() }\n",
         "src/d/y.rs": "use super::x::one;\npub fn two() { let _ = one; }\n",
+        "src/e/p.rs": "pub fn three() { super::q::four() }\n",
     }
     with tempfile.TemporaryDirectory() as tmp:
         for name, text in files.items():
@@ -351,11 +370,11 @@ def self_test():
             with open(os.path.join(tmp, name), "w", encoding="utf-8") as fh:
                 fh.write(text)
         found = [cycles(Crate(*c).edges()) for c in crates_of(tmp)]
-    want = [[[("a",), ("b",)], [("d", "x"), ("d", "y")]]]
+    want = [[[("a",), ("b",)], [("d", "x"), ("d", "y")], [("e", "p"), ("e", "q")]]]
     if clean != [[]] or found != want:
         print(f"self-test failed: clean {clean}, planted {found}, expected {want}")
         return 1
-    print("self-test: both planted cycles found, none in the clean crate")
+    print("self-test: every planted cycle found, none in the clean crate")
     return 0
 
 
