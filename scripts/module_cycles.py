@@ -289,6 +289,10 @@ def module_files(root_file):
             todo.append((mod + (name,), f, body, os.path.join(base, name)))
             src = src[: m.start()] + blank_text(src[m.start() : end]) + src[end:]
             i = end
+        if mod in found and found[mod][0] == f:
+            # Two blocks of one name (`#[cfg(unix)] mod imp {..}` and its
+            # other-platform twin): one module holding both bodies.
+            src = "".join(x if not x.isspace() else y for x, y in zip(src, found[mod][1]))
         found[mod] = (f, src)
         for name in MOD.findall(src):
             for cand, owns in ((os.path.join(base, name + ".rs"), False), (os.path.join(base, name, "mod.rs"), True)):
