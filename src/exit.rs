@@ -72,10 +72,13 @@ fn message(err: &anyhow::Error) -> String {
     out
 }
 
-/// The reader of stdout went away (`taptree ls | head`): not a failure of
-/// ours, so the command ends quietly with 0. `println!` reports a failed
-/// write by panicking; the hook turns exactly that panic into the exit.
-pub fn quiet_on_broken_pipe() {
+/// What a failed `println!` ends as (it reports a failed write by
+/// panicking; the hook turns exactly that panic into an exit): a reader of
+/// stdout that went away (`taptree capture ... | head`) is not a failure of
+/// ours, exit 0, quietly; any other failure (a full disk) is `taptree:
+/// writing to stdout: ...`, exit 2, never a panic's 101. Commands with a
+/// verdict write through [`report`] instead, which keeps its code.
+pub fn on_failed_print() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         let text = info
@@ -84,8 +87,12 @@ pub fn quiet_on_broken_pipe() {
             .map(String::as_str)
             .or_else(|| info.payload().downcast_ref::<&str>().copied())
             .unwrap_or("");
-        if text.starts_with("failed printing to stdout") && text.contains("Broken pipe") {
-            std::process::exit(i32::from(OK));
+        if let Some(why) = text.strip_prefix("failed printing to stdout: ") {
+            if why.contains("Broken pipe") {
+                std::process::exit(i32::from(OK));
+            }
+            eprintln!("taptree: writing to stdout: {why}");
+            std::process::exit(i32::from(COULD_NOT_COMPARE));
         }
         default(info)
     }));

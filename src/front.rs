@@ -49,7 +49,7 @@ fn main() -> ExitCode {
         }
     }
     if args.get(1).is_some_and(answered_here) {
-        exit::quiet_on_broken_pipe();
+        exit::on_failed_print();
         let front = <Front as clap::Parser>::parse_from(&args);
         return exit::end(front.command.run());
     }

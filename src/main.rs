@@ -12,7 +12,7 @@ mod trusted;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    exit::quiet_on_broken_pipe();
+    exit::on_failed_print();
     if let Err(e) = same_build_as_the_front() {
         eprintln!("taptree: {e}");
         return ExitCode::from(exit::COULD_NOT_COMPARE);

@@ -65,6 +65,50 @@ fn f32_twice_is_bitwise_identical_and_f64_is_not_f32() {
     );
 }
 
+/// stdout that fails (its reader gone, a full disk) never leaves the tree
+/// unfinished: the report is written after the tree is, and a failed
+/// write is exit 0 quietly for a reader gone, exit 2 for a full disk.
+#[test]
+fn a_failing_stdout_never_leaves_the_tree_unfinished() {
+    let d = tempfile::tempdir().unwrap();
+    let m = fixture(d.path(), "tiny-f32");
+    let mut outs: Vec<(&str, std::process::Stdio, i32)> = Vec::new();
+    // A pipe whose reading end is closed before the capture starts.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    outs.push(("gone", writer.into(), 0));
+    if Path::new("/dev/full").exists() {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        outs.push(("full", full.into(), 2));
+    }
+    for (name, stdout, code) in outs {
+        let tree = d.path().join(name);
+        let o = taptree()
+            .args([
+                "capture", "--model", &m, "--tokens", TOKENS, "--gen", "2", "--out",
+            ])
+            .arg(&tree)
+            .stdout(stdout)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{name}: {err}");
+        if code == 2 {
+            assert!(
+                err.contains("writing the report to stdout"),
+                "{name}: {err}"
+            );
+        } else {
+            assert!(err.is_empty(), "{name}: {err}");
+        }
+        let verify = run(&["verify", tree.to_str().unwrap()]);
+        assert!(ok(verify).starts_with("ok: "), "{name}");
+    }
+}
+
 #[test]
 fn manifest_records_the_run() {
     let d = tempfile::tempdir().unwrap();

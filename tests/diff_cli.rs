@@ -512,6 +512,53 @@ fn a_closed_pipe_ends_every_stdout_command_quietly_with_its_verdict() {
     }
 }
 
+/// A full disk behind stdout is `taptree: writing ...`, exit 2, for every
+/// tree command: never a verdict, never a panic's 101.
+#[test]
+fn a_full_stdout_is_exit_2_with_a_message_never_a_panic() {
+    if !Path::new("/dev/full").exists() {
+        eprintln!("skipped: no /dev/full on this system");
+        return;
+    }
+    let (_d, a, b) = dirs();
+    plain(&a);
+    plain(&b);
+    let runs: [&[&str]; 7] = [
+        &["ls"],
+        &["ls", "--json"],
+        &["stat"],
+        &["stat", "--json"],
+        &["verify"],
+        &["verify", "--json"],
+        &["diff", "B"],
+    ];
+    for bin in [
+        env!("CARGO_BIN_EXE_taptree"),
+        env!("CARGO_BIN_EXE_taptree-full"),
+    ] {
+        for args in runs {
+            let mut c = Command::new(bin);
+            c.args(&args[..1]).arg(&a);
+            c.args(
+                args[1..]
+                    .iter()
+                    .map(|x| if *x == "B" { b.as_os_str() } else { x.as_ref() }),
+            );
+            let full = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap();
+            let o = c.stdout(full).output().unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(2), "{bin} {args:?}: {err}");
+            assert!(
+                err.starts_with("taptree: writing") && !err.contains("panicked"),
+                "{bin} {args:?}: {err}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_truncated_tap_file_is_an_unreadable_row_in_the_report_and_exit_2() {
     let (_d, a, b) = dirs();

@@ -5,6 +5,7 @@
 //! bad input (unknown model, bad token id, empty or too long prompt, bad
 //! selection or switch) leaves `--out` untouched.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -168,15 +169,17 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         }
     }
 
-    println!(
-        "model {} (blake3 {}), {} {}{}",
+    // The report is written once the tree is finished: a reader that went
+    // away, or a full disk, must not end the run with its tree unfinished.
+    let mut report = format!(
+        "model {} (blake3 {}), {} {}{}\n",
         model.source.path.display(),
         short(&model.source.blake3),
         args.backend.name(),
         precision,
         describe_switches(&switches)
     );
-    print_answers(&model, &seqs, &gens, args.gen)?;
+    report += &answers(&model, &seqs, &gens, args.gen)?;
     let positions: usize = seqs
         .iter()
         .zip(&gens)
@@ -187,8 +190,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         forward_s,
         positions,
     };
-    print_written(cap, &speed)?;
-    Ok(exit::OK)
+    report += &finish(cap, &speed)?;
+    exit::report(exit::OK, |out| out.write_all(report.as_bytes()))
 }
 
 /// How long a run took, and over how many positions.
@@ -198,14 +201,14 @@ struct Speed {
     positions: usize,
 }
 
-/// Finishes the tree (if one is written) and says what was written.
-fn print_written(cap: Option<capture::Capture>, speed: &Speed) -> anyhow::Result<()> {
+/// Finishes the tree (if one is written); the line that says what was written.
+fn finish(cap: Option<capture::Capture>, speed: &Speed) -> anyhow::Result<String> {
     let per_s = speed.positions as f64 / speed.forward_s.max(1e-9);
-    match cap {
+    Ok(match cap {
         Some(c) => {
             let summary = c.finish()?;
-            println!(
-                "captured {} taps, {} bytes, root {} in {:.2} s (forward {:.2} s, {:.1} positions/s) -> {}",
+            format!(
+                "captured {} taps, {} bytes, root {} in {:.2} s (forward {:.2} s, {:.1} positions/s) -> {}\n",
                 summary.taps,
                 summary.bytes,
                 summary.root,
@@ -213,14 +216,13 @@ fn print_written(cap: Option<capture::Capture>, speed: &Speed) -> anyhow::Result
                 speed.forward_s,
                 per_s,
                 summary.path.display()
-            );
+            )
         }
-        None => println!(
-            "no tree written (no --out, no TAPTREE_OUT); forward {:.2} s, {:.1} positions/s",
+        None => format!(
+            "no tree written (no --out, no TAPTREE_OUT); forward {:.2} s, {:.1} positions/s\n",
             speed.forward_s, per_s
         ),
-    }
-    Ok(())
+    })
 }
 
 /// The run's record in the manifest: model, backend, precision, switches,
@@ -270,13 +272,14 @@ fn token_pieces(t: &Tokenizer, seqs: &[Sequence], gens: &[Generation]) -> Vec<Ve
 }
 
 /// Each sequence's prompt length, generated count and (with `gen > 0`)
-/// its answer as text.
-fn print_answers(
+/// its answer as text, a line each.
+fn answers(
     model: &LoadedModel,
     seqs: &[Sequence],
     gens: &[Generation],
     gen: usize,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<String> {
+    let mut out = String::new();
     for (s, g) in seqs.iter().zip(gens) {
         // The stop token ends the answer; it is not part of its text.
         let shown = &g.tokens[..g.tokens.len() - usize::from(g.stopped)];
@@ -284,8 +287,8 @@ fn print_answers(
             Some(t) => t.decode(shown)?,
             None => format!("{shown:?}"),
         };
-        println!(
-            "{}: {} prompt tokens, {} generated{}",
+        out += &format!(
+            "{}: {} prompt tokens, {} generated{}\n",
             s.label,
             s.tokens.len(),
             g.tokens.len(),
@@ -296,10 +299,10 @@ fn print_answers(
             }
         );
         if gen > 0 {
-            println!("  {}", text.trim_end());
+            out += &format!("  {}\n", text.trim_end());
         }
     }
-    Ok(())
+    Ok(out)
 }
 
 /// `--engine hf|llama.cpp`: the same model resolution, tokenization and
@@ -334,7 +337,11 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
     let seq = &seqs[0];
     // The engine parses the same grammar; "all" is no selection.
     let select = (!selection.is_all()).then(|| selection.to_string());
-    println!(
+    // Said now, before the engine's long run; a failure to write it (a
+    // reader gone, a full disk) must not end the run before the engine has
+    // written its tree: the report at the end meets it again.
+    let _ = writeln!(
+        std::io::stdout(),
         "model {} (blake3 {}), engine {} {}; {}: {} prompt tokens",
         model.source.path.display(),
         short(&model.source.blake3),
@@ -366,6 +373,7 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
         run,
     })?;
     // The engine's greedy answer, in taptree's own words.
+    let mut report = String::new();
     if args.gen > 0 {
         let tree = capture::TreeReader::open(&out)?;
         let extra = &tree.manifest().run.extra;
@@ -379,9 +387,9 @@ fn run_engine(args: Args) -> anyhow::Result<u8> {
             Some(t) => t.decode(&shown)?,
             None => format!("{shown:?}"),
         };
-        println!("{} generated: {}", ids.len(), text.trim_end());
+        report = format!("{} generated: {}\n", ids.len(), text.trim_end());
     }
-    Ok(exit::OK)
+    exit::report(exit::OK, |out| out.write_all(report.as_bytes()))
 }
 
 /// `--out` (or `$TAPTREE_OUT`), none when empty.

@@ -1,7 +1,6 @@
 //! `taptree ls TREE`: the taps of a tree in forward order.
 
 use capture::{Selection, TreeReader};
-use std::io::Write;
 use std::path::PathBuf;
 
 /// List a tree's taps in forward order: key, dtype, shape, short hash.
@@ -68,8 +67,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             "run": m.run,
             "entries": entries,
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(crate::exit::OK);
+        return crate::exit::report(crate::exit::OK, |w| {
+            serde_json::to_writer_pretty(&mut *w, &out)?;
+            writeln!(w)
+        });
     }
     let mut describe = vec![
         m.run.backend.as_str(),
@@ -105,9 +106,5 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             m.entries.len()
         ));
     }
-    // `taptree ls big-tree | head` closes the pipe early: that is not an error.
-    match std::io::stdout().lock().write_all(out.as_bytes()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(crate::exit::OK),
-    }
+    crate::exit::report(crate::exit::OK, |w| w.write_all(out.as_bytes()))
 }

@@ -33,10 +33,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     };
     let tree = TreeReader::open(&args.tree)?;
     let stat = diff::stat::stat(&tree, at.as_ref())?;
-    if args.json {
-        print!("{}", diff::render::json::render_stat(&stat));
+    let text = if args.json {
+        diff::render::json::render_stat(&stat)
     } else {
-        print!("{}", diff::render::table::render_stat(&stat));
-    }
-    Ok(exit::OK)
+        diff::render::table::render_stat(&stat)
+    };
+    exit::report(exit::OK, |w| w.write_all(text.as_bytes()))
 }

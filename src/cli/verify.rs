@@ -35,8 +35,8 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<u8> {
     match args.trees.as_slice() {
         [one] => {
-            present_integrity(&integrity(one)?, args.json)?;
-            Ok(exit::OK)
+            let checked = integrity(one)?;
+            exit::report(exit::OK, |out| present_integrity(out, &checked, args.json))
         }
         [a, b] => {
             if !args.rehash && !args.json {
@@ -82,9 +82,9 @@ fn integrity(path: &PathBuf) -> anyhow::Result<Integrity<'_>> {
     })
 }
 
-fn present_integrity(v: &Integrity, json: bool) -> anyhow::Result<()> {
+fn present_integrity(out: &mut dyn Write, v: &Integrity, json: bool) -> io::Result<()> {
     if json {
-        let out = serde_json::json!({
+        let doc = serde_json::json!({
             "tree": v.tree,
             "ok": true,
             "taps": v.taps,
@@ -92,27 +92,29 @@ fn present_integrity(v: &Integrity, json: bool) -> anyhow::Result<()> {
             "root": v.root,
             "unlisted": v.unlisted,
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
+        serde_json::to_writer_pretty(&mut *out, &doc)?;
+        return writeln!(out);
     }
-    println!(
+    writeln!(
+        out,
         "ok: {} tensors, {} bytes rehashed, root {}",
         v.taps, v.bytes, v.root
-    );
+    )?;
     if !v.unlisted.is_empty() {
         const SHOWN: usize = 5;
         let more = match v.unlisted.len().saturating_sub(SHOWN) {
             0 => String::new(),
             n => format!(" and {n} more"),
         };
-        println!(
+        writeln!(
+            out,
             "note: {} not in the manifest (not part of the tree, not checked): {}{more}",
             match v.unlisted.len() {
                 1 => "1 file is".to_string(),
                 n => format!("{n} files are"),
             },
             v.unlisted[..v.unlisted.len().min(SHOWN)].join(", ")
-        );
+        )?;
     }
     Ok(())
 }
