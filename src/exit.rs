@@ -27,13 +27,13 @@ pub fn of_outcome(outcome: diff::DiffOutcome) -> u8 {
 }
 
 /// The exit of a command that ran: its code, or its error printed as
-/// `taptree: ...` with exit 2. A reader of stdout that went away (`taptree
-/// ls | head`) is not a failure of ours: exit 0, quietly (a command with a
-/// verdict writes through [`report`], which keeps the verdict's code).
+/// `taptree: ...` with exit 2. (A reader of stdout that went away is
+/// settled where stdout is written: [`report`], [`on_failed_print`]; a
+/// broken pipe anywhere else, a `--html` into a FIFO whose reader left, is
+/// an error like any other.)
 pub fn end(result: anyhow::Result<u8>) -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
-        Err(err) if is_broken_pipe(&err) => ExitCode::from(OK),
         Err(err) => {
             eprintln!("taptree: {}", message(&err));
             ExitCode::from(COULD_NOT_COMPARE)
@@ -96,13 +96,6 @@ pub fn on_failed_print() {
         }
         default(info)
     }));
-}
-
-fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-    })
 }
 
 #[cfg(test)]
