@@ -57,6 +57,12 @@ pub fn report(
     }
 }
 
+/// A report as pretty JSON and a newline (the `--json` of every command).
+pub fn json(out: &mut dyn Write, value: &impl serde::Serialize) -> io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, value)?;
+    writeln!(out)
+}
+
 /// The error and its causes, `: `-separated, leaving out a cause whose text the
 /// message already carries (library errors embed their io cause as
 /// `path: cause`, and also expose it as their source).

@@ -43,9 +43,7 @@ fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().collect();
     if let Some((a, b)) = trusted_verify(&args) {
         if let Ok(Some(head)) = trusted::identical_heads(a, b) {
-            return exit::end(exit::report(exit::OK, |out| {
-                trusted::print_identical(out, &head)
-            }));
+            return exit::end(trusted::report_identical(&head));
         }
     }
     if args.get(1).is_some_and(answered_here) {

@@ -1,7 +1,7 @@
 //! Trusted `verify A B` settled from the two manifests' heads alone: shared
-//! by the `taptree` front (src/front.rs), which answers it without starting
-//! the full command, and by the full command's `verify` (src/cli/verify.rs),
-//! so that both print the same bytes.
+//! by the `taptree` front (src/front.rs), which settles it before parsing
+//! any argument, and by `verify` (src/cli/verify.rs), so that both print
+//! the same bytes.
 
 use capture::{ManifestHead, TreeReader};
 use std::io::{self, Write};
@@ -20,8 +20,13 @@ pub fn identical_heads(a: &Path, b: &Path) -> capture::Result<Option<ManifestHea
     Ok((ha.root == hb.root).then_some(ha))
 }
 
+/// Reports two trees whose roots are equal as identical: exit 0.
+pub fn report_identical(head: &ManifestHead) -> anyhow::Result<u8> {
+    crate::exit::report(crate::exit::OK, |out| print_identical(out, head))
+}
+
 /// Writes the verdict for two trees whose roots are equal.
-pub fn print_identical(out: &mut dyn Write, head: &ManifestHead) -> io::Result<()> {
+fn print_identical(out: &mut dyn Write, head: &ManifestHead) -> io::Result<()> {
     writeln!(
         out,
         "bitwise identical: {} tensors, {} bytes, root {}",

@@ -459,10 +459,28 @@ fn taps_in_one_tree_only_are_never_agreement() {
     assert!(out.contains("bitwise equal by content"), "{out}");
 }
 
+/// `args` as each of the two binaries runs them (the front answers the
+/// tree commands itself, `taptree-full` has them too), `A` and `B` standing
+/// for the trees `a` and `b`.
+fn in_both_binaries(args: &[&str], a: &Path, b: &Path) -> [Command; 2] {
+    [
+        env!("CARGO_BIN_EXE_taptree"),
+        env!("CARGO_BIN_EXE_taptree-full"),
+    ]
+    .map(|bin| {
+        let mut c = Command::new(bin);
+        c.args(args.iter().map(|x| match *x {
+            "A" => a.as_os_str(),
+            "B" => b.as_os_str(),
+            x => x.as_ref(),
+        }));
+        c
+    })
+}
+
 /// stdout is a pipe whose reader went away (`taptree diff A B | head`):
 /// the command ends quietly, and a verdict keeps its exit code, so that
-/// `set -o pipefail` still sees a divergence. Both binaries: the front
-/// answers these commands itself, `taptree-full` has them too.
+/// `set -o pipefail` still sees a divergence.
 #[test]
 fn a_closed_pipe_ends_every_stdout_command_quietly_with_its_verdict() {
     let (_d, a, b) = dirs();
@@ -477,37 +495,24 @@ fn a_closed_pipe_ends_every_stdout_command_quietly_with_its_verdict() {
         },
     );
     let runs: [(&[&str], u8); 7] = [
-        (&["ls", "--json"], 0),
-        (&["ls"], 0),
-        (&["diff", "--color", "never"], 1),
-        (&["diff", "--json"], 1),
-        (&["verify"], 1),
-        (&["verify", "--json"], 1),
-        (&["stat"], 0),
+        (&["ls", "A", "--json"], 0),
+        (&["ls", "A"], 0),
+        (&["diff", "A", "B", "--color", "never"], 1),
+        (&["diff", "A", "B", "--json"], 1),
+        (&["verify", "A", "B"], 1),
+        (&["verify", "A", "B", "--json"], 1),
+        (&["stat", "A"], 0),
     ];
-    for bin in [
-        env!("CARGO_BIN_EXE_taptree"),
-        env!("CARGO_BIN_EXE_taptree-full"),
-    ] {
-        for (args, code) in runs {
-            let mut c = Command::new(bin);
-            c.args(&args[..1]).arg(&a);
-            if ["diff", "verify"].contains(&args[0]) {
-                c.arg(&b);
-            }
-            c.args(&args[1..]);
+    for (args, code) in runs {
+        for mut c in in_both_binaries(args, &a, &b) {
             // The reading end is closed before the command starts: its
             // first write fails with a broken pipe, every time.
             let (reader, writer) = std::io::pipe().unwrap();
             drop(reader);
             let o = c.stdout(writer).output().unwrap();
             let err = String::from_utf8_lossy(&o.stderr);
-            assert_eq!(
-                o.status.code(),
-                Some(i32::from(code)),
-                "{bin} {args:?}: {err}"
-            );
-            assert!(err.is_empty(), "{bin} {args:?}: {err}");
+            assert_eq!(o.status.code(), Some(i32::from(code)), "{c:?}: {err}");
+            assert!(err.is_empty(), "{c:?}: {err}");
         }
     }
 }
@@ -524,36 +529,26 @@ fn a_full_stdout_is_exit_2_with_a_message_never_a_panic() {
     plain(&a);
     plain(&b);
     let runs: [&[&str]; 7] = [
-        &["ls"],
-        &["ls", "--json"],
-        &["stat"],
-        &["stat", "--json"],
-        &["verify"],
-        &["verify", "--json"],
-        &["diff", "B"],
+        &["ls", "A"],
+        &["ls", "A", "--json"],
+        &["stat", "A"],
+        &["stat", "A", "--json"],
+        &["verify", "A"],
+        &["verify", "A", "--json"],
+        &["diff", "A", "B"],
     ];
-    for bin in [
-        env!("CARGO_BIN_EXE_taptree"),
-        env!("CARGO_BIN_EXE_taptree-full"),
-    ] {
-        for args in runs {
-            let mut c = Command::new(bin);
-            c.args(&args[..1]).arg(&a);
-            c.args(
-                args[1..]
-                    .iter()
-                    .map(|x| if *x == "B" { b.as_os_str() } else { x.as_ref() }),
-            );
+    for args in runs {
+        for mut c in in_both_binaries(args, &a, &b) {
             let full = std::fs::OpenOptions::new()
                 .write(true)
                 .open("/dev/full")
                 .unwrap();
             let o = c.stdout(full).output().unwrap();
             let err = String::from_utf8_lossy(&o.stderr);
-            assert_eq!(o.status.code(), Some(2), "{bin} {args:?}: {err}");
+            assert_eq!(o.status.code(), Some(2), "{c:?}: {err}");
             assert!(
                 err.starts_with("taptree: writing") && !err.contains("panicked"),
-                "{bin} {args:?}: {err}"
+                "{c:?}: {err}"
             );
         }
     }

@@ -9,7 +9,7 @@ use crate::bisect::judge::Judge;
 use crate::bisect::{commits, git::Repo, render, switches};
 use crate::exit;
 use anyhow::Context;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 /// Arguments of `taptree bisect`.
@@ -158,7 +158,7 @@ fn run_commits(args: CommitsArgs) -> anyhow::Result<u8> {
     };
     exit::report(code, |out| {
         if args.judging.json {
-            json(out, &report)
+            exit::json(out, &report)
         } else {
             out.write_all(render::commits_text(&report).as_bytes())
         }
@@ -202,15 +202,9 @@ fn run_switches(args: SwitchesArgs) -> anyhow::Result<u8> {
     };
     exit::report(code, |out| {
         if args.judging.json {
-            json(out, &report)
+            exit::json(out, &report)
         } else {
             out.write_all(render::switches_text(&report).as_bytes())
         }
     })
-}
-
-/// The report as pretty JSON and a newline.
-fn json(out: &mut dyn Write, value: &impl serde::Serialize) -> std::io::Result<()> {
-    serde_json::to_writer_pretty(&mut *out, value)?;
-    writeln!(out)
 }

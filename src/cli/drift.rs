@@ -69,8 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     };
     exit::report(code, |out| {
         if args.json {
-            serde_json::to_writer_pretty(&mut *out, &report)?;
-            writeln!(out)
+            exit::json(out, &report)
         } else {
             out.write_all(drift::render::text(&report).as_bytes())
         }

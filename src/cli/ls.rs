@@ -67,10 +67,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             "run": m.run,
             "entries": entries,
         });
-        return crate::exit::report(crate::exit::OK, |w| {
-            serde_json::to_writer_pretty(&mut *w, &out)?;
-            writeln!(w)
-        });
+        return crate::exit::report(crate::exit::OK, |w| crate::exit::json(w, &out));
     }
     let mut describe = vec![
         m.run.backend.as_str(),

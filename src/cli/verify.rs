@@ -43,9 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                 // Equal roots settle it from the manifests' heads alone (the
                 // JSON report counts from the whole manifests).
                 if let Some(head) = crate::trusted::identical_heads(a, b)? {
-                    return exit::report(exit::OK, |out| {
-                        crate::trusted::print_identical(out, &head)
-                    });
+                    return crate::trusted::report_identical(&head);
                 }
             }
             let verdict = oracle(a, b, args.rehash)?;
@@ -92,8 +90,7 @@ fn present_integrity(out: &mut dyn Write, v: &Integrity, json: bool) -> io::Resu
             "root": v.root,
             "unlisted": v.unlisted,
         });
-        serde_json::to_writer_pretty(&mut *out, &doc)?;
-        return writeln!(out);
+        return exit::json(out, &doc);
     }
     writeln!(
         out,
@@ -203,9 +200,7 @@ fn present_oracle(out: &mut dyn Write, v: &Oracle, json: bool) -> io::Result<()>
             "inputs_differ": cmp.inputs_differ,
             "first": first,
         });
-        serde_json::to_writer_pretty(&mut *out, &doc)?;
-        writeln!(out)?;
-        return Ok(());
+        return exit::json(out, &doc);
     }
     let trust = if v.rehashed {
         "every tensor rehashed"
